@@ -1,0 +1,203 @@
+package admission
+
+import (
+	"fmt"
+	"time"
+)
+
+// Priority is a request's priority band.
+type Priority int32
+
+// Priorities. The numeric values match admission/v1's enum.
+const (
+	PriorityNormal   Priority = 1
+	PriorityCritical Priority = 2
+)
+
+// Outcome is the decision of an Admit call.
+type Outcome int32
+
+// Outcomes. The numeric values match admission/v1's enum.
+const (
+	Admitted Outcome = 1 // runs now on the requested model
+	Degraded Outcome = 2 // runs now on a lower tier the request accepted
+	Rejected Outcome = 3 // does not run; Reason and RetryAfter say why and when to retry
+)
+
+// String returns the outcome's API name.
+func (o Outcome) String() string {
+	switch o {
+	case Admitted:
+		return "ADMITTED"
+	case Degraded:
+		return "DEGRADED"
+	case Rejected:
+		return "REJECTED"
+	}
+	return fmt.Sprintf("Outcome(%d)", int32(o))
+}
+
+// Reason explains a rejection (and, on admitted answers, is ReasonNone).
+type Reason int32
+
+// Reasons. The numeric values match admission/v1's enum.
+const (
+	ReasonNone                 Reason = 0
+	ReasonQuotaExceeded        Reason = 1  // RPS or token bucket empty (and no credit left)
+	ReasonCapacityExceeded     Reason = 2  // no domain can ever hold the request, or none has room and it may not wait
+	ReasonBurstCreditExhausted Reason = 3  // debt not repaid in the window: the tenant's breaker is open
+	ReasonBudgetExhausted      Reason = 4  // daily or monthly cost budget spent
+	ReasonQueueFull            Reason = 5  // per-flow or global queue bound reached
+	ReasonDeadlineUnmeetable   Reason = 6  // the request cannot be admitted before its deadline
+	ReasonDomainDraining       Reason = 7  // every domain that could hold it is draining
+	ReasonUnknownTenant        Reason = 8  // the tenant is not configured
+	ReasonConcurrencyExceeded  Reason = 9  // the tenant's in-flight limit is reached
+	ReasonShuttingDown         Reason = 10 // the server stopped before the queued request was admitted
+)
+
+var reasonNames = [...]string{
+	ReasonNone:                 "REASON_UNSPECIFIED",
+	ReasonQuotaExceeded:        "QUOTA_EXCEEDED",
+	ReasonCapacityExceeded:     "CAPACITY_EXCEEDED",
+	ReasonBurstCreditExhausted: "BURST_CREDIT_EXHAUSTED",
+	ReasonBudgetExhausted:      "BUDGET_EXHAUSTED",
+	ReasonQueueFull:            "QUEUE_FULL",
+	ReasonDeadlineUnmeetable:   "DEADLINE_UNMEETABLE",
+	ReasonDomainDraining:       "DOMAIN_DRAINING",
+	ReasonUnknownTenant:        "UNKNOWN_TENANT",
+	ReasonConcurrencyExceeded:  "CONCURRENCY_EXCEEDED",
+	ReasonShuttingDown:         "SHUTTING_DOWN",
+}
+
+// String returns the reason's API name.
+func (r Reason) String() string {
+	if r >= 0 && int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("Reason(%d)", int32(r))
+}
+
+// Request is one Admit call.
+type Request struct {
+	RequestID       string    // idempotency key; empty means none
+	Tenant          string    // configured tenant name
+	Model           string    // catalog model tier
+	PromptTokens    int64     // > 0
+	MaxOutputTokens int64     // > 0
+	Priority        Priority  // PriorityNormal or PriorityCritical; 0 means normal
+	AcceptDowngrade []string  // lower tiers the caller accepts, in any order
+	Deadline        time.Time // zero: now + the configured default queue wait
+}
+
+// Decision is the answer to an Admit call.
+type Decision struct {
+	Outcome       Outcome
+	Reason        Reason
+	RetryAfter    time.Duration // on rejections: when a retry can succeed (0: unknown)
+	LeaseID       uint64        // on admissions: the lease to Release
+	Domain        string        // on admissions: the NVLink domain granted
+	Model         string        // on admissions: the model tier granted
+	DowngradePath []string      // on degraded admissions: requested model first, granted last
+	Queued        time.Duration // time spent waiting in the fair queue
+	Trace         Trace
+}
+
+// Trace holds the labels every answer carries, as numbers so that building
+// one on the hot path allocates nothing; the gRPC layer renders them.
+type Trace struct {
+	Tenant              string
+	Model               string // requested model
+	Tier                string // tenant tier
+	QuotaBefore         int64  // token bucket level before the charge (weighted tokens)
+	QuotaAfter          int64  // and after it
+	BurstCreditBefore   int64  // credit still available before the charge
+	BurstCreditAfter    int64  // and after it
+	Floor               bool   // admitted within the tenant's floor (from reserved capacity)
+	Critical            bool   // served in the critical band
+	PrefillLevel        int64  // granted domain's prefill bucket after the charge (FLOPs)
+	DecodeLevel         int64  // granted domain's decode bucket after the charge (bytes)
+	KVInUse             int64  // granted domain's KV gauge after the charge (bytes)
+	KVLimit             int64  // the KV gauge's limit (bytes)
+	WeightedTokens      int64  // prompt + output weight × max output
+	EstimatedCostMicros int64  // estimated price in micro-USD charged to the budget
+}
+
+// ReleaseOutcome is what a router reports when a leased request finishes.
+type ReleaseOutcome int32
+
+// Release outcomes. The numeric values match admission/v1's enum.
+const (
+	ReleaseOK    ReleaseOutcome = 1
+	ReleaseError ReleaseOutcome = 2
+)
+
+// Release reports the end of a leased request.
+type Release struct {
+	LeaseID      uint64
+	PromptTokens int64 // actual prompt tokens (0: as admitted)
+	OutputTokens int64 // actual output tokens generated
+	Outcome      ReleaseOutcome
+}
+
+// ReleaseResult says what Release did to the tenant's and domain's accounts.
+type ReleaseResult struct {
+	Domain           string
+	Model            string
+	RefundedTokens   int64 // weighted tokens given back (negative: overrun charged)
+	ActualCostMicros int64 // the request's final price in micro-USD
+	HeldFor          time.Duration
+}
+
+// InvalidArgumentError is returned for a request that is malformed. Nothing
+// was charged. Field names the offending field as the API spells it.
+type InvalidArgumentError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidArgumentError) Error() string {
+	return fmt.Sprintf("invalid %s: %s", e.Field, e.Reason)
+}
+
+// ErrLeaseNotFound is returned by Release for a lease that is unknown,
+// already released or expired.
+var ErrLeaseNotFound = fmt.Errorf("lease not found (unknown, already released or expired)")
+
+// DomainInfo describes one domain for operators.
+type DomainInfo struct {
+	ID           string
+	Kind         string // e.g. "nvl72", "hgx"
+	GPUs         int
+	Draining     bool
+	DrainReason  string
+	HealthWeight float64
+	InFlight     int
+	PrefillRate  int64 // FLOP/s of soft capacity
+	PrefillLevel int64
+	PrefillBurst int64
+	DecodeRate   int64 // bytes/s of soft capacity
+	DecodeLevel  int64
+	DecodeBurst  int64
+	KVInUse      int64
+	KVLimit      int64
+	ReservedFrac float64 // share of capacity reserved for floors
+}
+
+// TenantInfo describes one tenant for operators.
+type TenantInfo struct {
+	Name             string
+	Tier             string
+	Weight           int64
+	FloorTokens      int64 // guaranteed weighted tokens per second
+	TokenRate        int64
+	TokenBurst       int64
+	TokenLevel       int64
+	Credit           int64
+	RPSLevel         int64
+	InFlight         int
+	Queued           int
+	BreakerOpen      bool
+	BreakerUntil     time.Time
+	SpentTodayMicros int64
+	SpentMonthMicros int64
+}
