@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -201,3 +202,6 @@ type TenantInfo struct {
 	SpentTodayMicros int64
 	SpentMonthMicros int64
 }
+
+// ErrUnknownDomain is returned by Drain and Undrain for a domain the cluster does not have.
+var ErrUnknownDomain = errors.New("unknown domain")

@@ -103,7 +103,18 @@ func (b *Bucket) Level(now int64) int64 {
 // units behind. Allow uses min = -credit; a reserve watermark uses min > 0.
 func (b *Bucket) Fits(now, n, min int64) bool {
 	b.advance(now)
-	return b.level-n >= min
+	return fits(b.level, n, min)
+}
+
+// fits reports whether level − n ≥ min in exact arithmetic. The plain int64
+// expression wraps for large n (a bucket in debt would then let a huge n
+// through); here every difference taken fits in a uint64.
+func fits(level, n, min int64) bool {
+	if level >= min { // level − min ∈ [0, 2⁶⁴)
+		return n <= 0 || uint64(level-min) >= uint64(n)
+	}
+	// min − level ∈ (0, 2⁶⁴); only a negative n can make up for it.
+	return n < 0 && uint64(-n) >= uint64(min-level)
 }
 
 // Allow takes n units at now if that leaves the level at or above -credit,
@@ -143,15 +154,17 @@ func (b *Bucket) Refund(now, n int64) {
 // (n is above what the bucket can ever hold, or it does not refill).
 func (b *Bucket) RetryAfter(now, n, min int64) time.Duration {
 	b.advance(now)
-	need := n + min - b.level // units still to refill
-	if need <= 0 {
+	if fits(b.level, n, min) {
 		return 0
 	}
-	if b.rate == 0 || n+min > b.burst {
+	if b.rate == 0 || !fits(b.burst, n, min) {
 		return Never
 	}
+	// Here level < n + min ≤ burst, so the units still to refill,
+	// need = n + min − level, lie in [1, burst − level] ⊂ [1, 2⁶⁴).
+	need := uint64(n + min - b.level)
 	// ceil((need·1e9 − rem) / rate) nanoseconds.
-	hi, lo := bits.Mul64(uint64(need), nanosPerSecond)
+	hi, lo := bits.Mul64(need, nanosPerSecond)
 	lo, borrow := bits.Sub64(lo, b.rem, 0)
 	hi -= borrow
 	if hi >= uint64(b.rate) {
@@ -160,6 +173,14 @@ func (b *Bucket) RetryAfter(now, n, min int64) time.Duration {
 	q, r := bits.Div64(hi, lo, uint64(b.rate))
 	if r != 0 {
 		q++
+	}
+	if now < b.last {
+		// The clock stepped back: refill resumes only at last, not now.
+		var c uint64
+		q, c = bits.Add64(q, uint64(b.last-now), 0)
+		if c != 0 {
+			return Never
+		}
 	}
 	if q > math.MaxInt64 {
 		return Never

@@ -1,0 +1,104 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// BenchmarkAdmit measures one in-process decision that admits at once
+// (real clock, default cluster, every gate on), beside golang.org/x/time/rate
+// in the same run. Leases are released in batches outside the timer so the
+// lease table stays bounded.
+func BenchmarkAdmit(b *testing.B) {
+	cfg := testConfig()
+	p := cfg.Tiers["gold"]
+	p.MaxConcurrency = 1 << 30
+	p.Budget = Budget{DailyUSD: 1e9}
+	cfg.Tiers["gold"] = p
+	e, err := New(cfg, topology.Simulated())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	r := req("a", "small", 200, 20)
+	r.AcceptDowngrade = nil
+	leases := make([]uint64, 0, 1024)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, err := e.Admit(ctx, r)
+		if err != nil || d.Outcome != Admitted {
+			b.Fatalf("%+v %v", d, err)
+		}
+		leases = append(leases, d.LeaseID)
+		if len(leases) == cap(leases) {
+			b.StopTimer()
+			for _, id := range leases {
+				_, _ = e.Release(ctx, Release{LeaseID: id, OutputTokens: 20})
+			}
+			leases = leases[:0]
+			b.StartTimer()
+		}
+	}
+}
+
+// BenchmarkXTimeRate is the yardstick: x/time/rate's AllowN at a fixed time
+// and Allow with the real clock.
+func BenchmarkXTimeRate(b *testing.B) {
+	b.Run("AllowN", func(b *testing.B) {
+		l := rate.NewLimiter(rate.Inf, 1)
+		now := time.Now()
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			l.AllowN(now, 1)
+		}
+	})
+	b.Run("AllowN-limited", func(b *testing.B) {
+		l := rate.NewLimiter(1e12, 1e9)
+		now := time.Now()
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			l.AllowN(now, 1)
+		}
+	})
+	b.Run("Allow", func(b *testing.B) {
+		l := rate.NewLimiter(1e12, 1e9)
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			l.Allow()
+		}
+	})
+}
+
+// BenchmarkIdleTenantMemory reports the heap bytes each configured but idle
+// tenant costs (its config entry; the engine builds state only for active
+// tenants), at 100k tenants.
+func BenchmarkIdleTenantMemory(b *testing.B) {
+	const n = 100000
+	for i := 0; i < b.N; i++ {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		cfg := testConfig()
+		cfg.Tenants = make(map[string]TenantConfig, n)
+		for j := 0; j < n; j++ {
+			cfg.Tenants[fmt.Sprintf("tenant-%06d", j)] = TenantConfig{Tier: "bronze"}
+		}
+		e, err := New(cfg, topology.Simulated())
+		if err != nil {
+			b.Fatal(err)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "bytes/tenant")
+		runtime.KeepAlive(e)
+		runtime.KeepAlive(cfg)
+	}
+}

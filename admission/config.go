@@ -1,0 +1,384 @@
+package admission
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sluice-sched/sluice/pd"
+)
+
+// Config is the whole policy of an engine: tiers, tenants, the model catalog
+// and the knobs of capacity, queueing, leases and domain health. It is what
+// a config file or the etcd control plane holds; field names are its keys.
+type Config struct {
+	Tiers    map[string]TierPolicy   `json:"tiers"`
+	Tenants  map[string]TenantConfig `json:"tenants"`
+	Models   []pd.Model              `json:"models"`
+	Capacity pd.Config               `json:"capacity"`
+	Queue    QueueConfig             `json:"queue"`
+	Leases   LeaseConfig             `json:"leases"`
+	Health   HealthConfig            `json:"health"`
+	Limits   RequestLimits           `json:"limits"`
+	// DegradeHeadroom is the share of a domain's buckets a request of the
+	// lowest-weight tenant must leave free on its requested tier before it is
+	// degraded instead; it scales down linearly to 0 for the highest weight,
+	// so low-weight tenants degrade first.
+	DegradeHeadroom float64 `json:"degrade_headroom"`
+	// OutputTokenWeight is how many weighted tokens one output token costs
+	// (weighted tokens = prompt + OutputTokenWeight × output).
+	OutputTokenWeight int64 `json:"output_token_weight"`
+}
+
+// Limit is a token bucket: Rate units per second, up to Burst.
+type Limit struct {
+	Rate  float64 `json:"rate"`
+	Burst float64 `json:"burst"`
+}
+
+// BurstCredit lets a tenant's token bucket go into debt.
+type BurstCredit struct {
+	// Multiple is the largest debt as a multiple of the token rate (seconds of refill).
+	Multiple float64 `json:"multiple"`
+	// Window is how long the tenant may stay in debt before its breaker opens.
+	Window Duration `json:"window"`
+	// BreakerOpen is how long the breaker stays open before it half-opens.
+	BreakerOpen Duration `json:"breaker_open"`
+}
+
+// Budget caps what a tenant may spend, in USD; 0 means no cap.
+type Budget struct {
+	DailyUSD   float64 `json:"daily_usd"`
+	MonthlyUSD float64 `json:"monthly_usd"`
+}
+
+// TierPolicy is everything a tier sets for its tenants.
+type TierPolicy struct {
+	RPS            Limit       `json:"rps"`             // requests per second
+	Tokens         Limit       `json:"tokens"`          // weighted tokens per second
+	MaxConcurrency int64       `json:"max_concurrency"` // in-flight plus queued; 0 = no limit
+	Floor          int64       `json:"floor"`           // guaranteed weighted tokens per second
+	Weight         int64       `json:"weight"`          // WFQ weight, ≥ 1
+	BurstCredit    BurstCredit `json:"burst_credit"`
+	Budget         Budget      `json:"budget"`
+	Critical       Limit       `json:"critical"` // weighted tokens/s for priority=CRITICAL; rate 0 = no critical band
+}
+
+// TenantConfig names a tenant's tier and any per-tenant overrides.
+type TenantConfig struct {
+	Tier           string       `json:"tier"`
+	RPS            *Limit       `json:"rps,omitempty"`
+	Tokens         *Limit       `json:"tokens,omitempty"`
+	MaxConcurrency *int64       `json:"max_concurrency,omitempty"`
+	Floor          *int64       `json:"floor,omitempty"`
+	Weight         *int64       `json:"weight,omitempty"`
+	BurstCredit    *BurstCredit `json:"burst_credit,omitempty"`
+	Budget         *Budget      `json:"budget,omitempty"`
+	Critical       *Limit       `json:"critical,omitempty"`
+}
+
+// QueueConfig bounds the weighted fair queue.
+type QueueConfig struct {
+	MaxPerFlow  int      `json:"max_per_flow"`
+	MaxTotal    int      `json:"max_total"`
+	MaxCritical int      `json:"max_critical"`
+	DefaultWait Duration `json:"default_wait"` // longest wait of a request that has no deadline
+	// DeadlineMargin is answered before the caller's deadline so that a
+	// rejection still reaches it.
+	DeadlineMargin Duration `json:"deadline_margin"`
+}
+
+// LeaseConfig sets lease and idempotency lifetimes.
+type LeaseConfig struct {
+	TTL            Duration `json:"ttl"`             // a lease not released by then expires and frees its KV
+	IdempotencyTTL Duration `json:"idempotency_ttl"` // how long a request id's admission is remembered
+}
+
+// HealthConfig sets how Release outcomes move a domain's placement weight.
+type HealthConfig struct {
+	ErrorRate  float64  `json:"error_rate"`  // above this share of errors in a window the weight is cut
+	MinSamples int64    `json:"min_samples"` // outcomes needed in a window before judging
+	Window     Duration `json:"window"`      // outcome counting window
+	CutWeight  float64  `json:"cut_weight"`  // the weight after a cut
+	Cooldown   Duration `json:"cooldown"`    // time after a cut before recovery starts
+	Step       float64  `json:"step"`        // weight regained per step
+	StepEvery  Duration `json:"step_every"`  // time between steps
+}
+
+// RequestLimits bound what one request may ask for.
+type RequestLimits struct {
+	MaxPromptTokens int64 `json:"max_prompt_tokens"`
+	MaxOutputTokens int64 `json:"max_output_tokens"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s") in
+// config files; a bare number is read as seconds.
+type Duration struct{ time.Duration }
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads "1m30s" or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("bad duration %q: %w", s, err)
+		}
+		d.Duration = v
+		return nil
+	}
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err != nil {
+		return fmt.Errorf("bad duration %s: want a string such as \"30s\" or a number of seconds", b)
+	}
+	d.Duration = time.Duration(secs * float64(time.Second))
+	return nil
+}
+
+// Policy returns the effective policy of a tenant: its tier's with the
+// tenant's overrides applied.
+func (c *Config) Policy(tenant string) (TierPolicy, bool) {
+	tc, ok := c.Tenants[tenant]
+	if !ok {
+		return TierPolicy{}, false
+	}
+	p, ok := c.Tiers[tc.Tier]
+	if !ok {
+		return TierPolicy{}, false
+	}
+	if tc.RPS != nil {
+		p.RPS = *tc.RPS
+	}
+	if tc.Tokens != nil {
+		p.Tokens = *tc.Tokens
+	}
+	if tc.MaxConcurrency != nil {
+		p.MaxConcurrency = *tc.MaxConcurrency
+	}
+	if tc.Floor != nil {
+		p.Floor = *tc.Floor
+	}
+	if tc.Weight != nil {
+		p.Weight = *tc.Weight
+	}
+	if tc.BurstCredit != nil {
+		p.BurstCredit = *tc.BurstCredit
+	}
+	if tc.Budget != nil {
+		p.Budget = *tc.Budget
+	}
+	if tc.Critical != nil {
+		p.Critical = *tc.Critical
+	}
+	return p, true
+}
+
+// ConfigError is a config value refused, with the key path that holds it.
+type ConfigError struct {
+	Key    string // e.g. "tenants.acme.weight"
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return e.Key + ": " + e.Reason }
+
+func cfgErr(key, format string, args ...any) error {
+	return &ConfigError{Key: key, Reason: fmt.Sprintf(format, args...)}
+}
+
+// SetDefaults fills every knob left at zero with its default.
+func (c *Config) SetDefaults() {
+	if c.Models == nil {
+		c.Models = pd.DefaultModels()
+	}
+	d := pd.DefaultConfig()
+	if c.Capacity.SoftFraction == 0 {
+		c.Capacity.SoftFraction = d.SoftFraction
+	}
+	if c.Capacity.MFU == 0 {
+		c.Capacity.MFU = d.MFU
+	}
+	if c.Capacity.BurstSeconds == 0 {
+		c.Capacity.BurstSeconds = d.BurstSeconds
+	}
+	if c.Capacity.WeightCopies == 0 {
+		c.Capacity.WeightCopies = d.WeightCopies
+	}
+	setInt(&c.Queue.MaxPerFlow, 1000)
+	setInt(&c.Queue.MaxTotal, 100000)
+	setInt(&c.Queue.MaxCritical, 1000)
+	setDur(&c.Queue.DefaultWait, 30*time.Second)
+	setDur(&c.Queue.DeadlineMargin, 5*time.Millisecond)
+	setDur(&c.Leases.TTL, 10*time.Minute)
+	setDur(&c.Leases.IdempotencyTTL, 10*time.Minute)
+	setFloat(&c.Health.ErrorRate, 0.20)
+	if c.Health.MinSamples == 0 {
+		c.Health.MinSamples = 20
+	}
+	setDur(&c.Health.Window, 10*time.Second)
+	setFloat(&c.Health.CutWeight, 0.05)
+	setDur(&c.Health.Cooldown, 30*time.Second)
+	setFloat(&c.Health.Step, 0.1)
+	setDur(&c.Health.StepEvery, 5*time.Second)
+	if c.Limits.MaxPromptTokens == 0 {
+		c.Limits.MaxPromptTokens = 1 << 20
+	}
+	if c.Limits.MaxOutputTokens == 0 {
+		c.Limits.MaxOutputTokens = 1 << 18
+	}
+	if c.OutputTokenWeight == 0 {
+		c.OutputTokenWeight = 4
+	}
+	for name, t := range c.Tiers {
+		setDur(&t.BurstCredit.BreakerOpen, 60*time.Second)
+		if t.BurstCredit.Multiple > 0 {
+			setDur(&t.BurstCredit.Window, 10*time.Second)
+		}
+		if t.Weight == 0 {
+			t.Weight = 1
+		}
+		c.Tiers[name] = t
+	}
+}
+
+func setInt(p *int, v int) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+func setFloat(p *float64, v float64) {
+	if *p == 0 {
+		*p = v
+	}
+}
+
+func setDur(p *Duration, v time.Duration) {
+	if p.Duration == 0 {
+		p.Duration = v
+	}
+}
+
+// Validate checks the config on its own (not against a cluster); the first
+// problem is returned as a *ConfigError naming its key.
+func (c *Config) Validate() error {
+	if len(c.Tiers) == 0 {
+		return cfgErr("tiers", "at least one tier is required")
+	}
+	for _, name := range sortedKeys(c.Tiers) {
+		if err := validatePolicy("tiers."+name, c.Tiers[name]); err != nil {
+			return err
+		}
+	}
+	for _, name := range sortedKeys(c.Tenants) {
+		key := "tenants." + name
+		if strings.TrimSpace(name) == "" || len(name) > 128 {
+			return cfgErr(key, "tenant name must be 1 to 128 characters")
+		}
+		tc := c.Tenants[name]
+		if _, ok := c.Tiers[tc.Tier]; !ok {
+			return cfgErr(key+".tier", "unknown tier %q (known: %s)", tc.Tier, strings.Join(sortedKeys(c.Tiers), ", "))
+		}
+		p, _ := c.Policy(name)
+		if err := validatePolicy(key, p); err != nil {
+			return err
+		}
+	}
+	if _, err := pd.NewCatalog(c.Models); err != nil {
+		return cfgErr("models", "%v", err)
+	}
+	if err := c.Capacity.Validate(); err != nil {
+		return cfgErr("capacity", "%v", err)
+	}
+	switch {
+	case c.Queue.MaxPerFlow < 1:
+		return cfgErr("queue.max_per_flow", "must be ≥ 1")
+	case c.Queue.MaxTotal < c.Queue.MaxPerFlow:
+		return cfgErr("queue.max_total", "must be ≥ queue.max_per_flow")
+	case c.Queue.MaxCritical < 0:
+		return cfgErr("queue.max_critical", "must be ≥ 0")
+	case c.Queue.DefaultWait.Duration <= 0:
+		return cfgErr("queue.default_wait", "must be positive")
+	case c.Queue.DeadlineMargin.Duration < 0:
+		return cfgErr("queue.deadline_margin", "must be ≥ 0")
+	case c.Leases.TTL.Duration <= 0:
+		return cfgErr("leases.ttl", "must be positive")
+	case c.Leases.IdempotencyTTL.Duration <= 0:
+		return cfgErr("leases.idempotency_ttl", "must be positive")
+	case !(c.Health.ErrorRate > 0 && c.Health.ErrorRate < 1):
+		return cfgErr("health.error_rate", "must be in (0, 1)")
+	case c.Health.MinSamples < 1:
+		return cfgErr("health.min_samples", "must be ≥ 1")
+	case !(c.Health.CutWeight > 0 && c.Health.CutWeight <= 1):
+		return cfgErr("health.cut_weight", "must be in (0, 1]")
+	case !(c.Health.Step > 0 && c.Health.Step <= 1):
+		return cfgErr("health.step", "must be in (0, 1]")
+	case c.Health.Window.Duration <= 0 || c.Health.Cooldown.Duration < 0 || c.Health.StepEvery.Duration <= 0:
+		return cfgErr("health", "window and step_every must be positive, cooldown ≥ 0")
+	case c.Limits.MaxPromptTokens < 1 || c.Limits.MaxOutputTokens < 1:
+		return cfgErr("limits", "max_prompt_tokens and max_output_tokens must be ≥ 1")
+	case c.OutputTokenWeight < 1 || c.OutputTokenWeight > 1000:
+		return cfgErr("output_token_weight", "must be in [1, 1000]")
+	case !(c.DegradeHeadroom >= 0 && c.DegradeHeadroom < 1):
+		return cfgErr("degrade_headroom", "must be in [0, 1)")
+	}
+	return nil
+}
+
+func validatePolicy(key string, p TierPolicy) error {
+	if err := validateLimit(key+".rps", p.RPS, true); err != nil {
+		return err
+	}
+	if err := validateLimit(key+".tokens", p.Tokens, true); err != nil {
+		return err
+	}
+	if err := validateLimit(key+".critical", p.Critical, false); err != nil {
+		return err
+	}
+	switch {
+	case p.MaxConcurrency < 0:
+		return cfgErr(key+".max_concurrency", "must be ≥ 0 (0 means no limit)")
+	case p.Floor < 0:
+		return cfgErr(key+".floor", "must be ≥ 0")
+	case float64(p.Floor) > p.Tokens.Rate:
+		return cfgErr(key+".floor", "floor %d tokens/s exceeds the token rate %g", p.Floor, p.Tokens.Rate)
+	case p.Weight < 1 || p.Weight > 1<<20:
+		return cfgErr(key+".weight", "must be in [1, %d]", 1<<20)
+	case p.BurstCredit.Multiple < 0 || p.BurstCredit.Multiple > 3600 || math.IsNaN(p.BurstCredit.Multiple):
+		return cfgErr(key+".burst_credit.multiple", "must be in [0, 3600]")
+	case p.BurstCredit.Multiple > 0 && p.BurstCredit.Window.Duration <= 0:
+		return cfgErr(key+".burst_credit.window", "must be positive when credit is given")
+	case p.BurstCredit.BreakerOpen.Duration < 0:
+		return cfgErr(key+".burst_credit.breaker_open", "must be ≥ 0")
+	case p.Budget.DailyUSD < 0 || p.Budget.MonthlyUSD < 0 || math.IsNaN(p.Budget.DailyUSD) || math.IsNaN(p.Budget.MonthlyUSD):
+		return cfgErr(key+".budget", "budgets must be ≥ 0 (0 means none)")
+	}
+	return nil
+}
+
+// validateLimit accepts rates up to 1e15 units/s; required limits need a positive rate and burst.
+func validateLimit(key string, l Limit, required bool) error {
+	if math.IsNaN(l.Rate) || math.IsNaN(l.Burst) || l.Rate < 0 || l.Burst < 0 || l.Rate > 1e15 || l.Burst > 1e15 {
+		return cfgErr(key, "rate and burst must be in [0, 1e15]")
+	}
+	if required && (l.Rate <= 0 || l.Burst < 1) {
+		return cfgErr(key, "rate must be positive and burst ≥ 1")
+	}
+	if !required && l.Rate > 0 && l.Burst < 1 {
+		return cfgErr(key+".burst", "must be ≥ 1 when a rate is set")
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,245 @@
+package admission
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-sched/sluice/pd"
+)
+
+// lease is an admitted request holding domain capacity until Release or expiry.
+type lease struct {
+	tenant    *tenantState
+	dom       *domainState
+	modelName string
+	model     *pd.Model
+	cost      pd.Cost // what the domain was charged
+	prompt    int64
+	output    int64 // max output tokens admitted
+	weighted  int64
+	gates     gateCharge
+	granted   int64
+	expires   int64
+}
+
+type expiry struct {
+	at int64
+	id uint64
+}
+
+// expiryHeap is a min-heap of lease expiries. Released leases leave stale
+// entries, skipped when popped.
+type expiryHeap []expiry
+
+func (h *expiryHeap) push(x expiry) {
+	*h = append(*h, x)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s[p].at <= s[i].at {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *expiryHeap) pop() expiry {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s = s[:n]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && s[l].at < s[m].at {
+			m = l
+		}
+		if r < n && s[r].at < s[m].at {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		s[m], s[i] = s[i], s[m]
+		i = m
+	}
+	*h = s
+	return top
+}
+
+// waiterHeap orders queued requests by deadline (container/heap).
+type waiterHeap []*waiter
+
+func (h waiterHeap) Len() int           { return len(h) }
+func (h waiterHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
+func (h waiterHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+
+// Push implements heap.Interface.
+func (h *waiterHeap) Push(x any) {
+	w := x.(*waiter)
+	w.heapIdx = len(*h)
+	*h = append(*h, w)
+}
+
+// Pop implements heap.Interface.
+func (h *waiterHeap) Pop() any {
+	s := *h
+	w := s[len(s)-1]
+	s[len(s)-1] = nil
+	*h = s[:len(s)-1]
+	w.heapIdx = -1
+	return w
+}
+
+func (h *waiterHeap) push(w *waiter) { heap.Push(h, w) }
+
+func (h *waiterHeap) remove(w *waiter) {
+	if w.heapIdx >= 0 && w.heapIdx < len(*h) && (*h)[w.heapIdx] == w {
+		heap.Remove(h, w.heapIdx)
+	}
+}
+
+// idemEntry remembers an admission (or a queued request) under its request id.
+type idemEntry struct {
+	tenant   string
+	decision Decision
+	w        *waiter // non-nil while the request is queued
+	expires  int64
+}
+
+type idemExpiry struct {
+	id string
+	at int64
+}
+
+func (e *Engine) rememberLocked(now int64, requestID, tenant string, d Decision) {
+	exp := now + int64(e.mu.cfg.Leases.IdempotencyTTL.Duration)
+	e.mu.idem[requestID] = idemEntry{tenant: tenant, decision: d, expires: exp}
+	e.mu.idemExp = append(e.mu.idemExp, idemExpiry{id: requestID, at: exp})
+}
+
+// expireIdempotencyLocked forgets request ids older than the TTL. Entries
+// expire in insertion order because the TTL is one constant.
+func (e *Engine) expireIdempotencyLocked(now int64) {
+	q := e.mu.idemExp
+	i := e.mu.idemOff
+	for ; i < len(q) && q[i].at <= now; i++ {
+		if ent, ok := e.mu.idem[q[i].id]; ok && ent.w == nil && ent.expires <= now {
+			delete(e.mu.idem, q[i].id)
+		}
+		q[i] = idemExpiry{}
+	}
+	e.mu.idemOff = i
+	if i > 1024 && i > len(q)/2 {
+		n := copy(q, q[i:])
+		e.mu.idemExp = q[:n]
+		e.mu.idemOff = 0
+	}
+}
+
+// expireLeasesLocked frees the capacity of leases past their expiry, as if
+// released with every admitted token used.
+func (e *Engine) expireLeasesLocked(now int64) {
+	for len(e.mu.leaseExp) > 0 && e.mu.leaseExp[0].at <= now {
+		x := e.mu.leaseExp.pop()
+		l, ok := e.mu.leases[x.id]
+		if !ok || l.expires != x.at {
+			continue
+		}
+		delete(e.mu.leases, x.id)
+		l.dom.cap.Release(now, l.cost, l.cost)
+		e.closeLeaseLocked(&l)
+	}
+	if len(e.mu.leaseExp) > 0 {
+		e.wakeDispatcher()
+	}
+}
+
+func (e *Engine) closeLeaseLocked(l *lease) {
+	l.dom.inFlight--
+	l.tenant.inFlight--
+}
+
+// Release ends a lease: the domain gets back what was charged for output
+// never generated (and is charged for any overrun), the KV is freed, the
+// tenant's token bucket and budget are settled to the actual tokens, and the
+// outcome feeds the domain's health. Releasing twice returns ErrLeaseNotFound
+// and changes nothing.
+func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) {
+	switch {
+	case rel.LeaseID == 0:
+		return ReleaseResult{}, &InvalidArgumentError{Field: "lease_id", Reason: "must not be empty"}
+	case rel.PromptTokens < 0:
+		return ReleaseResult{}, &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.PromptTokens)}
+	case rel.OutputTokens < 0:
+		return ReleaseResult{}, &InvalidArgumentError{Field: "output_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.OutputTokens)}
+	case rel.Outcome != 0 && rel.Outcome != ReleaseOK && rel.Outcome != ReleaseError:
+		return ReleaseResult{}, &InvalidArgumentError{Field: "outcome", Reason: fmt.Sprintf("unknown outcome %d", rel.Outcome)}
+	}
+	e.mu.Lock()
+	lim := &e.mu.cfg.Limits
+	if rel.PromptTokens > lim.MaxPromptTokens || rel.OutputTokens > lim.MaxOutputTokens {
+		e.mu.Unlock()
+		return ReleaseResult{}, &InvalidArgumentError{Field: "output_tokens", Reason: "token counts exceed the configured limits"}
+	}
+	l, ok := e.mu.leases[rel.LeaseID]
+	if !ok {
+		e.mu.Unlock()
+		return ReleaseResult{}, ErrLeaseNotFound
+	}
+	now := e.nowLocked()
+	wall := e.base.Add(time.Duration(now))
+	delete(e.mu.leases, rel.LeaseID)
+	prompt := rel.PromptTokens
+	if prompt == 0 {
+		prompt = l.prompt
+	}
+	actual, err := l.dom.cap.Cost(l.model, prompt, rel.OutputTokens)
+	if err != nil {
+		actual = l.cost
+	}
+	l.dom.cap.Release(now, l.cost, actual)
+	e.closeLeaseLocked(&l)
+
+	t := l.tenant
+	weighted := prompt + e.mu.cfg.OutputTokenWeight*rel.OutputTokens
+	diff := l.weighted - weighted // > 0: refund; < 0: overrun
+	bucket := &t.tokens
+	if l.gates.critical {
+		bucket = &t.critical
+	}
+	if diff > 0 {
+		bucket.Refund(now, diff)
+	} else if diff < 0 {
+		bucket.Take(now, -diff)
+		if bucket == &t.tokens && t.tokens.Level(now) < 0 && !t.inDebt {
+			t.inDebt, t.debtSince = true, now
+		}
+	}
+	e.rollBudgetLocked(t, wall)
+	cost := e.mu.cat.PriceMicros(l.model, prompt, rel.OutputTokens)
+	e.adjustSpendLocked(t, l.gates.day, l.gates.month, cost-l.gates.budget)
+	if e.recordOutcomeLocked(l.dom, now, rel.Outcome == ReleaseError) {
+		e.placementChangedLocked()
+	}
+	res := ReleaseResult{
+		Domain:           l.dom.ID(),
+		Model:            l.modelName,
+		RefundedTokens:   diff,
+		ActualCostMicros: cost,
+		HeldFor:          time.Duration(now - l.granted),
+	}
+	answered := e.dispatchLocked(now, nil)
+	e.mu.Unlock()
+	e.finish(answered)
+	if e.observer != nil {
+		e.observer.ObserveRelease(&rel, &res)
+	}
+	return res, nil
+}

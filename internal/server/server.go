@@ -1,0 +1,217 @@
+// Package server assembles sluiced: config and topology loading, the
+// engine and its dispatcher, the gRPC services and the HTTP endpoints
+// (/healthz, /metrics), and graceful shutdown. cmd/sluiced is a thin flag
+// parser over it; the end-to-end tests start it in-process.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/grpcserver"
+	"github.com/sluice-sched/sluice/internal/clock"
+	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/metrics"
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// Options configure a Server.
+type Options struct {
+	GRPCAddr   string // default ":7070"
+	HTTPAddr   string // default ":7071"
+	ConfigPath string // "" serves the embedded default
+	Topology   string // "simulated" (default) or a topology file path
+	Logger     *slog.Logger
+	Clock      clock.Clock   // default: real
+	Grace      time.Duration // how long shutdown waits for in-flight RPCs; default 10s
+}
+
+// Server is a running sluiced.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	eng     *admission.Engine
+	metrics *metrics.Metrics
+	grpc    *grpc.Server
+	health  *health.Server
+	http    *http.Server
+	grpcLis net.Listener
+	httpLis net.Listener
+
+	reloadMu sync.Mutex
+}
+
+// New loads config and topology, builds the engine and binds both listeners.
+func New(opts Options) (*Server, error) {
+	if opts.GRPCAddr == "" {
+		opts.GRPCAddr = ":7070"
+	}
+	if opts.HTTPAddr == "" {
+		opts.HTTPAddr = ":7071"
+	}
+	if opts.Topology == "" {
+		opts.Topology = "simulated"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.Real{}
+	}
+	if opts.Grace == 0 {
+		opts.Grace = 10 * time.Second
+	}
+	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New()}
+
+	cfg, cfgName, err := loadConfig(opts.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	cluster, err := loadTopology(opts.Topology)
+	if err != nil {
+		return nil, err
+	}
+	s.eng, err = admission.New(cfg, cluster, admission.WithClock(opts.Clock), admission.WithObserver(s.metrics))
+	if err != nil {
+		return nil, config.Wrap(cfgName, err)
+	}
+	s.metrics.RegisterState(s.eng)
+
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(grpcserver.RecoveryUnaryInterceptor(s.log)))
+	s.health = grpcserver.Register(s.grpc, s.eng)
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", s.serveHealthz)
+	mux.HandleFunc("/v1/domains", s.serveDomains)
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	if s.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("grpc listen %s: %w", opts.GRPCAddr, err)
+	}
+	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+		s.grpcLis.Close()
+		return nil, fmt.Errorf("http listen %s: %w", opts.HTTPAddr, err)
+	}
+	s.log.Info("sluiced ready", "config", cfgName, "topology", opts.Topology,
+		"domains", len(cluster.Domains), "gpus", cluster.GPUCount(), "tenants", len(cfg.Tenants),
+		"grpc", s.grpcLis.Addr().String(), "http", s.httpLis.Addr().String())
+	return s, nil
+}
+
+func loadConfig(path string) (admission.Config, string, error) {
+	if path == "" {
+		cfg, err := config.Default()
+		return cfg, config.DefaultName, err
+	}
+	cfg, err := config.Load(path)
+	return cfg, path, err
+}
+
+func loadTopology(src string) (topology.Cluster, error) {
+	if src == "simulated" {
+		return topology.Simulated(), nil
+	}
+	c, err := topology.LoadFile(src)
+	if err != nil {
+		return topology.Cluster{}, fmt.Errorf("topology: %w", err)
+	}
+	return c, nil
+}
+
+// Engine returns the admission engine.
+func (s *Server) Engine() *admission.Engine { return s.eng }
+
+// GRPCAddr returns the bound gRPC address.
+func (s *Server) GRPCAddr() net.Addr { return s.grpcLis.Addr() }
+
+// HTTPAddr returns the bound HTTP address.
+func (s *Server) HTTPAddr() net.Addr { return s.httpLis.Addr() }
+
+// Reload re-reads the config file; a bad file is refused with file, key
+// and reason, and the config in force keeps serving.
+func (s *Server) Reload() error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	if s.opts.ConfigPath == "" {
+		return errors.New("reload: serving the embedded default; start with --config to reload a file")
+	}
+	cfg, err := config.Load(s.opts.ConfigPath)
+	if err == nil {
+		err = config.Wrap(s.opts.ConfigPath, s.eng.Apply(cfg))
+	}
+	if err != nil {
+		s.log.Error("config refused; the last good config keeps serving", "err", err)
+		return err
+	}
+	s.log.Info("config reloaded", "file", s.opts.ConfigPath, "tenants", len(cfg.Tenants))
+	return nil
+}
+
+// Serve runs until ctx ends, then shuts down gracefully: health turns
+// NOT_SERVING, every queued request is answered, in-flight RPCs finish
+// (up to the grace period) and the listeners close.
+func (s *Server) Serve(ctx context.Context) error {
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	go s.eng.Run(runCtx)
+
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(s.grpcLis) }()
+	go func() {
+		if err := s.http.Serve(s.httpLis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	s.shutdown()
+	return serveErr
+}
+
+func (s *Server) shutdown() {
+	s.log.Info("shutting down: answering queued requests")
+	s.health.Shutdown() // NOT_SERVING: routers stop sending here
+	s.eng.Close()       // every queued request answered SHUTTING_DOWN (retry elsewhere)
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.opts.Grace):
+		s.grpc.Stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.http.Shutdown(ctx)
+	s.log.Info("stopped")
+}
+
+func (s *Server) serveHealthz(w http.ResponseWriter, r *http.Request) {
+	resp, err := s.health.Check(r.Context(), &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		http.Error(w, "not serving", http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func (s *Server) serveDomains(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(s.eng.Domains())
+}

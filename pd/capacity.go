@@ -1,0 +1,444 @@
+package pd
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// Config sets how a domain's peaks become soft capacity. A zero field takes
+// its default (DefaultConfig).
+type Config struct {
+	SoftFraction float64 `json:"soft_fraction"` // share of peak admitted, in (0, 1]; default 0.70
+	MFU          float64 `json:"mfu"`           // model FLOP utilisation of prefill, in (0, 1]; default 0.5
+	BurstSeconds float64 `json:"burst_seconds"` // bucket depth in seconds of rate; default 2
+	WeightCopies int     `json:"weight_copies"` // copies of every model's weights per node; default 1
+}
+
+// DefaultConfig returns the design's defaults: 70% soft capacity, MFU 0.5,
+// 2 s of burst, one copy of each model's weights per node.
+func DefaultConfig() Config {
+	return Config{SoftFraction: 0.70, MFU: 0.5, BurstSeconds: 2, WeightCopies: 1}
+}
+
+// Validate reports the first field out of range, naming it. Zero fields
+// are valid (they take defaults). Fractions count to 1e-9 and burst_seconds
+// to the nanosecond.
+func (c Config) Validate() error {
+	switch {
+	case !(c.SoftFraction >= 0 && c.SoftFraction <= 1):
+		return fmt.Errorf("pd: config: soft_fraction: must be in (0, 1], got %g", c.SoftFraction)
+	case !(c.MFU >= 0 && c.MFU <= 1):
+		return fmt.Errorf("pd: config: mfu: must be in (0, 1], got %g", c.MFU)
+	case !(c.BurstSeconds >= 0 && c.BurstSeconds <= 3600):
+		return fmt.Errorf("pd: config: burst_seconds: must be in (0, 3600], got %g", c.BurstSeconds)
+	case c.BurstSeconds > 0 && c.BurstSeconds < 1e-9:
+		return fmt.Errorf("pd: config: burst_seconds: must be at least 1 ns, got %g", c.BurstSeconds)
+	case c.WeightCopies < 0:
+		return fmt.Errorf("pd: config: weight_copies: must be positive, got %d", c.WeightCopies)
+	}
+	return nil
+}
+
+// withDefaults fills zero fields.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.SoftFraction == 0 {
+		c.SoftFraction = d.SoftFraction
+	}
+	if c.MFU == 0 {
+		c.MFU = d.MFU
+	}
+	if c.BurstSeconds == 0 {
+		c.BurstSeconds = d.BurstSeconds
+	}
+	if c.WeightCopies == 0 {
+		c.WeightCopies = d.WeightCopies
+	}
+	return c
+}
+
+const billion = 1_000_000_000
+
+// maxBurst bounds every bucket's burst so that the bucket arithmetic, whose
+// levels stay within [−burst, burst], never comes near int64's limits.
+const maxBurst = math.MaxInt64 / 4
+
+// DomainCapacity is one NVLink domain's soft capacity: a prefill bucket in
+// FLOP, a decode bucket in bytes of HBM traffic, and a KV gauge in bytes of
+// HBM, with reserve watermarks that keep tenants' floors (see the package
+// documentation). Times are int64 nanoseconds on the caller's monotonic
+// clock.
+//
+// A DomainCapacity is not safe for concurrent use: the engine serialises
+// every call under its lock.
+type DomainCapacity struct {
+	id       string
+	gpuModel string // topology.ModelName form, or topology.MixedModel
+	gpus     int    // healthy GPUs
+	cat      *Catalog
+	cfg      Config // defaults applied
+
+	prefill tokenbucket.Bucket // FLOP
+	decode  tokenbucket.Bucket // bytes
+	kvInUse int64
+	kvLimit int64
+
+	resPrefillRate, resDecodeRate int64 // reserve rates as set, capped at the rates
+	resPrefill, resDecode, resKV  int64 // the watermarks shared traffic stops at
+
+	perModel []modelRates // by catalog id
+}
+
+// modelRates are a model's calibrated costs in one domain; 0 means the formula.
+type modelRates struct {
+	prefillPerToken int64 // FLOP-equivalents per prompt token
+	decodePerToken  int64 // byte-equivalents per output token
+}
+
+// limits are what a domain's peaks give.
+type limits struct {
+	gpus                      int
+	gpuModel                  string
+	prefillRate, prefillBurst int64
+	decodeRate, decodeBurst   int64
+	kvLimit                   int64
+	perModel                  []modelRates
+}
+
+// NewDomainCapacity builds the soft capacity of domain d for the models of
+// cat, with both buckets full and no KV in use at now. It fails when cfg is
+// invalid, when a rate or burst does not fit in int64/4, or when the
+// resident weights leave no HBM for KV. A domain without healthy GPUs has
+// zero capacity (nothing fits), which is not an error.
+func NewDomainCapacity(d *topology.Domain, cat *Catalog, cfg Config, now int64) (*DomainCapacity, error) {
+	if d == nil || cat == nil {
+		return nil, errors.New("pd: NewDomainCapacity: nil domain or catalog")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &DomainCapacity{id: d.ID, cat: cat, cfg: cfg.withDefaults()}
+	lim, err := c.limits(d)
+	if err != nil {
+		return nil, err
+	}
+	c.prefill = tokenbucket.New(lim.prefillRate, lim.prefillBurst, 0, now)
+	c.decode = tokenbucket.New(lim.decodeRate, lim.decodeBurst, 0, now)
+	c.apply(lim)
+	return c, nil
+}
+
+// limits computes the rates, bursts, KV limit and calibrated costs that the
+// healthy GPUs of d give:
+//
+//	prefill rate = soft_fraction · Σ FLOPS · mfu      burst = rate · burst_seconds
+//	decode rate  = soft_fraction · Σ HBMBandwidth     burst = rate · burst_seconds
+//	KV limit     = soft_fraction · (Σ HBMBytes − Σ_models resident · weight_copies · nodes)
+func (c *DomainCapacity) limits(d *topology.Domain) (limits, error) {
+	fail := func(format string, args ...any) (limits, error) {
+		return limits{}, fmt.Errorf("pd: domain %q: "+format, append([]any{d.ID}, args...)...)
+	}
+	peaks := d.TotalPeaks()
+	lim := limits{gpus: d.HealthyGPUCount(), gpuModel: d.GPUModel(), perModel: make([]modelRates, len(c.cat.models))}
+	if lim.gpus == 0 {
+		return lim, nil
+	}
+	if peaks.FLOPS >= maxBurst || peaks.HBMBandwidth >= maxBurst {
+		return fail("peaks %g FLOP/s, %g B/s do not fit in int64", peaks.FLOPS, peaks.HBMBandwidth)
+	}
+	sf := uint64(math.Round(c.cfg.SoftFraction * billion))
+	mfu := uint64(math.Round(c.cfg.MFU * billion))
+	burstNanos := uint64(math.Round(c.cfg.BurstSeconds * billion))
+	flops, _ := mulDiv(uint64(peaks.FLOPS), sf, billion)
+	lim.prefillRate, _ = mulDiv(uint64(flops), mfu, billion)
+	lim.decodeRate, _ = mulDiv(uint64(peaks.HBMBandwidth), sf, billion)
+	var ok1, ok2 bool
+	lim.prefillBurst, ok1 = mulDiv(uint64(lim.prefillRate), burstNanos, billion)
+	lim.decodeBurst, ok2 = mulDiv(uint64(lim.decodeRate), burstNanos, billion)
+	if !ok1 || !ok2 || lim.prefillBurst > maxBurst || lim.decodeBurst > maxBurst {
+		return fail("a burst of %g s of %d FLOP/s or %d B/s does not fit in int64/4; lower burst_seconds", c.cfg.BurstSeconds, lim.prefillRate, lim.decodeRate)
+	}
+
+	perNode := int64(0)
+	for _, m := range c.cat.models {
+		var ok bool
+		if perNode, ok = add(perNode, m.k.residentBytes); !ok {
+			return fail("resident weights overflow int64")
+		}
+	}
+	resident, ok1 := mul(perNode, int64(c.cfg.WeightCopies))
+	resident, ok2 = mul(resident, int64(d.HealthyNodeCount()))
+	if !ok1 || !ok2 || resident >= peaks.HBMBytes {
+		return fail("resident weights (%d B per copy × %d copies × %d nodes) leave no HBM for KV out of %d B",
+			perNode, c.cfg.WeightCopies, d.HealthyNodeCount(), peaks.HBMBytes)
+	}
+	lim.kvLimit, _ = mulDiv(uint64(peaks.HBMBytes-resident), sf, billion)
+	if lim.kvLimit <= 0 {
+		return fail("no KV capacity left (%d B free HBM)", peaks.HBMBytes-resident)
+	}
+
+	// Calibrated: cost per token = bucket rate / (tokens/s per GPU · GPUs),
+	// so that the bucket admits exactly the calibrated tokens/s. Rounded up.
+	for _, m := range c.cat.models {
+		cal, ok := m.Calibrated[lim.gpuModel]
+		if !ok {
+			continue
+		}
+		r := &lim.perModel[m.k.id]
+		var err error
+		if r.prefillPerToken, err = perToken(lim.prefillRate, cal.PrefillTokensPerGPUSecond, lim.gpus); err != nil {
+			return fail("model %q: calibrated prefill: %v", m.Name, err)
+		}
+		if r.decodePerToken, err = perToken(lim.decodeRate, cal.DecodeTokensPerGPUSecond, lim.gpus); err != nil {
+			return fail("model %q: calibrated decode: %v", m.Name, err)
+		}
+	}
+	return lim, nil
+}
+
+// perToken is ⌈rate/(tokensPerGPU·gpus)⌉, at least 1; 0 when not calibrated.
+func perToken(rate int64, tokensPerGPU float64, gpus int) (int64, error) {
+	if tokensPerGPU == 0 {
+		return 0, nil
+	}
+	v, ok := ceilInt(float64(rate) / (tokensPerGPU * float64(gpus)))
+	if !ok || v > maxBurst {
+		return 0, fmt.Errorf("%g tokens/s per GPU gives a per-token cost past int64/4", tokensPerGPU)
+	}
+	return max(v, 1), nil
+}
+
+// apply installs lim (the buckets' limits are set by the caller or here)
+// and recomputes the reserve watermarks.
+func (c *DomainCapacity) apply(lim limits) {
+	c.gpus, c.gpuModel, c.perModel = lim.gpus, lim.gpuModel, lim.perModel
+	c.prefill.SetLimits(lim.prefillRate, lim.prefillBurst, 0)
+	c.decode.SetLimits(lim.decodeRate, lim.decodeBurst, 0)
+	c.kvLimit = lim.kvLimit
+	c.applyReserve()
+}
+
+// Resize rebuilds the rates, bursts, KV limit and calibrated costs from d,
+// the same domain after its healthy GPUs changed. Levels are kept (cut to
+// the new bursts) and refill from then on at the new rates; KV in use is
+// kept, even above a smaller limit (nothing fits until releases bring it
+// back under). The reserve rates are kept and their watermarks recomputed.
+// On error (another domain's id, weights that no longer fit) nothing changes.
+func (c *DomainCapacity) Resize(d *topology.Domain) error {
+	if d == nil || d.ID != c.id {
+		return fmt.Errorf("pd: domain %q: Resize with another domain", c.id)
+	}
+	lim, err := c.limits(d)
+	if err != nil {
+		return err
+	}
+	c.apply(lim)
+	return nil
+}
+
+// CopyLevels sets this domain's bucket levels and KV in use to from's at now
+// (levels cut to this domain's bursts). With NewDomainCapacity it carries a
+// domain's live state across a catalog or config reload.
+func (c *DomainCapacity) CopyLevels(now int64, from *DomainCapacity) {
+	setLevel(&c.prefill, now, from.prefill.Level(now))
+	setLevel(&c.decode, now, from.decode.Level(now))
+	c.kvInUse = from.kvInUse
+}
+
+// setLevel moves a bucket's level to want (at most its burst, at least
+// minus its burst).
+func setLevel(b *tokenbucket.Bucket, now, want int64) {
+	want = min(max(want, -b.Burst()), b.Burst())
+	switch l := b.Level(now); {
+	case want < l:
+		b.Take(now, l-want)
+	case want > l:
+		b.Refund(now, want-l)
+	}
+}
+
+// SetReserve sets the reserve rates kept for tenant floors: prefill FLOP/s
+// and decode B/s, each capped at its bucket's rate (negative is 0). The
+// watermarks below which shared traffic may not take the buckets are
+//
+//	prefill reserve = min(prefillPerSec · burst_seconds, prefill burst)
+//	decode reserve  = min(decodePerSec · burst_seconds, decode burst)
+//	KV reserve      = KV limit · min(prefillPerSec, prefill rate) / prefill rate
+//
+// Floor traffic may take the buckets to 0. Reserve that floor traffic leaves
+// unused refills the buckets above the watermarks, where shared traffic uses
+// it: idle reserve is lent, never lost.
+func (c *DomainCapacity) SetReserve(prefillFLOPPerSec, decodeBytesPerSec int64) {
+	c.resPrefillRate = max(prefillFLOPPerSec, 0)
+	c.resDecodeRate = max(decodeBytesPerSec, 0)
+	c.applyReserve()
+}
+
+func (c *DomainCapacity) applyReserve() {
+	burstNanos := uint64(math.Round(c.cfg.BurstSeconds * billion))
+	pr := min(c.resPrefillRate, c.prefill.Rate())
+	dr := min(c.resDecodeRate, c.decode.Rate())
+	p, _ := mulDiv(uint64(pr), burstNanos, billion)
+	d, _ := mulDiv(uint64(dr), burstNanos, billion)
+	c.resPrefill = min(p, c.prefill.Burst())
+	c.resDecode = min(d, c.decode.Burst())
+	c.resKV = 0
+	if rate := c.prefill.Rate(); rate > 0 {
+		c.resKV, _ = mulDiv(uint64(c.kvLimit), uint64(pr), uint64(rate))
+	}
+}
+
+// Cost returns the cost in this domain of a request of prompt and output
+// tokens on m, a model of the domain's catalog: the formulas, with a phase
+// replaced by its calibrated cost where m has a calibration for the domain's
+// GPU model. It allocates only on error; errors are as Catalog.Cost's.
+func (c *DomainCapacity) Cost(m *Model, prompt, output int64) (Cost, error) {
+	k, err := c.cat.consts(m)
+	if err != nil {
+		return Cost{}, err
+	}
+	r := c.perModel[k.id]
+	return k.cost(m.Name, prompt, output, r.prefillPerToken, r.decodePerToken)
+}
+
+// watermarks returns the least each bucket may be left at and the most KV
+// may reach, for floor or shared traffic.
+func (c *DomainCapacity) watermarks(floor bool) (prefillMin, decodeMin, kvMax int64) {
+	if floor {
+		return 0, 0, c.kvLimit
+	}
+	return c.resPrefill, c.resDecode, c.kvLimit - c.resKV
+}
+
+// Fits reports whether cost fits the domain at now: both buckets keep at
+// least their watermark (0 for floor traffic, the reserve for shared) and
+// KV in use stays within the limit (less the KV reserve, for shared). A
+// domain without healthy GPUs fits nothing, not even a zero cost.
+func (c *DomainCapacity) Fits(now int64, cost Cost, floor bool) bool {
+	if c.gpus == 0 || cost.PrefillFLOP < 0 || cost.DecodeBytes < 0 || cost.KVBytes < 0 {
+		return false
+	}
+	pMin, dMin, kvMax := c.watermarks(floor)
+	return cost.KVBytes <= kvMax-c.kvInUse &&
+		c.prefill.Fits(now, cost.PrefillFLOP, pMin) &&
+		c.decode.Fits(now, cost.DecodeBytes, dMin)
+}
+
+// Charge takes cost from both buckets and adds its KV to the gauge at now,
+// unconditionally (call Fits first). A bucket's debt is bounded at one
+// burst: what would take it further is forgiven. Negative parts count as 0.
+func (c *DomainCapacity) Charge(now int64, cost Cost) {
+	take(&c.prefill, now, cost.PrefillFLOP)
+	take(&c.decode, now, cost.DecodeBytes)
+	if kv := max(cost.KVBytes, 0); kv > math.MaxInt64-c.kvInUse {
+		c.kvInUse = math.MaxInt64
+	} else {
+		c.kvInUse += kv
+	}
+}
+
+// Release settles a finished request at now: each bucket gets back
+// charged − actual where positive (output never generated), or has the
+// overrun taken where negative (debt bounded at one burst, as in Charge);
+// charged.KVBytes leaves the gauge, which never goes below 0.
+func (c *DomainCapacity) Release(now int64, charged, actual Cost) {
+	settle(&c.prefill, now, max(charged.PrefillFLOP, 0)-max(actual.PrefillFLOP, 0))
+	settle(&c.decode, now, max(charged.DecodeBytes, 0)-max(actual.DecodeBytes, 0))
+	c.kvInUse = max(c.kvInUse-max(charged.KVBytes, 0), 0)
+}
+
+// take takes n ≥ 0 units, leaving the level no lower than −burst.
+func take(b *tokenbucket.Bucket, now, n int64) {
+	if n <= 0 {
+		return
+	}
+	room := b.Level(now) + b.Burst() // ≥ 0: levels stay in [−burst, burst]
+	b.Take(now, min(n, max(room, 0)))
+}
+
+// settle refunds diff > 0 or takes −diff > 0.
+func settle(b *tokenbucket.Bucket, now, diff int64) {
+	switch {
+	case diff > 0:
+		b.Refund(now, diff)
+	case diff < 0:
+		take(b, now, -diff)
+	}
+}
+
+// RetryAfter returns how long after now until cost fits both buckets (the
+// later of the two), or tokenbucket.Never if it never can (CanEverFit is
+// false, a shared request exceeds a bucket's burst less its reserve or the
+// KV limit less the KV reserve, or a bucket does not refill). The KV gauge
+// frees only at releases, at times this cannot know, so a request short only
+// of KV gets 0 although Fits is false: the caller waits for a release.
+func (c *DomainCapacity) RetryAfter(now int64, cost Cost, floor bool) time.Duration {
+	if !c.CanEverFit(cost) {
+		return tokenbucket.Never
+	}
+	pMin, dMin, kvMax := c.watermarks(floor)
+	if cost.KVBytes > kvMax {
+		return tokenbucket.Never
+	}
+	return max(c.prefill.RetryAfter(now, cost.PrefillFLOP, pMin), c.decode.RetryAfter(now, cost.DecodeBytes, dMin))
+}
+
+// CanEverFit reports whether cost fits an idle, full domain as floor
+// traffic: the domain has healthy GPUs, and each part is non-negative and
+// within its bucket's burst and the KV limit.
+func (c *DomainCapacity) CanEverFit(cost Cost) bool {
+	return c.gpus > 0 && cost.PrefillFLOP >= 0 && cost.PrefillFLOP <= c.prefill.Burst() &&
+		cost.DecodeBytes >= 0 && cost.DecodeBytes <= c.decode.Burst() &&
+		cost.KVBytes >= 0 && cost.KVBytes <= c.kvLimit
+}
+
+// ID returns the domain's id.
+func (c *DomainCapacity) ID() string { return c.id }
+
+// GPUModel returns the domain's GPU model, as topology.Domain.GPUModel.
+func (c *DomainCapacity) GPUModel() string { return c.gpuModel }
+
+// GPUs returns the number of healthy GPUs the capacity counts.
+func (c *DomainCapacity) GPUs() int { return c.gpus }
+
+// Levels returns the prefill (FLOP) and decode (byte) bucket levels at now;
+// negative while in debt after an overrun.
+func (c *DomainCapacity) Levels(now int64) (prefill, decode int64) {
+	return c.prefill.Level(now), c.decode.Level(now)
+}
+
+// KV returns the KV bytes in use and the KV limit.
+func (c *DomainCapacity) KV() (inUse, limit int64) { return c.kvInUse, c.kvLimit }
+
+// PrefillRate returns the prefill bucket's rate in FLOP/s.
+func (c *DomainCapacity) PrefillRate() int64 { return c.prefill.Rate() }
+
+// PrefillBurst returns the prefill bucket's depth in FLOP.
+func (c *DomainCapacity) PrefillBurst() int64 { return c.prefill.Burst() }
+
+// DecodeRate returns the decode bucket's rate in bytes/s.
+func (c *DomainCapacity) DecodeRate() int64 { return c.decode.Rate() }
+
+// DecodeBurst returns the decode bucket's depth in bytes.
+func (c *DomainCapacity) DecodeBurst() int64 { return c.decode.Burst() }
+
+// Reserves returns the watermarks shared traffic stops at: prefill FLOP,
+// decode bytes, and KV bytes held back from the KV limit.
+func (c *DomainCapacity) Reserves() (prefill, decode, kv int64) {
+	return c.resPrefill, c.resDecode, c.resKV
+}
+
+// ReservedFraction returns the reserved share of the prefill rate, in [0, 1]
+// (for display and for sizing the KV reserve).
+func (c *DomainCapacity) ReservedFraction() float64 {
+	rate := c.prefill.Rate()
+	if rate == 0 {
+		return 0
+	}
+	return float64(min(c.resPrefillRate, rate)) / float64(rate)
+}

@@ -1,0 +1,272 @@
+package topology
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+)
+
+// Domain kinds used by the built-in sources. Kind is free text; these are the
+// values Sluice itself writes.
+const (
+	KindNVL72 = "nvl72" // a GB200 NVL72 rack: one NVLink clique of 72 GPUs on 18 trays
+	KindHGX   = "hgx"   // an HGX board: one node's 8 GPUs on their own NVLink island
+)
+
+// MixedModel is what Domain.GPUModel returns for a domain with more than one
+// GPU model.
+const MixedModel = "mixed"
+
+// Peaks are a GPU's datasheet limits, or a sum of them over a domain.
+type Peaks struct {
+	SMs          int     // streaming multiprocessors
+	FLOPS        float64 // dense BF16 tensor FLOP/s
+	HBMBandwidth float64 // HBM bandwidth, bytes/s
+	HBMBytes     int64   // HBM capacity, bytes
+	Source       string  // SourceTable, SourceConfig or SourceNVMLEstimate
+}
+
+// check reports the first limit that is not positive and finite.
+func (p Peaks) check() error {
+	switch {
+	case p.SMs <= 0:
+		return fmt.Errorf("peaks: sms must be positive, got %d", p.SMs)
+	case !(p.FLOPS > 0) || math.IsInf(p.FLOPS, 0):
+		return fmt.Errorf("peaks: flops must be positive and finite, got %g", p.FLOPS)
+	case !(p.HBMBandwidth > 0) || math.IsInf(p.HBMBandwidth, 0):
+		return fmt.Errorf("peaks: hbm_bandwidth must be positive and finite, got %g", p.HBMBandwidth)
+	case p.HBMBytes <= 0:
+		return fmt.Errorf("peaks: hbm_bytes must be positive, got %d", p.HBMBytes)
+	}
+	return nil
+}
+
+// GPU is one accelerator.
+type GPU struct {
+	Index         int    // index on its node, as NVML numbers it
+	UUID          string // "GPU-…"; unique in the cluster when set
+	Name          string // the product name as the source gave it, e.g. "NVIDIA GB200"
+	PCIBusID      string // e.g. "00000000:18:00.0"
+	Peaks         Peaks
+	ActiveNVLinks int  // NVLink ports up
+	Healthy       bool // false: present but contributes no capacity
+}
+
+// Node is one machine (an NVL72 compute tray, an HGX server).
+type Node struct {
+	Name string // unique in the cluster
+	GPUs []GPU
+}
+
+// Domain is an NVLink domain: the unit no request may cross. Prefill, decode
+// and the KV transfer between them stay inside one domain.
+type Domain struct {
+	ID    string // an NVML clique id "<ClusterUuid>.<CliqueId>", or a name
+	Kind  string // KindNVL72, KindHGX, …
+	Nodes []Node
+}
+
+// GPUCount returns the number of GPUs in the domain, healthy or not.
+func (d Domain) GPUCount() int {
+	n := 0
+	for _, nd := range d.Nodes {
+		n += len(nd.GPUs)
+	}
+	return n
+}
+
+// HealthyGPUCount returns the number of healthy GPUs in the domain.
+func (d Domain) HealthyGPUCount() int {
+	n := 0
+	for _, nd := range d.Nodes {
+		for _, g := range nd.GPUs {
+			if g.Healthy {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// HealthyNodeCount returns the number of nodes with at least one healthy GPU:
+// the nodes that hold model weights.
+func (d Domain) HealthyNodeCount() int {
+	n := 0
+	for _, nd := range d.Nodes {
+		if slices.ContainsFunc(nd.GPUs, func(g GPU) bool { return g.Healthy }) {
+			n++
+		}
+	}
+	return n
+}
+
+// TotalPeaks sums the peaks of the domain's healthy GPUs; an unhealthy GPU
+// contributes nothing. Source is the GPUs' common source, "mixed" when they
+// differ, and empty when no GPU is healthy.
+func (d Domain) TotalPeaks() Peaks {
+	var t Peaks
+	first := true
+	for _, nd := range d.Nodes {
+		for _, g := range nd.GPUs {
+			if !g.Healthy {
+				continue
+			}
+			t.SMs += g.Peaks.SMs
+			t.FLOPS += g.Peaks.FLOPS
+			t.HBMBandwidth += g.Peaks.HBMBandwidth
+			t.HBMBytes += g.Peaks.HBMBytes
+			switch {
+			case first:
+				t.Source, first = g.Peaks.Source, false
+			case t.Source != g.Peaks.Source:
+				t.Source = "mixed"
+			}
+		}
+	}
+	return t
+}
+
+// GPUModel returns the model of the domain's GPUs (healthy or not) as
+// ModelName spells it ("GB200"), MixedModel when they differ, and "" for a
+// domain without GPUs. Calibrations are looked up by it.
+func (d Domain) GPUModel() string {
+	model := ""
+	for _, nd := range d.Nodes {
+		for _, g := range nd.GPUs {
+			m := ModelName(g.Name)
+			switch {
+			case model == "":
+				model = m
+			case m != model:
+				return MixedModel
+			}
+		}
+	}
+	return model
+}
+
+// Clone returns a deep copy of the domain.
+func (d Domain) Clone() Domain {
+	c := d
+	c.Nodes = make([]Node, len(d.Nodes))
+	for i, nd := range d.Nodes {
+		c.Nodes[i] = Node{Name: nd.Name, GPUs: slices.Clone(nd.GPUs)}
+	}
+	return c
+}
+
+// Cluster is every NVLink domain Sluice may place on. A Cluster is plain data:
+// safe to share once no one writes to it.
+type Cluster struct {
+	Domains []Domain
+}
+
+// Domain returns the domain with the given id. The pointer points into
+// c.Domains.
+func (c Cluster) Domain(id string) (*Domain, bool) {
+	for i := range c.Domains {
+		if c.Domains[i].ID == id {
+			return &c.Domains[i], true
+		}
+	}
+	return nil, false
+}
+
+// GPUCount returns the number of GPUs in the cluster, healthy or not.
+func (c Cluster) GPUCount() int {
+	n := 0
+	for _, d := range c.Domains {
+		n += d.GPUCount()
+	}
+	return n
+}
+
+// Clone returns a deep copy of the cluster.
+func (c Cluster) Clone() Cluster {
+	out := Cluster{Domains: make([]Domain, len(c.Domains))}
+	for i, d := range c.Domains {
+		out.Domains[i] = d.Clone()
+	}
+	return out
+}
+
+// Validate checks the invariants the scheduler relies on: at least one
+// domain; domain ids non-empty and unique; every domain has a kind and nodes;
+// node names non-empty and unique across the cluster, so that a node belongs
+// to exactly one domain and nothing can span two; every node has GPUs with
+// unique indexes; GPU UUIDs, where set, unique across the cluster; every GPU
+// has a name and positive, finite peaks. It reports every problem found,
+// each under the path of its domain (domains[i] "id").
+func (c Cluster) Validate() error {
+	if len(c.Domains) == 0 {
+		return errors.New("domains: none")
+	}
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf(format, args...))
+	}
+	domainAt := make(map[string]int, len(c.Domains))
+	nodeIn := make(map[string]string) // node name → domain id
+	gpuAt := make(map[string]string)  // UUID → "node/index"
+	for i, d := range c.Domains {
+		where := fmt.Sprintf("domains[%d] %q", i, d.ID)
+		switch j, dup := domainAt[d.ID]; {
+		case d.ID == "":
+			bad("domains[%d]: empty id", i)
+		case dup:
+			bad("%s: duplicate domain id (also domains[%d])", where, j)
+		default:
+			domainAt[d.ID] = i
+		}
+		if d.Kind == "" {
+			bad("%s: empty kind", where)
+		}
+		if len(d.Nodes) == 0 {
+			bad("%s: no nodes", where)
+		}
+		for _, nd := range d.Nodes {
+			if nd.Name == "" {
+				bad("%s: node with empty name", where)
+				continue
+			}
+			if other, dup := nodeIn[nd.Name]; dup {
+				if other == d.ID {
+					bad("%s: node %q listed twice", where, nd.Name)
+				} else {
+					bad("%s: node %q is also in domain %q: a node belongs to exactly one domain", where, nd.Name, other)
+				}
+				continue
+			}
+			nodeIn[nd.Name] = d.ID
+			at := fmt.Sprintf("%s: node %q", where, nd.Name)
+			if len(nd.GPUs) == 0 {
+				bad("%s: no GPUs", at)
+			}
+			seen := make(map[int]bool, len(nd.GPUs))
+			for _, g := range nd.GPUs {
+				gat := fmt.Sprintf("%s: gpu %d", at, g.Index)
+				if seen[g.Index] {
+					bad("%s: duplicate index", gat)
+				}
+				seen[g.Index] = true
+				if g.Name == "" {
+					bad("%s: empty name", gat)
+				}
+				if err := g.Peaks.check(); err != nil {
+					bad("%s: %w", gat, err)
+				}
+				if g.UUID == "" {
+					continue
+				}
+				self := fmt.Sprintf("node %q gpu %d", nd.Name, g.Index)
+				if other, dup := gpuAt[g.UUID]; dup {
+					bad("%s: UUID %s is also %s", gat, g.UUID, other)
+				} else {
+					gpuAt[g.UUID] = self
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,84 @@
+package wfq
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+)
+
+// benchQueue fills a queue with flows flows of perFlow items each, of random
+// cost and weight 1..4, and returns it with the flows' handles. Each item's
+// Value is its flow's handle.
+func benchQueue(b *testing.B, flows, perFlow int) *Queue {
+	r := rand.New(rand.NewPCG(1, 2))
+	q := New(Config{})
+	handles := make([]*Flow, flows)
+	for i := range handles {
+		handles[i] = q.Flow(FlowKey{Tenant: "tenant-" + strconv.Itoa(i), Model: "m"})
+	}
+	items := make([]Item, flows*perFlow) // a flow's items lie flows apart
+	for i := range items {
+		f := handles[i%flows]
+		it := &items[i]
+		it.Cost, it.Weight, it.Value = 1+r.Uint64N(1000), 1+uint64(i%flows%4), f
+		if err := q.EnqueueFlow(f, it); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return q
+}
+
+// BenchmarkEnqueueDequeue is the queue in steady state: every flow holds
+// four items; each op dequeues the smallest head and enqueues that item again
+// at the back of its flow, through the flow's cached handle.
+func BenchmarkEnqueueDequeue(b *testing.B) {
+	for _, flows := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("flows=%d", flows), func(b *testing.B) {
+			q := benchQueue(b, flows, 4)
+			b.ReportAllocs()
+			for b.Loop() {
+				it := q.Dequeue(nil, 1)
+				if err := q.EnqueueFlow(it.Value.(*Flow), it); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkEnqueueDequeueByKey is BenchmarkEnqueueDequeue through Enqueue,
+// which looks the flow up by key.
+func BenchmarkEnqueueDequeueByKey(b *testing.B) {
+	for _, flows := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("flows=%d", flows), func(b *testing.B) {
+			q := benchQueue(b, flows, 4)
+			b.ReportAllocs()
+			for b.Loop() {
+				it := q.Dequeue(nil, 1)
+				if err := q.Enqueue(it); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDequeueFits is the dispatcher's case: fits refuses every fourth
+// head it is shown (a flow whose domain is full), scanning up to 8 heads.
+func BenchmarkDequeueFits(b *testing.B) {
+	for _, flows := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("flows=%d", flows), func(b *testing.B) {
+			q := benchQueue(b, flows, 4)
+			var calls int
+			fits := func(*Item) bool { calls++; return calls%4 != 0 }
+			b.ReportAllocs()
+			for b.Loop() {
+				it := q.Dequeue(fits, 8)
+				if err := q.EnqueueFlow(it.Value.(*Flow), it); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,72 @@
+// Package wfq is Sluice's weighted fair queue: self-clocked fair queueing
+// (SCFQ, Golestani 1994) over flows, with a min-heap of flow heads. It knows
+// nothing of GPUs; the dispatcher tells it what fits through a callback.
+//
+// # Model
+//
+// A flow f is a (tenant, model) pair, FlowKey. Each band b (critical and
+// normal) is its own fair queue with its own virtual time V_b, a uint64 that
+// starts at 0. An item i of flow f, with cost cᵢ > 0 and weight wᵢ ≥ 1,
+// entering band b gets the finish tag
+//
+//	Fᵢ = max(F_last(f, b), V_b) + ⌈cᵢ · 2¹⁶ / wᵢ⌉
+//
+// where F_last(f, b) is the tag of f's last queued item in band b, or V_b if
+// f has none queued there. Tags are fixed point: 2¹⁶ (TagUnit) is cost 1 at
+// weight 1; rounding up costs at most 2⁻¹⁶ of a cost unit per item and keeps
+// every increment ≥ 1. Sums that would pass 2⁶⁴−1 saturate; at 10⁶ cost
+// units per second of weight-1 service V_b reaches 2⁶⁴ only after ~9 years.
+//
+// Service. Each flow is a FIFO per band. Dequeue serves the critical band
+// first, then the normal band; within a band it takes, among flow heads in
+// increasing (Fᵢ, sᵢ) order (sᵢ the enqueue sequence number, unique per
+// queue), the first the caller's fits function accepts, examining at most
+// maxScan heads. Heads passed over stay where they are. On dequeuing item i
+// from band b:
+//
+//	V_b ← max(V_b, Fᵢ)
+//
+// (in SCFQ V is the tag of the item in service; the max keeps V monotone when
+// fits makes Dequeue serve a head other than the smallest).
+//
+// Fairness. While flows f and g both stay backlogged in a band over an
+// interval in which every Dequeue takes the smallest head, the service W
+// (sum of costs dequeued) they receive satisfies the SCFQ bound
+//
+//	| W_f / w_f − W_g / w_g | ≤ c_max,f / w_f + c_max,g / w_g
+//
+// so shares converge to the weight ratio. A flow that was idle gets no credit
+// for it: its first tag starts from V_b, not from where it left off.
+//
+// Removal. Remove takes an item out (a deadline expired, a client went
+// away) without advancing V. If it was its flow's last item, the next item
+// is tagged from the new last item (or from V), so an abandoned request
+// costs its flow nothing later; items behind a removed one keep their tags.
+//
+// Forgetting. A flow with no queued item in either band is deleted: each of
+// its dequeued tags is ≤ V_b, so max(F_last, V_b) = V_b and remembering it
+// would change nothing. Memory is proportional to the flows with queued items.
+//
+// # Costs
+//
+// Enqueue, Dequeue (when the first head examined fits) and Remove are
+// O(log flows): the heap holds one entry per non-empty (flow, band), 4-ary,
+// keyed by the head's (F, s); an entry carries its key, so sifting reads no
+// item. A Dequeue that passes over k heads costs O(k log k) more. Enqueue
+// looks the flow up in a map; EnqueueFlow, with a *Flow handle from
+// Queue.Flow, skips that lookup. Nothing is allocated per item: items are
+// the caller's, and each flow is a doubly linked list threaded through them.
+// Memory is laid out for the cache: each item carries its successor's key, so
+// a Dequeue loads only the item it returns, and a Flow's hot fields share one
+// cache line.
+//
+// # Bounds
+//
+// Config bounds each flow's items per band (MaxPerFlow), the items in both
+// bands together (MaxTotal) and the items in the critical band (MaxCritical);
+// a bound ≤ 0 is no bound. An Enqueue over a bound returns ErrFlowFull or
+// ErrQueueFull and changes nothing. SetConfig never drops queued items.
+//
+// A Queue is not safe for concurrent use: the admission engine holds its
+// lock around every call.
+package wfq

@@ -1,0 +1,133 @@
+package wfq
+
+// arity is the heap's fan-out. A 4-ary heap is half as deep as a binary one,
+// and a node's four children sit side by side in memory.
+const arity = 4
+
+// entry is a non-empty lane in its band's heap, keyed by its head's finish
+// tag and sequence number, copied here so that sifting reads no item.
+type entry struct {
+	tag, seq uint64
+	l        *lane
+}
+
+func (a *entry) less(b *entry) bool {
+	return a.tag < b.tag || (a.tag == b.tag && a.seq < b.seq)
+}
+
+// heap is a min-heap of entries; each lane records its index in idx. Those
+// stores to the lanes moved have a use beyond Remove: the first moves the
+// next root's lane into cache, one Dequeue ahead.
+type heap []entry
+
+func (h *heap) push(e entry) {
+	*h = append(*h, e)
+	h.up(len(*h) - 1)
+}
+
+// remove deletes the entry at index i.
+func (h *heap) remove(i int) {
+	last := len(*h) - 1
+	if i != last {
+		(*h)[i] = (*h)[last]
+	}
+	(*h)[last] = entry{} // drop the lane pointer
+	*h = (*h)[:last]
+	if i != last {
+		h.fix(i)
+	}
+}
+
+// fix restores the heap order after the key at index i changed.
+func (h heap) fix(i int) {
+	if i > 0 && h[i].less(&h[(i-1)/arity]) {
+		h.up(i)
+	} else {
+		h.down(i)
+	}
+}
+
+func (h heap) up(i int) {
+	e := h[i]
+	for i > 0 {
+		p := (i - 1) / arity
+		if !e.less(&h[p]) {
+			break
+		}
+		h[i] = h[p]
+		h[i].l.idx = i
+		i = p
+	}
+	h[i] = e
+	e.l.idx = i
+}
+
+func (h heap) down(i int) {
+	e := h[i]
+	n := len(h)
+	for {
+		c := arity*i + 1
+		if c >= n {
+			break
+		}
+		m := c
+		for j, end := c+1, min(c+arity, n); j < end; j++ {
+			if h[j].less(&h[m]) {
+				m = j
+			}
+		}
+		if !h[m].less(&e) {
+			break
+		}
+		h[i] = h[m]
+		h[i].l.idx = i
+		i = m
+	}
+	h[i] = e
+	e.l.idx = i
+}
+
+// candidates is a binary min-heap of indexes into h, ordered by h's keys:
+// the frontier of a best-first walk of h.
+type candidates struct {
+	h   heap
+	idx []int
+}
+
+// pushChildren adds the children of h[i] to the frontier.
+func (c *candidates) pushChildren(i int) {
+	for j, end := arity*i+1, min(arity*i+1+arity, len(c.h)); j < end; j++ {
+		c.idx = append(c.idx, j)
+		for k := len(c.idx) - 1; k > 0; {
+			p := (k - 1) / 2
+			if !c.h[c.idx[k]].less(&c.h[c.idx[p]]) {
+				break
+			}
+			c.idx[k], c.idx[p] = c.idx[p], c.idx[k]
+			k = p
+		}
+	}
+}
+
+// pop removes and returns the frontier's smallest index.
+func (c *candidates) pop() int {
+	top := c.idx[0]
+	last := len(c.idx) - 1
+	c.idx[0] = c.idx[last]
+	c.idx = c.idx[:last]
+	for k := 0; ; {
+		m, l, r := k, 2*k+1, 2*k+2
+		if l < last && c.h[c.idx[l]].less(&c.h[c.idx[m]]) {
+			m = l
+		}
+		if r < last && c.h[c.idx[r]].less(&c.h[c.idx[m]]) {
+			m = r
+		}
+		if m == k {
+			break
+		}
+		c.idx[k], c.idx[m] = c.idx[m], c.idx[k]
+		k = m
+	}
+	return top
+}

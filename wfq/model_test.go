@@ -1,0 +1,312 @@
+package wfq
+
+import (
+	"errors"
+	"math"
+	"math/big"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// refQueue is the reference model: no heap, no links, no handles. Each
+// (flow, band) is a slice in enqueue order; Dequeue sorts the heads by
+// (tag, seq). Tags are computed in big integers straight from doc.go's
+// formula.
+type refQueue struct {
+	cfg   Config
+	v     [nBands]uint64
+	lanes map[refLane][]*refItem
+	seq   uint64
+}
+
+type refLane struct {
+	k    FlowKey
+	band int
+}
+
+type refItem struct {
+	it       *Item
+	tag, seq uint64
+}
+
+func (m *refQueue) count(match func(refLane) bool) int {
+	n := 0
+	for l, its := range m.lanes {
+		if match(l) {
+			n += len(its)
+		}
+	}
+	return n
+}
+
+func (m *refQueue) len() int { return m.count(func(refLane) bool { return true }) }
+
+func (m *refQueue) flowLen(k FlowKey) int {
+	return m.count(func(l refLane) bool { return l.k == k })
+}
+
+func (m *refQueue) flows() int {
+	keys := map[FlowKey]bool{}
+	for l, its := range m.lanes {
+		if len(its) > 0 {
+			keys[l.k] = true
+		}
+	}
+	return len(keys)
+}
+
+func (m *refQueue) enqueue(it *Item) (uint64, error) {
+	for _, its := range m.lanes {
+		for _, r := range its {
+			if r.it == it {
+				return 0, ErrQueued
+			}
+		}
+	}
+	l := refLane{it.Flow, bandOf(it)}
+	if m.cfg.MaxPerFlow > 0 && len(m.lanes[l]) >= m.cfg.MaxPerFlow {
+		return 0, ErrFlowFull
+	}
+	if m.cfg.MaxTotal > 0 && m.len() >= m.cfg.MaxTotal {
+		return 0, ErrQueueFull
+	}
+	if m.cfg.MaxCritical > 0 && l.band == critical &&
+		m.count(func(l refLane) bool { return l.band == critical }) >= m.cfg.MaxCritical {
+		return 0, ErrQueueFull
+	}
+	start := m.v[l.band]
+	if its := m.lanes[l]; len(its) > 0 {
+		start = max(start, its[len(its)-1].tag)
+	}
+	// ⌈cost·2¹⁶/max(weight,1)⌉, start + that, saturating at 2⁶⁴−1.
+	w := new(big.Int).SetUint64(max(it.Weight, 1))
+	inc := new(big.Int).Lsh(new(big.Int).SetUint64(it.Cost), 16)
+	inc.Add(inc, w).Sub(inc, big.NewInt(1)).Quo(inc, w)
+	tag := inc.Add(inc, new(big.Int).SetUint64(start))
+	if tag.Cmp(new(big.Int).SetUint64(math.MaxUint64)) > 0 {
+		tag.SetUint64(math.MaxUint64)
+	}
+	r := &refItem{it: it, tag: tag.Uint64(), seq: m.seq}
+	m.seq++
+	m.lanes[l] = append(m.lanes[l], r)
+	return r.tag, nil
+}
+
+func (m *refQueue) heads(band int) []*refItem {
+	var hs []*refItem
+	for l, its := range m.lanes {
+		if l.band == band && len(its) > 0 {
+			hs = append(hs, its[0])
+		}
+	}
+	slices.SortFunc(hs, func(a, b *refItem) int {
+		if a.tag != b.tag {
+			return cmpU(a.tag, b.tag)
+		}
+		return cmpU(a.seq, b.seq)
+	})
+	return hs
+}
+
+func cmpU(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (m *refQueue) peek() *Item {
+	for _, b := range []int{critical, normal} {
+		if hs := m.heads(b); len(hs) > 0 {
+			return hs[0].it
+		}
+	}
+	return nil
+}
+
+func (m *refQueue) dequeue(fits func(*Item) bool, maxScan int) *Item {
+	for _, b := range []int{critical, normal} {
+		hs := m.heads(b)
+		for i, h := range hs {
+			if i >= max(maxScan, 1) {
+				break
+			}
+			if fits == nil || fits(h.it) {
+				m.remove(h.it)
+				m.v[b] = max(m.v[b], h.tag)
+				return h.it
+			}
+		}
+	}
+	return nil
+}
+
+func (m *refQueue) remove(it *Item) bool {
+	for l, its := range m.lanes {
+		for i, r := range its {
+			if r.it == it {
+				m.lanes[l] = slices.Delete(its, i, i+1)
+				if len(m.lanes[l]) == 0 {
+					delete(m.lanes, l)
+				}
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestAgainstModel runs random sequences of Enqueue (by key and through
+// cached, possibly stale, handles), Dequeue with random fits and maxScan,
+// Remove and SetConfig on a Queue and on the reference model, and checks
+// that they agree after every step: results, tags, Len, FlowLen, Flows,
+// virtual times and Peek. Flows() agreeing with the model means a flow is
+// forgotten as soon as it is empty.
+func TestAgainstModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		keys := []FlowKey{{"a", "x"}, {"a", "y"}, {"b", "x"}, {"c", "x"}}
+		pool := make([]*Item, rapid.IntRange(1, 24).Draw(t, "items"))
+		for i := range pool {
+			pool[i] = &Item{Value: i}
+		}
+		q := New(Config{})
+		m := &refQueue{lanes: map[refLane][]*refItem{}}
+		handles := map[FlowKey]*Flow{}
+
+		costGen := rapid.OneOf(rapid.Uint64Range(0, 100), rapid.Uint64Range(0, math.MaxUint64))
+		for step := range rapid.IntRange(1, 200).Draw(t, "steps") {
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op < 5: // enqueue
+				it := pool[rapid.IntRange(0, len(pool)-1).Draw(t, "item")]
+				if !it.Queued() {
+					it.Flow = rapid.SampledFrom(keys).Draw(t, "key")
+					it.Cost = costGen.Draw(t, "cost")
+					it.Weight = rapid.Uint64Range(0, 8).Draw(t, "weight")
+					it.Critical = rapid.IntRange(0, 3).Draw(t, "band") == 0
+				}
+				wantTag, wantErr := m.enqueue(it)
+				var err error
+				if rapid.Bool().Draw(t, "byHandle") {
+					h := handles[it.Flow]
+					if h == nil {
+						h = q.Flow(it.Flow)
+						handles[it.Flow] = h
+					}
+					err = q.EnqueueFlow(h, it)
+				} else {
+					err = q.Enqueue(it)
+				}
+				if !errors.Is(err, wantErr) {
+					t.Fatalf("step %d: Enqueue error %v, model %v", step, err, wantErr)
+				}
+				if err == nil && it.FinishTag() != wantTag {
+					t.Fatalf("step %d: tag %d, model %d", step, it.FinishTag(), wantTag)
+				}
+			case op < 8: // dequeue
+				maxScan := rapid.IntRange(0, 5).Draw(t, "maxScan")
+				var fits func(*Item) bool
+				if mod := rapid.IntRange(0, 3).Draw(t, "fitsMod"); mod > 0 {
+					rem := rapid.IntRange(0, mod-1).Draw(t, "fitsRem")
+					fits = func(it *Item) bool { return it.Value.(int)%(mod+1) != rem }
+				}
+				want := m.dequeue(fits, maxScan)
+				if got := q.Dequeue(fits, maxScan); got != want {
+					t.Fatalf("step %d: Dequeue = %v, model %v", step, show(got), show(want))
+				}
+			case op < 9: // remove
+				it := pool[rapid.IntRange(0, len(pool)-1).Draw(t, "item")]
+				if got, want := q.Remove(it), m.remove(it); got != want {
+					t.Fatalf("step %d: Remove = %v, model %v", step, got, want)
+				}
+			default:
+				cfg := Config{
+					MaxPerFlow:  rapid.IntRange(0, 4).Draw(t, "maxPerFlow"),
+					MaxTotal:    rapid.IntRange(0, 12).Draw(t, "maxTotal"),
+					MaxCritical: rapid.IntRange(0, 3).Draw(t, "maxCritical"),
+				}
+				q.SetConfig(cfg)
+				m.cfg = cfg
+			}
+
+			if q.Len() != m.len() || q.Flows() != m.flows() || len(q.flows) != q.Flows() {
+				t.Fatalf("step %d: len %d flows %d, model %d, %d", step, q.Len(), q.Flows(), m.len(), m.flows())
+			}
+			for _, k := range keys {
+				if q.FlowLen(k) != m.flowLen(k) {
+					t.Fatalf("step %d: FlowLen(%v) = %d, model %d", step, k, q.FlowLen(k), m.flowLen(k))
+				}
+			}
+			if q.VirtualTime() != m.v[normal] || q.CriticalVirtualTime() != m.v[critical] {
+				t.Fatalf("step %d: V %d/%d, model %d/%d", step,
+					q.VirtualTime(), q.CriticalVirtualTime(), m.v[normal], m.v[critical])
+			}
+			if got, want := q.Peek(), m.peek(); got != want {
+				t.Fatalf("step %d: Peek = %v, model %v", step, show(got), show(want))
+			}
+			checkInvariants(t, q)
+		}
+	})
+}
+
+func show(it *Item) any {
+	if it == nil {
+		return nil
+	}
+	return *it
+}
+
+// checkInvariants checks the queue's internal structure: heap order, lane
+// indexes, entry keys equal to head keys, lane links and counts.
+func checkInvariants(t *rapid.T, q *Queue) {
+	total := 0
+	for b := range q.bands {
+		bd := &q.bands[b]
+		n := 0
+		for i := range bd.heap {
+			e := &bd.heap[i]
+			if i > 0 && e.less(&bd.heap[(i-1)/arity]) {
+				t.Fatalf("band %d: heap order broken at %d", b, i)
+			}
+			l := e.l
+			if l.idx != i || l.n == 0 || l.head.tag != e.tag || l.head.seq != e.seq {
+				t.Fatalf("band %d: entry %d out of step with its lane", b, i)
+			}
+			if f := q.flows[l.flow.key]; f != l.flow {
+				t.Fatalf("band %d: lane of a flow that is not registered", b)
+			}
+			c := 0
+			var prev *Item
+			for it := l.head; it != nil; it = it.next {
+				if it.lane != l || it.prev != prev || bandOf(it) != b || int(l.band) != b {
+					t.Fatalf("band %d: broken lane links", b)
+				}
+				if it.next != nil && (it.nextTag != it.next.tag || it.nextSeq != it.next.seq) {
+					t.Fatalf("band %d: item's copy of its successor's key is stale", b)
+				}
+				prev = it
+				c++
+			}
+			if c != int(l.n) || prev != l.tail || (prev != nil && l.tailTag != prev.tag) {
+				t.Fatalf("band %d: lane holds %d items, counts %d", b, c, l.n)
+			}
+			n += c
+		}
+		if n != bd.n {
+			t.Fatalf("band %d: %d items, counts %d", b, n, bd.n)
+		}
+		total += n
+	}
+	for k, f := range q.flows {
+		if !f.live || f.key != k || f.lanes[normal].n+f.lanes[critical].n == 0 {
+			t.Fatalf("flow %v registered but not live, or empty", k)
+		}
+	}
+	if total != q.n {
+		t.Fatalf("%d items, Len %d", total, q.n)
+	}
+}

@@ -1,0 +1,461 @@
+package wfq
+
+import (
+	"errors"
+	"math"
+	"math/bits"
+)
+
+// TagUnit is the finish-tag increment of an item of cost 1 at weight 1: tags
+// are fixed point with 16 fractional bits.
+const TagUnit uint64 = 1 << 16
+
+// Errors returned by Enqueue. A rejected item is left untouched and the queue
+// unchanged.
+var (
+	// ErrFlowFull: the item's flow already holds MaxPerFlow items in its band.
+	ErrFlowFull = errors.New("wfq: flow queue full")
+	// ErrQueueFull: the queue holds MaxTotal items, or the item is critical
+	// and the critical band holds MaxCritical.
+	ErrQueueFull = errors.New("wfq: queue full")
+	// ErrQueued: the item is already in a queue.
+	ErrQueued = errors.New("wfq: item already queued")
+)
+
+// FlowKey names a flow: a tenant's requests for one model tier.
+type FlowKey struct{ Tenant, Model string }
+
+// Item is one queued request. The caller allocates it, fills the exported
+// fields, and keeps the pointer to Remove it later; the queue links it into
+// its flow without copying or allocating. An item may be enqueued again once
+// it has been dequeued or removed. While it is queued, its exported fields
+// must not change and the Item must not be copied or overwritten as a whole
+// (its unexported fields hold the queue's links).
+type Item struct {
+	// The queue's fields come first: 56 bytes that one cache line holds
+	// when the item is 64-byte aligned (a lone Item is: 128-byte size class).
+	tag        uint64 // finish tag, set by Enqueue
+	seq        uint64 // enqueue sequence number, unique per queue
+	lane       *lane  // the lane holding the item; nil when not queued
+	prev, next *Item  // neighbours in the lane's FIFO
+	// next's tag and seq, copied here when next is linked, so that serving
+	// this item re-keys its lane without loading next (a cache miss).
+	nextTag, nextSeq uint64
+
+	Flow     FlowKey
+	Cost     uint64 // > 0; a cost of 0 is served at the current virtual time
+	Weight   uint64 // ≥ 1; 0 is taken as 1
+	Critical bool   // served in the critical band, before every normal item
+	Value    any    // the caller's payload
+}
+
+// FinishTag returns the item's finish tag, in TagUnit units, as set by its
+// last Enqueue. It stays readable after the item leaves the queue.
+func (it *Item) FinishTag() uint64 { return it.tag }
+
+// Queued reports whether the item is in a queue.
+func (it *Item) Queued() bool { return it.lane != nil }
+
+// Config holds the queue's bounds; a bound ≤ 0 is no bound.
+type Config struct {
+	MaxPerFlow  int // items of one flow in one band
+	MaxTotal    int // items in both bands together
+	MaxCritical int // items in the critical band
+}
+
+// Band indexes. Dequeue serves them in the order of serveOrder.
+const (
+	normal = iota
+	critical
+	nBands
+)
+
+var serveOrder = [nBands]int{critical, normal}
+
+func bandOf(it *Item) int {
+	if it.Critical {
+		return critical
+	}
+	return normal
+}
+
+// lane is one flow's FIFO in one band.
+type lane struct {
+	head, tail *Item
+	tailTag    uint64 // tail.tag, kept here so Enqueue need not load tail
+	n          int32
+	band       int32
+	idx        int // index of the lane's entry in its band's heap, while n > 0
+	flow       *Flow
+}
+
+// Flow is a handle on a flow of a Queue, for callers that want to skip the
+// map lookup Enqueue does (see Queue.Flow and Queue.EnqueueFlow). A handle
+// stays valid for the queue's life: once its flow has emptied and been
+// forgotten, using the handle again looks the flow up by key.
+//
+// The fields an Enqueue and a Dequeue of a normal item touch (lanes[normal],
+// q, live) fill the first 64 bytes, and the struct is padded to 192 bytes,
+// a size class whose objects are 64-byte aligned: one cache line per flow on
+// the hot path.
+type Flow struct {
+	q     *Queue
+	live  bool         // in q.flows
+	lanes [nBands]lane // lanes[normal] first
+	key   FlowKey
+	_     [192 - 8 - 8 - 2*48 - 32]byte
+}
+
+// Key returns the flow's key.
+func (f *Flow) Key() FlowKey { return f.key }
+
+// Len returns the number of items the flow has queued, both bands together.
+func (f *Flow) Len() int {
+	if !f.live {
+		f = f.q.flows[f.key]
+		if f == nil {
+			return 0
+		}
+	}
+	return int(f.lanes[critical].n + f.lanes[normal].n)
+}
+
+// band is one fair queue: a heap of non-empty lanes and a virtual time.
+type band struct {
+	heap heap
+	v    uint64 // virtual time
+	n    int    // items queued
+}
+
+// Queue is a weighted fair queue in two bands. It is not safe for concurrent
+// use; its owner serialises calls.
+type Queue struct {
+	cfg    Config
+	bands  [nBands]band
+	flows  map[FlowKey]*Flow
+	n      int
+	seq    uint64
+	scan   []int  // Dequeue's scratch space for passing over heads
+	warmed uint64 // see warm
+}
+
+// New returns an empty queue with bounds cfg.
+func New(cfg Config) *Queue {
+	return &Queue{cfg: cfg, flows: make(map[FlowKey]*Flow)}
+}
+
+// SetConfig replaces the bounds. Items already queued stay, even above the
+// new bounds; only later Enqueues are refused.
+func (q *Queue) SetConfig(cfg Config) { q.cfg = cfg }
+
+// Config returns the current bounds.
+func (q *Queue) Config() Config { return q.cfg }
+
+// Len returns the number of queued items.
+func (q *Queue) Len() int { return q.n }
+
+// CriticalLen returns the number of queued critical items.
+func (q *Queue) CriticalLen() int { return q.bands[critical].n }
+
+// Flows returns the number of flows with at least one queued item.
+func (q *Queue) Flows() int { return len(q.flows) }
+
+// FlowLen returns the number of items flow k has queued, both bands together.
+func (q *Queue) FlowLen(k FlowKey) int {
+	f := q.flows[k]
+	if f == nil {
+		return 0
+	}
+	return int(f.lanes[critical].n + f.lanes[normal].n)
+}
+
+// VirtualTime returns the normal band's virtual time V, in TagUnit units.
+func (q *Queue) VirtualTime() uint64 { return q.bands[normal].v }
+
+// CriticalVirtualTime returns the critical band's virtual time.
+func (q *Queue) CriticalVirtualTime() uint64 { return q.bands[critical].v }
+
+// Flow returns a handle on flow k for EnqueueFlow. It allocates a handle if
+// the flow has no queued item, but registers the flow only when an item is
+// enqueued through it.
+func (q *Queue) Flow(k FlowKey) *Flow {
+	if f := q.flows[k]; f != nil {
+		return f
+	}
+	return q.newFlow(k)
+}
+
+func (q *Queue) newFlow(k FlowKey) *Flow {
+	f := &Flow{q: q, key: k}
+	for b := range f.lanes {
+		f.lanes[b].flow, f.lanes[b].band = f, int32(b)
+	}
+	return f
+}
+
+// Enqueue adds it to its flow (it.Flow) in its band, tagging it with its
+// finish tag. It returns ErrFlowFull or ErrQueueFull, changing nothing, if a
+// bound is reached, and ErrQueued if it is already queued.
+func (q *Queue) Enqueue(it *Item) error {
+	if it.lane != nil {
+		return ErrQueued
+	}
+	f := q.flows[it.Flow]
+	if f == nil {
+		// Checked here so that a rejected item allocates no Flow.
+		if err := q.check(nil, it); err != nil {
+			return err
+		}
+		f = q.newFlow(it.Flow)
+	}
+	return q.enqueue(f, it)
+}
+
+// EnqueueFlow is Enqueue for an item of flow f, a handle from q.Flow. The
+// item is filed under f; it.Flow is neither read nor set (reading f's key
+// would cost a cache miss), so the caller should set it to f.Key() itself.
+// While f's flow has queued items EnqueueFlow does no map lookup.
+func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {
+	if f.q != q {
+		panic("wfq: EnqueueFlow with a Flow of another queue")
+	}
+	if it.lane != nil {
+		return ErrQueued
+	}
+	if !f.live {
+		if g := q.flows[f.key]; g != nil {
+			f = g // f is a stale handle of a flow registered since
+		}
+	}
+	return q.enqueue(f, it)
+}
+
+// check returns the bound, if any, that it would exceed in flow f (nil for a
+// flow with no queued item).
+func (q *Queue) check(f *Flow, it *Item) error {
+	b := bandOf(it)
+	if max := q.cfg.MaxPerFlow; max > 0 && f != nil && int(f.lanes[b].n) >= max {
+		return ErrFlowFull
+	}
+	if max := q.cfg.MaxTotal; max > 0 && q.n >= max {
+		return ErrQueueFull
+	}
+	if max := q.cfg.MaxCritical; max > 0 && b == critical && q.bands[critical].n >= max {
+		return ErrQueueFull
+	}
+	return nil
+}
+
+func (q *Queue) enqueue(f *Flow, it *Item) error {
+	if err := q.check(f, it); err != nil {
+		return err
+	}
+	if !f.live {
+		q.flows[f.key] = f
+		f.live = true
+	}
+	b := bandOf(it)
+	bd, l := &q.bands[b], &f.lanes[b]
+	start := bd.v
+	if l.n > 0 && l.tailTag > start {
+		start = l.tailTag
+	}
+	it.tag = satAdd(start, increment(it.Cost, it.Weight))
+	it.seq = q.seq
+	q.seq++
+	it.lane, it.prev, it.next = l, l.tail, nil
+	if l.n == 0 {
+		l.head = it
+		bd.heap.push(entry{tag: it.tag, seq: it.seq, l: l})
+	} else {
+		t := l.tail
+		t.next, t.nextTag, t.nextSeq = it, it.tag, it.seq
+	}
+	l.tail, l.tailTag = it, it.tag
+	l.n++
+	bd.n++
+	q.n++
+	return nil
+}
+
+// increment returns ⌈cost·TagUnit / weight⌉, saturating at MaxUint64.
+func increment(cost, weight uint64) uint64 {
+	weight = max(weight, 1)
+	hi, lo := cost>>(64-16), cost<<16
+	if hi >= weight {
+		return math.MaxUint64
+	}
+	d, r := bits.Div64(hi, lo, weight)
+	if r != 0 && d < math.MaxUint64 {
+		d++
+	}
+	return d
+}
+
+func satAdd(a, b uint64) uint64 {
+	s, c := bits.Add64(a, b, 0)
+	if c != 0 {
+		return math.MaxUint64
+	}
+	return s
+}
+
+// Peek returns the item Dequeue would consider first: the critical band's
+// smallest head, else the normal band's; nil if the queue is empty.
+func (q *Queue) Peek() *Item {
+	for _, b := range serveOrder {
+		if h := q.bands[b].heap; len(h) > 0 {
+			return h[0].l.head
+		}
+	}
+	return nil
+}
+
+// Dequeue removes and returns the queued item with the smallest (finish tag,
+// sequence) among flow heads for which fits returns true, critical band
+// first. In each band it examines at most maxScan heads (maxScan < 1 is taken
+// as 1), in increasing tag order; heads that do not fit stay queued, in
+// place. It returns nil if nothing examined fits. A nil fits fits everything.
+// fits must not call the queue.
+func (q *Queue) Dequeue(fits func(*Item) bool, maxScan int) *Item {
+	for _, b := range serveOrder {
+		bd := &q.bands[b]
+		if len(bd.heap) == 0 {
+			continue
+		}
+		i := 0
+		if fits != nil && !fits(bd.heap[0].l.head) {
+			if i = q.search(bd.heap, fits, maxScan); i < 0 {
+				continue
+			}
+		}
+		return q.pop(bd, i)
+	}
+	return nil
+}
+
+// pop dequeues the head of the lane at bd.heap[i]: unlink for a head, which
+// re-keys the lane from it.nextTag, it.nextSeq without loading the next item.
+func (q *Queue) pop(bd *band, i int) *Item {
+	e := &bd.heap[i]
+	l := e.l
+	it := l.head
+	next := it.next
+	it.lane, it.next = nil, nil
+	l.n--
+	bd.n--
+	q.n--
+	if it.tag > bd.v {
+		bd.v = it.tag
+	}
+	if next == nil {
+		l.head, l.tail = nil, nil
+		bd.heap.remove(i)
+		q.forgetIfEmpty(l.flow)
+		return it
+	}
+	next.prev = nil
+	l.head = next
+	e.tag, e.seq = it.nextTag, it.nextSeq
+	bd.heap.down(i) // the new head's key is larger
+	q.warm(bd)
+	return it
+}
+
+// warm loads the band's next head item, which the next Dequeue will need
+// (sifting has already touched its lane), so that the cache miss overlaps
+// with the caller's work instead of stalling that Dequeue. The sum is kept
+// only so that the load is not optimised away.
+func (q *Queue) warm(bd *band) {
+	if len(bd.heap) > 0 {
+		q.warmed += bd.heap[0].l.head.tag
+	}
+}
+
+// search returns the heap index of the first head after the root, in
+// (tag, seq) order, that fits, examining at most maxScan heads in all; -1 if
+// none does. It walks the heap best first: the next head in order is always
+// a child of one already examined, so a small heap of candidate indexes
+// (kept in q.scan) yields them in order without touching the queue.
+func (q *Queue) search(h heap, fits func(*Item) bool, maxScan int) int {
+	cand := candidates{h: h, idx: q.scan[:0]}
+	found := -1
+	cand.pushChildren(0)
+	for examined := 1; examined < maxScan && len(cand.idx) > 0; examined++ {
+		i := cand.pop()
+		if fits(h[i].l.head) {
+			found = i
+			break
+		}
+		cand.pushChildren(i)
+	}
+	q.scan = cand.idx[:0] // keep the grown buffer for the next search
+	return found
+}
+
+// Remove takes it out of the queue without serving it (a deadline passed, a
+// client left) and reports whether it was queued here. The virtual time does
+// not move.
+func (q *Queue) Remove(it *Item) bool {
+	if it.lane == nil || it.lane.flow.q != q {
+		return false
+	}
+	q.unlink(it)
+	return true
+}
+
+// unlink takes a queued item out of its lane, fixing the heap and forgetting
+// the flow if it empties.
+func (q *Queue) unlink(it *Item) {
+	l := it.lane
+	bd := &q.bands[l.band]
+	prev, next := it.prev, it.next
+	if next != nil {
+		next.prev = prev
+	} else {
+		l.tail = prev
+		if prev != nil {
+			l.tailTag = prev.tag
+		}
+	}
+	if prev != nil {
+		prev.next, prev.nextTag, prev.nextSeq = next, it.nextTag, it.nextSeq
+	} else {
+		l.head = next
+	}
+	it.lane, it.prev, it.next = nil, nil, nil
+	l.n--
+	bd.n--
+	q.n--
+	switch {
+	case l.n == 0:
+		bd.heap.remove(l.idx)
+		q.forgetIfEmpty(l.flow)
+	case prev == nil:
+		// The head left: re-key the lane's entry by the new head.
+		e := &bd.heap[l.idx]
+		e.tag, e.seq = it.nextTag, it.nextSeq
+		bd.heap.fix(l.idx)
+	}
+}
+
+// forgetIfEmpty deletes f if it has no queued item in either band. Its
+// dequeued tags are all ≤ V, so remembering it would change no later tag.
+func (q *Queue) forgetIfEmpty(f *Flow) {
+	if f.lanes[critical].n == 0 && f.lanes[normal].n == 0 {
+		delete(q.flows, f.key)
+		f.live = false
+	}
+}
+
+// Each calls fn for every queued item, in no particular order. fn must not
+// call the queue.
+func (q *Queue) Each(fn func(*Item)) {
+	for b := range q.bands {
+		for _, e := range q.bands[b].heap {
+			for it := e.l.head; it != nil; it = it.next {
+				fn(it)
+			}
+		}
+	}
+}

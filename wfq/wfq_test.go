@@ -1,0 +1,460 @@
+package wfq
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"unsafe"
+)
+
+var (
+	fa = FlowKey{"a", "m"}
+	fb = FlowKey{"b", "m"}
+	fc = FlowKey{"c", "m"}
+)
+
+func item(k FlowKey, cost, weight uint64) *Item {
+	return &Item{Flow: k, Cost: cost, Weight: weight}
+}
+
+func mustEnqueue(t *testing.T, q *Queue, its ...*Item) {
+	t.Helper()
+	for _, it := range its {
+		if err := q.Enqueue(it); err != nil {
+			t.Fatalf("Enqueue(%+v): %v", it, err)
+		}
+	}
+}
+
+func TestIncrement(t *testing.T) {
+	for _, tc := range []struct{ cost, weight, want uint64 }{
+		{1, 1, TagUnit},
+		{10, 4, 10 * TagUnit / 4},
+		{1, 3, TagUnit/3 + 1}, // rounded up
+		{1, 0, TagUnit},       // weight 0 is 1
+		{0, 5, 0},
+		{1, math.MaxUint64, 1}, // never 0 for a positive cost
+		{1 << 47, 1, 1 << 63},
+		{1 << 48, 1, math.MaxUint64},       // saturates
+		{math.MaxUint64, 1 << 20, 1 << 60}, // ⌈(2⁶⁴−1)/16⌉
+		{math.MaxUint64, 1 << 16, math.MaxUint64},
+	} {
+		if got := increment(tc.cost, tc.weight); got != tc.want {
+			t.Errorf("increment(%d, %d) = %d, want %d", tc.cost, tc.weight, got, tc.want)
+		}
+	}
+	if satAdd(math.MaxUint64-1, 5) != math.MaxUint64 || satAdd(2, 3) != 5 {
+		t.Error("satAdd does not saturate")
+	}
+}
+
+func TestFinishTags(t *testing.T) {
+	q := New(Config{})
+	a1, a2, b1 := item(fa, 10, 1), item(fa, 10, 2), item(fb, 30, 3)
+	mustEnqueue(t, q, a1, a2, b1)
+	// F = max(F_prev, V) + cost/weight, V = 0.
+	for _, tc := range []struct {
+		it   *Item
+		want uint64
+	}{{a1, 10 * TagUnit}, {a2, 15 * TagUnit}, {b1, 10 * TagUnit}} {
+		if got := tc.it.FinishTag(); got != tc.want {
+			t.Errorf("tag %d, want %d", got, tc.want)
+		}
+	}
+	// Equal tags: the earlier enqueue goes first.
+	if got := q.Dequeue(nil, 1); got != a1 {
+		t.Fatalf("first dequeue %+v, want a1", got)
+	}
+	if q.VirtualTime() != 10*TagUnit {
+		t.Fatalf("V = %d after serving tag 10", q.VirtualTime())
+	}
+	if got := q.Dequeue(nil, 1); got != b1 {
+		t.Fatalf("second dequeue %+v, want b1", got)
+	}
+	// A flow that is empty starts from V, not from its old tag or from 0.
+	c1 := item(fc, 1, 1)
+	mustEnqueue(t, q, c1)
+	if got, want := c1.FinishTag(), 11*TagUnit; got != want {
+		t.Fatalf("new flow tag %d, want V+1 = %d", got, want)
+	}
+}
+
+// TestServedInTagOrder: with everything fitting, items leave in increasing
+// (finish tag, sequence) order and V follows the served tags.
+func TestServedInTagOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	q := New(Config{})
+	keys := []FlowKey{fa, fb, fc, {"d", "x"}, {"e", "y"}}
+	for range 2000 {
+		mustEnqueue(t, q, item(keys[r.IntN(len(keys))], 1+r.Uint64N(100), 1+r.Uint64N(5)))
+	}
+	var last *Item
+	for q.Len() > 0 {
+		it := q.Dequeue(nil, 1)
+		if last != nil && (it.tag < last.tag || it.tag == last.tag && it.seq < last.seq) {
+			t.Fatalf("served (%d,%d) after (%d,%d)", it.tag, it.seq, last.tag, last.seq)
+		}
+		if q.VirtualTime() != it.tag {
+			t.Fatalf("V = %d, want the served tag %d", q.VirtualTime(), it.tag)
+		}
+		last = it
+	}
+	if q.Flows() != 0 || q.Peek() != nil || q.Dequeue(nil, 1) != nil {
+		t.Fatal("empty queue still holds flows or items")
+	}
+}
+
+// serve keeps every flow backlogged with items of random cost (1..maxCost)
+// and dequeues n items; it returns the cost each flow was served.
+func serve(t *testing.T, weights map[FlowKey]uint64, n int, maxCost uint64) map[FlowKey]uint64 {
+	t.Helper()
+	r := rand.New(rand.NewPCG(7, 11))
+	q := New(Config{})
+	add := func(k FlowKey) { mustEnqueue(t, q, item(k, 1+r.Uint64N(maxCost), weights[k])) }
+	for k := range weights {
+		for range 3 {
+			add(k)
+		}
+	}
+	served := map[FlowKey]uint64{}
+	for range n {
+		it := q.Dequeue(nil, 1)
+		served[it.Flow] += it.Cost
+		add(it.Flow)
+	}
+	return served
+}
+
+func TestEqualWeightsShareEqually(t *testing.T) {
+	s := serve(t, map[FlowKey]uint64{fa: 3, fb: 3}, 20_000, 100)
+	if ratio := float64(s[fa]) / float64(s[fb]); math.Abs(ratio-1) > 0.02 {
+		t.Fatalf("served a=%d b=%d: ratio %.4f, want 1 within 2%%", s[fa], s[fb], ratio)
+	}
+}
+
+func TestWeightedShares(t *testing.T) {
+	s := serve(t, map[FlowKey]uint64{fa: 1, fb: 4, fc: 2}, 30_000, 100)
+	for _, tc := range []struct {
+		k    FlowKey
+		want float64
+	}{{fb, 4}, {fc, 2}} {
+		if ratio := float64(s[tc.k]) / float64(s[fa]); math.Abs(ratio/tc.want-1) > 0.02 {
+			t.Errorf("%v/a served %d/%d = %.4f, want %v within 2%%", tc.k, s[tc.k], s[fa], ratio, tc.want)
+		}
+	}
+}
+
+// TestNoCreditForIdlePast: a flow arriving after another has been served for
+// a long time starts at V and shares from then on; it does not get a burst
+// for the time it was away.
+func TestNoCreditForIdlePast(t *testing.T) {
+	q := New(Config{})
+	for range 1000 {
+		mustEnqueue(t, q, item(fa, 10, 1))
+		q.Dequeue(nil, 1)
+	}
+	v := q.VirtualTime()
+	if v != 1000*10*TagUnit {
+		t.Fatalf("V = %d after serving 1000 items of cost 10", v)
+	}
+	for range 100 {
+		mustEnqueue(t, q, item(fa, 10, 1), item(fb, 10, 1))
+	}
+	if got := q.Peek(); got.Flow != fa || got.tag != v+10*TagUnit {
+		t.Fatalf("first head %+v, want a at V+10", got)
+	}
+	var b int
+	for range 100 {
+		if q.Dequeue(nil, 1).Flow == fb {
+			b++
+		}
+	}
+	if b != 50 {
+		t.Fatalf("newcomer got %d of 100 dequeues, want 50 (alternating)", b)
+	}
+}
+
+func TestCriticalFirst(t *testing.T) {
+	q := New(Config{})
+	n1, n2 := item(fa, 1, 1), item(fb, 1, 100)
+	c1 := &Item{Flow: fa, Cost: 1000, Weight: 1, Critical: true}
+	c2 := &Item{Flow: fc, Cost: 5000, Weight: 1, Critical: true}
+	mustEnqueue(t, q, n1, n2, c1, c2)
+	if q.Peek() != c1 {
+		t.Fatalf("Peek = %+v, want critical c1", q.Peek())
+	}
+	for i, want := range []*Item{c1, c2, n2, n1} {
+		if got := q.Dequeue(nil, 1); got != want {
+			t.Fatalf("dequeue %d: %+v, want %+v", i, got, want)
+		}
+	}
+	// Each band keeps its own virtual time.
+	if q.CriticalVirtualTime() != 5000*TagUnit || q.VirtualTime() != TagUnit {
+		t.Fatalf("V critical %d normal %d", q.CriticalVirtualTime(), q.VirtualTime())
+	}
+	// A critical item that does not fit lets the normal band be served.
+	mustEnqueue(t, q, n1, c1)
+	if got := q.Dequeue(func(it *Item) bool { return !it.Critical }, 4); got != n1 {
+		t.Fatalf("with critical not fitting: %+v, want n1", got)
+	}
+}
+
+type snapshot struct {
+	len, crit, flows, fa, fb int
+	v, cv                    uint64
+	peek                     *Item
+}
+
+func snap(q *Queue) snapshot {
+	return snapshot{q.Len(), q.CriticalLen(), q.Flows(), q.FlowLen(fa), q.FlowLen(fb),
+		q.VirtualTime(), q.CriticalVirtualTime(), q.Peek()}
+}
+
+func TestBounds(t *testing.T) {
+	q := New(Config{MaxPerFlow: 2, MaxTotal: 5, MaxCritical: 1})
+	mustEnqueue(t, q, item(fa, 1, 1), item(fa, 1, 1))
+	reject := func(it *Item, want error) {
+		t.Helper()
+		before := snap(q)
+		if err := q.Enqueue(it); !errors.Is(err, want) {
+			t.Fatalf("Enqueue(%+v) = %v, want %v", it, err, want)
+		}
+		if after := snap(q); after != before {
+			t.Fatalf("rejected enqueue changed the queue: %+v → %+v", before, after)
+		}
+		if it.Queued() || it.tag != 0 {
+			t.Fatalf("rejected item was touched: %+v", it)
+		}
+	}
+	reject(item(fa, 1, 1), ErrFlowFull)
+	// The per-flow bound is per band: a critical item of a full flow is let in.
+	mustEnqueue(t, q, &Item{Flow: fa, Cost: 1, Weight: 1, Critical: true})
+	reject(&Item{Flow: fb, Cost: 1, Weight: 1, Critical: true}, ErrQueueFull)
+	mustEnqueue(t, q, item(fb, 1, 1), item(fb, 1, 1))
+	reject(item(fc, 1, 1), ErrQueueFull) // MaxTotal 5 counts both bands
+	if q.Flows() != 2 {
+		t.Fatalf("a rejected new flow was registered: %d flows", q.Flows())
+	}
+	// Lowering bounds drops nothing; raising them lets items in again.
+	q.SetConfig(Config{MaxPerFlow: 1, MaxTotal: 1, MaxCritical: 0})
+	if q.Len() != 5 || q.FlowLen(fa) != 3 {
+		t.Fatalf("SetConfig dropped items: len %d", q.Len())
+	}
+	reject(item(fc, 1, 1), ErrQueueFull)
+	q.SetConfig(Config{})
+	mustEnqueue(t, q, item(fa, 1, 1), item(fc, 1, 1))
+	if err := q.Enqueue(q.Peek()); !errors.Is(err, ErrQueued) {
+		t.Fatalf("re-enqueue of a queued item: %v, want ErrQueued", err)
+	}
+}
+
+func TestRemove(t *testing.T) {
+	q := New(Config{})
+	a1, a2, a3, b1 := item(fa, 10, 1), item(fa, 10, 1), item(fa, 10, 1), item(fb, 15, 1)
+	mustEnqueue(t, q, a1, a2, a3, b1)
+
+	// Head: the flow's entry is re-keyed by a2 (tag 20), so b1 (15) is first.
+	if !q.Remove(a1) || a1.Queued() {
+		t.Fatal("Remove(head) failed")
+	}
+	if q.Peek() != b1 || q.Len() != 3 || q.FlowLen(fa) != 2 {
+		t.Fatalf("after removing the head: peek %+v len %d", q.Peek(), q.Len())
+	}
+	if q.Remove(a1) {
+		t.Fatal("second Remove of the same item reported true")
+	}
+	if q.VirtualTime() != 0 {
+		t.Fatal("Remove moved V")
+	}
+	// Middle: the FIFO closes up; later tags stay as they were.
+	mustEnqueue(t, q, a1) // a1 again, now the tail: tag 40
+	if !q.Remove(a3) {
+		t.Fatal("Remove(middle) failed")
+	}
+	for i, want := range []*Item{b1, a2, a1} {
+		if got := q.Dequeue(nil, 1); got != want {
+			t.Fatalf("dequeue %d after removes: %+v (tag %d), want %+v", i, got, got.tag, want)
+		}
+	}
+	if a1.tag != 40*TagUnit || q.Flows() != 0 {
+		t.Fatalf("a1 tag %d, flows %d", a1.tag, q.Flows())
+	}
+
+	// Tail: the next item is tagged from the new tail, as if the removed
+	// one had never come.
+	mustEnqueue(t, q, a1, a2) // V = 40: tags 50, 60
+	q.Remove(a2)
+	mustEnqueue(t, q, a3)
+	if a3.tag != 60*TagUnit {
+		t.Fatalf("after removing the tail, next tag %d, want 60", a3.tag/TagUnit)
+	}
+	// Last item: the flow is forgotten and the next one starts from V.
+	q.Remove(a1)
+	q.Remove(a3)
+	if q.Flows() != 0 || q.Len() != 0 {
+		t.Fatalf("flows %d len %d after removing everything", q.Flows(), q.Len())
+	}
+	mustEnqueue(t, q, a1)
+	if a1.tag != 50*TagUnit {
+		t.Fatalf("tag %d, want V+10 = 50", a1.tag/TagUnit)
+	}
+	if New(Config{}).Remove(a1) {
+		t.Fatal("another queue removed the item")
+	}
+}
+
+func TestDequeueFits(t *testing.T) {
+	q := New(Config{})
+	a1, b1, c1, b2 := item(fa, 1, 1), item(fb, 2, 1), item(fc, 3, 1), item(fb, 4, 1)
+	mustEnqueue(t, q, a1, b1, c1, b2) // heads: a1(1) b1(2) c1(3); b2(6) behind b1
+	notA := func(it *Item) bool { return it.Flow != fa }
+	if got := q.Dequeue(notA, 10); got != b1 {
+		t.Fatalf("with a not fitting: %+v, want b1", got)
+	}
+	if q.Peek() != a1 || q.VirtualTime() != 2*TagUnit {
+		t.Fatalf("head passed over must stay first: peek %+v, V %d", q.Peek(), q.VirtualTime())
+	}
+	// maxScan counts heads: scanning 1 head sees only a1.
+	if got := q.Dequeue(notA, 1); got != nil {
+		t.Fatalf("maxScan 1 served %+v past an unfitting head", got)
+	}
+	if got := q.Dequeue(notA, 0); got != nil {
+		t.Fatalf("maxScan 0 (taken as 1) served %+v", got)
+	}
+	// Next heads: a1(1) c1(3) b2(6): c1 is next fitting.
+	if got := q.Dequeue(notA, 2); got != c1 {
+		t.Fatalf("second fitting head: %+v, want c1", got)
+	}
+	if got := q.Dequeue(func(*Item) bool { return false }, 100); got != nil {
+		t.Fatalf("nothing fits, yet got %+v", got)
+	}
+	if q.Len() != 2 || q.Peek() != a1 {
+		t.Fatalf("len %d peek %+v", q.Len(), q.Peek())
+	}
+	// V never moves back when the passed-over head is served later.
+	if got := q.Dequeue(nil, 1); got != a1 || q.VirtualTime() != 3*TagUnit {
+		t.Fatalf("got %+v, V %d: want a1 and V kept at 3", got, q.VirtualTime()/TagUnit)
+	}
+}
+
+// TestDequeueScanOrder: over a large heap, the bounded scan examines heads in
+// exact (tag, seq) order and serves the first that fits.
+func TestDequeueScanOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	q := New(Config{})
+	for i := range 500 {
+		mustEnqueue(t, q, item(FlowKey{Tenant: string(rune('A' + i%250))}, 1+r.Uint64N(50), 1))
+	}
+	for q.Len() > 0 {
+		// Every head in (tag, seq) order, by brute force.
+		entries := slices.Clone(q.bands[normal].heap)
+		slices.SortFunc(entries, func(x, y entry) int {
+			if x.less(&y) {
+				return -1
+			}
+			return 1
+		})
+		heads := make([]*Item, len(entries))
+		for i, e := range entries {
+			heads[i] = e.l.head
+		}
+		var seen []*Item
+		want := 1 + r.IntN(8)
+		got := q.Dequeue(func(it *Item) bool {
+			seen = append(seen, it)
+			return len(seen) == want
+		}, 8)
+		if len(seen) != min(want, len(heads)) {
+			t.Fatalf("examined %d heads, want %d", len(seen), min(want, len(heads)))
+		}
+		for i, it := range seen {
+			if it != heads[i] {
+				t.Fatalf("head %d examined is not the %d-th smallest", i, i)
+			}
+		}
+		switch {
+		case len(seen) == want && got != seen[want-1]:
+			t.Fatal("served item is not the one that fit")
+		case len(seen) < want && got != nil:
+			t.Fatalf("nothing fit, yet got %+v", got)
+		case len(seen) < want:
+			q.Dequeue(nil, 1)
+		}
+	}
+}
+
+func TestFlowHandle(t *testing.T) {
+	q := New(Config{MaxPerFlow: 1})
+	h := q.Flow(fa)
+	if h.Len() != 0 || q.Flows() != 0 || h.Key() != fa {
+		t.Fatal("Flow registered an empty flow")
+	}
+	a1 := &Item{Flow: FlowKey{"not", "read"}, Cost: 1, Weight: 1}
+	if err := q.EnqueueFlow(h, a1); err != nil || q.FlowLen(fa) != 1 || h.Len() != 1 || q.FlowLen(a1.Flow) != 0 {
+		t.Fatalf("EnqueueFlow: %v, %+v", err, a1)
+	}
+	if err := q.EnqueueFlow(h, item(fa, 1, 1)); !errors.Is(err, ErrFlowFull) {
+		t.Fatalf("handle path ignores bounds: %v", err)
+	}
+	q.Dequeue(nil, 1) // flow forgotten; h is now stale
+	mustEnqueue(t, q, item(fa, 1, 1))
+	if err := q.EnqueueFlow(h, item(fa, 1, 1)); !errors.Is(err, ErrFlowFull) {
+		t.Fatalf("stale handle did not find the live flow: %v", err)
+	}
+	if h.Len() != 1 || q.Flows() != 1 {
+		t.Fatalf("stale handle: len %d, flows %d", h.Len(), q.Flows())
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("EnqueueFlow with another queue's handle did not panic")
+		}
+	}()
+	_ = New(Config{}).EnqueueFlow(h, item(fa, 1, 1))
+}
+
+func TestEach(t *testing.T) {
+	q := New(Config{})
+	its := []*Item{item(fa, 1, 1), item(fa, 2, 1), item(fb, 1, 1), {Flow: fc, Cost: 1, Weight: 1, Critical: true}}
+	mustEnqueue(t, q, its...)
+	seen := map[*Item]bool{}
+	q.Each(func(it *Item) { seen[it] = true })
+	for _, it := range its {
+		if !seen[it] {
+			t.Fatalf("Each missed %+v", it)
+		}
+	}
+	if len(seen) != len(its) {
+		t.Fatalf("Each visited %d items, want %d", len(seen), len(its))
+	}
+}
+
+func TestSteadyStateAllocatesNothing(t *testing.T) {
+	q := New(Config{})
+	for i := range 100 {
+		for range 3 {
+			mustEnqueue(t, q, item(FlowKey{Tenant: string(rune('A' + i))}, 1+uint64(i%7), 1))
+		}
+	}
+	notFirst := func(it *Item) bool { return it.Cost != 1 }
+	allocs := testing.AllocsPerRun(1000, func() {
+		it := q.Dequeue(notFirst, 100)
+		if err := q.Enqueue(it); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("steady state: %v allocs per Enqueue+Dequeue, want 0", allocs)
+	}
+}
+
+func TestFlowLayout(t *testing.T) {
+	var f Flow
+	if s := unsafe.Sizeof(f); s != 192 {
+		t.Errorf("Flow is %d bytes, want 192 (a 64-byte-aligned size class)", s)
+	}
+	if end := unsafe.Offsetof(f.lanes) + unsafe.Sizeof(f.lanes[normal]); end > 64 || normal != 0 {
+		t.Errorf("the normal lane ends at byte %d, past the first cache line", end)
+	}
+}
