@@ -16,8 +16,8 @@ const maxLowerTiers = 7
 // pending is one request on its way through the engine.
 type pending struct {
 	tenant   *tenantState
-	tierBuf  [maxLowerTiers + 1]*modelState
-	tiers    []*modelState // requested model first, then accepted lower tiers in chain order
+	tierBuf  [maxLowerTiers + 1]*modelState // requested model first, then accepted lower tiers in chain order
+	ntiers   int
 	prompt   int64
 	output   int64
 	weighted int64
@@ -25,6 +25,11 @@ type pending struct {
 	critical bool
 	gates    gateCharge
 }
+
+// tiers returns the models to try, requested first. (An index, not a slice
+// into tierBuf, so that a pending on the stack does not point into itself
+// and escape.)
+func (r *pending) tiers() []*modelState { return r.tierBuf[:r.ntiers] }
 
 // waiter is a request waiting in the fair queue.
 type waiter struct {
@@ -59,7 +64,7 @@ func (e *Engine) Admit(ctx context.Context, req Request) (Decision, error) {
 		d = e.wait(ctx, w)
 	}
 	if e.observer != nil {
-		e.observer.ObserveDecision(&req, &d)
+		e.observer.ObserveDecision(req, d)
 	}
 	return d, nil
 }
@@ -125,7 +130,7 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	}
 	r.tenant = t
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
-	r.price = e.mu.cat.PriceMicros(r.tiers[0].model, r.prompt, r.output)
+	r.price = e.mu.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 
 	critical, reason, retry := e.checkGatesLocked(t, now, wall, r.weighted, r.price, req.Priority == PriorityCritical)
 	if reason != ReasonNone {
@@ -200,7 +205,7 @@ func (e *Engine) resolveLocked(req *Request, r *pending) error {
 			}
 		}
 	}
-	r.tiers = r.tierBuf[:n]
+	r.ntiers = n
 	return nil
 }
 
@@ -243,7 +248,7 @@ func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placeme
 		d.Outcome = Degraded
 		d.DowngradePath = make([]string, pl.tier+1)
 		for i := range d.DowngradePath {
-			d.DowngradePath[i] = r.tiers[i].name
+			d.DowngradePath[i] = r.tierBuf[i].name
 		}
 	}
 	e.fillTenantTrace(&d.Trace, t, r, now)
@@ -262,7 +267,7 @@ func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placeme
 
 // fillTenantTrace sets the labels known before placement.
 func (e *Engine) fillTenantTrace(tr *Trace, t *tenantState, r *pending, now int64) {
-	tr.Tenant, tr.Tier, tr.Model = t.name, t.tier, r.tiers[0].name
+	tr.Tenant, tr.Tier, tr.Model = t.name, t.tier, r.tierBuf[0].name
 	tr.WeightedTokens = r.weighted
 	tr.EstimatedCostMicros = r.price
 	lvl := t.tokens.Level(now)
@@ -294,9 +299,8 @@ func (e *Engine) enqueueLocked(ctx context.Context, now int64, wall time.Time, r
 		return e.rejectWithTrace(ReasonDeadlineUnmeetable, estimate, t, r, now), nil
 	}
 	w := &waiter{p: *r, requestID: req.RequestID, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
-	w.p.tiers = w.p.tierBuf[:len(r.tiers)]
 	w.item = wfq.Item{
-		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tiers[0].name},
+		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name},
 		Cost:     uint64(r.weighted),
 		Weight:   uint64(t.policy.Weight),
 		Critical: r.critical,
@@ -384,7 +388,7 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 // waits for: the first in its rendezvous order for its requested model that
 // could ever hold it.
 func (e *Engine) reservedDomainLocked(w *waiter) *domainState {
-	m := w.p.tiers[0]
+	m := w.p.tierBuf[0]
 	for _, di := range e.orderLocked(w.p.tenant, m) {
 		d := e.mu.domains[di]
 		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.CanEverFit(cost) {

@@ -26,9 +26,13 @@ func BenchmarkAdmit(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	r := req("a", "small", 200, 20)
-	r.AcceptDowngrade = nil
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go e.Run(ctx) // never needed if every request admits at once, but nothing may hang
+	// A tiny request on the smallest model, so that the simulated cluster's
+	// capacity (millions of these per second) never binds: every decision
+	// runs all gates and placement and admits.
+	r := req("a", "small", 1, 1)
 	leases := make([]uint64, 0, 1024)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -41,7 +45,7 @@ func BenchmarkAdmit(b *testing.B) {
 		if len(leases) == cap(leases) {
 			b.StopTimer()
 			for _, id := range leases {
-				_, _ = e.Release(ctx, Release{LeaseID: id, OutputTokens: 20})
+				_, _ = e.Release(ctx, Release{LeaseID: id, OutputTokens: 1})
 			}
 			leases = leases[:0]
 			b.StartTimer()

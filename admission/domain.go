@@ -169,5 +169,5 @@ func (e *Engine) QueueLen() int {
 func (e *Engine) LeaseCount() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return len(e.mu.leases)
+	return e.mu.leases.len()
 }

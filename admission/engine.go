@@ -16,8 +16,8 @@ import (
 // Observer receives every answer and release, outside the engine's lock.
 // The metrics adapter implements it; it must be cheap and must not block.
 type Observer interface {
-	ObserveDecision(req *Request, d *Decision)
-	ObserveRelease(rel *Release, res *ReleaseResult)
+	ObserveDecision(req Request, d Decision)
+	ObserveRelease(rel Release, res ReleaseResult)
 }
 
 // Option configures an Engine.
@@ -57,9 +57,7 @@ type Engine struct {
 		backlogDecode  int64
 		blocked        []*domainState // during dispatch: domains reserved for waiting heads
 
-		leases    map[uint64]lease
-		leaseExp  expiryHeap
-		nextLease uint64
+		leases leaseTable
 
 		idem    map[string]idemEntry
 		idemExp []idemExpiry
@@ -79,7 +77,6 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	}
 	e.base = e.clk.Now()
 	e.mu.tenants = make(map[string]*tenantState)
-	e.mu.leases = make(map[uint64]lease)
 	e.mu.idem = make(map[string]idemEntry)
 	e.mu.domainByID = make(map[string]*domainState)
 	if err := cluster.Validate(); err != nil {

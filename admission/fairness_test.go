@@ -219,10 +219,10 @@ func checkInvariants(t *rapid.T, h *harness) {
 	now := e.nowLocked()
 	kv := map[*domainState]int64{}
 	inFlight := map[*domainState]int{}
-	for _, l := range e.mu.leases {
+	e.mu.leases.each(func(l *lease) {
 		kv[l.dom] += l.cost.KVBytes
 		inFlight[l.dom]++
-	}
+	})
 	for _, d := range e.mu.domains {
 		p, dec := d.cap.Levels(now)
 		if p > d.cap.PrefillBurst() || dec > d.cap.DecodeBurst() {

@@ -24,52 +24,6 @@ type lease struct {
 	expires   int64
 }
 
-type expiry struct {
-	at int64
-	id uint64
-}
-
-// expiryHeap is a min-heap of lease expiries. Released leases leave stale
-// entries, skipped when popped.
-type expiryHeap []expiry
-
-func (h *expiryHeap) push(x expiry) {
-	*h = append(*h, x)
-	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if s[p].at <= s[i].at {
-			break
-		}
-		s[p], s[i] = s[i], s[p]
-		i = p
-	}
-}
-
-func (h *expiryHeap) pop() expiry {
-	s := *h
-	top := s[0]
-	n := len(s) - 1
-	s[0] = s[n]
-	s = s[:n]
-	for i := 0; ; {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < n && s[l].at < s[m].at {
-			m = l
-		}
-		if r < n && s[r].at < s[m].at {
-			m = r
-		}
-		if m == i {
-			break
-		}
-		s[m], s[i] = s[i], s[m]
-		i = m
-	}
-	*h = s
-	return top
-}
-
 // waiterHeap orders queued requests by deadline (container/heap).
 type waiterHeap []*waiter
 
@@ -146,18 +100,13 @@ func (e *Engine) expireIdempotencyLocked(now int64) {
 // expireLeasesLocked frees the capacity of leases past their expiry, as if
 // released with every admitted token used.
 func (e *Engine) expireLeasesLocked(now int64) {
-	for len(e.mu.leaseExp) > 0 && e.mu.leaseExp[0].at <= now {
-		x := e.mu.leaseExp.pop()
-		l, ok := e.mu.leases[x.id]
-		if !ok || l.expires != x.at {
-			continue
+	for {
+		l, ok := e.mu.leases.popExpired(now)
+		if !ok {
+			return
 		}
-		delete(e.mu.leases, x.id)
 		l.dom.cap.Release(now, l.cost, l.cost)
 		e.closeLeaseLocked(&l)
-	}
-	if len(e.mu.leaseExp) > 0 {
-		e.wakeDispatcher()
 	}
 }
 
@@ -188,14 +137,13 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 		e.mu.Unlock()
 		return ReleaseResult{}, &InvalidArgumentError{Field: "output_tokens", Reason: "token counts exceed the configured limits"}
 	}
-	l, ok := e.mu.leases[rel.LeaseID]
+	l, ok := e.mu.leases.remove(rel.LeaseID)
 	if !ok {
 		e.mu.Unlock()
 		return ReleaseResult{}, ErrLeaseNotFound
 	}
 	now := e.nowLocked()
 	wall := e.base.Add(time.Duration(now))
-	delete(e.mu.leases, rel.LeaseID)
 	prompt := rel.PromptTokens
 	if prompt == 0 {
 		prompt = l.prompt
@@ -239,7 +187,7 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 	e.mu.Unlock()
 	e.finish(answered)
 	if e.observer != nil {
-		e.observer.ObserveRelease(&rel, &res)
+		e.observer.ObserveRelease(rel, res)
 	}
 	return res, nil
 }

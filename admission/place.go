@@ -70,9 +70,9 @@ func (e *Engine) orderLocked(t *tenantState, m *modelState) []int {
 // lower tiers must leave headroom on its requested tier (more for low-weight
 // tenants) so that low-weight tenants degrade first.
 func (e *Engine) placeLocked(now int64, t *tenantState, r *pending, floor bool) (placement, bool) {
-	for ti, m := range r.tiers {
+	for ti, m := range r.tiers() {
 		var headroom float64
-		if ti == 0 && len(r.tiers) > 1 {
+		if ti == 0 && r.ntiers > 1 {
 			headroom = e.mu.cfg.DegradeHeadroom * (1 - float64(t.policy.Weight)/float64(e.mu.maxWeight))
 		}
 		for _, di := range e.orderLocked(t, m) {
@@ -104,7 +104,7 @@ func (e *Engine) placeLocked(now int64, t *tenantState, r *pending, floor bool) 
 // could), and the shortest wait until one of its tiers fits on its own.
 func (e *Engine) capacityOutlookLocked(now int64, t *tenantState, r *pending) (ever, drainingOnly bool, wait time.Duration, first pd.Cost) {
 	wait = tokenbucket.Never
-	for ti, m := range r.tiers {
+	for ti, m := range r.tiers() {
 		for _, d := range e.mu.domains {
 			if d.removed {
 				continue
@@ -138,16 +138,11 @@ func (e *Engine) chargePlacementLocked(now int64, t *tenantState, r *pending, p 
 	if p.floor {
 		t.floor.Take(now, r.weighted)
 	}
-	e.mu.nextLease++
-	id := e.mu.nextLease
-	exp := now + int64(e.mu.cfg.Leases.TTL.Duration)
-	e.mu.leases[id] = lease{
+	return e.mu.leases.add(lease{
 		tenant: t, dom: p.dom, modelName: p.model.name, model: p.model.model,
 		cost: p.cost, prompt: r.prompt, output: r.output, weighted: r.weighted,
-		gates: r.gates, granted: now, expires: exp,
-	}
-	e.mu.leaseExp.push(expiry{at: exp, id: id})
-	return id
+		gates: r.gates, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
+	})
 }
 
 // blockedLocked reports whether the dispatcher has reserved d for a queued

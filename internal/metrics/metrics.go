@@ -65,7 +65,7 @@ func New() *Metrics {
 }
 
 // ObserveDecision implements admission.Observer.
-func (m *Metrics) ObserveDecision(_ *admission.Request, d *admission.Decision) {
+func (m *Metrics) ObserveDecision(_ admission.Request, d admission.Decision) {
 	if int(d.Outcome) < maxOutcome && int(d.Reason) < maxReason && d.Reason >= 0 {
 		if c := m.decisions[d.Outcome][d.Reason]; c != nil {
 			c.Inc()
@@ -80,7 +80,7 @@ func (m *Metrics) ObserveDecision(_ *admission.Request, d *admission.Decision) {
 }
 
 // ObserveRelease implements admission.Observer.
-func (m *Metrics) ObserveRelease(rel *admission.Release, res *admission.ReleaseResult) {
+func (m *Metrics) ObserveRelease(rel admission.Release, res admission.ReleaseResult) {
 	outcome := "ok"
 	if rel.Outcome == admission.ReleaseError {
 		outcome = "error"
