@@ -21,7 +21,7 @@ func benchQueue(b *testing.B, flows, perFlow int) *Queue {
 	for i := range items {
 		f := handles[i%flows]
 		it := &items[i]
-		it.Cost, it.Weight, it.Value = 1+r.Uint64N(1000), 1+uint64(i%flows%4), f
+		it.Flow, it.Cost, it.Weight, it.Value = f.Key(), 1+r.Uint64N(1000), 1+uint64(i%flows%4), f
 		if err := q.EnqueueFlow(f, it); err != nil {
 			b.Fatal(err)
 		}

@@ -302,7 +302,7 @@ func checkInvariants(t *rapid.T, q *Queue) {
 		total += n
 	}
 	for k, f := range q.flows {
-		if !f.live || f.key != k || f.lanes[normal].n+f.lanes[critical].n == 0 {
+		if !f.live || f.key != k || f.n() == 0 {
 			t.Fatalf("flow %v registered but not live, or empty", k)
 		}
 	}

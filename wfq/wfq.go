@@ -94,17 +94,28 @@ type lane struct {
 // stays valid for the queue's life: once its flow has emptied and been
 // forgotten, using the handle again looks the flow up by key.
 //
-// The fields an Enqueue and a Dequeue of a normal item touch (lanes[normal],
-// q, live) fill the first 64 bytes, and the struct is padded to 192 bytes,
-// a size class whose objects are 64-byte aligned: one cache line per flow on
-// the hot path.
+// The fields an Enqueue and a Dequeue of a normal item touch (q, live, the
+// normal lane) fill the first 64 bytes and the key the next 32; the struct
+// is padded to 192 bytes, a size class whose objects are 64-byte aligned.
 type Flow struct {
-	q     *Queue
-	live  bool         // in q.flows
-	lanes [nBands]lane // lanes[normal] first
-	key   FlowKey
-	_     [192 - 8 - 8 - 2*48 - 32]byte
+	q      *Queue
+	live   bool // in q.flows
+	normal lane
+	key    FlowKey
+	crit   lane
+	_      [192 - 8 - 8 - 48 - 32 - 48]byte
 }
+
+// lane returns f's lane in band b.
+func (f *Flow) lane(b int) *lane {
+	if b == critical {
+		return &f.crit
+	}
+	return &f.normal
+}
+
+// n returns the number of items f has queued, both bands together.
+func (f *Flow) n() int { return int(f.normal.n + f.crit.n) }
 
 // Key returns the flow's key.
 func (f *Flow) Key() FlowKey { return f.key }
@@ -117,7 +128,7 @@ func (f *Flow) Len() int {
 			return 0
 		}
 	}
-	return int(f.lanes[critical].n + f.lanes[normal].n)
+	return f.n()
 }
 
 // band is one fair queue: a heap of non-empty lanes and a virtual time.
@@ -166,7 +177,7 @@ func (q *Queue) FlowLen(k FlowKey) int {
 	if f == nil {
 		return 0
 	}
-	return int(f.lanes[critical].n + f.lanes[normal].n)
+	return f.n()
 }
 
 // VirtualTime returns the normal band's virtual time V, in TagUnit units.
@@ -187,8 +198,8 @@ func (q *Queue) Flow(k FlowKey) *Flow {
 
 func (q *Queue) newFlow(k FlowKey) *Flow {
 	f := &Flow{q: q, key: k}
-	for b := range f.lanes {
-		f.lanes[b].flow, f.lanes[b].band = f, int32(b)
+	for b := range nBands {
+		f.lane(b).flow, f.lane(b).band = f, int32(b)
 	}
 	return f
 }
@@ -211,10 +222,8 @@ func (q *Queue) Enqueue(it *Item) error {
 	return q.enqueue(f, it)
 }
 
-// EnqueueFlow is Enqueue for an item of flow f, a handle from q.Flow. The
-// item is filed under f; it.Flow is neither read nor set (reading f's key
-// would cost a cache miss), so the caller should set it to f.Key() itself.
-// While f's flow has queued items EnqueueFlow does no map lookup.
+// EnqueueFlow is Enqueue for an item of flow f, a handle from q.Flow; it sets
+// it.Flow to f's key. While f's flow has queued items it does no map lookup.
 func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {
 	if f.q != q {
 		panic("wfq: EnqueueFlow with a Flow of another queue")
@@ -227,6 +236,7 @@ func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {
 			f = g // f is a stale handle of a flow registered since
 		}
 	}
+	it.Flow = f.key
 	return q.enqueue(f, it)
 }
 
@@ -234,7 +244,7 @@ func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {
 // flow with no queued item).
 func (q *Queue) check(f *Flow, it *Item) error {
 	b := bandOf(it)
-	if max := q.cfg.MaxPerFlow; max > 0 && f != nil && int(f.lanes[b].n) >= max {
+	if max := q.cfg.MaxPerFlow; max > 0 && f != nil && int(f.lane(b).n) >= max {
 		return ErrFlowFull
 	}
 	if max := q.cfg.MaxTotal; max > 0 && q.n >= max {
@@ -255,7 +265,7 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 		f.live = true
 	}
 	b := bandOf(it)
-	bd, l := &q.bands[b], &f.lanes[b]
+	bd, l := &q.bands[b], f.lane(b)
 	start := bd.v
 	if l.n > 0 && l.tailTag > start {
 		start = l.tailTag
@@ -442,7 +452,7 @@ func (q *Queue) unlink(it *Item) {
 // forgetIfEmpty deletes f if it has no queued item in either band. Its
 // dequeued tags are all ≤ V, so remembering it would change no later tag.
 func (q *Queue) forgetIfEmpty(f *Flow) {
-	if f.lanes[critical].n == 0 && f.lanes[normal].n == 0 {
+	if f.n() == 0 {
 		delete(q.flows, f.key)
 		f.live = false
 	}

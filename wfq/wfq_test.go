@@ -391,8 +391,8 @@ func TestFlowHandle(t *testing.T) {
 	if h.Len() != 0 || q.Flows() != 0 || h.Key() != fa {
 		t.Fatal("Flow registered an empty flow")
 	}
-	a1 := &Item{Flow: FlowKey{"not", "read"}, Cost: 1, Weight: 1}
-	if err := q.EnqueueFlow(h, a1); err != nil || q.FlowLen(fa) != 1 || h.Len() != 1 || q.FlowLen(a1.Flow) != 0 {
+	a1 := &Item{Flow: FlowKey{"not", "this"}, Cost: 1, Weight: 1}
+	if err := q.EnqueueFlow(h, a1); err != nil || a1.Flow != fa || q.FlowLen(fa) != 1 || h.Len() != 1 {
 		t.Fatalf("EnqueueFlow: %v, %+v", err, a1)
 	}
 	if err := q.EnqueueFlow(h, item(fa, 1, 1)); !errors.Is(err, ErrFlowFull) {
@@ -454,7 +454,14 @@ func TestFlowLayout(t *testing.T) {
 	if s := unsafe.Sizeof(f); s != 192 {
 		t.Errorf("Flow is %d bytes, want 192 (a 64-byte-aligned size class)", s)
 	}
-	if end := unsafe.Offsetof(f.lanes) + unsafe.Sizeof(f.lanes[normal]); end > 64 || normal != 0 {
+	if end := unsafe.Offsetof(f.normal) + unsafe.Sizeof(f.normal); end > 64 {
 		t.Errorf("the normal lane ends at byte %d, past the first cache line", end)
+	}
+	if end := unsafe.Offsetof(f.key) + unsafe.Sizeof(f.key); end > 128 {
+		t.Errorf("the key ends at byte %d, past the second cache line", end)
+	}
+	var it Item
+	if end := unsafe.Offsetof(it.nextSeq) + unsafe.Sizeof(it.nextSeq); end > 64 {
+		t.Errorf("the queue's fields of Item end at byte %d, past the first cache line", end)
 	}
 }
