@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/wfq"
 )
 
@@ -154,8 +155,15 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	if critical {
 		waiting = e.mu.queue.CriticalLen()
 	}
-	if waiting == 0 {
-		if pl, ok := e.placeLocked(now, t, &r, false); ok {
+	// With others waiting, the requested tier is theirs first; a request
+	// that accepts lower tiers is degraded at once rather than wait (the
+	// point of degradation under saturation).
+	first := 0
+	if waiting > 0 {
+		first = 1
+	}
+	if first < r.ntiers {
+		if pl, ok := e.placeFromLocked(now, t, &r, false, first); ok {
 			d := e.admitNowLocked(now, req, &r, pl)
 			e.mu.Unlock()
 			return d, nil, nil
@@ -289,12 +297,18 @@ func (e *Engine) enqueueLocked(ctx context.Context, now int64, wall time.Time, r
 		return e.rejectWithTrace(ReasonCapacityExceeded, 0, t, r, now), nil
 	}
 	estimate := e.backlogWaitLocked() + wait
-	deadline := now + int64(e.mu.cfg.Queue.DefaultWait.Duration)
+	// The deadline: the earliest of the caller's (gRPC or request field,
+	// less the answer margin) and the default wait, clamped so that far-off
+	// deadlines cannot overflow.
+	maxWait := e.mu.cfg.Queue.DefaultWait.Duration
+	margin := e.mu.cfg.Queue.DeadlineMargin.Duration
 	if dl, ok := ctx.Deadline(); ok {
-		deadline = min(deadline, now+int64(dl.Sub(wall)-e.mu.cfg.Queue.DeadlineMargin.Duration))
-	} else if !req.Deadline.IsZero() {
-		deadline = min(deadline, now+int64(req.Deadline.Sub(wall)-e.mu.cfg.Queue.DeadlineMargin.Duration))
+		maxWait = min(maxWait, dl.Sub(wall)-margin)
 	}
+	if !req.Deadline.IsZero() {
+		maxWait = min(maxWait, req.Deadline.Sub(wall)-margin)
+	}
+	deadline := now + int64(maxWait)
 	if wait == tokenbucket.Never || now+int64(estimate) > deadline {
 		return e.rejectWithTrace(ReasonDeadlineUnmeetable, estimate, t, r, now), nil
 	}
@@ -362,7 +376,7 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		w := it.Value.(*waiter)
 		pl, ok := e.placeLocked(now, w.p.tenant, &w.p, false)
 		if !ok {
-			if d := e.reservedDomainLocked(w); d != nil {
+			if d := e.reservedDomainLocked(now, w); d != nil {
 				e.mu.blocked = append(e.mu.blocked, d)
 			}
 			return false
@@ -387,11 +401,11 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 // reservedDomainLocked is the domain a queued request that does not fit
 // waits for: the first in its rendezvous order for its requested model that
 // could ever hold it.
-func (e *Engine) reservedDomainLocked(w *waiter) *domainState {
+func (e *Engine) reservedDomainLocked(now int64, w *waiter) *domainState {
 	m := w.p.tierBuf[0]
 	for _, di := range e.orderLocked(w.p.tenant, m) {
 		d := e.mu.domains[di]
-		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.CanEverFit(cost) {
+		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {
 			return d
 		}
 	}
@@ -456,10 +470,22 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 		close(w.done)
 		return w.decision
 	}
+	d := w.decision
+	if d.LeaseID != 0 && w.requestID == "" && w.refs == 0 {
+		// Admitted just as the caller gave up, and nobody can learn the
+		// lease: undo the admission entirely, as if it had been rejected.
+		if l, ok := e.mu.leases.remove(d.LeaseID); ok {
+			l.dom.cap.Release(now, l.cost, pd.Cost{})
+			e.closeLeaseLocked(&l)
+			if l.floor {
+				l.tenant.floor.Refund(now, l.weighted)
+			}
+			e.refundGatesLocked(l.tenant, now, &l.gates)
+		}
+		d = rejected(ReasonDeadlineUnmeetable, 0)
+		e.fillTenantTrace(&d.Trace, w.p.tenant, &w.p, now)
+	}
 	e.mu.Unlock()
 	<-w.done // answered concurrently; done is closed right after the lock is dropped
-	if w.decision.LeaseID != 0 && w.requestID == "" {
-		_, _ = e.Release(context.Background(), Release{LeaseID: w.decision.LeaseID, PromptTokens: w.p.prompt, OutputTokens: 0, Outcome: ReleaseOK})
-	}
-	return w.decision
+	return d
 }

@@ -26,8 +26,8 @@ type Config struct {
 	// DegradeHeadroom is the share of a domain's buckets a request of the
 	// lowest-weight tenant must leave free on its requested tier before it is
 	// degraded instead; it scales down linearly to 0 for the highest weight,
-	// so low-weight tenants degrade first.
-	DegradeHeadroom float64 `json:"degrade_headroom"`
+	// so low-weight tenants degrade first. Default 0.1; 0 turns it off.
+	DegradeHeadroom *float64 `json:"degrade_headroom,omitempty"`
 	// OutputTokenWeight is how many weighted tokens one output token costs
 	// (weighted tokens = prompt + OutputTokenWeight × output).
 	OutputTokenWeight int64 `json:"output_token_weight"`
@@ -140,6 +140,59 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// clone returns a deep copy, so that neither the caller nor the engine can
+// change the other's config behind its back.
+func (c *Config) clone() Config {
+	out := *c
+	out.Tiers = make(map[string]TierPolicy, len(c.Tiers))
+	for k, v := range c.Tiers {
+		out.Tiers[k] = v
+	}
+	out.Tenants = make(map[string]TenantConfig, len(c.Tenants))
+	for k, v := range c.Tenants {
+		out.Tenants[k] = v.clone()
+	}
+	if c.Models != nil {
+		out.Models = make([]pd.Model, len(c.Models))
+		for i, m := range c.Models {
+			if m.Calibrated != nil {
+				cal := make(map[string]pd.Calibration, len(m.Calibrated))
+				for g, v := range m.Calibrated {
+					cal[g] = v
+				}
+				m.Calibrated = cal
+			}
+			out.Models[i] = m
+		}
+	}
+	if c.DegradeHeadroom != nil {
+		h := *c.DegradeHeadroom
+		out.DegradeHeadroom = &h
+	}
+	return out
+}
+
+// clone copies the overrides so that they share no pointers.
+func (t TenantConfig) clone() TenantConfig {
+	t.RPS = clonePtr(t.RPS)
+	t.Tokens = clonePtr(t.Tokens)
+	t.MaxConcurrency = clonePtr(t.MaxConcurrency)
+	t.Floor = clonePtr(t.Floor)
+	t.Weight = clonePtr(t.Weight)
+	t.BurstCredit = clonePtr(t.BurstCredit)
+	t.Budget = clonePtr(t.Budget)
+	t.Critical = clonePtr(t.Critical)
+	return t
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
 // Policy returns the effective policy of a tenant: its tier's with the
 // tenant's overrides applied.
 func (c *Config) Policy(tenant string) (TierPolicy, bool) {
@@ -233,6 +286,10 @@ func (c *Config) SetDefaults() {
 	if c.OutputTokenWeight == 0 {
 		c.OutputTokenWeight = 4
 	}
+	if c.DegradeHeadroom == nil {
+		h := 0.1
+		c.DegradeHeadroom = &h
+	}
 	for name, t := range c.Tiers {
 		setDur(&t.BurstCredit.BreakerOpen, 60*time.Second)
 		if t.BurstCredit.Multiple > 0 {
@@ -323,7 +380,7 @@ func (c *Config) Validate() error {
 		return cfgErr("limits", "max_prompt_tokens and max_output_tokens must be ≥ 1")
 	case c.OutputTokenWeight < 1 || c.OutputTokenWeight > 1000:
 		return cfgErr("output_token_weight", "must be in [1, 1000]")
-	case !(c.DegradeHeadroom >= 0 && c.DegradeHeadroom < 1):
+	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
 		return cfgErr("degrade_headroom", "must be in [0, 1)")
 	}
 	return nil

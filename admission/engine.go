@@ -84,7 +84,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := e.applyLocked(&cfg, &cluster, e.nowLocked()); err != nil {
+	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked()); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -96,10 +96,13 @@ func (e *Engine) nowLocked() int64 { return int64(e.clk.Now().Sub(e.base)) }
 // Apply replaces the configuration without dropping in-flight or queued
 // work: bucket levels, leases and the queue are kept. An invalid config is
 // refused (a *ConfigError naming the key) and the current one keeps serving.
+// The engine keeps its own copy of cfg.
 func (e *Engine) Apply(cfg Config) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.applyLocked(&cfg, nil, e.nowLocked())
+	answered, err := e.applyLocked(&cfg, nil, e.nowLocked())
+	e.mu.Unlock()
+	e.finish(answered)
+	return err
 }
 
 // SetTopology replaces the cluster. Domains that remain keep their levels
@@ -110,65 +113,68 @@ func (e *Engine) SetTopology(cluster topology.Cluster) error {
 		return fmt.Errorf("topology: %w", err)
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.applyLocked(e.mu.cfg, &cluster, e.nowLocked())
+	cfg := e.mu.cfg.clone()
+	answered, err := e.applyLocked(&cfg, &cluster, e.nowLocked())
+	e.mu.Unlock()
+	e.finish(answered)
+	return err
 }
 
 // Config returns a copy of the configuration in force.
 func (e *Engine) Config() Config {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return *e.mu.cfg
+	return e.mu.cfg.clone()
+}
+
+// stagedDomain is a domain of the next configuration, built before commit.
+type stagedDomain struct {
+	live *domainState // nil for a domain new to the cluster
+	topo topology.Domain
+	cap  *pd.DomainCapacity
 }
 
 // applyLocked validates cfg (and cluster, when not nil) together and, only if
-// both are good, swaps them in.
-func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) error {
-	cfg := *in
-	cfg.Tiers = make(map[string]TierPolicy, len(in.Tiers))
-	for k, v := range in.Tiers {
-		cfg.Tiers[k] = v
-	}
+// both are good, swaps them in. Every domain gets a new capacity built from
+// the new catalog and config, carrying the live levels and KV over; the
+// domain objects themselves are kept, so leases and drains stay attached.
+// It returns the queued requests it had to answer (their model is gone).
+func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) ([]*waiter, error) {
+	cfg := in.clone()
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
-		return err
+		return nil, err
 	}
 	cat, err := pd.NewCatalog(cfg.Models)
 	if err != nil {
-		return cfgErr("models", "%v", err)
+		return nil, cfgErr("models", "%v", err)
 	}
 
-	// Build the new domain set off to the side, reusing live state.
-	var domains []*domainState
+	var topos []topology.Domain
 	if cluster != nil {
-		for i := range cluster.Domains {
-			d := &cluster.Domains[i]
-			if old, ok := e.mu.domainByID[d.ID]; ok && !old.removed {
-				if err := old.cap.Resize(d); err != nil {
-					return fmt.Errorf("topology: domain %s: %w", d.ID, err)
-				}
-				old.topo = *d
-				domains = append(domains, old)
-				continue
-			}
-			c, err := pd.NewDomainCapacity(d, cat, cfg.Capacity, now)
-			if err != nil {
-				return fmt.Errorf("topology: domain %s: %w", d.ID, err)
-			}
-			domains = append(domains, newDomainState(*d, c, now))
-		}
+		topos = cluster.Domains
 	} else {
 		for _, d := range e.mu.domains {
-			c, err := pd.NewDomainCapacity(&d.topo, cat, cfg.Capacity, now)
-			if err != nil {
-				return fmt.Errorf("topology: domain %s: %w", d.ID(), err)
-			}
-			c.CopyLevels(now, d.cap)
-			domains = append(domains, &domainState{topo: d.topo, cap: c, health: d.health, draining: d.draining, drainReason: d.drainReason, inFlight: d.inFlight})
+			topos = append(topos, d.topo)
 		}
 	}
-	if len(domains) == 0 {
-		return fmt.Errorf("topology: the cluster has no domains")
+	if len(topos) == 0 {
+		return nil, fmt.Errorf("topology: the cluster has no domains")
+	}
+	staged := make([]stagedDomain, 0, len(topos))
+	caps := make([]*pd.DomainCapacity, 0, len(topos))
+	for i := range topos {
+		d := &topos[i]
+		c, err := pd.NewDomainCapacity(d, cat, cfg.Capacity, now)
+		if err != nil {
+			return nil, fmt.Errorf("topology: domain %s: %w", d.ID, err)
+		}
+		live := e.mu.domainByID[d.ID]
+		if live != nil {
+			c.CopyLevels(now, live.cap)
+		}
+		staged = append(staged, stagedDomain{live: live, topo: *d, cap: c})
+		caps = append(caps, c)
 	}
 
 	var floorTotal int64
@@ -181,22 +187,28 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) e
 	for _, p := range cfg.Tiers {
 		maxWeight = max(maxWeight, p.Weight)
 	}
-	if err := checkFloorsFit(cat, domains, floorTotal, cfg.OutputTokenWeight); err != nil {
-		return err
+	if err := checkFloorsFit(cat, caps, floorTotal, cfg.OutputTokenWeight); err != nil {
+		return nil, err
 	}
 
-	// Commit.
-	oldByID := e.mu.domainByID
-	e.mu.domainByID = make(map[string]*domainState, len(domains))
-	for _, d := range domains {
-		e.mu.domainByID[d.ID()] = d
+	// Commit: nothing below can fail.
+	domains := make([]*domainState, 0, len(staged))
+	byID := make(map[string]*domainState, len(staged))
+	for _, sd := range staged {
+		d := sd.live
+		if d == nil {
+			d = newDomainState(sd.topo, sd.cap, now)
+		}
+		d.topo, d.cap, d.removed = sd.topo, sd.cap, false
+		domains = append(domains, d)
+		byID[d.ID()] = d
 	}
-	for id, d := range oldByID {
-		if _, ok := e.mu.domainByID[id]; !ok {
+	for id, d := range e.mu.domainByID {
+		if _, ok := byID[id]; !ok {
 			d.removed = true // leases holding it finish; it is never placed on again
 		}
 	}
-	e.mu.domains = domains
+	e.mu.domains, e.mu.domainByID = domains, byID
 	e.mu.cfg = &cfg
 	e.mu.cat = cat
 	e.mu.maxWeight = maxWeight
@@ -209,24 +221,54 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) e
 	} else {
 		e.mu.queue.SetConfig(qc)
 	}
+	answered := e.reresolveQueuedLocked(now)
 	e.placementChangedLocked()
-	return nil
+	return answered, nil
+}
+
+// reresolveQueuedLocked points queued requests at the new catalog's models.
+// A request whose model is gone is answered CAPACITY_EXCEEDED; lower tiers
+// that are gone or no longer in the chain are dropped.
+func (e *Engine) reresolveQueuedLocked(now int64) []*waiter {
+	var queued, answered []*waiter
+	e.mu.queue.Each(func(it *wfq.Item) { queued = append(queued, it.Value.(*waiter)) })
+	for _, w := range queued {
+		m, ok := e.mu.models[w.p.tierBuf[0].name]
+		if !ok {
+			e.rejectQueuedLocked(now, w, ReasonCapacityExceeded, 0)
+			answered = append(answered, w)
+			continue
+		}
+		n := 1
+		old := w.p.tierBuf
+		w.p.tierBuf[0] = m
+		for _, li := range m.chain {
+			for _, o := range old[1:w.p.ntiers] {
+				if e.mu.modelList[li].name == o.name {
+					w.p.tierBuf[n] = e.mu.modelList[li]
+					n++
+				}
+			}
+		}
+		w.p.ntiers = n
+	}
+	return answered
 }
 
 // checkFloorsFit refuses floors that exceed soft capacity, converting weighted
 // tokens with the catalog's most expensive model (see reserveRates).
-func checkFloorsFit(cat *pd.Catalog, domains []*domainState, floorTotal, outWeight int64) error {
+func checkFloorsFit(cat *pd.Catalog, caps []*pd.DomainCapacity, floorTotal, outWeight int64) error {
 	if floorTotal == 0 {
 		return nil
 	}
 	var prefillCap, decodeCap, prefillNeed, decodeNeed float64
-	for _, d := range domains {
-		pr, dr := reservePerToken(cat, d.cap, outWeight)
-		prefillCap += float64(d.cap.PrefillRate())
-		decodeCap += float64(d.cap.DecodeRate())
+	for _, c := range caps {
+		pr, dr := reservePerToken(cat, c, outWeight)
+		prefillCap += float64(c.PrefillRate())
+		decodeCap += float64(c.DecodeRate())
 		// Weighted by the domain's share, as reserves are spread.
-		prefillNeed += pr * float64(d.cap.PrefillRate())
-		decodeNeed += dr * float64(d.cap.DecodeRate())
+		prefillNeed += pr * float64(c.PrefillRate())
+		decodeNeed += dr * float64(c.DecodeRate())
 	}
 	prefillNeed = prefillNeed / prefillCap * float64(floorTotal)
 	decodeNeed = decodeNeed / decodeCap * float64(floorTotal)

@@ -254,7 +254,7 @@ func TestConcurrencyLimit(t *testing.T) {
 
 func TestDegradationGrantsAcceptedLowerTier(t *testing.T) {
 	cfg := testConfig()
-	cfg.DegradeHeadroom = 0.0001
+	cfg.DegradeHeadroom = ptr(0.0001)
 	h := newHarness(t, cfg, hgxCluster(t, 1))
 	if got := h.saturate("a", "large", 4000, 10); len(got) == 0 {
 		t.Fatal("nothing admitted while saturating")
@@ -278,7 +278,7 @@ func TestDegradationGrantsAcceptedLowerTier(t *testing.T) {
 
 func TestLowWeightTenantsDegradeFirst(t *testing.T) {
 	cfg := testConfig()
-	cfg.DegradeHeadroom = 0.5
+	cfg.DegradeHeadroom = ptr(0.5)
 	h := newHarness(t, cfg, hgxCluster(t, 1))
 	// Take the large tier to about 30% free.
 	dom := h.domain("d1")

@@ -151,7 +151,7 @@ func TestPlacementProperties(t *testing.T) {
 			rt.Fatalf("cluster: %v", err)
 		}
 		cfg := testConfig()
-		cfg.DegradeHeadroom = rapid.Float64Range(0, 0.5).Draw(rt, "headroom")
+		cfg.DegradeHeadroom = ptr(rapid.Float64Range(0, 0.5).Draw(rt, "headroom"))
 		h := newHarness(rt, cfg, cluster)
 		drained := map[string]bool{}
 		var leases []uint64

@@ -167,3 +167,5 @@ func answered(w *waiter) bool {
 		return false
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

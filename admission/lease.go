@@ -13,12 +13,13 @@ import (
 type lease struct {
 	tenant    *tenantState
 	dom       *domainState
-	modelName string
-	model     *pd.Model
+	modelName string  // resolved again at release: the catalog may have been reloaded
 	cost      pd.Cost // what the domain was charged
 	prompt    int64
 	output    int64 // max output tokens admitted
-	weighted  int64
+	weighted  int64 // weighted tokens charged
+	outWeight int64 // output token weight at grant time
+	floor     bool  // also charged to the tenant's floor bucket
 	gates     gateCharge
 	granted   int64
 	expires   int64
@@ -148,15 +149,18 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 	if prompt == 0 {
 		prompt = l.prompt
 	}
-	actual, err := l.dom.cap.Cost(l.model, prompt, rel.OutputTokens)
-	if err != nil {
-		actual = l.cost
+	actual := l.cost
+	m, known := e.mu.models[l.modelName]
+	if known {
+		if c, err := l.dom.cap.Cost(m.model, prompt, rel.OutputTokens); err == nil {
+			actual = c
+		}
 	}
 	l.dom.cap.Release(now, l.cost, actual)
 	e.closeLeaseLocked(&l)
 
 	t := l.tenant
-	weighted := prompt + e.mu.cfg.OutputTokenWeight*rel.OutputTokens
+	weighted := prompt + l.outWeight*rel.OutputTokens
 	diff := l.weighted - weighted // > 0: refund; < 0: overrun
 	bucket := &t.tokens
 	if l.gates.critical {
@@ -164,14 +168,21 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 	}
 	if diff > 0 {
 		bucket.Refund(now, diff)
+		if l.floor {
+			t.floor.Refund(now, diff)
+		}
 	} else if diff < 0 {
+		before := bucket.Level(now)
 		bucket.Take(now, -diff)
-		if bucket == &t.tokens && t.tokens.Level(now) < 0 && !t.inDebt {
-			t.inDebt, t.debtSince = true, now
+		if bucket == &t.tokens {
+			t.noteDebt(before, now)
 		}
 	}
 	e.rollBudgetLocked(t, wall)
-	cost := e.mu.cat.PriceMicros(l.model, prompt, rel.OutputTokens)
+	cost := l.gates.budget // a model no longer in the catalog keeps its admitted price
+	if known {
+		cost = e.mu.cat.PriceMicros(m.model, prompt, rel.OutputTokens)
+	}
 	e.adjustSpendLocked(t, l.gates.day, l.gates.month, cost-l.gates.budget)
 	if e.recordOutcomeLocked(l.dom, now, rel.Outcome == ReleaseError) {
 		e.placementChangedLocked()

@@ -70,10 +70,18 @@ func (e *Engine) orderLocked(t *tenantState, m *modelState) []int {
 // lower tiers must leave headroom on its requested tier (more for low-weight
 // tenants) so that low-weight tenants degrade first.
 func (e *Engine) placeLocked(now int64, t *tenantState, r *pending, floor bool) (placement, bool) {
+	return e.placeFromLocked(now, t, r, floor, 0)
+}
+
+// placeFromLocked is placeLocked trying tiers from the first-th on.
+func (e *Engine) placeFromLocked(now int64, t *tenantState, r *pending, floor bool, first int) (placement, bool) {
 	for ti, m := range r.tiers() {
+		if ti < first {
+			continue
+		}
 		var headroom float64
 		if ti == 0 && r.ntiers > 1 {
-			headroom = e.mu.cfg.DegradeHeadroom * (1 - float64(t.policy.Weight)/float64(e.mu.maxWeight))
+			headroom = *e.mu.cfg.DegradeHeadroom * (1 - float64(t.policy.Weight)/float64(e.mu.maxWeight))
 		}
 		for _, di := range e.orderLocked(t, m) {
 			d := e.mu.domains[di]
@@ -139,8 +147,9 @@ func (e *Engine) chargePlacementLocked(now int64, t *tenantState, r *pending, p 
 		t.floor.Take(now, r.weighted)
 	}
 	return e.mu.leases.add(lease{
-		tenant: t, dom: p.dom, modelName: p.model.name, model: p.model.model,
+		tenant: t, dom: p.dom, modelName: p.model.name,
 		cost: p.cost, prompt: r.prompt, output: r.output, weighted: r.weighted,
+		outWeight: e.mu.cfg.OutputTokenWeight, floor: p.floor,
 		gates: r.gates, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
 	})
 }

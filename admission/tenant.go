@@ -106,20 +106,19 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 // refreshTenantsLocked re-applies config to active tenants after Apply.
 func (e *Engine) refreshTenantsLocked(now int64) {
 	for name, t := range e.mu.tenants {
+		t.resetModelCache(len(e.mu.modelList)) // its queued requests may still be placed
+		for i, m := range e.mu.modelList {
+			t.keyHash[i] = rendezvous.Hash(name + "/" + m.name)
+		}
 		p, ok := e.mu.cfg.Policy(name)
 		if !ok {
-			// Removed from config: forget it once nothing refers to it.
-			if t.inFlight == 0 && t.queued == 0 {
-				delete(e.mu.tenants, name)
-			}
+			// Removed from config: new requests are UNKNOWN_TENANT. Its
+			// leases and queued requests keep the state alive until they end.
+			delete(e.mu.tenants, name)
 			continue
 		}
 		t.tier = e.mu.cfg.Tenants[name].Tier
 		t.setPolicy(p, now, false)
-		t.resetModelCache(len(e.mu.modelList))
-		for i, m := range e.mu.modelList {
-			t.keyHash[i] = rendezvous.Hash(name + "/" + m.name)
-		}
 	}
 }
 
@@ -192,13 +191,17 @@ func (e *Engine) checkGatesLocked(t *tenantState, now int64, wall time.Time, wei
 	}
 	// Budgets.
 	e.rollBudgetLocked(t, wall)
+	var budgetWait time.Duration
 	if t.dailyCap > 0 && t.spentDay+priceMicros > t.dailyCap {
 		y, m, d := wall.UTC().Date()
-		return false, ReasonBudgetExhausted, time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC).Sub(wall)
+		budgetWait = time.Date(y, m, d+1, 0, 0, 0, 0, time.UTC).Sub(wall)
 	}
 	if t.monthlyCap > 0 && t.spentMon+priceMicros > t.monthlyCap {
 		y, m, _ := wall.UTC().Date()
-		return false, ReasonBudgetExhausted, time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC).Sub(wall)
+		budgetWait = max(budgetWait, time.Date(y, m+1, 1, 0, 0, 0, 0, time.UTC).Sub(wall))
+	}
+	if budgetWait > 0 {
+		return false, ReasonBudgetExhausted, budgetWait
 	}
 	if !t.rps.Fits(now, rpsUnit, 0) {
 		return false, ReasonQuotaExceeded, durationUntil(t.rps.RetryAfter(now, rpsUnit, 0))
@@ -226,12 +229,19 @@ func (e *Engine) chargeGatesLocked(t *tenantState, now int64, weighted, priceMic
 	}
 	g.quotaAfter = t.tokens.Level(now)
 	g.creditAft = availableCredit(g.quotaAfter, t.tokens.Credit())
-	if g.quotaAfter < 0 && !t.inDebt {
-		t.inDebt, t.debtSince = true, now
-	}
+	t.noteDebt(g.quotaBefore, now)
 	t.spentDay += priceMicros
 	t.spentMon += priceMicros
 	return g
+}
+
+// noteDebt starts the repay window when a take moved the token bucket from
+// a level of before (≥ 0) into debt; debt that had been repaid in the
+// meantime does not count against the new window.
+func (t *tenantState) noteDebt(before, now int64) {
+	if before >= 0 && t.tokens.Level(now) < 0 {
+		t.inDebt, t.debtSince = true, now
+	}
 }
 
 // refundGatesLocked gives back a charge for a request that was never admitted.
