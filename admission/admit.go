@@ -14,6 +14,9 @@ import (
 // maxLowerTiers bounds accept_downgrade; catalogs are a few tiers deep.
 const maxLowerTiers = 7
 
+// maxNameLen bounds tenant, model and request id names, which errors echo.
+const maxNameLen = 128
+
 // pending is one request on its way through the engine.
 type pending struct {
 	tenant   *tenantState
@@ -75,12 +78,14 @@ func validateRequest(r *Request) error {
 	switch {
 	case r.Tenant == "":
 		return &InvalidArgumentError{Field: "tenant", Reason: "must not be empty"}
-	case len(r.Tenant) > 128 || !utf8.ValidString(r.Tenant):
-		return &InvalidArgumentError{Field: "tenant", Reason: "must be valid UTF-8 of at most 128 bytes"}
+	case len(r.Tenant) > maxNameLen || !utf8.ValidString(r.Tenant):
+		return &InvalidArgumentError{Field: "tenant", Reason: fmt.Sprintf("must be valid UTF-8 of at most %d bytes", maxNameLen)}
 	case r.Model == "":
 		return &InvalidArgumentError{Field: "model", Reason: "must not be empty"}
-	case len(r.RequestID) > 128:
-		return &InvalidArgumentError{Field: "request_id", Reason: "must be at most 128 bytes"}
+	case len(r.Model) > maxNameLen:
+		return &InvalidArgumentError{Field: "model", Reason: fmt.Sprintf("must be at most %d bytes", maxNameLen)}
+	case len(r.RequestID) > maxNameLen:
+		return &InvalidArgumentError{Field: "request_id", Reason: fmt.Sprintf("must be at most %d bytes", maxNameLen)}
 	case r.PromptTokens <= 0:
 		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("must be positive, got %d", r.PromptTokens)}
 	case r.MaxOutputTokens <= 0:
@@ -89,6 +94,11 @@ func validateRequest(r *Request) error {
 		return &InvalidArgumentError{Field: "priority", Reason: fmt.Sprintf("unknown priority %d", r.Priority)}
 	case len(r.AcceptDowngrade) > maxLowerTiers:
 		return &InvalidArgumentError{Field: "accept_downgrade", Reason: fmt.Sprintf("at most %d tiers", maxLowerTiers)}
+	}
+	for i, name := range r.AcceptDowngrade {
+		if name == "" || len(name) > maxNameLen {
+			return &InvalidArgumentError{Field: fmt.Sprintf("accept_downgrade[%d]", i), Reason: fmt.Sprintf("must be 1 to %d bytes", maxNameLen)}
+		}
 	}
 	return nil
 }
@@ -103,15 +113,13 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	wall := e.clk.Now()
 	e.mu.Lock()
 	now := int64(wall.Sub(e.base))
-	if e.mu.closed {
-		e.mu.Unlock()
-		return rejected(ReasonShuttingDown, time.Second), nil, nil
-	}
 	var r pending
 	if err := e.resolveLocked(req, &r); err != nil {
 		e.mu.Unlock()
 		return Decision{}, nil, err
 	}
+	// A request id seen before gets its answer even while shutting down: a
+	// retry after a lost answer must find its lease, not be sent elsewhere.
 	if req.RequestID != "" {
 		if ent, ok := e.mu.idem[req.RequestID]; ok {
 			if ent.w != nil && ent.tenant == req.Tenant {
@@ -123,6 +131,10 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 			}
 			return ent.decision, ent.w, nil
 		}
+	}
+	if e.mu.closed {
+		e.mu.Unlock()
+		return rejected(ReasonShuttingDown, time.Second), nil, nil
 	}
 	t := e.tenantLocked(req.Tenant, now)
 	if t == nil {
@@ -289,14 +301,14 @@ func (e *Engine) fillTenantTrace(tr *Trace, t *tenantState, r *pending, now int6
 // be met or when the queue is full.
 func (e *Engine) enqueueLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (Decision, *waiter) {
 	t := r.tenant
-	ever, drainingOnly, wait, first := e.capacityOutlookLocked(now, t, r)
+	ever, drainingOnly, wait, first := e.capacityOutlookLocked(now, r)
 	if !ever {
 		if drainingOnly {
 			return e.rejectWithTrace(ReasonDomainDraining, 0, t, r, now), nil
 		}
 		return e.rejectWithTrace(ReasonCapacityExceeded, 0, t, r, now), nil
 	}
-	estimate := e.backlogWaitLocked() + wait
+	estimate := addSat(e.backlogWaitLocked(), wait)
 	// The deadline: the earliest of the caller's (gRPC or request field,
 	// less the answer margin) and the default wait, clamped so that far-off
 	// deadlines cannot overflow.
@@ -309,7 +321,7 @@ func (e *Engine) enqueueLocked(ctx context.Context, now int64, wall time.Time, r
 		maxWait = min(maxWait, req.Deadline.Sub(wall)-margin)
 	}
 	deadline := now + int64(maxWait)
-	if wait == tokenbucket.Never || now+int64(estimate) > deadline {
+	if estimate > time.Duration(deadline-now) {
 		return e.rejectWithTrace(ReasonDeadlineUnmeetable, estimate, t, r, now), nil
 	}
 	w := &waiter{p: *r, requestID: req.RequestID, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}

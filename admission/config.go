@@ -376,15 +376,34 @@ func (c *Config) Validate() error {
 		return cfgErr("health.step", "must be in (0, 1]")
 	case c.Health.Window.Duration <= 0 || c.Health.Cooldown.Duration < 0 || c.Health.StepEvery.Duration <= 0:
 		return cfgErr("health", "window and step_every must be positive, cooldown ≥ 0")
-	case c.Limits.MaxPromptTokens < 1 || c.Limits.MaxOutputTokens < 1:
-		return cfgErr("limits", "max_prompt_tokens and max_output_tokens must be ≥ 1")
+	case c.Limits.MaxPromptTokens < 1 || c.Limits.MaxPromptTokens > maxTokenLimit:
+		return cfgErr("limits.max_prompt_tokens", "must be in [1, %d]", maxTokenLimit)
+	case c.Limits.MaxOutputTokens < 1 || c.Limits.MaxOutputTokens > maxTokenLimit:
+		return cfgErr("limits.max_output_tokens", "must be in [1, %d]", maxTokenLimit)
 	case c.OutputTokenWeight < 1 || c.OutputTokenWeight > 1000:
 		return cfgErr("output_token_weight", "must be in [1, 1000]")
 	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
 		return cfgErr("degrade_headroom", "must be in [0, 1)")
 	}
+	for key, d := range map[string]Duration{
+		"queue.default_wait": c.Queue.DefaultWait, "queue.deadline_margin": c.Queue.DeadlineMargin,
+		"leases.ttl": c.Leases.TTL, "leases.idempotency_ttl": c.Leases.IdempotencyTTL,
+		"health.window": c.Health.Window, "health.cooldown": c.Health.Cooldown, "health.step_every": c.Health.StepEvery,
+	} {
+		if d.Duration > maxDuration {
+			return cfgErr(key, "must be at most %v", maxDuration)
+		}
+	}
 	return nil
 }
+
+// Bounds that keep time and token arithmetic far from int64 overflow:
+// 2^40 tokens per request, with an output weight of at most 1000, sums
+// below 2^50; a year of nanoseconds is below 2^55.
+const (
+	maxTokenLimit = 1 << 40
+	maxDuration   = 366 * 24 * time.Hour
+)
 
 func validatePolicy(key string, p TierPolicy) error {
 	if err := validateLimit(key+".rps", p.RPS, true); err != nil {
@@ -409,8 +428,10 @@ func validatePolicy(key string, p TierPolicy) error {
 		return cfgErr(key+".burst_credit.multiple", "must be in [0, 3600]")
 	case p.BurstCredit.Multiple > 0 && p.BurstCredit.Window.Duration <= 0:
 		return cfgErr(key+".burst_credit.window", "must be positive when credit is given")
-	case p.BurstCredit.BreakerOpen.Duration < 0:
-		return cfgErr(key+".burst_credit.breaker_open", "must be ≥ 0")
+	case p.BurstCredit.Window.Duration > maxDuration:
+		return cfgErr(key+".burst_credit.window", "must be at most %v", maxDuration)
+	case p.BurstCredit.BreakerOpen.Duration < 0 || p.BurstCredit.BreakerOpen.Duration > maxDuration:
+		return cfgErr(key+".burst_credit.breaker_open", "must be in [0, %v]", maxDuration)
 	case p.Budget.DailyUSD < 0 || p.Budget.MonthlyUSD < 0 || math.IsNaN(p.Budget.DailyUSD) || math.IsNaN(p.Budget.MonthlyUSD):
 		return cfgErr(key+".budget", "budgets must be ≥ 0 (0 means none)")
 	}

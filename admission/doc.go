@@ -61,7 +61,21 @@
 // The engine reads time only from its injected clock; Tick does the timed
 // work (deadlines, lease expiry, health steps, dispatch) and Run calls it
 // in production. All state sits under Engine.mu; methods ending in Locked
-// expect it held. The state is in memory (the embedded mode); the Redis and
-// etcd adapters plug in at Apply (config), SetTopology, Drain/Undrain and the
-// bucket state behind the tenant gates.
+// expect it held.
+//
+// # Where the adapters plug in
+//
+// The state is in memory (the embedded mode). The control plane reaches the
+// engine through Apply (tiers, tenants, models: validated, swapped without
+// dropping leases or queued work), SetTopology (domains come and go; their
+// leases finish) and Drain/Undrain, which is all an etcd watcher needs.
+// Shared state for several replicas attaches at the two kinds of bucket:
+// the tenant gates (tenantState: RPS, tokens, floor, critical, budget) and
+// the domain capacities (pd.DomainCapacity). Both are lazily refilled
+// integer buckets whose rate, burst and level can be set live
+// (tokenbucket.SetLimits), which is what a batched reconciler needs: it
+// reports what a replica took and sets the replica's grant as the local
+// rate, as CockroachDB's distributed token bucket does. Strict mode replaces
+// checkGatesLocked/chargeGatesLocked and the domain Fits/Charge of one
+// decision with a single atomic script call.
 package admission

@@ -3,6 +3,8 @@ package admission
 import (
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/tokenbucket"
+
 	"github.com/sluice-sched/sluice/internal/rendezvous"
 	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
@@ -152,10 +154,18 @@ func (e *Engine) domainInfoLocked(d *domainState, now int64) DomainInfo {
 	}
 }
 
-// durationUntil converts a tokenbucket wait into a Retry-After, capping
-// "never" at a day so that it stays a usable number on the wire.
+// durationUntil converts a wait into a Retry-After in [0, 24h], so that
+// "never" stays a usable number on the wire.
 func durationUntil(d time.Duration) time.Duration {
-	return min(d, 24*time.Hour)
+	return min(max(d, 0), 24*time.Hour)
+}
+
+// addSat adds two non-negative durations, saturating at tokenbucket.Never.
+func addSat(a, b time.Duration) time.Duration {
+	if a > tokenbucket.Never-b {
+		return tokenbucket.Never
+	}
+	return a + b
 }
 
 // QueueLen returns how many requests wait in the fair queue.

@@ -270,9 +270,12 @@ func checkFloorsFit(cat *pd.Catalog, caps []*pd.DomainCapacity, floorTotal, outW
 		prefillNeed += pr * float64(c.PrefillRate())
 		decodeNeed += dr * float64(c.DecodeRate())
 	}
+	if !(prefillCap > 0 && decodeCap > 0) {
+		return cfgErr("tenants", "floors total %d weighted tokens/s but the cluster has no capacity", floorTotal)
+	}
 	prefillNeed = prefillNeed / prefillCap * float64(floorTotal)
 	decodeNeed = decodeNeed / decodeCap * float64(floorTotal)
-	if prefillNeed > prefillCap || decodeNeed > decodeCap {
+	if !(prefillNeed <= prefillCap && decodeNeed <= decodeCap) {
 		return cfgErr("tenants", "floors total %d weighted tokens/s, which needs %.3g FLOP/s of prefill and %.3g B/s of decode; soft capacity is %.3g FLOP/s and %.3g B/s",
 			floorTotal, prefillNeed, decodeNeed, prefillCap, decodeCap)
 	}

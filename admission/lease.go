@@ -133,11 +133,11 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 		return ReleaseResult{}, &InvalidArgumentError{Field: "outcome", Reason: fmt.Sprintf("unknown outcome %d", rel.Outcome)}
 	}
 	e.mu.Lock()
+	// Counts past the request limits are charged at the limit: the lease
+	// must still be settled, and the limits keep the arithmetic bounded.
 	lim := &e.mu.cfg.Limits
-	if rel.PromptTokens > lim.MaxPromptTokens || rel.OutputTokens > lim.MaxOutputTokens {
-		e.mu.Unlock()
-		return ReleaseResult{}, &InvalidArgumentError{Field: "output_tokens", Reason: "token counts exceed the configured limits"}
-	}
+	rel.PromptTokens = min(rel.PromptTokens, lim.MaxPromptTokens)
+	rel.OutputTokens = min(rel.OutputTokens, lim.MaxOutputTokens)
 	l, ok := e.mu.leases.remove(rel.LeaseID)
 	if !ok {
 		e.mu.Unlock()

@@ -108,9 +108,10 @@ func (e *Engine) placeFromLocked(now int64, t *tenantState, r *pending, floor bo
 }
 
 // capacityOutlookLocked says, for a request that fits nowhere now, whether
-// it could ever fit an eligible domain (if not, whether a draining one
-// could), and the shortest wait until one of its tiers fits on its own.
-func (e *Engine) capacityOutlookLocked(now int64, t *tenantState, r *pending) (ever, drainingOnly bool, wait time.Duration, first pd.Cost) {
+// it could ever fit the shared part of an eligible domain (if not, whether a
+// draining one could hold it), and the shortest wait until one of its tiers
+// fits on its own.
+func (e *Engine) capacityOutlookLocked(now int64, r *pending) (ever, drainingOnly bool, wait time.Duration, first pd.Cost) {
 	wait = tokenbucket.Never
 	for ti, m := range r.tiers() {
 		for _, d := range e.mu.domains {
@@ -125,11 +126,15 @@ func (e *Engine) capacityOutlookLocked(now int64, t *tenantState, r *pending) (e
 				drainingOnly = true
 				continue
 			}
+			w := d.cap.RetryAfter(now, cost, false)
+			if w == tokenbucket.Never { // only the floor reserve could hold it
+				continue
+			}
 			if !ever && ti == 0 {
 				first = cost
 			}
 			ever = true
-			wait = min(wait, d.cap.RetryAfter(now, cost, false))
+			wait = min(wait, w)
 		}
 	}
 	if ever {

@@ -36,6 +36,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("pd: config: mfu: must be in (0, 1], got %g", c.MFU)
 	case !(c.BurstSeconds >= 0 && c.BurstSeconds <= 3600):
 		return fmt.Errorf("pd: config: burst_seconds: must be in (0, 3600], got %g", c.BurstSeconds)
+	case c.SoftFraction > 0 && c.SoftFraction < 1e-6:
+		return fmt.Errorf("pd: config: soft_fraction: must be at least 1e-6, got %g", c.SoftFraction)
+	case c.MFU > 0 && c.MFU < 1e-6:
+		return fmt.Errorf("pd: config: mfu: must be at least 1e-6, got %g", c.MFU)
 	case c.BurstSeconds > 0 && c.BurstSeconds < 1e-9:
 		return fmt.Errorf("pd: config: burst_seconds: must be at least 1 ns, got %g", c.BurstSeconds)
 	case c.WeightCopies < 0:

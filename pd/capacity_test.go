@@ -81,7 +81,9 @@ func TestCapacityErrors(t *testing.T) {
 		{BurstSeconds: -1}:   "burst_seconds",
 		{BurstSeconds: 1e5}:  "burst_seconds",
 		{WeightCopies: -1}:   "weight_copies",
-		{SoftFraction: 1e-9}: "",
+		{SoftFraction: 1e-6}: "",
+		{SoftFraction: 1e-9}: "soft_fraction",
+		{MFU: 4e-10}:         "mfu",
 	} {
 		err := cfg.Validate()
 		if want == "" {

@@ -38,9 +38,27 @@ func (p Peaks) check() error {
 		return fmt.Errorf("peaks: hbm_bandwidth must be positive and finite, got %g", p.HBMBandwidth)
 	case p.HBMBytes <= 0:
 		return fmt.Errorf("peaks: hbm_bytes must be positive, got %d", p.HBMBytes)
+	// Bounds far above any GPU, so that sums over a domain cannot overflow.
+	case p.FLOPS > MaxFLOPS:
+		return fmt.Errorf("peaks: flops must be at most %g, got %g", MaxFLOPS, p.FLOPS)
+	case p.HBMBandwidth > MaxHBMBandwidth:
+		return fmt.Errorf("peaks: hbm_bandwidth must be at most %g, got %g", MaxHBMBandwidth, p.HBMBandwidth)
+	case p.HBMBytes > MaxHBMBytes:
+		return fmt.Errorf("peaks: hbm_bytes must be at most %d, got %d", int64(MaxHBMBytes), p.HBMBytes)
+	case p.SMs > MaxSMs:
+		return fmt.Errorf("peaks: sms must be at most %d, got %d", MaxSMs, p.SMs)
 	}
 	return nil
 }
+
+// Upper bounds on one GPU's peaks: a thousand times today's largest, and
+// low enough that a cluster's sums stay far inside int64 and float64.
+const (
+	MaxFLOPS        = 1e19 // FLOP/s
+	MaxHBMBandwidth = 1e16 // B/s
+	MaxHBMBytes     = 1 << 50
+	MaxSMs          = 1 << 20
+)
 
 // GPU is one accelerator.
 type GPU struct {
@@ -115,7 +133,7 @@ func (d Domain) TotalPeaks() Peaks {
 			t.SMs += g.Peaks.SMs
 			t.FLOPS += g.Peaks.FLOPS
 			t.HBMBandwidth += g.Peaks.HBMBandwidth
-			t.HBMBytes += g.Peaks.HBMBytes
+			t.HBMBytes = satAdd(t.HBMBytes, g.Peaks.HBMBytes)
 			switch {
 			case first:
 				t.Source, first = g.Peaks.Source, false
@@ -125,6 +143,14 @@ func (d Domain) TotalPeaks() Peaks {
 		}
 	}
 	return t
+}
+
+// satAdd adds non-negative a and b, saturating at MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // GPUModel returns the model of the domain's GPUs (healthy or not) as

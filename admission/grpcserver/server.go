@@ -181,7 +181,7 @@ func decisionToProto(d *admission.Decision) *admissionv1.AdmitResponse {
 	r := &a.resp
 	r.Decision = admissionv1.Decision(d.Outcome)
 	r.Reason = admissionv1.Reason(d.Reason)
-	if d.RetryAfter != 0 {
+	if d.RetryAfter > 0 { // the engine never answers a negative wait; never send one
 		setDuration(&a.retryAfter, d.RetryAfter)
 		r.RetryAfter = &a.retryAfter
 	}

@@ -31,6 +31,10 @@ func main() {
 }
 
 func run(args []string) error {
+	// Take SIGHUP before anything slow: its default action would kill the
+	// process during startup (a log rotation, say).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
 	var opts server.Options
 	fs.StringVar(&opts.GRPCAddr, "grpc-addr", ":7070", "gRPC listen address")
@@ -40,12 +44,18 @@ func run(args []string) error {
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	printConfig := fs.Bool("print-default-config", false, "print the embedded default config and exit")
+	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok {
-			_ = f.Value.Set(v)
+		if v, ok := os.LookupEnv(env); ok && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
+			}
 		}
 	})
+	if envErr != nil {
+		return envErr
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,8 +74,6 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for range hup {
 			_ = srv.Reload() // logged; a bad file leaves the last good config serving

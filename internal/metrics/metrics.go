@@ -25,6 +25,7 @@ type Metrics struct {
 	degraded  prometheus.Counter
 	releases  *prometheus.CounterVec
 	refunded  prometheus.Counter
+	overrun   prometheus.Counter
 }
 
 // New registers the metrics (and the Go and process collectors).
@@ -58,9 +59,13 @@ func New() *Metrics {
 	}, []string{"outcome"})
 	m.refunded = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_refunded_tokens_total",
-		Help: "Weighted tokens given back at Release (output never generated), net of overruns.",
+		Help: "Weighted tokens given back at Release for output never generated.",
 	})
-	m.Registry.MustRegister(dec, m.queueWait, m.degraded, m.releases, m.refunded)
+	m.overrun = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_overrun_tokens_total",
+		Help: "Weighted tokens charged at Release beyond what was admitted.",
+	})
+	m.Registry.MustRegister(dec, m.queueWait, m.degraded, m.releases, m.refunded, m.overrun)
 	return m
 }
 
@@ -86,7 +91,11 @@ func (m *Metrics) ObserveRelease(rel admission.Release, res admission.ReleaseRes
 		outcome = "error"
 	}
 	m.releases.WithLabelValues(outcome).Inc()
-	m.refunded.Add(float64(max(res.RefundedTokens, 0)))
+	if res.RefundedTokens >= 0 {
+		m.refunded.Add(float64(res.RefundedTokens))
+	} else {
+		m.overrun.Add(float64(-res.RefundedTokens))
+	}
 }
 
 // Views is what the state collector reads at scrape time.

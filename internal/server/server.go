@@ -86,8 +86,12 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.eng, err = admission.New(cfg, cluster, admission.WithClock(opts.Clock), admission.WithObserver(s.metrics))
-	if err != nil {
+	var ce *admission.ConfigError
+	switch {
+	case errors.As(err, &ce):
 		return nil, config.Wrap(cfgName, err)
+	case err != nil: // the cluster cannot serve: name the topology source
+		return nil, fmt.Errorf("topology %s: %w", opts.Topology, err)
 	}
 	s.metrics.RegisterState(s.eng)
 	// Parsing a large config (100k tenants) peaks far above what it leaves

@@ -191,3 +191,17 @@ func eventually(t *testing.T, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+func TestTopologyErrorNamesTheTopologyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cluster.yaml")
+	// Valid on its own, but 1000 bytes of HBM hold no model weights.
+	topo := "domains:\n  - id: d1\n    kind: hgx\n    nodes:\n      - {name: n1, gpu: H200, count: 8, peaks: {hbm_bytes: 1000}}\n"
+	if err := os.WriteFile(path, []byte(topo), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := New(Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Topology: path,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "sluice.yaml") {
+		t.Fatalf("got %v, want an error naming %s and not the config", err, path)
+	}
+}
