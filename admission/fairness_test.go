@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -89,8 +90,10 @@ func TestFloorHeldUnderFifteenfoldBurst(t *testing.T) {
 	cfg := testConfig()
 	cfg.Tiers["standard"] = TierPolicy{RPS: Limit{Rate: 100, Burst: 100}, Tokens: Limit{Rate: 4000, Burst: 8000}, Floor: 2000, Weight: 1}
 	cfg.Tiers["bursty"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 30000, Burst: 60000}, Weight: 8}
-	cfg.Tenants = map[string]TenantConfig{"initech": {Tier: "standard"}, "burst": {Tier: "bursty"}}
+	cfg.Tiers["steady"] = TierPolicy{RPS: Limit{Rate: 100, Burst: 100}, Tokens: Limit{Rate: 4000, Burst: 8000}, Weight: 2}
+	cfg.Tenants = map[string]TenantConfig{"initech": {Tier: "standard"}, "burst": {Tier: "bursty"}, "globex": {Tier: "steady"}}
 	h := newHarness(t, cfg, hgxCluster(t, 1))
+	var steady []*waiter // globex: within quota, no floor, through the fair queue
 
 	const step = 50 * time.Millisecond
 	floorPerSecond := map[int]int64{}
@@ -105,6 +108,18 @@ func TestFloorHeldUnderFifteenfoldBurst(t *testing.T) {
 				waiters = append(waiters, w)
 			}
 		}
+		// globex asks 2000 weighted tokens/s, half its quota, and has no floor.
+		if i%10 == 5 {
+			d, w := h.submit(req("globex", "medium", 960, 10))
+			if w == nil {
+				if d.Outcome != Admitted {
+					t.Fatalf("globex within quota: %+v", d)
+				}
+				w = &waiter{done: make(chan struct{}), decision: d}
+				close(w.done)
+			}
+			steady = append(steady, w)
+		}
 		// initech asks exactly its floor: 1000 weighted tokens every 500 ms.
 		if i%10 == 0 {
 			d, w := h.submit(req("initech", "medium", 960, 10))
@@ -115,15 +130,31 @@ func TestFloorHeldUnderFifteenfoldBurst(t *testing.T) {
 			h.release(d.LeaseID, 960, 10)
 		}
 		h.advance(step)
-		for _, w := range waiters {
-			if answered(w) && w.decision.LeaseID != 0 {
-				h.release(w.decision.LeaseID, 960, 10)
-				w.decision.LeaseID = 0
+		for _, ws := range [][]*waiter{waiters, steady} {
+			for _, w := range ws {
+				if answered(w) && w.decision.LeaseID != 0 {
+					h.release(w.decision.LeaseID, 960, 10)
+					w.decision.LeaseID = 0
+				}
 			}
 		}
 	}
 	if burstQueued == 0 {
 		t.Fatal("the burst never saturated capacity: the test proves nothing")
+	}
+	// Queue wait of the within-quota tenant: p99 under 2 s (DESIGN's target).
+	var waits []time.Duration
+	for _, w := range steady {
+		if !answered(w) || w.decision.Outcome != Admitted {
+			t.Fatalf("globex request not admitted: %+v", w.decision)
+		}
+		waits = append(waits, w.decision.Queued)
+	}
+	sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+	p99 := waits[len(waits)*99/100]
+	t.Logf("globex queue wait p99 %v over %d requests", p99, len(waits))
+	if p99 >= 2*time.Second {
+		t.Fatalf("within-quota queue wait p99 %v, want < 2s", p99)
 	}
 	for s := 0; s < 20; s++ {
 		if floorPerSecond[s] < 2000 {
@@ -235,5 +266,44 @@ func checkInvariants(t *rapid.T, h *harness) {
 		if used != kv[d] || d.inFlight != inFlight[d] {
 			t.Fatalf("%s: KV %d and in flight %d, but its leases hold %d in %d", d.ID(), used, d.inFlight, kv[d], inFlight[d])
 		}
+	}
+}
+
+// TestUtilizationWhenBacklogged keeps the queue full for 10 s and checks
+// that what is admitted uses at least 95% of the domain's soft prefill
+// capacity (the binding resource for these requests) over that time.
+func TestUtilizationWhenBacklogged(t *testing.T) {
+	cfg := testConfig()
+	cfg.Queue.DefaultWait = Duration{time.Hour}
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	h.saturate("a", "medium", 1000, 10) // start from an empty bucket
+	rate := h.domain("d1").PrefillRate
+	var waiters []*waiter
+	for i := 0; i < 600; i++ {
+		_, w := h.submit(req([]string{"a", "b", "c"}[i%3], "medium", 1000+int64(i%7)*300, 10))
+		if w == nil {
+			t.Fatal("not queued")
+		}
+		waiters = append(waiters, w)
+	}
+	var prefill int64
+	const step, steps = 10 * time.Millisecond, 1000
+	for i := 0; i < steps; i++ {
+		h.advance(step)
+		for _, w := range waiters {
+			if answered(w) && w.decision.LeaseID != 0 {
+				prefill += w.pl.cost.PrefillFLOP
+				h.release(w.decision.LeaseID, w.p.prompt, 10)
+				w.decision.LeaseID = 0
+			}
+		}
+	}
+	if h.e.QueueLen() == 0 {
+		t.Fatal("the queue drained: not backlogged throughout")
+	}
+	util := float64(prefill) / (float64(rate) * (step * steps).Seconds())
+	t.Logf("prefill utilization while backlogged: %.4f", util)
+	if util < 0.95 {
+		t.Fatalf("utilization %.4f, want ≥ 0.95", util)
 	}
 }
