@@ -1,16 +1,18 @@
 // Package config reads Sluice's policy (tiers, tenants, models, knobs) from
 // YAML or JSON into admission.Config. It is an adapter: the file format is
 // the admission package's Config with its json keys; this package adds the
-// file name to every error, rejects unknown keys, and embeds the default.
+// file name and the full key path to every error, rejects unknown and
+// duplicate keys (matching keys case-sensitively), and embeds the default.
 package config
 
 import (
+	"bytes"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-
-	"sigs.k8s.io/yaml"
+	"reflect"
 
 	"github.com/sluice-sched/sluice/admission"
 )
@@ -43,6 +45,7 @@ type Error struct {
 	Reason string
 }
 
+// Error formats the refusal as "config FILE: KEY: REASON".
 func (e *Error) Error() string {
 	if e.Key == "" {
 		return fmt.Sprintf("config %s: %s", e.File, e.Reason)
@@ -50,11 +53,21 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("config %s: %s: %s", e.File, e.Key, e.Reason)
 }
 
-// Parse decodes YAML or JSON (unknown keys are errors), fills defaults and
-// validates. name is used in errors.
+// Parse decodes YAML or JSON, fills defaults and validates. name is used in
+// errors. Decoding is strict: a duplicate key, an unknown key (keys are
+// case-sensitive, exactly as written in admission.Config's json tags) or a
+// value of the wrong type is an *Error whose Key is the full path of the
+// value, such as "tiers.enterprise.weight" or "models[2].decode_batch".
+// Integer values may be whole numbers written with an exponent (405e9).
 func Parse(name string, data []byte) (admission.Config, error) {
+	js, err := strictJSON(data, reflect.TypeFor[admission.Config]())
+	if err != nil {
+		return admission.Config{}, Wrap(name, err)
+	}
 	var cfg admission.Config
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&cfg); err != nil {
 		return admission.Config{}, &Error{File: name, Reason: err.Error()}
 	}
 	cfg.SetDefaults()
@@ -73,6 +86,10 @@ func Wrap(name string, err error) error {
 	var ce *admission.ConfigError
 	if errors.As(err, &ce) {
 		return &Error{File: name, Key: ce.Key, Reason: ce.Reason}
+	}
+	var ke *keyError
+	if errors.As(err, &ke) {
+		return &Error{File: name, Key: ke.key, Reason: ke.reason}
 	}
 	return &Error{File: name, Reason: err.Error()}
 }

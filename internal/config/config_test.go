@@ -4,8 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/topology"
@@ -26,18 +28,53 @@ func TestDefaultServesTheSimulatedCluster(t *testing.T) {
 	}
 }
 
+// models is a valid three-model catalog in flow style, one model a line,
+// for tests to break.
+const models = `
+models:
+  - {name: large, active_params: 405e9, bytes_per_param: 1, kv_bytes_per_token: 258048, decode_batch: 64, degrade_to: medium}
+  - {name: medium, active_params: 70e9, bytes_per_param: 2, kv_bytes_per_token: 327680, decode_batch: 128, degrade_to: small}
+  - {name: small, active_params: 8e9, bytes_per_param: 2, kv_bytes_per_token: 131072, decode_batch: 256}
+`
+
 func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 	base := string(DefaultYAML())
+	edit := func(old, new string) string {
+		if !strings.Contains(base+models, old) {
+			t.Fatalf("the default config has no %q", old)
+		}
+		return strings.Replace(base+models, old, new, 1)
+	}
 	cases := []struct {
 		name, edit, key, reason string
 	}{
-		{"unknown key", base + "\nbogus: 1\n", "", "bogus"},
-		{"bad weight", strings.Replace(base, "weight: 8", "weight: 0.5", 1), "", "weight"},
-		{"negative weight", strings.Replace(base, "weight: 8", "weight: -1", 1), "tiers.enterprise.weight", "must be in"},
-		{"unknown tier", strings.Replace(base, "acme: {tier: enterprise}", "acme: {tier: platinum}", 1), "tenants.acme.tier", "unknown tier"},
-		{"floor above rate", strings.Replace(base, "floor: 4000", "floor: 400000", 1), "tiers.standard.floor", "exceeds"},
-		{"bad duration", strings.Replace(base, "default_wait: 30s", "default_wait: soon", 1), "", "duration"},
-		{"bad soft fraction", strings.Replace(base, "soft_fraction: 0.70", "soft_fraction: 1.5", 1), "capacity", "soft_fraction"},
+		{"unknown key", base + "\nbogus: 1\n", "", `unknown key "bogus"`},
+		{"case variant beside the key", edit("weight: 8", "weight: 8\n    WEIGHT: 1"), "tiers.enterprise", `unknown key "WEIGHT" (keys are case-sensitive: did you mean "weight"?)`},
+		{"case variant alone", edit("output_token_weight: 4", "Output_Token_Weight: 7"), "", `unknown key "Output_Token_Weight"`},
+		{"case variant of a section", edit("leases:", "Leases:"), "", `unknown key "Leases"`},
+		{"duplicate key", edit("weight: 8", "weight: 8\n    weight: 1"), "", `key "weight" already set`},
+		{"bad weight", edit("weight: 8", "weight: 0.5"), "tiers.enterprise.weight", "want a whole number, got 0.5"},
+		{"weight not a number", edit("weight: 8", "weight: heavy"), "tiers.enterprise.weight", `want a whole number, got string "heavy"`},
+		{"tenant override", edit("acme: {tier: enterprise}", "acme: {tier: enterprise, floor: 1.5}"), "tenants.acme.floor", "whole number"},
+		{"unknown override", edit("acme: {tier: enterprise}", "acme: {tier: enterprise, Floor: 1}"), "tenants.acme", `unknown key "Floor"`},
+		{"integer out of range", edit("max_prompt_tokens: 1048576", "max_prompt_tokens: 1e19"), "limits.max_prompt_tokens", "out of range"},
+		{"int out of range", edit("max_per_flow: 1000", "max_per_flow: 99999999999999999999"), "queue.max_per_flow", "out of range"},
+		{"float not a number", edit("mfu: 0.5", "mfu: half"), "capacity.mfu", "want a number"},
+		{"string not a string", edit("acme: {tier: enterprise}", "acme: {tier: 5}"), "tenants.acme.tier", "want a string, got number 5"},
+		{"scalar for a section", edit("rps: {rate: 200, burst: 400}", "rps: 200"), "tiers.enterprise.rps", "want a mapping"},
+		{"bad duration", edit("default_wait: 30s", "default_wait: soon"), "queue.default_wait", "duration"},
+		{"bad ttl", edit("ttl: 10m", "ttl: forever"), "leases.ttl", `bad duration "forever"`},
+		{"bad nested duration", edit("window: 30s", "window: often"), "tiers.enterprise.burst_credit.window", "duration"},
+		{"unknown model field", edit("decode_batch: 64,", "decode_batch: 64, bogus: 1,"), "models[0]", `unknown key "bogus"`},
+		{"case variant model field", edit("decode_batch: 256", "Decode_Batch: 256"), "models[2]", `unknown key "Decode_Batch"`},
+		{"bad model field", edit("decode_batch: 256", "decode_batch: 25e-1"), "models[2].decode_batch", "want a whole number, got 2.5"},
+		{"bad model price", edit("bytes_per_param: 1,", "bytes_per_param: 1, price_input_per_1k: free,"), "models[0].price_input_per_1k", "want a number"},
+		{"bad calibration", edit("decode_batch: 128,", "decode_batch: 128, calibrated: {H200: {Decode_Tokens_Per_GPU_Second: 5}},"), "models[1].calibrated.H200", `unknown key "Decode_Tokens_Per_GPU_Second"`},
+		{"models not a list", base + "\nmodels: {large: {}}\n", "models", "want a list"},
+		{"negative weight", edit("weight: 8", "weight: -1"), "tiers.enterprise.weight", "must be in"},
+		{"unknown tier", edit("acme: {tier: enterprise}", "acme: {tier: platinum}"), "tenants.acme.tier", "unknown tier"},
+		{"floor above rate", edit("floor: 4000", "floor: 400000"), "tiers.standard.floor", "exceeds"},
+		{"bad soft fraction", edit("soft_fraction: 0.70", "soft_fraction: 1.5"), "capacity", "soft_fraction"},
 		{"no tiers", "tenants: {}\n", "tiers", "at least one"},
 	}
 	for _, c := range cases {
@@ -51,10 +88,89 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 			if !errors.As(err, &ce) {
 				t.Fatalf("got %v, want a config.Error", err)
 			}
-			if ce.File != path || (c.key != "" && ce.Key != c.key) || !strings.Contains(err.Error(), c.reason) {
+			if ce.File != path || ce.Key != c.key || !strings.Contains(ce.Reason, c.reason) {
 				t.Fatalf("got %q (file %q key %q), want file %s, key %q, reason containing %q", err, ce.File, ce.Key, path, c.key, c.reason)
 			}
 		})
+	}
+}
+
+func TestStrictDecodingKeepsWhatIsValid(t *testing.T) {
+	base := string(DefaultYAML())
+	in := base + models
+	for _, r := range [][2]string{
+		{"max_output_tokens: 262144", "max_output_tokens: 2.62144e5"}, // whole numbers may have an exponent
+		{"floor: 20000", "floor: 2e4"},
+		{"ttl: 10m", "ttl: 90"}, // a number of seconds
+		{"acme: {tier: enterprise}", "acme: {tier: enterprise, weight: 16, rps: {rate: 1e3, burst: 2000}}"},
+		{"decode_batch: 128,", "decode_batch: 128, calibrated: {h200: {decode_tokens_per_gpu_second: 1.5e3}},"},
+	} {
+		if !strings.Contains(in, r[0]) {
+			t.Fatalf("the default config has no %q", r[0])
+		}
+		in = strings.Replace(in, r[0], r[1], 1)
+	}
+	cfg, err := Parse("edited.yaml", []byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := cfg.Policy("acme")
+	switch {
+	case cfg.Limits.MaxOutputTokens != 262144:
+		t.Errorf("max_output_tokens = %d, want 262144", cfg.Limits.MaxOutputTokens)
+	case cfg.Tiers["enterprise"].Floor != 20000:
+		t.Errorf("floor = %d, want 20000", cfg.Tiers["enterprise"].Floor)
+	case cfg.Leases.TTL.Duration != 90*time.Second:
+		t.Errorf("ttl = %v, want 90s", cfg.Leases.TTL)
+	case p.Weight != 16 || p.RPS.Rate != 1000:
+		t.Errorf("acme overrides = %+v, want weight 16 and rps rate 1000", p)
+	case len(cfg.Models) != 3 || cfg.Models[0].ActiveParams != 405e9 || cfg.Models[1].Calibrated["h200"].DecodeTokensPerGPUSecond != 1500:
+		t.Errorf("models = %+v", cfg.Models)
+	}
+}
+
+func TestJSONConfigIsStrictToo(t *testing.T) {
+	for _, c := range []struct{ name, doc, key, reason string }{
+		{"case variant", `{"tiers": {"t": {"rps": {"rate": 1, "burst": 1}, "tokens": {"rate": 1, "burst": 1}, "Weight": 2}}}`, "tiers.t", `unknown key "Weight"`},
+		{"duplicate", `{"output_token_weight": 4, "output_token_weight": 5}`, "", "already set"},
+		{"fraction", `{"queue": {"max_total": 10.5}}`, "queue.max_total", "whole number"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("inline.json", []byte(c.doc))
+			var ce *Error
+			if !errors.As(err, &ce) || ce.File != "inline.json" || ce.Key != c.key || !strings.Contains(ce.Reason, c.reason) {
+				t.Fatalf("got %v, want key %q and a reason containing %q", err, c.key, c.reason)
+			}
+		})
+	}
+}
+
+func TestJSONFieldsFollowEncodingJSON(t *testing.T) {
+	type inner struct {
+		A int `json:"a"`
+		B int
+		X int `json:"x"`
+	}
+	type other struct {
+		B int
+	}
+	type outer struct {
+		inner
+		*other        // its B collides with inner's at the same depth: neither is decoded
+		C      int    `json:"c,omitempty"`
+		D      int    `json:"-"`
+		Named  inner  `json:"named"`
+		X      string `json:"x"` // shallower than inner's x: wins it
+	}
+	got := jsonFields(reflect.TypeFor[outer]())
+	want := map[string]reflect.Type{
+		"a":     reflect.TypeFor[int](),
+		"c":     reflect.TypeFor[int](),
+		"named": reflect.TypeFor[inner](),
+		"x":     reflect.TypeFor[string](),
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("jsonFields = %v, want %v", got, want)
 	}
 }
 
