@@ -147,9 +147,8 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 
 	critical, reason, retry := e.checkGatesLocked(t, now, wall, r.weighted, r.price, req.Priority == PriorityCritical)
 	if reason != ReasonNone {
+		d := e.rejectWithTrace(reason, retry, t, &r, now)
 		e.mu.Unlock()
-		d := rejected(reason, retry)
-		e.fillTenantTrace(&d.Trace, t, &r, now)
 		return d, nil, nil
 	}
 	r.critical = critical
