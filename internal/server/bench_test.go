@@ -25,7 +25,7 @@ tiers:
     weight: 1
 tenants:
   router: {tier: bench}
-leases: {ttl: 1h}
+leases: {ttl: 1s}  # routers release; here leases expire, keeping the lease table at steady state
 `
 
 // BenchmarkGRPC compares Admit on the real engine with the same server's
