@@ -1,5 +1,7 @@
 package wfq
 
+import "math/bits"
+
 // arity is the heap's fan-out. A 4-ary heap is half as deep as a binary one,
 // and a node's four children sit side by side in memory.
 const arity = 4
@@ -65,15 +67,24 @@ func (h heap) up(i int) {
 func (h heap) down(i int) {
 	e := h[i]
 	n := len(h)
-	for {
-		c := arity*i + 1
-		if c >= n {
-			break
-		}
-		m := c
-		for j, end := c+1, min(c+arity, n); j < end; j++ {
-			if h[j].less(&h[m]) {
-				m = j
+	for c := arity*i + 1; c < n; c = arity*i + 1 {
+		var m int
+		if c+arity <= n {
+			// Which of four children is smallest is a coin toss, so a
+			// branch per comparison would be mispredicted half the time;
+			// pick it with arithmetic instead, as a tournament: two
+			// independent comparisons, then one between their winners.
+			// (Written out: as a function it is too large to inline.)
+			s := (*[arity]entry)(h[c : c+arity])
+			a := before(&s[1], &s[0])     // 0 or 1
+			b := 2 + before(&s[3], &s[2]) // 2 or 3
+			m = c + (a ^ ((a ^ b) & -before(&s[b&3], &s[a&3])))
+		} else {
+			m = c
+			for j := c + 1; j < n; j++ {
+				if h[j].less(&h[m]) {
+					m = j
+				}
 			}
 		}
 		if !h[m].less(&e) {
@@ -85,6 +96,14 @@ func (h heap) down(i int) {
 	}
 	h[i] = e
 	e.l.idx = i
+}
+
+// before returns 1 if a's key is below b's, else 0, without a branch: the
+// borrow out of the 128-bit subtraction (a.tag, a.seq) − (b.tag, b.seq).
+func before(a, b *entry) int {
+	_, borrow := bits.Sub64(a.seq, b.seq, 0)
+	_, borrow = bits.Sub64(a.tag, b.tag, borrow)
+	return int(borrow)
 }
 
 // candidates is a binary min-heap of indexes into h, ordered by h's keys:

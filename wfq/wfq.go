@@ -374,11 +374,14 @@ func (q *Queue) pop(bd *band, i int) *Item {
 
 // warm loads the band's next head item, which the next Dequeue will need
 // (sifting has already touched its lane), so that the cache miss overlaps
-// with the caller's work instead of stalling that Dequeue. The sum is kept
-// only so that the load is not optimised away.
+// with the caller's work instead of stalling that Dequeue. It loads both of
+// the item's cache lines: the queue's fields (tag) and the caller's (Cost,
+// next to Flow and Value, which whoever dequeues it reads). The sum is kept
+// only so that the loads are not optimised away.
 func (q *Queue) warm(bd *band) {
 	if len(bd.heap) > 0 {
-		q.warmed += bd.heap[0].l.head.tag
+		it := bd.heap[0].l.head
+		q.warmed += it.tag + it.Cost
 	}
 }
 
