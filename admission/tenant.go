@@ -64,18 +64,19 @@ func (e *Engine) tenantLocked(name string, now int64) *tenantState {
 	}
 	t := &tenantState{name: name, tier: e.mu.cfg.Tenants[name].Tier}
 	t.setPolicy(p, now, true)
-	t.resetModelCache(len(e.mu.modelList))
-	for i, m := range e.mu.modelList {
-		t.keyHash[i] = rendezvous.Hash(name + "/" + m.name)
-	}
+	t.resetModelCache(e.mu.modelList)
 	e.mu.tenants[name] = t
 	return t
 }
 
-func (t *tenantState) resetModelCache(n int) {
+func (t *tenantState) resetModelCache(models []*modelState) {
+	n := len(models)
 	t.keyHash = make([]uint64, n)
 	t.orders = make([][]int, n)
 	t.orderGen = make([]uint64, n)
+	for i, m := range models {
+		t.keyHash[i] = rendezvous.Hash(t.name + "/" + m.name)
+	}
 }
 
 // setPolicy (re)applies a policy; fresh buckets start full, live ones keep
@@ -85,7 +86,7 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 	tokRate := roundUnits(p.Tokens.Rate)
 	credit := int64(0)
 	if t.breaker == breakerClosed {
-		credit = roundUnits(p.BurstCredit.Multiple * p.Tokens.Rate)
+		credit = creditLimit(p)
 	}
 	floorBurst := p.Floor // one second of floor
 	if fresh {
@@ -106,10 +107,7 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 // refreshTenantsLocked re-applies config to active tenants after Apply.
 func (e *Engine) refreshTenantsLocked(now int64) {
 	for name, t := range e.mu.tenants {
-		t.resetModelCache(len(e.mu.modelList)) // its queued requests may still be placed
-		for i, m := range e.mu.modelList {
-			t.keyHash[i] = rendezvous.Hash(name + "/" + m.name)
-		}
+		t.resetModelCache(e.mu.modelList) // its queued requests may still be placed
 		p, ok := e.mu.cfg.Policy(name)
 		if !ok {
 			// Removed from config: new requests are UNKNOWN_TENANT. Its
@@ -133,6 +131,9 @@ func (e *Engine) sweepIdleTenantsLocked(now int64) {
 		}
 	}
 }
+
+// creditLimit is how far below zero a policy lets the token bucket go.
+func creditLimit(p TierPolicy) int64 { return roundUnits(p.BurstCredit.Multiple * p.Tokens.Rate) }
 
 func roundUnits(v float64) int64 {
 	if v <= 0 || math.IsNaN(v) {
@@ -180,7 +181,7 @@ func (e *Engine) checkGatesLocked(t *tenantState, now int64, wall time.Time, wei
 			t.inDebt = false
 			if t.breaker == breakerHalfOpen { // repaid: close and lend again
 				t.breaker = breakerClosed
-				t.tokens.SetLimits(t.tokens.Rate(), t.tokens.Burst(), roundUnits(t.policy.BurstCredit.Multiple*t.policy.Tokens.Rate))
+				t.tokens.SetLimits(t.tokens.Rate(), t.tokens.Burst(), creditLimit(t.policy))
 			}
 		} else if t.breaker == breakerClosed && now-t.debtSince > int64(t.policy.BurstCredit.Window.Duration) {
 			t.breaker = breakerOpen

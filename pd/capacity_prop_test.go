@@ -72,7 +72,7 @@ func TestCapacityInvariants(t *testing.T) {
 			},
 			"release": func(t *rapid.T) {
 				if len(leases) == 0 {
-					t.Skip("nothing to release")
+					return // nothing held: this step does nothing (not a missing dependency)
 				}
 				i := rapid.IntRange(0, len(leases)-1).Draw(t, "lease")
 				l := leases[i]
