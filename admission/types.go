@@ -54,6 +54,7 @@ const (
 	ReasonUnknownTenant        Reason = 8  // the tenant is not configured
 	ReasonConcurrencyExceeded  Reason = 9  // the tenant's in-flight limit is reached
 	ReasonShuttingDown         Reason = 10 // the server stopped before the queued request was admitted
+	ReasonStateUnavailable     Reason = 11 // shared state unreachable and the tier fails closed
 )
 
 var reasonNames = [...]string{
@@ -68,6 +69,7 @@ var reasonNames = [...]string{
 	ReasonUnknownTenant:        "UNKNOWN_TENANT",
 	ReasonConcurrencyExceeded:  "CONCURRENCY_EXCEEDED",
 	ReasonShuttingDown:         "SHUTTING_DOWN",
+	ReasonStateUnavailable:     "STATE_UNAVAILABLE",
 }
 
 // String returns the reason's API name.

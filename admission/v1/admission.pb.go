@@ -171,6 +171,8 @@ const (
 	Reason_REASON_CONCURRENCY_EXCEEDED Reason = 9
 	// The server stopped before the queued request was admitted; retry elsewhere.
 	Reason_REASON_SHUTTING_DOWN Reason = 10
+	// Shared state (Redis) is unreachable and the tenant's tier fails closed.
+	Reason_REASON_STATE_UNAVAILABLE Reason = 11
 )
 
 // Enum value maps for Reason.
@@ -187,6 +189,7 @@ var (
 		8:  "REASON_UNKNOWN_TENANT",
 		9:  "REASON_CONCURRENCY_EXCEEDED",
 		10: "REASON_SHUTTING_DOWN",
+		11: "REASON_STATE_UNAVAILABLE",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":            0,
@@ -200,6 +203,7 @@ var (
 		"REASON_UNKNOWN_TENANT":         8,
 		"REASON_CONCURRENCY_EXCEEDED":   9,
 		"REASON_SHUTTING_DOWN":          10,
+		"REASON_STATE_UNAVAILABLE":      11,
 	}
 )
 
@@ -1633,6 +1637,208 @@ func (x *GetTenantResponse) GetTenant() *TenantInfo {
 	return nil
 }
 
+// GetConfigStatusRequest asks for the config status.
+type GetConfigStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConfigStatusRequest) Reset() {
+	*x = GetConfigStatusRequest{}
+	mi := &file_admission_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConfigStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConfigStatusRequest) ProtoMessage() {}
+
+func (x *GetConfigStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConfigStatusRequest.ProtoReflect.Descriptor instead.
+func (*GetConfigStatusRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{17}
+}
+
+// ConfigRefusal is a config document that was refused; the last good one
+// kept serving.
+type ConfigRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where it came from: a file path or an etcd key.
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The key inside the document that is wrong (e.g. tiers.free.rps.rate).
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Why it was refused.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// etcd revision of the refused write; 0 for a file.
+	Revision int64 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	// When it was refused.
+	At            *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConfigRefusal) Reset() {
+	*x = ConfigRefusal{}
+	mi := &file_admission_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConfigRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConfigRefusal) ProtoMessage() {}
+
+func (x *ConfigRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConfigRefusal.ProtoReflect.Descriptor instead.
+func (*ConfigRefusal) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ConfigRefusal) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ConfigRefusal) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ConfigRefusal) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ConfigRefusal) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ConfigRefusal) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+// GetConfigStatusResponse describes the serving config.
+type GetConfigStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where the serving config came from: "embedded", a file path, or "etcd".
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// etcd revision of the serving config; 0 when not from etcd.
+	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// When the serving config was applied.
+	AppliedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=applied_at,json=appliedAt,proto3" json:"applied_at,omitempty"`
+	// The most recent refusal since then; absent when none.
+	LastRefusal *ConfigRefusal `protobuf:"bytes,4,opt,name=last_refusal,json=lastRefusal,proto3" json:"last_refusal,omitempty"`
+	// Whether the control plane (etcd) is reachable; true when not using etcd.
+	ControlPlaneConnected bool `protobuf:"varint,5,opt,name=control_plane_connected,json=controlPlaneConnected,proto3" json:"control_plane_connected,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *GetConfigStatusResponse) Reset() {
+	*x = GetConfigStatusResponse{}
+	mi := &file_admission_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConfigStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConfigStatusResponse) ProtoMessage() {}
+
+func (x *GetConfigStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConfigStatusResponse.ProtoReflect.Descriptor instead.
+func (*GetConfigStatusResponse) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *GetConfigStatusResponse) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *GetConfigStatusResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *GetConfigStatusResponse) GetAppliedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AppliedAt
+	}
+	return nil
+}
+
+func (x *GetConfigStatusResponse) GetLastRefusal() *ConfigRefusal {
+	if x != nil {
+		return x.LastRefusal
+	}
+	return nil
+}
+
+func (x *GetConfigStatusResponse) GetControlPlaneConnected() bool {
+	if x != nil {
+		return x.ControlPlaneConnected
+	}
+	return false
+}
+
 var File_admission_proto protoreflect.FileDescriptor
 
 const file_admission_proto_rawDesc = "" +
@@ -1746,7 +1952,21 @@ const file_admission_proto_rawDesc = "" +
 	"\x10GetTenantRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"L\n" +
 	"\x11GetTenantResponse\x127\n" +
-	"\x06tenant\x18\x01 \x01(\v2\x1f.sluice.admission.v1.TenantInfoR\x06tenant*P\n" +
+	"\x06tenant\x18\x01 \x01(\v2\x1f.sluice.admission.v1.TenantInfoR\x06tenant\"\x18\n" +
+	"\x16GetConfigStatusRequest\"\x99\x01\n" +
+	"\rConfigRefusal\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x03R\brevision\x12*\n" +
+	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x87\x02\n" +
+	"\x17GetConfigStatusResponse\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x129\n" +
+	"\n" +
+	"applied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\x12E\n" +
+	"\flast_refusal\x18\x04 \x01(\v2\".sluice.admission.v1.ConfigRefusalR\vlastRefusal\x126\n" +
+	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected*P\n" +
 	"\bPriority\x12\x18\n" +
 	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fPRIORITY_NORMAL\x10\x01\x12\x15\n" +
@@ -1755,7 +1975,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bADMITTED\x10\x01\x12\f\n" +
 	"\bDEGRADED\x10\x02\x12\f\n" +
-	"\bREJECTED\x10\x03*\xc2\x02\n" +
+	"\bREJECTED\x10\x03*\xe0\x02\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REASON_QUOTA_EXCEEDED\x10\x01\x12\x1c\n" +
@@ -1768,7 +1988,8 @@ const file_admission_proto_rawDesc = "" +
 	"\x15REASON_UNKNOWN_TENANT\x10\b\x12\x1f\n" +
 	"\x1bREASON_CONCURRENCY_EXCEEDED\x10\t\x12\x18\n" +
 	"\x14REASON_SHUTTING_DOWN\x10\n" +
-	"*E\n" +
+	"\x12\x1c\n" +
+	"\x18REASON_STATE_UNAVAILABLE\x10\v*E\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -1776,13 +1997,14 @@ const file_admission_proto_rawDesc = "" +
 	"\rOUTCOME_ERROR\x10\x022\xb1\x01\n" +
 	"\tAdmission\x12N\n" +
 	"\x05Admit\x12!.sluice.admission.v1.AdmitRequest\x1a\".sluice.admission.v1.AdmitResponse\x12T\n" +
-	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xf4\x03\n" +
+	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xe2\x04\n" +
 	"\bOperator\x12`\n" +
 	"\vListDomains\x12'.sluice.admission.v1.ListDomainsRequest\x1a(.sluice.admission.v1.ListDomainsResponse\x12`\n" +
 	"\vDrainDomain\x12'.sluice.admission.v1.DrainDomainRequest\x1a(.sluice.admission.v1.DrainDomainResponse\x12f\n" +
 	"\rUndrainDomain\x12).sluice.admission.v1.UndrainDomainRequest\x1a*.sluice.admission.v1.UndrainDomainResponse\x12`\n" +
 	"\vListTenants\x12'.sluice.admission.v1.ListTenantsRequest\x1a(.sluice.admission.v1.ListTenantsResponse\x12Z\n" +
-	"\tGetTenant\x12%.sluice.admission.v1.GetTenantRequest\x1a&.sluice.admission.v1.GetTenantResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
+	"\tGetTenant\x12%.sluice.admission.v1.GetTenantRequest\x1a&.sluice.admission.v1.GetTenantResponse\x12l\n" +
+	"\x0fGetConfigStatus\x12+.sluice.admission.v1.GetConfigStatusRequest\x1a,.sluice.admission.v1.GetConfigStatusResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
 
 var (
 	file_admission_proto_rawDescOnce sync.Once
@@ -1797,66 +2019,74 @@ func file_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_admission_proto_goTypes = []any{
-	(Priority)(0),                 // 0: sluice.admission.v1.Priority
-	(Decision)(0),                 // 1: sluice.admission.v1.Decision
-	(Reason)(0),                   // 2: sluice.admission.v1.Reason
-	(Outcome)(0),                  // 3: sluice.admission.v1.Outcome
-	(*AdmitRequest)(nil),          // 4: sluice.admission.v1.AdmitRequest
-	(*AdmitResponse)(nil),         // 5: sluice.admission.v1.AdmitResponse
-	(*Trace)(nil),                 // 6: sluice.admission.v1.Trace
-	(*ReleaseRequest)(nil),        // 7: sluice.admission.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 8: sluice.admission.v1.ReleaseResponse
-	(*DomainInfo)(nil),            // 9: sluice.admission.v1.DomainInfo
-	(*TenantInfo)(nil),            // 10: sluice.admission.v1.TenantInfo
-	(*ListDomainsRequest)(nil),    // 11: sluice.admission.v1.ListDomainsRequest
-	(*ListDomainsResponse)(nil),   // 12: sluice.admission.v1.ListDomainsResponse
-	(*DrainDomainRequest)(nil),    // 13: sluice.admission.v1.DrainDomainRequest
-	(*DrainDomainResponse)(nil),   // 14: sluice.admission.v1.DrainDomainResponse
-	(*UndrainDomainRequest)(nil),  // 15: sluice.admission.v1.UndrainDomainRequest
-	(*UndrainDomainResponse)(nil), // 16: sluice.admission.v1.UndrainDomainResponse
-	(*ListTenantsRequest)(nil),    // 17: sluice.admission.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),   // 18: sluice.admission.v1.ListTenantsResponse
-	(*GetTenantRequest)(nil),      // 19: sluice.admission.v1.GetTenantRequest
-	(*GetTenantResponse)(nil),     // 20: sluice.admission.v1.GetTenantResponse
-	(*durationpb.Duration)(nil),   // 21: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 22: google.protobuf.Timestamp
+	(Priority)(0),                   // 0: sluice.admission.v1.Priority
+	(Decision)(0),                   // 1: sluice.admission.v1.Decision
+	(Reason)(0),                     // 2: sluice.admission.v1.Reason
+	(Outcome)(0),                    // 3: sluice.admission.v1.Outcome
+	(*AdmitRequest)(nil),            // 4: sluice.admission.v1.AdmitRequest
+	(*AdmitResponse)(nil),           // 5: sluice.admission.v1.AdmitResponse
+	(*Trace)(nil),                   // 6: sluice.admission.v1.Trace
+	(*ReleaseRequest)(nil),          // 7: sluice.admission.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),         // 8: sluice.admission.v1.ReleaseResponse
+	(*DomainInfo)(nil),              // 9: sluice.admission.v1.DomainInfo
+	(*TenantInfo)(nil),              // 10: sluice.admission.v1.TenantInfo
+	(*ListDomainsRequest)(nil),      // 11: sluice.admission.v1.ListDomainsRequest
+	(*ListDomainsResponse)(nil),     // 12: sluice.admission.v1.ListDomainsResponse
+	(*DrainDomainRequest)(nil),      // 13: sluice.admission.v1.DrainDomainRequest
+	(*DrainDomainResponse)(nil),     // 14: sluice.admission.v1.DrainDomainResponse
+	(*UndrainDomainRequest)(nil),    // 15: sluice.admission.v1.UndrainDomainRequest
+	(*UndrainDomainResponse)(nil),   // 16: sluice.admission.v1.UndrainDomainResponse
+	(*ListTenantsRequest)(nil),      // 17: sluice.admission.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),     // 18: sluice.admission.v1.ListTenantsResponse
+	(*GetTenantRequest)(nil),        // 19: sluice.admission.v1.GetTenantRequest
+	(*GetTenantResponse)(nil),       // 20: sluice.admission.v1.GetTenantResponse
+	(*GetConfigStatusRequest)(nil),  // 21: sluice.admission.v1.GetConfigStatusRequest
+	(*ConfigRefusal)(nil),           // 22: sluice.admission.v1.ConfigRefusal
+	(*GetConfigStatusResponse)(nil), // 23: sluice.admission.v1.GetConfigStatusResponse
+	(*durationpb.Duration)(nil),     // 24: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
 }
 var file_admission_proto_depIdxs = []int32{
 	0,  // 0: sluice.admission.v1.AdmitRequest.priority:type_name -> sluice.admission.v1.Priority
 	1,  // 1: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
 	2,  // 2: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	21, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	21, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
+	24, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	24, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
 	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
 	3,  // 6: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	21, // 7: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	22, // 8: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	24, // 7: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	25, // 8: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
 	9,  // 9: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
 	9,  // 10: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	9,  // 11: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	10, // 12: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
 	10, // 13: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	4,  // 14: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 15: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 16: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	13, // 17: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	15, // 18: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	17, // 19: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	19, // 20: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	5,  // 21: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 22: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 23: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	14, // 24: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	16, // 25: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	18, // 26: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	20, // 27: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	21, // [21:28] is the sub-list for method output_type
-	14, // [14:21] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	25, // 14: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	25, // 15: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	22, // 16: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
+	4,  // 17: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	7,  // 18: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	11, // 19: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	13, // 20: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	15, // 21: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	17, // 22: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	19, // 23: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	21, // 24: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	5,  // 25: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	8,  // 26: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	12, // 27: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	14, // 28: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	16, // 29: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	18, // 30: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	20, // 31: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	23, // 32: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	25, // [25:33] is the sub-list for method output_type
+	17, // [17:25] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
@@ -1870,7 +2100,7 @@ func file_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admission_proto_rawDesc), len(file_admission_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

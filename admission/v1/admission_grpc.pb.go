@@ -188,11 +188,12 @@ var Admission_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Operator_ListDomains_FullMethodName   = "/sluice.admission.v1.Operator/ListDomains"
-	Operator_DrainDomain_FullMethodName   = "/sluice.admission.v1.Operator/DrainDomain"
-	Operator_UndrainDomain_FullMethodName = "/sluice.admission.v1.Operator/UndrainDomain"
-	Operator_ListTenants_FullMethodName   = "/sluice.admission.v1.Operator/ListTenants"
-	Operator_GetTenant_FullMethodName     = "/sluice.admission.v1.Operator/GetTenant"
+	Operator_ListDomains_FullMethodName     = "/sluice.admission.v1.Operator/ListDomains"
+	Operator_DrainDomain_FullMethodName     = "/sluice.admission.v1.Operator/DrainDomain"
+	Operator_UndrainDomain_FullMethodName   = "/sluice.admission.v1.Operator/UndrainDomain"
+	Operator_ListTenants_FullMethodName     = "/sluice.admission.v1.Operator/ListTenants"
+	Operator_GetTenant_FullMethodName       = "/sluice.admission.v1.Operator/GetTenant"
+	Operator_GetConfigStatus_FullMethodName = "/sluice.admission.v1.Operator/GetConfigStatus"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -213,6 +214,9 @@ type OperatorClient interface {
 	ListTenants(ctx context.Context, in *ListTenantsRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
 	// GetTenant describes one tenant. An unknown tenant is NOT_FOUND.
 	GetTenant(ctx context.Context, in *GetTenantRequest, opts ...grpc.CallOption) (*GetTenantResponse, error)
+	// GetConfigStatus says which config is serving, where it came from, and
+	// the last config that was refused (file or etcd key, and why).
+	GetConfigStatus(ctx context.Context, in *GetConfigStatusRequest, opts ...grpc.CallOption) (*GetConfigStatusResponse, error)
 }
 
 type operatorClient struct {
@@ -273,6 +277,16 @@ func (c *operatorClient) GetTenant(ctx context.Context, in *GetTenantRequest, op
 	return out, nil
 }
 
+func (c *operatorClient) GetConfigStatus(ctx context.Context, in *GetConfigStatusRequest, opts ...grpc.CallOption) (*GetConfigStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetConfigStatusResponse)
+	err := c.cc.Invoke(ctx, Operator_GetConfigStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -291,6 +305,9 @@ type OperatorServer interface {
 	ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error)
 	// GetTenant describes one tenant. An unknown tenant is NOT_FOUND.
 	GetTenant(context.Context, *GetTenantRequest) (*GetTenantResponse, error)
+	// GetConfigStatus says which config is serving, where it came from, and
+	// the last config that was refused (file or etcd key, and why).
+	GetConfigStatus(context.Context, *GetConfigStatusRequest) (*GetConfigStatusResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -315,6 +332,9 @@ func (UnimplementedOperatorServer) ListTenants(context.Context, *ListTenantsRequ
 }
 func (UnimplementedOperatorServer) GetTenant(context.Context, *GetTenantRequest) (*GetTenantResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTenant not implemented")
+}
+func (UnimplementedOperatorServer) GetConfigStatus(context.Context, *GetConfigStatusRequest) (*GetConfigStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetConfigStatus not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -427,6 +447,24 @@ func _Operator_GetTenant_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_GetConfigStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetConfigStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).GetConfigStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_GetConfigStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).GetConfigStatus(ctx, req.(*GetConfigStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -453,6 +491,10 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetTenant",
 			Handler:    _Operator_GetTenant_Handler,
+		},
+		{
+			MethodName: "GetConfigStatus",
+			Handler:    _Operator_GetConfigStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

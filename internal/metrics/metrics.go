@@ -14,7 +14,7 @@ import (
 // decision is one atomic add with no label hashing.
 const (
 	maxOutcome = int(admission.Rejected) + 1
-	maxReason  = int(admission.ReasonShuttingDown) + 1
+	maxReason  = int(admission.ReasonStateUnavailable) + 1
 )
 
 // Metrics is a Prometheus registry with Sluice's metrics.
