@@ -464,10 +464,10 @@ func TestReflectionListsServices(t *testing.T) {
 }
 
 func TestEnumNumbersMatchEngine(t *testing.T) {
-	if n := len(admissionv1.Reason_name); n != int(admission.ReasonShuttingDown)+1 {
-		t.Errorf("proto has %d reasons, engine %d", n, admission.ReasonShuttingDown+1)
+	if n := len(admissionv1.Reason_name); n != int(admission.ReasonStateUnavailable)+1 {
+		t.Errorf("proto has %d reasons, engine %d", n, admission.ReasonStateUnavailable+1)
 	}
-	for r := admission.ReasonNone; r <= admission.ReasonShuttingDown; r++ {
+	for r := admission.ReasonNone; r <= admission.ReasonStateUnavailable; r++ {
 		want := "REASON_" + r.String()
 		if r == admission.ReasonNone {
 			want = r.String()
