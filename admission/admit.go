@@ -67,6 +67,12 @@ func (e *Engine) Admit(ctx context.Context, req Request) (Decision, error) {
 	if w != nil {
 		d = e.wait(ctx, w)
 	}
+	if e.shared != nil {
+		e.shared.decisions.Add(1)
+		if e.shared.opts.Mode == SharedStrict {
+			d = e.commitStrict(ctx, req.RequestID, d)
+		}
+	}
 	if e.observer != nil {
 		e.observer.ObserveDecision(req, d)
 	}
@@ -485,18 +491,26 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 	if d.LeaseID != 0 && w.requestID == "" && w.refs == 0 {
 		// Admitted just as the caller gave up, and nobody can learn the
 		// lease: undo the admission entirely, as if it had been rejected.
-		if l, ok := e.mu.leases.remove(d.LeaseID); ok {
-			l.dom.cap.Release(now, l.cost, pd.Cost{})
-			e.closeLeaseLocked(&l)
-			if l.floor {
-				l.tenant.floor.Refund(now, l.weighted)
-			}
-			e.refundGatesLocked(l.tenant, now, &l.gates)
-		}
+		e.revokeLeaseLocked(now, d.LeaseID)
 		d = rejected(ReasonDeadlineUnmeetable, 0)
 		e.fillTenantTrace(&d.Trace, w.p.tenant, &w.p, now)
 	}
 	e.mu.Unlock()
 	<-w.done // answered concurrently; done is closed right after the lock is dropped
 	return d
+}
+
+// revokeLeaseLocked undoes an admission entirely, as if it had been
+// rejected: the domain and the tenant's gates get everything back.
+func (e *Engine) revokeLeaseLocked(now int64, id uint64) {
+	l, ok := e.mu.leases.remove(id)
+	if !ok {
+		return
+	}
+	l.dom.cap.Release(now, l.cost, pd.Cost{})
+	e.closeLeaseLocked(&l)
+	if l.floor {
+		l.tenant.floor.Refund(now, l.weighted)
+	}
+	e.refundGatesLocked(l.tenant, now, &l.gates)
 }

@@ -65,7 +65,17 @@ type TierPolicy struct {
 	BurstCredit    BurstCredit `json:"burst_credit"`
 	Budget         Budget      `json:"budget"`
 	Critical       Limit       `json:"critical"` // weighted tokens/s for priority=CRITICAL; rate 0 = no critical band
+	// FailMode is what the tier's tenants get while shared state (Redis)
+	// is unreachable: "open" (default) keeps admitting from this replica's
+	// slice of the quotas, "closed" rejects with STATE_UNAVAILABLE.
+	FailMode string `json:"fail_mode,omitempty"`
 }
+
+// Fail modes of a tier while shared state is unreachable.
+const (
+	FailOpen   = "open"
+	FailClosed = "closed"
+)
 
 // TenantConfig names a tenant's tier and any per-tenant overrides.
 type TenantConfig struct {
@@ -434,6 +444,8 @@ func validatePolicy(key string, p TierPolicy) error {
 		return cfgErr(key+".burst_credit.breaker_open", "must be in [0, %v]", maxDuration)
 	case p.Budget.DailyUSD < 0 || p.Budget.MonthlyUSD < 0 || math.IsNaN(p.Budget.DailyUSD) || math.IsNaN(p.Budget.MonthlyUSD):
 		return cfgErr(key+".budget", "budgets must be ≥ 0 (0 means none)")
+	case p.FailMode != "" && p.FailMode != FailOpen && p.FailMode != FailClosed:
+		return cfgErr(key+".fail_mode", "must be %q or %q, got %q", FailOpen, FailClosed, p.FailMode)
 	}
 	return nil
 }

@@ -37,6 +37,8 @@ type Engine struct {
 	base     time.Time // the zero of the engine's monotonic nanosecond scale
 	observer Observer
 	wake     chan struct{} // nudges the dispatcher loop
+	shared   *sharedSync   // nil when embedded
+	optErr   error         // an invalid option, reported by New
 
 	mu struct {
 		sync.Mutex
@@ -75,6 +77,9 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	for _, o := range opts {
 		o(e)
 	}
+	if e.optErr != nil {
+		return nil, e.optErr
+	}
 	e.base = e.clk.Now()
 	e.mu.tenants = make(map[string]*tenantState)
 	e.mu.idem = make(map[string]idemEntry)
@@ -86,6 +91,13 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	defer e.mu.Unlock()
 	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked()); err != nil {
 		return nil, err
+	}
+	if e.shared != nil && e.shared.opts.Mode == SharedBatched {
+		// Start from a 1/N slice: until the first reconcile, N replicas
+		// together hold one domain's capacity, not N.
+		for _, d := range e.mu.domains {
+			e.shared.sliceDomain(d, e.nowLocked())
+		}
 	}
 	return e, nil
 }
@@ -331,6 +343,9 @@ func (e *Engine) wakeDispatcher() {
 // Run dispatches queued requests and expires leases until ctx ends. The
 // server runs it in one goroutine; tests call Tick on a manual clock instead.
 func (e *Engine) Run(ctx context.Context) {
+	if e.shared != nil && e.shared.opts.Mode == SharedBatched {
+		go e.runShared(ctx)
+	}
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
 	for {

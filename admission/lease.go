@@ -23,6 +23,7 @@ type lease struct {
 	gates     gateCharge
 	granted   int64
 	expires   int64
+	committed bool // strict mode: charged in the shared store, to settle there
 }
 
 // waiterHeap orders queued requests by deadline (container/heap).
@@ -121,7 +122,7 @@ func (e *Engine) closeLeaseLocked(l *lease) {
 // tenant's token bucket and budget are settled to the actual tokens, and the
 // outcome feeds the domain's health. Releasing twice returns ErrLeaseNotFound
 // and changes nothing.
-func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) {
+func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error) {
 	switch {
 	case rel.LeaseID == 0:
 		return ReleaseResult{}, &InvalidArgumentError{Field: "lease_id", Reason: "must not be empty"}
@@ -184,6 +185,10 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 		cost = e.mu.cat.PriceMicros(m.model, prompt, rel.OutputTokens)
 	}
 	e.adjustSpendLocked(t, l.gates.day, l.gates.month, cost-l.gates.budget)
+	var settle *StrictSettle
+	if e.shared != nil && e.shared.opts.Mode == SharedStrict {
+		settle = e.strictSettleLocked(&l, rel.LeaseID, weighted, actual)
+	}
 	if e.recordOutcomeLocked(l.dom, now, rel.Outcome == ReleaseError) {
 		e.placementChangedLocked()
 	}
@@ -197,6 +202,9 @@ func (e *Engine) Release(_ context.Context, rel Release) (ReleaseResult, error) 
 	answered := e.dispatchLocked(now, nil)
 	e.mu.Unlock()
 	e.finish(answered)
+	if settle != nil {
+		e.settleStrict(ctx, settle)
+	}
 	if e.observer != nil {
 		e.observer.ObserveRelease(rel, res)
 	}

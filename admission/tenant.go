@@ -64,6 +64,9 @@ func (e *Engine) tenantLocked(name string, now int64) *tenantState {
 	}
 	t := &tenantState{name: name, tier: e.mu.cfg.Tenants[name].Tier}
 	t.setPolicy(p, now, true)
+	if s := e.shared; s != nil && (s.opts.Mode == SharedBatched || s.down) {
+		s.sliceTenant(t, now)
+	}
 	t.resetModelCache(e.mu.modelList)
 	e.mu.tenants[name] = t
 	return t
@@ -117,6 +120,9 @@ func (e *Engine) refreshTenantsLocked(now int64) {
 		}
 		t.tier = e.mu.cfg.Tenants[name].Tier
 		t.setPolicy(p, now, false)
+		if s := e.shared; s != nil && (s.opts.Mode == SharedBatched || s.down) {
+			s.sliceTenant(t, now) // until the next reconcile grants the new limits
+		}
 	}
 }
 
@@ -189,6 +195,9 @@ func (e *Engine) checkGatesLocked(t *tenantState, now int64, wall time.Time, wei
 			t.tokens.SetLimits(t.tokens.Rate(), t.tokens.Burst(), 0)
 			return false, ReasonBurstCreditExhausted, time.Duration(t.breakerEnd - now)
 		}
+	}
+	if s := e.shared; s != nil && s.down && t.policy.FailMode == FailClosed {
+		return false, ReasonStateUnavailable, s.opts.Cooldown
 	}
 	// Budgets.
 	e.rollBudgetLocked(t, wall)

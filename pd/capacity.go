@@ -92,6 +92,8 @@ type DomainCapacity struct {
 	kvInUse int64
 	kvLimit int64
 
+	fullPrefillRate, fullDecodeRate, fullKV int64 // the whole domain's, before a replica share
+
 	resPrefillRate, resDecodeRate int64 // reserve rates as set, capped at the rates
 	resPrefill, resDecode, resKV  int64 // the watermarks shared traffic stops at
 
@@ -224,7 +226,51 @@ func (c *DomainCapacity) apply(lim limits) {
 	c.prefill.SetLimits(lim.prefillRate, lim.prefillBurst, 0)
 	c.decode.SetLimits(lim.decodeRate, lim.decodeBurst, 0)
 	c.kvLimit = lim.kvLimit
+	c.fullPrefillRate, c.fullDecodeRate, c.fullKV = lim.prefillRate, lim.decodeRate, lim.kvLimit
 	c.applyReserve()
+}
+
+// ShareGrant is one replica's slice of a domain that several replicas
+// share (batched shared state): refill rates, the replica's share of the
+// global bucket levels, and its KV limit.
+type ShareGrant struct {
+	PrefillRate, PrefillLevel int64
+	DecodeRate, DecodeLevel   int64
+	KVLimit                   int64
+}
+
+// ApplyShare makes this capacity one replica's slice: the grant's rates,
+// levels and KV limit, with the floor reserves scaled by the same share.
+// Bursts stay whole so that a request the domain can hold fits any replica
+// that has the level for it. Resize restores the whole domain.
+func (c *DomainCapacity) ApplyShare(now int64, g ShareGrant) {
+	c.prefill.SetLimits(g.PrefillRate, c.prefill.Burst(), 0)
+	c.decode.SetLimits(g.DecodeRate, c.decode.Burst(), 0)
+	c.prefill.SetLevel(now, g.PrefillLevel)
+	c.decode.SetLevel(now, g.DecodeLevel)
+	c.kvLimit = max(g.KVLimit, 0)
+	c.applyReserve()
+}
+
+// FullLimits returns the whole domain's prefill and decode rates and KV
+// limit, whatever share this replica holds.
+func (c *DomainCapacity) FullLimits() (prefillRate, decodeRate, kvLimit int64) {
+	return c.fullPrefillRate, c.fullDecodeRate, c.fullKV
+}
+
+// Bucket returns a copy of the decode bucket (decode) or the prefill
+// bucket, to read levels and counters without changing anything.
+func (c *DomainCapacity) Bucket(decode bool) tokenbucket.Bucket {
+	if decode {
+		return c.decode
+	}
+	return c.prefill
+}
+
+// Taken returns the net FLOP and bytes taken from the prefill and decode
+// buckets (wrapping, as tokenbucket.Bucket.Taken).
+func (c *DomainCapacity) Taken() (prefill, decode int64) {
+	return c.prefill.Taken(), c.decode.Taken()
 }
 
 // Resize rebuilds the rates, bursts, KV limit and calibrated costs from d,
@@ -285,8 +331,10 @@ func (c *DomainCapacity) SetReserve(prefillFLOPPerSec, decodeBytesPerSec int64) 
 
 func (c *DomainCapacity) applyReserve() {
 	burstNanos := uint64(math.Round(c.cfg.BurstSeconds * billion))
-	pr := min(c.resPrefillRate, c.prefill.Rate())
-	dr := min(c.resDecodeRate, c.decode.Rate())
+	// A replica holding a share of the domain keeps the same share of the
+	// reserves.
+	pr := min(scaleRate(c.resPrefillRate, c.prefill.Rate(), c.fullPrefillRate), c.prefill.Rate())
+	dr := min(scaleRate(c.resDecodeRate, c.decode.Rate(), c.fullDecodeRate), c.decode.Rate())
 	p, _ := mulDiv(uint64(pr), burstNanos, billion)
 	d, _ := mulDiv(uint64(dr), burstNanos, billion)
 	c.resPrefill = min(p, c.prefill.Burst())
@@ -295,6 +343,15 @@ func (c *DomainCapacity) applyReserve() {
 	if rate := c.prefill.Rate(); rate > 0 {
 		c.resKV, _ = mulDiv(uint64(c.kvLimit), uint64(pr), uint64(rate))
 	}
+}
+
+// scaleRate returns v · share/whole (v when whole is 0 or share is whole).
+func scaleRate(v, share, whole int64) int64 {
+	if whole <= 0 || share >= whole {
+		return v
+	}
+	r, _ := mulDiv(uint64(max(v, 0)), uint64(max(share, 0)), uint64(whole))
+	return r
 }
 
 // Cost returns the cost in this domain of a request of prompt and output

@@ -35,6 +35,7 @@ type Bucket struct {
 	level  int64  // current units; negative means debt
 	rem    uint64 // refill remainder in unit·nanoseconds, < 1e9
 	last   int64  // last time seen, nanoseconds
+	taken  int64  // net units taken since New, wrapping: what shared state reconciles
 }
 
 // New returns a full bucket refilling rate units per second up to burst, that
@@ -54,6 +55,21 @@ func (b *Bucket) SetLimits(rate, burst, credit int64) {
 		b.level = b.burst
 		b.rem = 0
 	}
+}
+
+// Taken returns the net units taken since New (takes less refunds; refill
+// does not count). It wraps around: only differences between two readings
+// mean anything, which is how a shared-state reconciler measures what this
+// bucket consumed between two reports.
+func (b *Bucket) Taken() int64 { return b.taken }
+
+// SetLevel moves the level to level (at most the burst) without counting it
+// as taken or refunded: a shared-state grant replacing this replica's view
+// of the global level.
+func (b *Bucket) SetLevel(now, level int64) {
+	b.advance(now)
+	b.level = min(level, b.burst)
+	b.rem = 0
 }
 
 // Rate returns the refill rate in units per second.
@@ -130,6 +146,7 @@ func (b *Bucket) TakeAbove(now, n, min int64) bool {
 		return false
 	}
 	b.level -= n
+	b.taken += n
 	return true
 }
 
@@ -138,11 +155,13 @@ func (b *Bucket) TakeAbove(now, n, min int64) bool {
 func (b *Bucket) Take(now, n int64) {
 	b.advance(now)
 	b.level -= n
+	b.taken += n
 }
 
 // Refund returns n units taken earlier, never past burst.
 func (b *Bucket) Refund(now, n int64) {
 	b.advance(now)
+	b.taken -= n
 	b.level = min(b.level+n, b.burst)
 	if b.level == b.burst {
 		b.rem = 0

@@ -465,3 +465,36 @@ func BenchmarkAllow(b *testing.B) {
 		}
 	})
 }
+
+func TestTakenCountsNetTakesNotRefill(t *testing.T) {
+	b := New(100, 1000, 500, 0)
+	b.Take(0, 300)
+	if !b.TakeAbove(0, 200, 0) {
+		t.Fatal("TakeAbove refused 200 of 700")
+	}
+	b.Refund(1e9, 50) // the refill of 100 over the second is not taken
+	if got := b.Taken(); got != 450 {
+		t.Errorf("Taken = %d, want 300+200-50 = 450", got)
+	}
+	if b.Allow(1e9, 10_000) { // refused: not taken
+		t.Fatal("Allow of 10000 succeeded")
+	}
+	if got := b.Taken(); got != 450 {
+		t.Errorf("after a refused Allow, Taken = %d, want 450", got)
+	}
+}
+
+func TestSetLevelIsNotCountedAndCapsAtBurst(t *testing.T) {
+	b := New(100, 1000, 0, 0)
+	b.SetLevel(0, -40)
+	if got := b.Level(0); got != -40 {
+		t.Errorf("Level after SetLevel(-40) = %d", got)
+	}
+	b.SetLevel(0, 5000)
+	if got := b.Level(0); got != 1000 {
+		t.Errorf("Level after SetLevel(5000) = %d, want the burst 1000", got)
+	}
+	if got := b.Taken(); got != 0 {
+		t.Errorf("SetLevel changed Taken to %d", got)
+	}
+}

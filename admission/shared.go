@@ -1,0 +1,211 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// SharedState is the port to state that several sluiced replicas share
+// (internal/state/redisstate implements it on Redis, internal/state/memstate
+// in memory for one process and for tests). Every amount is in the
+// bucket's units scaled to stay below CumModulus; the engine does the
+// scaling.
+//
+// Batched mode calls only Reconcile; strict mode calls Commit and Settle.
+type SharedState interface {
+	// Reconcile reports what this replica took from each bucket since it
+	// started and what it would take, and returns its grants.
+	Reconcile(ctx context.Context, req *ReconcileRequest) (*ReconcileReply, error)
+	// Commit checks and takes every amount of one decision atomically:
+	// all or nothing.
+	Commit(ctx context.Context, c *StrictCharge) (StrictVerdict, error)
+	// Settle gives back (or takes, for an overrun) what a finished lease
+	// was charged beyond its use, and frees its KV hold.
+	Settle(ctx context.Context, s *StrictSettle) error
+}
+
+// CumModulus bounds cumulative counters: they count modulo 2^52 so that they
+// stay exact in a Lua (double) number; the store takes differences modulo it.
+const CumModulus = 1 << 52
+
+// ReconcileRequest is one replica's report for every bucket it uses.
+type ReconcileRequest struct {
+	Replica  string        // this process incarnation
+	Replicas int           // N, the replicas expected (config or membership)
+	Stale    time.Duration // a replica not heard from for this long drops out of the shares
+	Buckets  []BucketReport
+	Gauges   []GaugeReport
+}
+
+// BucketReport is one bucket's use by one replica.
+type BucketReport struct {
+	Key   string
+	Rate  int64 // the whole bucket's refill rate, units per second
+	Burst int64 // the whole bucket's burst
+	// Cum is what this replica took (net of refunds) since it started,
+	// modulo CumModulus. A store that has seen an earlier Cum from the
+	// replica applies the difference, so a report repeated after an
+	// ambiguous failure is not charged twice.
+	Cum int64
+	// Unacked is the part of Cum no reply has acknowledged: what a store
+	// that lost the replica's record (a Redis restart) applies instead.
+	Unacked int64
+	Demand  int64 // units per second this replica would take
+	// Fresh marks the first report of the bucket since this replica
+	// (re)started counting it: the store ignores any Cum it remembers and
+	// applies Unacked.
+	Fresh bool
+}
+
+// GaugeReport is what one replica holds of a gauge (a domain's KV bytes).
+type GaugeReport struct {
+	Key   string
+	Limit int64         // the whole gauge's limit
+	Held  int64         // what this replica holds now
+	Share int64         // this replica's weight for the free part (its demand)
+	TTL   time.Duration // how long the holding outlives a silent replica (the lease TTL)
+}
+
+// ReconcileReply carries the grants, in the request's order.
+type ReconcileReply struct {
+	Buckets []BucketGrant
+	Gauges  []int64 // this replica's limit per gauge
+}
+
+// BucketGrant is one replica's slice of a bucket until its next report.
+type BucketGrant struct {
+	Rate  int64 // units per second this replica refills at
+	Level int64 // its share of the global level; negative is its share of an overage
+}
+
+// StrictCharge is everything one decision takes, checked and taken at once.
+type StrictCharge struct {
+	Takes []StrictTake
+	KV    KVHold
+}
+
+// StrictTake takes Amount from a bucket if its level stays at or above Min
+// (negative Min lends credit).
+type StrictTake struct {
+	Key    string
+	Rate   int64
+	Burst  int64
+	Amount int64
+	Min    int64
+}
+
+// KVHold holds Bytes of a domain's KV gauge under a lease until it is
+// settled or its TTL passes.
+type KVHold struct {
+	Key   string
+	Lease string
+	Limit int64
+	Bytes int64
+	TTL   time.Duration
+}
+
+// StrictVerdict is the answer to a Commit.
+type StrictVerdict struct {
+	Admitted bool
+	// Refused is the index in Takes of the bucket that refused, or
+	// len(Takes) for the KV gauge; meaningful when not admitted.
+	Refused    int
+	RetryAfter time.Duration
+}
+
+// StrictSettle settles a finished lease: each Amount is given back
+// (negative: taken, an overrun) and the KV hold freed.
+type StrictSettle struct {
+	Refunds []StrictTake
+	KVKey   string
+	Lease   string
+}
+
+// SharedMode selects how decisions use shared state.
+type SharedMode int
+
+// Shared-state modes.
+const (
+	// SharedBatched decides locally from this replica's grants and
+	// reconciles every interval (the default with several replicas).
+	SharedBatched SharedMode = iota + 1
+	// SharedStrict confirms every admission with one atomic store call.
+	SharedStrict
+)
+
+func (m SharedMode) String() string {
+	switch m {
+	case SharedBatched:
+		return "batched"
+	case SharedStrict:
+		return "strict"
+	}
+	return "embedded"
+}
+
+// SharedOptions configure shared state.
+type SharedOptions struct {
+	Mode     SharedMode
+	Replica  string        // unique per process incarnation
+	Replicas int           // N until membership says otherwise; default 1
+	Interval time.Duration // batched reconcile period; default 100ms
+	Timeout  time.Duration // per store call; default 50ms
+	// The breaker opens after Failures consecutive store errors and probes
+	// again after Cooldown.
+	Failures int           // default 3
+	Cooldown time.Duration // default 1s
+}
+
+func (o *SharedOptions) setDefaults() error {
+	if o.Mode != SharedBatched && o.Mode != SharedStrict {
+		return errors.New("admission: shared state: mode must be batched or strict")
+	}
+	if o.Replica == "" {
+		return errors.New("admission: shared state: replica id must not be empty")
+	}
+	o.Replicas = max(o.Replicas, 1)
+	if o.Interval <= 0 {
+		o.Interval = 100 * time.Millisecond
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 50 * time.Millisecond
+	}
+	if o.Failures <= 0 {
+		o.Failures = 3
+	}
+	if o.Cooldown <= 0 {
+		o.Cooldown = time.Second
+	}
+	return nil
+}
+
+// WithSharedState makes the engine one of several replicas sharing quotas
+// and domain capacity through store. New fails on invalid options.
+func WithSharedState(store SharedState, o SharedOptions) Option {
+	return func(e *Engine) {
+		if err := o.setDefaults(); err != nil {
+			e.optErr = err
+			return
+		}
+		e.shared = newSharedSync(store, o)
+	}
+}
+
+// SharedStatus describes the shared-state link, for metrics.
+type SharedStatus struct {
+	Mode        SharedMode
+	Replicas    int
+	BreakerOpen bool
+	// FallbackSeconds is the total time the breaker has been open.
+	FallbackSeconds float64
+	// ReconcileLag is how long ago the last successful reconcile (or
+	// strict call) completed.
+	ReconcileLag time.Duration
+	// Overage is the total of units this replica gave up to overages.
+	Overage int64
+	// Calls and Decisions count store calls and decisions, so that
+	// Calls/Decisions is the store calls per decision.
+	Calls, Decisions uint64
+	Failures         uint64
+}

@@ -1,0 +1,526 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/pd"
+)
+
+// bucketKind names the buckets that shared state reconciles.
+type bucketKind uint8
+
+const (
+	kindRPS bucketKind = iota
+	kindTokens
+	kindFloor
+	kindCritical
+	kindPrefill
+	kindDecode
+	numKinds
+)
+
+var kindSuffix = [numKinds]string{"rps", "tok", "floor", "crit", "pf", "dc"}
+
+// KindNames are the bucket kinds as metrics label them, by kind.
+var KindNames = [numKinds]string{"rps", "tokens", "floor", "critical", "prefill", "decode"}
+
+// Store keys: "t/<tenant>/<kind>", "d/<domain>/<kind>", "d/<domain>/kv".
+// The adapter adds its prefix and hash tag.
+func tenantKey(name string, k bucketKind) string { return "t/" + name + "/" + kindSuffix[k] }
+func domainKey(id string, k bucketKind) string   { return "d/" + id + "/" + kindSuffix[k] }
+func kvKey(id string) string                     { return "d/" + id + "/kv" }
+
+// scaleFor returns the unit a bucket of this rate and burst is reported in:
+// a power of two keeping both below 2^32 units, so that cumulative counters
+// modulo CumModulus wrap only after days and Lua's doubles stay exact.
+func scaleFor(rate, burst int64) int64 {
+	n := bits.Len64(uint64(max(rate, burst, 1)))
+	if n <= 32 {
+		return 1
+	}
+	return 1 << (n - 32)
+}
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return a / b
+	}
+	return (a + b - 1) / b
+}
+
+// syncEntry is this replica's reporting state for one shared bucket.
+type syncEntry struct {
+	key       string
+	kind      bucketKind
+	owner     any   // the *tenantState or *domainState whose bucket was last read
+	lastTaken int64 // the owner's Bucket.Taken at the last report
+	scale     int64
+	rem       int64 // unscaled units taken but not yet reported, |rem| < scale
+	cum       int64 // scaled, modulo CumModulus
+	unacked   int64
+	fresh     bool  // not yet acknowledged by the store
+	lastAt    int64 // engine time of the last report
+	seenAt    int64
+	// Set by a report, used by the apply that follows.
+	snapTaken   int64
+	sentUnacked int64
+}
+
+type entryKey struct {
+	name string
+	kind bucketKind
+}
+
+// roundItem is one bucket of a reconcile round.
+type roundItem struct {
+	en   *syncEntry
+	b    *tokenbucket.Bucket // tenant buckets (domains' are d.cap's)
+	t    *tenantState
+	d    *domainState
+	rate int64 // the whole bucket's rate, unscaled
+}
+
+// sharedSync is the engine's side of shared state.
+type sharedSync struct {
+	store SharedState
+	opts  SharedOptions
+	br    breaker
+
+	// Under Engine.mu.
+	replicas   int
+	down       bool // the breaker is open: fail modes apply
+	entries    map[entryKey]*syncEntry
+	round      []roundItem
+	roundKV    []*domainState
+	lastPrune  int64
+	reconciles sync.Mutex // one reconcile at a time
+
+	calls, decisions, failures atomic.Uint64
+	lastOK                     atomic.Int64 // wall-clock unix nanoseconds of the last successful call
+	overage                    [numKinds]atomic.Int64
+}
+
+func newSharedSync(store SharedState, o SharedOptions) *sharedSync {
+	return &sharedSync{
+		store:    store,
+		opts:     o,
+		br:       breaker{limit: o.Failures, cooldown: o.Cooldown},
+		replicas: o.Replicas,
+		entries:  make(map[entryKey]*syncEntry),
+	}
+}
+
+// SetReplicas sets N, the number of live replicas sharing the quotas (from
+// membership). The next reconcile re-slices; nothing already reported is
+// counted again.
+func (e *Engine) SetReplicas(n int) {
+	if e.shared == nil {
+		return
+	}
+	e.mu.Lock()
+	e.shared.replicas = max(n, 1)
+	e.mu.Unlock()
+}
+
+// SharedStatus describes the shared-state link; ok is false when the engine
+// runs embedded.
+func (e *Engine) SharedStatus() (st SharedStatus, ok bool) {
+	s := e.shared
+	if s == nil {
+		return SharedStatus{}, false
+	}
+	e.mu.Lock()
+	st.Mode, st.Replicas = s.opts.Mode, s.replicas
+	e.mu.Unlock()
+	wall := e.clk.Now()
+	st.BreakerOpen, st.FallbackSeconds = s.br.status(wall)
+	if last := s.lastOK.Load(); last != 0 {
+		st.ReconcileLag = wall.Sub(time.Unix(0, last))
+	}
+	for k := range s.overage {
+		st.Overage += s.overage[k].Load()
+	}
+	st.Calls, st.Decisions, st.Failures = s.calls.Load(), s.decisions.Load(), s.failures.Load()
+	return st, true
+}
+
+// SharedOverage returns the units given up to overages, per bucket kind
+// (in KindNames order).
+func (e *Engine) SharedOverage() (out [numKinds]int64) {
+	if e.shared != nil {
+		for k := range out {
+			out[k] = e.shared.overage[k].Load()
+		}
+	}
+	return out
+}
+
+// runShared reconciles every interval until ctx ends (batched mode).
+func (e *Engine) runShared(ctx context.Context) {
+	t := time.NewTicker(e.shared.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = e.Reconcile(ctx) // failures feed the breaker and the metrics
+		}
+	}
+}
+
+// Reconcile runs one batched reconcile now: it reports what this replica
+// took from every shared bucket and applies the grants that come back. Run
+// calls it every interval; tests call it directly. While the breaker is
+// open it returns an error without calling the store, until the cool-down
+// lets a probe through.
+func (e *Engine) Reconcile(ctx context.Context) error {
+	s := e.shared
+	if s == nil || s.opts.Mode != SharedBatched {
+		return nil
+	}
+	s.reconciles.Lock()
+	defer s.reconciles.Unlock()
+	if !s.br.allow(e.clk.Now()) {
+		return errBreakerOpen
+	}
+	e.mu.Lock()
+	req := e.sharedReportLocked(e.nowLocked())
+	e.mu.Unlock()
+
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	rep, err := s.store.Reconcile(cctx, req)
+	cancel()
+	s.calls.Add(1)
+	if err == nil && (len(rep.Buckets) != len(req.Buckets) || len(rep.Gauges) != len(req.Gauges)) {
+		err = fmt.Errorf("reply has %d buckets and %d gauges for %d and %d", len(rep.Buckets), len(rep.Gauges), len(req.Buckets), len(req.Gauges))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		e.storeFailedLocked()
+		return fmt.Errorf("shared state: reconcile: %w", err)
+	}
+	e.storeOKLocked()
+	e.applyGrantsLocked(e.nowLocked(), rep)
+	return nil
+}
+
+var errBreakerOpen = errors.New("shared state: breaker open")
+
+// storeFailedLocked counts a failed store call; the breaker may open.
+func (e *Engine) storeFailedLocked() {
+	s := e.shared
+	s.failures.Add(1)
+	if s.br.failure(e.clk.Now()) {
+		e.setStateDownLocked(true)
+	}
+}
+
+// storeOKLocked counts a successful store call; an open breaker closes.
+func (e *Engine) storeOKLocked() {
+	s := e.shared
+	wall := e.clk.Now()
+	s.lastOK.Store(wall.UnixNano())
+	if s.br.success(wall) {
+		e.setStateDownLocked(false)
+	}
+}
+
+// setStateDownLocked enters or leaves fallback. Batched replicas keep
+// deciding from their last grants. Strict replicas, whose local buckets are
+// whole while the store decides, cut them to a 1/N slice while it cannot.
+func (e *Engine) setStateDownLocked(down bool) {
+	s := e.shared
+	if s.down == down {
+		return
+	}
+	s.down = down
+	if s.opts.Mode != SharedStrict {
+		return
+	}
+	now := e.nowLocked()
+	for _, t := range e.mu.tenants {
+		t.setPolicy(t.policy, now, false)
+		if down {
+			s.sliceTenant(t, now)
+		}
+	}
+	for _, d := range e.mu.domains {
+		if down {
+			s.sliceDomain(d, now)
+		} else {
+			_ = d.cap.Resize(&d.topo) // the same domain: cannot fail
+		}
+	}
+}
+
+// sliceTenant cuts a tenant's buckets to a 1/N share: the start of a fresh
+// tenant in batched mode, and the fallback of strict mode.
+func (s *sharedSync) sliceTenant(t *tenantState, now int64) {
+	n := int64(s.replicas)
+	for k, b := range t.buckets() {
+		rate := b.Rate() / n
+		credit := int64(0)
+		if bucketKind(k) == kindTokens {
+			credit = b.Credit() / n
+		}
+		level := min(b.Level(now), b.Burst()/n)
+		b.SetLimits(rate, b.Burst(), credit)
+		b.SetLevel(now, level)
+	}
+}
+
+// sliceDomain cuts a domain's capacity to a 1/N share.
+func (s *sharedSync) sliceDomain(d *domainState, now int64) {
+	n := int64(s.replicas)
+	pr, dr, kv := d.cap.FullLimits()
+	p, dc := d.cap.Levels(now)
+	d.cap.ApplyShare(now, pd.ShareGrant{
+		PrefillRate: pr / n, PrefillLevel: min(p, d.cap.PrefillBurst()/n),
+		DecodeRate: dr / n, DecodeLevel: min(dc, d.cap.DecodeBurst()/n),
+		KVLimit: kv / n,
+	})
+}
+
+// buckets returns the tenant's four buckets in kind order.
+func (t *tenantState) buckets() [4]*tokenbucket.Bucket {
+	return [4]*tokenbucket.Bucket{&t.rps, &t.tokens, &t.floor, &t.critical}
+}
+
+// globalLimits returns the whole (all-replica) rate and burst of a tenant
+// bucket, from its policy.
+func (t *tenantState) globalLimits(k bucketKind) (rate, burst int64) {
+	p := &t.policy
+	switch k {
+	case kindRPS:
+		return roundUnits(p.RPS.Rate * rpsUnit), roundUnits(p.RPS.Burst * rpsUnit)
+	case kindTokens:
+		return roundUnits(p.Tokens.Rate), roundUnits(p.Tokens.Burst)
+	case kindFloor:
+		return p.Floor, p.Floor
+	}
+	return roundUnits(p.Critical.Rate), roundUnits(p.Critical.Burst)
+}
+
+// sharedReportLocked builds this round's report: every active tenant's
+// buckets and every domain's buckets and KV gauge.
+func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
+	s := e.shared
+	s.round, s.roundKV = s.round[:0], s.roundKV[:0]
+	req := &ReconcileRequest{
+		Replica:  s.opts.Replica,
+		Replicas: s.replicas,
+		Stale:    3 * s.opts.Interval,
+	}
+	for name, t := range e.mu.tenants {
+		for k, b := range t.buckets() {
+			rate, burst := t.globalLimits(bucketKind(k))
+			if rate == 0 && burst == 0 {
+				continue
+			}
+			req.Buckets = append(req.Buckets, s.report(now, entryKey{name, bucketKind(k)}, t, b, rate, burst))
+			s.round = append(s.round, roundItem{en: s.entries[entryKey{name, bucketKind(k)}], b: b, t: t, rate: rate})
+		}
+	}
+	ttl := e.mu.cfg.Leases.TTL.Duration
+	for _, d := range e.mu.domains {
+		if d.removed {
+			continue
+		}
+		pr, dr, kvLimit := d.cap.FullLimits()
+		pb, db := d.cap.PrefillBurst(), d.cap.DecodeBurst()
+		var dem int64
+		for _, k := range [2]bucketKind{kindPrefill, kindDecode} {
+			b := d.cap.Bucket(k == kindDecode) // a copy: read only
+			rate, burst := pr, pb
+			if k == kindDecode {
+				rate, burst = dr, db
+			}
+			ek := entryKey{d.ID(), k}
+			rep := s.report(now, ek, d, &b, rate, burst)
+			dem = rep.Demand
+			req.Buckets = append(req.Buckets, rep)
+			s.round = append(s.round, roundItem{en: s.entries[ek], d: d, rate: rate})
+		}
+		kvUsed, _ := d.cap.KV()
+		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: dem, TTL: ttl})
+		s.roundKV = append(s.roundKV, d)
+	}
+	s.pruneEntriesLocked(now)
+	return req
+}
+
+// report reads one bucket into its entry and returns the bucket's report.
+func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bucket, rate, burst int64) BucketReport {
+	en := s.entries[ek]
+	if en == nil {
+		key := tenantKey(ek.name, ek.kind)
+		if ek.kind >= kindPrefill {
+			key = domainKey(ek.name, ek.kind)
+		}
+		en = &syncEntry{key: key, kind: ek.kind, scale: scaleFor(rate, burst), fresh: true, lastAt: now - int64(s.opts.Interval)}
+		s.entries[ek] = en
+	}
+	if en.owner != owner { // a rebuilt tenant or domain: its bucket counts from 0
+		en.owner, en.lastTaken = owner, 0
+	}
+	taken := b.Taken()
+	en.rem += taken - en.lastTaken
+	en.lastTaken = taken
+	d := en.rem / en.scale
+	en.rem -= d * en.scale
+	en.cum = ((en.cum+d)%CumModulus + CumModulus) % CumModulus
+	en.unacked += d
+
+	// Demand: what it used, more when the bucket ran low (it was held back):
+	// doubling finds a replica's real demand in a few rounds.
+	elapsed := max(now-en.lastAt, int64(time.Millisecond))
+	used := max(d, 0) * int64(time.Second) / elapsed
+	demand := used + used/4
+	if b.Level(now) < b.Burst()/10 {
+		demand = max(2*used, 1)
+	}
+	en.lastAt, en.seenAt = now, now
+	en.snapTaken, en.sentUnacked = taken, en.unacked
+	return BucketReport{
+		Key: en.key, Rate: rate / en.scale, Burst: burst / en.scale,
+		Cum: en.cum, Unacked: en.unacked, Demand: demand, Fresh: en.fresh,
+	}
+}
+
+// pruneEntriesLocked forgets entries of buckets not reported for a minute
+// with nothing unacknowledged; a bucket that comes back reports fresh.
+func (s *sharedSync) pruneEntriesLocked(now int64) {
+	if now-s.lastPrune < int64(time.Minute) {
+		return
+	}
+	s.lastPrune = now
+	for k, en := range s.entries {
+		if now-en.seenAt > int64(time.Minute) && en.unacked == 0 {
+			delete(s.entries, k)
+		}
+	}
+}
+
+// applyGrantsLocked installs the grants of the round just reported. A
+// bucket's level becomes its share of the global level less what it took
+// since the report.
+func (e *Engine) applyGrantsLocked(now int64, rep *ReconcileReply) {
+	s := e.shared
+	var prefill pd.ShareGrant
+	kv := 0
+	for i, it := range s.round {
+		g, en := rep.Buckets[i], it.en
+		en.unacked -= en.sentUnacked
+		en.fresh = false
+		if g.Level < 0 {
+			s.overage[en.kind].Add(-g.Level * en.scale)
+		}
+		var since int64
+		if it.t != nil {
+			since = it.b.Taken() - en.snapTaken
+		} else {
+			p, d := it.d.cap.Taken()
+			since = p - en.snapTaken
+			if en.kind == kindDecode {
+				since = d - en.snapTaken
+			}
+		}
+		rate, level := g.Rate*en.scale, g.Level*en.scale-since
+		switch {
+		case it.t != nil:
+			credit := int64(0)
+			if en.kind == kindTokens && it.t.breaker == breakerClosed && it.rate > 0 {
+				credit = int64(float64(creditLimit(it.t.policy)) * float64(rate) / float64(it.rate))
+			}
+			it.b.SetLimits(rate, it.b.Burst(), credit)
+			it.b.SetLevel(now, level)
+		case en.kind == kindPrefill:
+			prefill = pd.ShareGrant{PrefillRate: rate, PrefillLevel: level}
+		default: // decode, which follows its domain's prefill
+			g := prefill
+			g.DecodeRate, g.DecodeLevel = rate, level
+			g.KVLimit = rep.Gauges[kv]
+			kv++
+			it.d.cap.ApplyShare(now, g)
+		}
+	}
+}
+
+// breaker opens after limit consecutive failures and lets one probe through
+// every cooldown while open. It has its own lock: strict decisions use it
+// concurrently, outside the engine's lock.
+type breaker struct {
+	mu       sync.Mutex
+	limit    int
+	cooldown time.Duration
+	fails    int
+	open     bool
+	openedAt time.Time
+	probeAt  time.Time
+	fallback time.Duration // total time spent open, up to the last close
+}
+
+// allow reports whether a store call may go ahead now.
+func (b *breaker) allow(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		return true
+	}
+	if now.Before(b.probeAt) {
+		return false
+	}
+	b.probeAt = now.Add(b.cooldown) // one probe per cool-down
+	return true
+}
+
+// failure counts a failed call and reports whether the breaker just opened.
+func (b *breaker) failure(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fails++
+	if b.open || b.fails < b.limit {
+		return false
+	}
+	b.open, b.openedAt, b.probeAt = true, now, now.Add(b.cooldown)
+	return true
+}
+
+// success counts a successful call and reports whether the breaker just closed.
+func (b *breaker) success(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fails = 0
+	if !b.open {
+		return false
+	}
+	b.open = false
+	b.fallback += now.Sub(b.openedAt)
+	return true
+}
+
+// status reports whether the breaker is open and the total seconds spent open.
+func (b *breaker) status(now time.Time) (open bool, seconds float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	total := b.fallback
+	if b.open {
+		total += now.Sub(b.openedAt)
+	}
+	return b.open, total.Seconds()
+}
+
+// replicaLease names a lease in the store: unique across replicas.
+func replicaLease(replica string, id uint64) string {
+	return replica + "/" + strconv.FormatUint(id, 10)
+}

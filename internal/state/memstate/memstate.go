@@ -1,0 +1,250 @@
+// Package memstate implements admission.SharedState in memory: the
+// semantics of internal/state, for a single process and as the reference
+// the conformance suite holds the Redis adapter to.
+package memstate
+
+import (
+	"context"
+	"math"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/clock"
+)
+
+// Store is an in-memory shared state. It is safe for concurrent use.
+type Store struct {
+	clk clock.Clock
+
+	mu      sync.Mutex
+	buckets map[string]*bucket
+	gauges  map[string]map[string]*holding // key → replica → holding
+	kv      map[string]map[string]*hold    // key → lease → hold (strict)
+}
+
+type bucket struct {
+	level    float64
+	at       time.Time
+	replicas map[string]*replica
+}
+
+type replica struct {
+	cum, demand int64
+	seen        time.Time
+}
+
+type holding struct {
+	held, share int64
+	until       time.Time
+}
+
+type hold struct {
+	bytes int64
+	until time.Time
+}
+
+// New returns an empty store reading time from clk (nil: the real clock).
+func New(clk clock.Clock) *Store {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &Store{
+		clk:     clk,
+		buckets: make(map[string]*bucket),
+		gauges:  make(map[string]map[string]*holding),
+		kv:      make(map[string]map[string]*hold),
+	}
+}
+
+// refill returns the bucket of key refilled to now, creating it full.
+func (s *Store) refill(key string, rate, burst int64, now time.Time) *bucket {
+	b := s.buckets[key]
+	if b == nil {
+		b = &bucket{level: float64(burst), at: now, replicas: make(map[string]*replica)}
+		s.buckets[key] = b
+	}
+	if now.After(b.at) {
+		b.level = math.Min(float64(burst), b.level+float64(rate)*now.Sub(b.at).Seconds())
+		b.at = now
+	}
+	return b
+}
+
+// Reconcile implements admission.SharedState.
+func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	rep := &admission.ReconcileReply{
+		Buckets: make([]admission.BucketGrant, len(req.Buckets)),
+		Gauges:  make([]int64, len(req.Gauges)),
+	}
+	for i, r := range req.Buckets {
+		b := s.refill(r.Key, r.Rate, r.Burst, now)
+		delta := r.Unacked
+		if prev, ok := b.replicas[req.Replica]; ok && !r.Fresh {
+			delta = CumDelta(r.Cum, prev.cum)
+		}
+		b.level -= float64(delta)
+		b.replicas[req.Replica] = &replica{cum: r.Cum, demand: r.Demand, seen: now}
+		demands := make(map[string]int64, len(b.replicas))
+		for id, rp := range b.replicas {
+			if now.Sub(rp.seen) > req.Stale {
+				delete(b.replicas, id)
+				continue
+			}
+			demands[id] = rp.demand
+		}
+		g := Waterfill(float64(r.Rate), demands)[req.Replica]
+		share := b.level / float64(len(demands))
+		if r.Rate > 0 {
+			share = b.level * g / float64(r.Rate)
+		}
+		rep.Buckets[i] = admission.BucketGrant{Rate: int64(math.Floor(g)), Level: int64(math.Floor(share))}
+	}
+	for i, g := range req.Gauges {
+		hs := s.gauges[g.Key]
+		if hs == nil {
+			hs = make(map[string]*holding)
+			s.gauges[g.Key] = hs
+		}
+		hs[req.Replica] = &holding{held: g.Held, share: g.Share, until: now.Add(g.TTL)}
+		var held, shares int64
+		for id, h := range hs {
+			if now.After(h.until) {
+				delete(hs, id)
+				continue
+			}
+			held += h.held
+			shares += h.share
+		}
+		free := float64(max(g.Limit-held, 0))
+		mine := free / float64(len(hs))
+		if shares > 0 {
+			mine = free * float64(g.Share) / float64(shares)
+		}
+		rep.Gauges[i] = g.Held + int64(math.Floor(mine))
+	}
+	return rep, nil
+}
+
+// Commit implements admission.SharedState.
+func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+	if err := ctx.Err(); err != nil {
+		return admission.StrictVerdict{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	for i, t := range c.Takes {
+		b := s.refill(t.Key, t.Rate, t.Burst, now)
+		if b.level-float64(t.Amount) < float64(t.Min) {
+			return admission.StrictVerdict{Refused: i, RetryAfter: RetryAfter(b.level, t)}, nil
+		}
+	}
+	holds := s.kv[c.KV.Key] // (Redis keeps these under KV.Key+":holds")
+	if holds == nil {
+		holds = make(map[string]*hold)
+		s.kv[c.KV.Key] = holds
+	}
+	var sum int64
+	for lease, h := range holds {
+		if now.After(h.until) {
+			delete(holds, lease)
+			continue
+		}
+		sum += h.bytes
+	}
+	if sum+c.KV.Bytes > c.KV.Limit {
+		return admission.StrictVerdict{Refused: len(c.Takes)}, nil
+	}
+	for _, t := range c.Takes {
+		s.buckets[t.Key].level -= float64(t.Amount)
+	}
+	holds[c.KV.Lease] = &hold{bytes: c.KV.Bytes, until: now.Add(c.KV.TTL)}
+	return admission.StrictVerdict{Admitted: true}, nil
+}
+
+// Settle implements admission.SharedState.
+func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.clk.Now()
+	for _, r := range st.Refunds {
+		if s.buckets[r.Key] == nil {
+			continue // as Redis: a bucket that expired is full, nothing to give back
+		}
+		b := s.refill(r.Key, r.Rate, r.Burst, now)
+		b.level = math.Max(math.Min(b.level+float64(r.Amount), float64(r.Burst)), -float64(r.Burst))
+	}
+	delete(s.kv[st.KVKey], st.Lease)
+	return nil
+}
+
+// Level returns a bucket's level at now, for tests and tools.
+func (s *Store) Level(key string) (float64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.buckets[key]
+	if !ok {
+		return 0, false
+	}
+	return b.level, true
+}
+
+// CumDelta is the difference of two cumulative counters modulo
+// admission.CumModulus, negative when the newer is behind (net refunds).
+func CumDelta(cum, prev int64) int64 {
+	const m = admission.CumModulus
+	d := ((cum-prev)%m + m) % m
+	if d > m/2 {
+		d -= m
+	}
+	return d
+}
+
+// RetryAfter is how long a bucket at level, refilling at t.Rate, needs
+// before t.Amount can be taken leaving t.Min; 0 when it never refills.
+func RetryAfter(level float64, t admission.StrictTake) time.Duration {
+	if t.Rate <= 0 {
+		return 0
+	}
+	short := float64(t.Amount) + float64(t.Min) - level
+	return time.Duration(math.Ceil(short/float64(t.Rate)*1e6)) * time.Microsecond
+}
+
+// Waterfill divides rate among replicas by max-min fairness over their
+// demands: each gets at least rate/(20n); the rest goes to demand, smallest
+// first, no replica above its demand while others want more; what nobody
+// claims is split equally.
+func Waterfill(rate float64, demands map[string]int64) map[string]float64 {
+	n := len(demands)
+	out := make(map[string]float64, n)
+	if n == 0 {
+		return out
+	}
+	ids := make([]string, 0, n)
+	for id := range demands {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return demands[ids[i]] < demands[ids[j]] })
+	least := rate / float64(20*n)
+	pool := rate - least*float64(n)
+	for i, id := range ids {
+		give := math.Min(math.Max(float64(demands[id])-least, 0), pool/float64(n-i))
+		out[id] = least + give
+		pool -= give
+	}
+	for _, id := range ids {
+		out[id] += pool / float64(n)
+	}
+	return out
+}

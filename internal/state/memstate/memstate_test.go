@@ -1,0 +1,13 @@
+package memstate_test
+
+import (
+	"testing"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/state/memstate"
+	"github.com/sluice-sched/sluice/internal/state/statetest"
+)
+
+func TestConformance(t *testing.T) {
+	statetest.Run(t, func(*testing.T) admission.SharedState { return memstate.New(nil) })
+}

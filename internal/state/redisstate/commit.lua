@@ -1,0 +1,54 @@
+-- One strict decision: take every amount or none (see package state).
+-- KEYS: bucket hashes..., KV holds hash, KV expiry zset (one hash tag).
+-- ARGV: ntakes, then per take: rate, burst, amount, min;
+-- then lease, kv limit, kv bytes, ttl_us.
+-- Returns {1} admitted, or {0, refused index (ntakes: KV), retry_us}.
+-- Numbers written to Redis go through num: the default conversion keeps
+-- only 14 digits, too few for microsecond times and 52-bit counters.
+local function num(x) return string.format('%.17g', x) end
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local n = tonumber(ARGV[1])
+local levels = {}
+for i = 1, n do
+  local b = 2 + (i - 1) * 4
+  local rate, burst, amount, floor = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local h = redis.call('HMGET', KEYS[i], 'l', 't')
+  local level, ts = tonumber(h[1]), tonumber(h[2])
+  if not level then level, ts = burst, now end
+  level = math.min(burst, level + rate * math.max(now - ts, 0) / 1e6)
+  if level - amount < floor then
+    local retry = 0
+    if rate > 0 then retry = math.ceil((amount + floor - level) / rate * 1e6) end
+    return {0, i - 1, retry}
+  end
+  levels[i] = level - amount
+end
+local hk, zk = KEYS[n + 1], KEYS[n + 2]
+local b = 2 + n * 4
+local lease, limit, bytes, ttl = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+-- Holds past their lease TTL (a vanished replica's) are freed first.
+for _, l in ipairs(redis.call('ZRANGEBYSCORE', zk, '-inf', now)) do
+  local held = redis.call('HGET', hk, l)
+  if held then
+    redis.call('HINCRBY', hk, '_sum', num(-tonumber(held)))
+    redis.call('HDEL', hk, l)
+  end
+end
+redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
+local sum = tonumber(redis.call('HGET', hk, '_sum') or '0')
+if sum + bytes > limit then return {0, n, 0} end
+for i = 1, n do
+  redis.call('HSET', KEYS[i], 'l', num(levels[i]), 't', num(now))
+  local rate, burst = tonumber(ARGV[2 + (i - 1) * 4]), tonumber(ARGV[3 + (i - 1) * 4])
+  local idle = 60000
+  if rate > 0 then idle = idle + math.ceil(1000 * burst / rate) end
+  redis.call('PEXPIRE', KEYS[i], idle)
+end
+redis.call('HSET', hk, lease, num(bytes))
+redis.call('HINCRBY', hk, '_sum', num(bytes))
+redis.call('ZADD', zk, num(now + ttl), lease)
+local keep = math.ceil(ttl / 1000) + 60000
+redis.call('PEXPIRE', hk, keep)
+redis.call('PEXPIRE', zk, keep)
+return {1}

@@ -1,0 +1,110 @@
+-- One replica's batched report; returns its grants (see package state).
+-- KEYS: bucket hashes, then gauge hashes, all under one hash tag.
+-- ARGV: replica, stale_us, nbuckets, then per bucket
+--   rate, burst, cum, unacked, demand, fresh(0/1)
+-- then per gauge: limit, held, share, ttl_us.
+-- Bucket hash fields: l level, t last refill (us); per replica r:
+--   c:r cumulative, d:r demand, s:r last seen (us).
+-- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
+-- Numbers written to Redis go through num: the default conversion keeps
+-- only 14 digits, too few for microsecond times and 52-bit counters.
+local function num(x) return string.format('%.17g', x) end
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local rid, stale, nb = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local M = 4503599627370496 -- 2^52, admission.CumModulus
+local out = {}
+local a = 4
+
+local function fields(key)
+  local f, kv = {}, redis.call('HGETALL', key)
+  for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
+  return f
+end
+
+-- Max-min fair division of rate over demands (memstate.Waterfill).
+local function waterfill(rate, ids, dem)
+  local n = #ids
+  local least = rate / (20 * n)
+  local pool = rate - least * n
+  table.sort(ids, function(x, y) return dem[x] < dem[y] end)
+  local g = {}
+  for i, r in ipairs(ids) do
+    local give = math.min(math.max(dem[r] - least, 0), pool / (n - i + 1))
+    g[r] = least + give
+    pool = pool - give
+  end
+  for _, r in ipairs(ids) do g[r] = g[r] + pool / n end
+  return g
+end
+
+for i = 1, nb do
+  local key = KEYS[i]
+  local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local cum, unacked = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local demand, fresh = tonumber(ARGV[a + 4]), ARGV[a + 5]
+  a = a + 6
+  local f = fields(key)
+  local level, ts = tonumber(f.l), tonumber(f.t)
+  if not level then level, ts = burst, now end
+  level = math.min(burst, level + rate * math.max(now - ts, 0) / 1e6)
+  -- Charge the difference from the last cumulative seen, so a repeated
+  -- report counts once; with none (new, restarted, pruned) the unacked part.
+  local delta = unacked
+  local prev = f['c:' .. rid]
+  if prev and fresh == '0' then
+    delta = (cum - tonumber(prev)) % M
+    if delta > M / 2 then delta = delta - M end
+  end
+  level = level - delta
+  f['d:' .. rid], f['s:' .. rid] = ARGV[a - 2], num(now)
+  local ids, dem = {}, {}
+  for field, v in pairs(f) do
+    if string.sub(field, 1, 2) == 's:' then
+      local r = string.sub(field, 3)
+      if r ~= rid and now - tonumber(v) > stale then
+        redis.call('HDEL', key, 'c:' .. r, 'd:' .. r, 's:' .. r)
+      else
+        ids[#ids + 1] = r
+        dem[r] = tonumber(f['d:' .. r])
+      end
+    end
+  end
+  local g = waterfill(rate, ids, dem)[rid]
+  local share = level / #ids
+  if rate > 0 then share = level * g / rate end
+  redis.call('HSET', key, 'l', num(level), 't', num(now), 'c:' .. rid, ARGV[a - 4], 'd:' .. rid, ARGV[a - 2], 's:' .. rid, num(now))
+  -- Idle past a refill and a few reports, the bucket would be full again:
+  -- let it go.
+  local ttl = 10 * stale / 1000
+  if rate > 0 then ttl = ttl + 1000 * burst / rate end
+  redis.call('PEXPIRE', key, math.ceil(ttl))
+  out[i] = {math.floor(g), math.floor(share)}
+end
+
+for i = nb + 1, #KEYS do
+  local key = KEYS[i]
+  local limit, held, share, ttl = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  a = a + 4
+  redis.call('HSET', key, 'h:' .. rid, ARGV[a - 3], 'w:' .. rid, ARGV[a - 2], 'u:' .. rid, num(now + ttl))
+  local f = fields(key)
+  local total, shares, n = 0, 0, 0
+  for field, v in pairs(f) do
+    if string.sub(field, 1, 2) == 'u:' then
+      local r = string.sub(field, 3)
+      if tonumber(v) < now then -- a vanished replica's leases have expired
+        redis.call('HDEL', key, 'h:' .. r, 'w:' .. r, 'u:' .. r)
+      else
+        total = total + tonumber(f['h:' .. r])
+        shares = shares + tonumber(f['w:' .. r])
+        n = n + 1
+      end
+    end
+  end
+  local free = math.max(limit - total, 0)
+  local mine = free / n
+  if shares > 0 then mine = free * share / shares end
+  redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
+  out[i] = math.floor(held + mine)
+end
+return out

@@ -1,0 +1,28 @@
+-- Settle a strict lease: give back (or take) each amount and free its KV.
+-- KEYS: bucket hashes..., KV holds hash, KV expiry zset (one hash tag).
+-- ARGV: n, then per bucket: rate, burst, amount; then the lease.
+-- Numbers written to Redis go through num: the default conversion keeps
+-- only 14 digits, too few for microsecond times and 52-bit counters.
+local function num(x) return string.format('%.17g', x) end
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local n = tonumber(ARGV[1])
+for i = 1, n do
+  local b = 2 + (i - 1) * 3
+  local rate, burst, amount = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  local h = redis.call('HMGET', KEYS[i], 'l', 't')
+  local level, ts = tonumber(h[1]), tonumber(h[2])
+  if level then -- a bucket that expired is full: nothing to give back
+    level = math.min(burst, level + rate * math.max(now - ts, 0) / 1e6)
+    level = math.max(math.min(burst, level + amount), -burst)
+    redis.call('HSET', KEYS[i], 'l', num(level), 't', num(now))
+  end
+end
+local hk, zk, lease = KEYS[n + 1], KEYS[n + 2], ARGV[2 + n * 3]
+local held = redis.call('HGET', hk, lease)
+if held then
+  redis.call('HINCRBY', hk, '_sum', num(-tonumber(held)))
+  redis.call('HDEL', hk, lease)
+  redis.call('ZREM', zk, lease)
+end
+return 1

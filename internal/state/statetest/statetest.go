@@ -1,0 +1,300 @@
+// Package statetest is the conformance suite of the admission.SharedState
+// port: Run holds an implementation to the semantics of package
+// internal/state. Both the memory and the Redis adapter pass it.
+//
+// Time runs for real (Redis reads its own clock), so the buckets here
+// refill at 1 unit per second against bursts of a million: a test's few
+// milliseconds move a level by at most a unit or two.
+package statetest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-sched/sluice/admission"
+)
+
+// Factory returns a fresh, empty store for one subtest.
+type Factory func(t *testing.T) admission.SharedState
+
+const (
+	rate  = 1
+	burst = 1_000_000
+	slack = 3 // units a level may drift by refill during a test
+)
+
+// Run runs the suite.
+func Run(t *testing.T, newStore Factory) {
+	ctx := context.Background()
+	t.Run("first report starts full and charges what was taken", func(t *testing.T) {
+		s := newStore(t)
+		g := reconcile(t, s, "a", bucket("k", 100, 100, 10, true))
+		near(t, "level", g.Level, burst-100)
+		if g.Rate != rate {
+			t.Errorf("rate grant = %d, want the whole rate %d for a lone replica", g.Rate, rate)
+		}
+	})
+	t.Run("a repeated report is not charged twice", func(t *testing.T) {
+		s := newStore(t)
+		reconcile(t, s, "a", bucket("k", 100, 100, 10, true))
+		g := reconcile(t, s, "a", bucket("k", 100, 100, 10, false)) // the ack was lost
+		near(t, "level after a repeat", g.Level, burst-100)
+		g = reconcile(t, s, "a", bucket("k", 150, 50, 10, false))
+		near(t, "level after 50 more", g.Level, burst-150)
+	})
+	t.Run("refunds lower the cumulative and give back", func(t *testing.T) {
+		s := newStore(t)
+		reconcile(t, s, "a", bucket("k", 500, 500, 10, true))
+		g := reconcile(t, s, "a", bucket("k", 200, -300, 10, false))
+		near(t, "level", g.Level, burst-200)
+	})
+	t.Run("cumulative counters wrap modulo CumModulus", func(t *testing.T) {
+		s := newStore(t)
+		reconcile(t, s, "a", bucket("k", admission.CumModulus-10, 0, 10, true))
+		g := reconcile(t, s, "a", bucket("k", 30, 40, 10, false))
+		near(t, "level", g.Level, burst-40)
+	})
+	t.Run("a store that forgot the replica applies only the unacked part", func(t *testing.T) {
+		s := newStore(t)
+		reconcile(t, s, "a", bucket("k", 1000, 1000, 10, true))
+		g := reconcile(t, s, "a", bucket("k", 5000, 30, 10, true)) // restarted counting
+		near(t, "level", g.Level, burst-1030)
+	})
+	t.Run("an overage comes back as a negative share", func(t *testing.T) {
+		s := newStore(t)
+		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: rate, Burst: 1000, Cum: 1500, Unacked: 1500, Demand: 10, Fresh: true})
+		near(t, "level", g.Level, -500)
+	})
+	t.Run("the rate is shared by demand, max-min fair", func(t *testing.T) {
+		s := newStore(t)
+		const r = 100_000
+		rep := func(id string, demand int64) admission.BucketGrant {
+			return reconcile(t, s, id, admission.BucketReport{Key: "k", Rate: r, Burst: burst, Demand: demand, Fresh: true})
+		}
+		rep("busy", 1_000_000)
+		idle := rep("idle", 0)
+		busy := rep("busy", 1_000_000)
+		// least = r/40 = 2500 each; the busy one takes the remaining 95000.
+		within(t, "idle replica's rate", idle.Rate, 2500, 1)
+		within(t, "busy replica's rate", busy.Rate, 97_500, 1)
+		if busy.Rate+idle.Rate > r {
+			t.Errorf("grants %d + %d exceed the rate %d", busy.Rate, idle.Rate, r)
+		}
+		// The level is shared in the same proportion.
+		within(t, "busy replica's level", busy.Level, burst*975/1000, burst/1000)
+	})
+	t.Run("equal demands get equal shares; unclaimed rate is split", func(t *testing.T) {
+		s := newStore(t)
+		const r = 100_000
+		for _, demand := range []int64{1_000_000, 10} {
+			s := s
+			key := fmt.Sprintf("k%d", demand)
+			rep := func(id string) admission.BucketGrant {
+				return reconcile(t, s, id, admission.BucketReport{Key: key, Rate: r, Burst: burst, Demand: demand, Fresh: true})
+			}
+			rep("a")
+			b := rep("b")
+			a := rep("a")
+			within(t, key+" a's rate", a.Rate, r/2, 1)
+			within(t, key+" b's rate", b.Rate, r/2, 1)
+		}
+	})
+	t.Run("a replica not heard from within Stale leaves the shares", func(t *testing.T) {
+		s := newStore(t)
+		req := func(id string) admission.BucketGrant {
+			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
+				Buckets: []admission.BucketReport{{Key: "k", Rate: 100_000, Burst: burst, Demand: 1_000_000, Fresh: true}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rep.Buckets[0]
+		}
+		req("a")
+		waitPast(time.Millisecond)
+		if b := req("b"); b.Rate != 100_000 {
+			t.Errorf("b's rate = %d; a went silent, so b should have all 100000", b.Rate)
+		}
+	})
+	t.Run("a gauge gives what is held plus a share of the free part", func(t *testing.T) {
+		s := newStore(t)
+		gauge := func(id string, held, share int64, ttl time.Duration) int64 {
+			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Second,
+				Gauges: []admission.GaugeReport{{Key: "kv", Limit: 1000, Held: held, Share: share, TTL: ttl}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rep.Gauges[0]
+		}
+		gauge("a", 100, 1, time.Minute)
+		if b := gauge("b", 300, 3, time.Minute); b != 300+450 {
+			t.Errorf("b's limit = %d, want 300 held + 3/4 of 600 free = 750", b)
+		}
+		if a := gauge("a", 100, 1, time.Minute); a != 100+150 {
+			t.Errorf("a's limit = %d, want 100 held + 1/4 of 600 free = 250", a)
+		}
+		// A replica whose holding outlived its TTL (it vanished; its leases
+		// expired) is reclaimed.
+		gauge("c", 500, 1, time.Microsecond)
+		waitPast(time.Millisecond)
+		if a := gauge("a", 100, 1, time.Minute); a != 100+150 {
+			t.Errorf("a's limit after c vanished = %d, want 250", a)
+		}
+	})
+	t.Run("commit takes everything or nothing", func(t *testing.T) {
+		s := newStore(t)
+		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		v := commit(t, s, kv, take("k1", 100, 10, 0), take("k2", 100, 200, 0))
+		if v.Admitted || v.Refused != 1 {
+			t.Fatalf("verdict %+v, want refused by take 1", v)
+		}
+		kv.Lease = "l2"
+		if v := commit(t, s, kv, take("k1", 100, 100, 0)); !v.Admitted {
+			t.Fatalf("k1 was charged by the refused commit: %+v", v)
+		}
+		kv.Lease = "l3"
+		v = commit(t, s, kv, take("k1", 100, 5, 0))
+		if v.Admitted || v.Refused != 0 {
+			t.Fatalf("verdict %+v, want refused by the empty k1", v)
+		}
+		if v.RetryAfter < 4*time.Second || v.RetryAfter > 5*time.Second {
+			t.Errorf("retry after %v, want about 5 units at 1/s", v.RetryAfter)
+		}
+	})
+	t.Run("commit lends credit down to Min", func(t *testing.T) {
+		s := newStore(t)
+		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		if v := commit(t, s, kv, take("k", 100, 140, -50)); !v.Admitted {
+			t.Fatalf("140 of 100 with credit 50 refused: %+v", v)
+		}
+		kv.Lease = "l2"
+		if v := commit(t, s, kv, take("k", 100, 20, -50)); v.Admitted {
+			t.Fatal("20 more admitted past the credit")
+		}
+	})
+	t.Run("KV holds: limit, settle frees, TTL lapses", func(t *testing.T) {
+		s := newStore(t)
+		hold := func(lease string, bytes int64, ttl time.Duration) admission.StrictVerdict {
+			return commit(t, s, admission.KVHold{Key: "kv", Lease: lease, Limit: 100, Bytes: bytes, TTL: ttl}, take("k", burst, 1, 0))
+		}
+		if v := hold("a", 60, time.Minute); !v.Admitted {
+			t.Fatalf("60 of 100 refused: %+v", v)
+		}
+		if v := hold("b", 50, time.Minute); v.Admitted || v.Refused != 1 {
+			t.Fatalf("50 more: %+v, want refused by KV (index 1)", v)
+		}
+		if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		if v := hold("b", 50, time.Microsecond); !v.Admitted {
+			t.Fatalf("after a settled, 50 refused: %+v", v)
+		}
+		waitPast(time.Millisecond) // b's lease TTL lapses: a vanished replica's hold
+		if v := hold("c", 100, time.Minute); !v.Admitted {
+			t.Fatalf("b's expired hold still counted: %+v", v)
+		}
+	})
+	t.Run("settle gives back up to the burst and takes overruns", func(t *testing.T) {
+		s := newStore(t)
+		kv := admission.KVHold{Key: "kv", Lease: "l", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		commit(t, s, kv, take("k", 1000, 600, 0))
+		settle := func(amount int64) {
+			if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: "l", Refunds: []admission.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: amount}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		settle(-300) // an overrun: level 400 → 100
+		kv.Lease = "l2"
+		if v := commit(t, s, kv, take("k", 1000, 110, 0)); v.Admitted {
+			t.Error("the overrun was not taken")
+		}
+		settle(5000) // capped at the burst
+		if v := commit(t, s, kv, take("k", 1000, 1000, 0)); !v.Admitted {
+			t.Errorf("after a refund to the burst, the whole burst refused: %+v", v)
+		}
+	})
+	t.Run("concurrent commits never take more than the bucket holds", func(t *testing.T) {
+		s := newStore(t)
+		var admitted atomic.Int64
+		var wg sync.WaitGroup
+		for g := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 4 {
+					kv := admission.KVHold{Key: "kv", Lease: fmt.Sprintf("%d/%d", g, i), Limit: burst, Bytes: 1, TTL: time.Minute}
+					v, err := s.Commit(ctx, &admission.StrictCharge{Takes: []admission.StrictTake{take("k", 100, 1, 0)}, KV: kv})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if v.Admitted {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// 200 tries at 1 unit against 100 (plus a unit or two of refill).
+		if n := admitted.Load(); n < 100 || n > 100+slack {
+			t.Errorf("admitted %d of 200 against a bucket of 100", n)
+		}
+	})
+}
+
+func bucket(key string, cum, unacked, demand int64, fresh bool) admission.BucketReport {
+	return admission.BucketReport{Key: key, Rate: rate, Burst: burst, Cum: cum, Unacked: unacked, Demand: demand, Fresh: fresh}
+}
+
+func take(key string, b, amount, floor int64) admission.StrictTake {
+	return admission.StrictTake{Key: key, Rate: rate, Burst: b, Amount: amount, Min: floor}
+}
+
+func reconcile(t *testing.T, s admission.SharedState, replica string, b admission.BucketReport) admission.BucketGrant {
+	t.Helper()
+	rep, err := s.Reconcile(context.Background(), &admission.ReconcileRequest{Replica: replica, Replicas: 1, Stale: time.Minute, Buckets: []admission.BucketReport{b}})
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if len(rep.Buckets) != 1 {
+		t.Fatalf("reconcile: %d grants for 1 bucket", len(rep.Buckets))
+	}
+	return rep.Buckets[0]
+}
+
+func commit(t *testing.T, s admission.SharedState, kv admission.KVHold, takes ...admission.StrictTake) admission.StrictVerdict {
+	t.Helper()
+	v, err := s.Commit(context.Background(), &admission.StrictCharge{Takes: takes, KV: kv})
+	if err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	return v
+}
+
+// near checks a level, allowing for the refill of the test's duration.
+func near(t *testing.T, what string, got, want int64) {
+	t.Helper()
+	if got < want-1 || got > want+slack {
+		t.Errorf("%s = %d, want %d (refill allows up to +%d)", what, got, want, slack)
+	}
+}
+
+func within(t *testing.T, what string, got, want, tol int64) {
+	t.Helper()
+	if math.Abs(float64(got-want)) > float64(tol) {
+		t.Errorf("%s = %d, want %d ± %d", what, got, want, tol)
+	}
+}
+
+// waitPast waits until d has surely passed on every clock involved (the
+// store's TTLs and staleness are on its own clock).
+func waitPast(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		time.Sleep(d / 4)
+	}
+}
