@@ -32,7 +32,11 @@ const CumModulus = 1 << 52
 // ReconcileRequest is one replica's report for every bucket it uses.
 type ReconcileRequest struct {
 	Replica  string        // this process incarnation
-	Replicas int           // N, the replicas expected (config or membership)
+	// Replicas is N, the replicas expected (config or membership). Each
+	// replica starts a bucket from a 1/N slice before its first report, so
+	// for Stale after a bucket is created the store shares its level as
+	// if N replicas were live, keeping the others' slices out of it.
+	Replicas int
 	Stale    time.Duration // a replica not heard from for this long drops out of the shares
 	Buckets  []BucketReport
 	Gauges   []GaugeReport
@@ -56,6 +60,10 @@ type BucketReport struct {
 	// (re)started counting it: the store ignores any Cum it remembers and
 	// applies Unacked.
 	Fresh bool
+	// Age is how long this replica has held the bucket. A store creating
+	// the bucket counts it full since then: the quota refilled while the
+	// replicas spent their starting slices.
+	Age time.Duration
 }
 
 // GaugeReport is what one replica holds of a gauge (a domain's KV bytes).

@@ -251,7 +251,7 @@ func (e *Engine) setStateDownLocked(down bool) {
 	for _, t := range e.mu.tenants {
 		t.setPolicy(t.policy, now, false)
 		if down {
-			s.sliceTenant(t, now)
+			s.sliceTenant(t, now, true)
 		}
 	}
 	for _, d := range e.mu.domains {
@@ -263,12 +263,17 @@ func (e *Engine) setStateDownLocked(down bool) {
 	}
 }
 
-// sliceTenant cuts a tenant's buckets to a 1/N share: the start of a fresh
-// tenant in batched mode, and the fallback of strict mode.
-func (s *sharedSync) sliceTenant(t *tenantState, now int64) {
+// sliceTenant cuts a tenant's buckets to a 1/N slice of their bursts,
+// refilling at 1/N of their rates, or not at all until a grant comes
+// (refill false: a tenant new to this replica, whose refill before the
+// store has heard of it would be taken from nobody's quota).
+func (s *sharedSync) sliceTenant(t *tenantState, now int64, refill bool) {
 	n := int64(s.replicas)
 	for k, b := range t.buckets() {
 		rate := b.Rate() / n
+		if !refill {
+			rate = 0
+		}
 		credit := int64(0)
 		if bucketKind(k) == kindTokens {
 			credit = b.Credit() / n
@@ -387,14 +392,20 @@ func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bu
 	used := max(d, 0) * int64(time.Second) / elapsed
 	demand := used + used/4
 	if b.Level(now) < b.Burst()/10 {
-		demand = max(2*used, 1)
+		// Held back: it wants at least twice what it has (a blocked
+		// replica uses nothing, which must not read as no demand).
+		demand = max(2*used, 2*b.Rate()/en.scale, 1)
 	}
 	en.lastAt, en.seenAt = now, now
 	en.snapTaken, en.sentUnacked = taken, en.unacked
-	return BucketReport{
+	rep := BucketReport{
 		Key: en.key, Rate: rate / en.scale, Burst: burst / en.scale,
 		Cum: en.cum, Unacked: en.unacked, Demand: demand, Fresh: en.fresh,
 	}
+	if en.fresh {
+		rep.Age = time.Duration(elapsed)
+	}
+	return rep
 }
 
 // pruneEntriesLocked forgets entries of buckets not reported for a minute

@@ -65,7 +65,7 @@ func (e *Engine) tenantLocked(name string, now int64) *tenantState {
 	t := &tenantState{name: name, tier: e.mu.cfg.Tenants[name].Tier}
 	t.setPolicy(p, now, true)
 	if s := e.shared; s != nil && (s.opts.Mode == SharedBatched || s.down) {
-		s.sliceTenant(t, now)
+		s.sliceTenant(t, now, s.down)
 	}
 	t.resetModelCache(e.mu.modelList)
 	e.mu.tenants[name] = t
@@ -121,7 +121,7 @@ func (e *Engine) refreshTenantsLocked(now int64) {
 		t.tier = e.mu.cfg.Tenants[name].Tier
 		t.setPolicy(p, now, false)
 		if s := e.shared; s != nil && (s.opts.Mode == SharedBatched || s.down) {
-			s.sliceTenant(t, now) // until the next reconcile grants the new limits
+			s.sliceTenant(t, now, true) // until the next reconcile grants the new limits
 		}
 	}
 }
@@ -214,16 +214,26 @@ func (e *Engine) checkGatesLocked(t *tenantState, now int64, wall time.Time, wei
 		return false, ReasonBudgetExhausted, budgetWait
 	}
 	if !t.rps.Fits(now, rpsUnit, 0) {
-		return false, ReasonQuotaExceeded, durationUntil(t.rps.RetryAfter(now, rpsUnit, 0))
+		return false, ReasonQuotaExceeded, e.quotaRetry(t.rps.RetryAfter(now, rpsUnit, 0))
 	}
 	critical = wantCritical && t.critical.Fits(now, weighted, 0)
 	if !critical && !t.tokens.Fits(now, weighted, -t.tokens.Credit()) {
-		return false, ReasonQuotaExceeded, durationUntil(t.tokens.AllowRetryAfter(now, weighted))
+		return false, ReasonQuotaExceeded, e.quotaRetry(t.tokens.AllowRetryAfter(now, weighted))
 	}
 	if t.policy.MaxConcurrency > 0 && t.inFlight+t.queued >= t.policy.MaxConcurrency {
 		return false, ReasonConcurrencyExceeded, time.Second
 	}
 	return critical, ReasonNone, 0
+}
+
+// quotaRetry bounds a tenant bucket's Retry-After. With shared state the
+// local grant changes at every reconcile (a new tenant has no refill until
+// its first), so a wait longer than that is not known: answer the interval.
+func (e *Engine) quotaRetry(d time.Duration) time.Duration {
+	if s := e.shared; s != nil && s.opts.Mode == SharedBatched && d > s.opts.Interval {
+		return s.opts.Interval
+	}
+	return durationUntil(d)
 }
 
 // chargeGatesLocked takes what checkGatesLocked allowed.

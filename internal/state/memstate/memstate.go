@@ -27,6 +27,7 @@ type Store struct {
 type bucket struct {
 	level    float64
 	at       time.Time
+	born     time.Time
 	replicas map[string]*replica
 }
 
@@ -62,7 +63,7 @@ func New(clk clock.Clock) *Store {
 func (s *Store) refill(key string, rate, burst int64, now time.Time) *bucket {
 	b := s.buckets[key]
 	if b == nil {
-		b = &bucket{level: float64(burst), at: now, replicas: make(map[string]*replica)}
+		b = &bucket{level: float64(burst), at: now, born: now, replicas: make(map[string]*replica)}
 		s.buckets[key] = b
 	}
 	if now.After(b.at) {
@@ -85,12 +86,16 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		Gauges:  make([]int64, len(req.Gauges)),
 	}
 	for i, r := range req.Buckets {
+		_, existed := s.buckets[r.Key]
 		b := s.refill(r.Key, r.Rate, r.Burst, now)
+		if !existed { // full since the replica started it, less what it spent
+			b.level += float64(r.Rate) * r.Age.Seconds()
+		}
 		delta := r.Unacked
 		if prev, ok := b.replicas[req.Replica]; ok && !r.Fresh {
 			delta = CumDelta(r.Cum, prev.cum)
 		}
-		b.level -= float64(delta)
+		b.level = math.Min(b.level-float64(delta), float64(r.Burst))
 		b.replicas[req.Replica] = &replica{cum: r.Cum, demand: r.Demand, seen: now}
 		demands := make(map[string]int64, len(b.replicas))
 		for id, rp := range b.replicas {
@@ -104,6 +109,9 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		share := b.level / float64(len(demands))
 		if r.Rate > 0 {
 			share = b.level * g / float64(r.Rate)
+		}
+		if live := len(demands); now.Sub(b.born) <= req.Stale && live < req.Replicas {
+			share = share * float64(live) / float64(req.Replicas) // replicas yet to report hold their slices
 		}
 		rep.Buckets[i] = admission.BucketGrant{Rate: int64(math.Floor(g)), Level: int64(math.Floor(share))}
 	}

@@ -1,9 +1,9 @@
 -- One replica's batched report; returns its grants (see package state).
 -- KEYS: bucket hashes, then gauge hashes, all under one hash tag.
--- ARGV: replica, stale_us, nbuckets, then per bucket
---   rate, burst, cum, unacked, demand, fresh(0/1)
+-- ARGV: replica, stale_us, nbuckets, N (replicas), then per bucket
+--   rate, burst, cum, unacked, demand, fresh(0/1), age_us
 -- then per gauge: limit, held, share, ttl_us.
--- Bucket hash fields: l level, t last refill (us); per replica r:
+-- Bucket hash fields: l level, t last refill (us), born (us); per replica r:
 --   c:r cumulative, d:r demand, s:r last seen (us).
 -- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
 -- Numbers written to Redis go through num: the default conversion keeps
@@ -11,10 +11,10 @@
 local function num(x) return string.format('%.17g', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
-local rid, stale, nb = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local rid, stale, nb, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), math.max(tonumber(ARGV[4]), 1)
 local M = 4503599627370496 -- 2^52, admission.CumModulus
 local out = {}
-local a = 4
+local a = 5
 
 local function fields(key)
   local f, kv = {}, redis.call('HGETALL', key)
@@ -42,12 +42,16 @@ for i = 1, nb do
   local key = KEYS[i]
   local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   local cum, unacked = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local demand, fresh = tonumber(ARGV[a + 4]), ARGV[a + 5]
-  a = a + 6
+  local demand, fresh, age = tonumber(ARGV[a + 4]), ARGV[a + 5], tonumber(ARGV[a + 6])
+  a = a + 7
   local f = fields(key)
   local level, ts = tonumber(f.l), tonumber(f.t)
-  if not level then level, ts = burst, now end
-  level = math.min(burst, level + rate * math.max(now - ts, 0) / 1e6)
+  if not level then
+    -- Full since the replica started it, less what it spent (below).
+    level, ts, f.born = burst + rate * age / 1e6, now, num(now)
+    redis.call('HSET', key, 'born', f.born)
+  end
+  level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6)
   -- Charge the difference from the last cumulative seen, so a repeated
   -- report counts once; with none (new, restarted, pruned) the unacked part.
   local delta = unacked
@@ -56,8 +60,8 @@ for i = 1, nb do
     delta = (cum - tonumber(prev)) % M
     if delta > M / 2 then delta = delta - M end
   end
-  level = level - delta
-  f['d:' .. rid], f['s:' .. rid] = ARGV[a - 2], num(now)
+  level = math.min(level - delta, burst)
+  f['d:' .. rid], f['s:' .. rid] = ARGV[a - 3], num(now)
   local ids, dem = {}, {}
   for field, v in pairs(f) do
     if string.sub(field, 1, 2) == 's:' then
@@ -73,7 +77,9 @@ for i = 1, nb do
   local g = waterfill(rate, ids, dem)[rid]
   local share = level / #ids
   if rate > 0 then share = level * g / rate end
-  redis.call('HSET', key, 'l', num(level), 't', num(now), 'c:' .. rid, ARGV[a - 4], 'd:' .. rid, ARGV[a - 2], 's:' .. rid, num(now))
+  -- Replicas yet to report a new bucket hold their 1/N starting slices.
+  if now - tonumber(f.born or 0) <= stale and #ids < N then share = share * #ids / N end
+  redis.call('HSET', key, 'l', num(level), 't', num(now), 'c:' .. rid, ARGV[a - 5], 'd:' .. rid, ARGV[a - 3], 's:' .. rid, num(now))
   -- Idle past a refill and a few reports, the bucket would be full again:
   -- let it go.
   local ttl = 10 * stale / 1000

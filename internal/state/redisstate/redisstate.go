@@ -66,15 +66,15 @@ func itoa(v int64) string           { return strconv.FormatInt(v, 10) }
 // Reconcile implements admission.SharedState.
 func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
 	keys := make([]string, 0, len(req.Buckets)+len(req.Gauges))
-	args := make([]any, 0, 3+6*len(req.Buckets)+4*len(req.Gauges))
-	args = append(args, req.Replica, micros(req.Stale), len(req.Buckets))
+	args := make([]any, 0, 4+7*len(req.Buckets)+4*len(req.Gauges))
+	args = append(args, req.Replica, micros(req.Stale), len(req.Buckets), req.Replicas)
 	for _, b := range req.Buckets {
 		fresh := "0"
 		if b.Fresh {
 			fresh = "1"
 		}
 		keys = append(keys, s.Key(b.Key))
-		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand), fresh)
+		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand), fresh, micros(b.Age))
 	}
 	for _, g := range req.Gauges {
 		keys = append(keys, s.Key(g.Key))
