@@ -31,7 +31,7 @@ const CumModulus = 1 << 52
 
 // ReconcileRequest is one replica's report for every bucket it uses.
 type ReconcileRequest struct {
-	Replica  string        // this process incarnation
+	Replica string // this process incarnation
 	// Replicas is N, the replicas expected (config or membership). Each
 	// replica starts a bucket from a 1/N slice before its first report, so
 	// for Stale after a bucket is created the store shares its level as
