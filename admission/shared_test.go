@@ -231,3 +231,61 @@ func mustConfig(t *testing.T) admission.Config {
 	}
 	return cfg
 }
+
+// Changing N re-slices at the next round without charging anything again:
+// the store's level moves only by what was taken, and the replicas' rates
+// never add up to more than the tenant's.
+func TestBatchedReplicaCountChangeDoesNotDoubleCount(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	store := memstate.New(clk)
+	var engines []*admission.Engine
+	for _, id := range []string{"a", "b"} {
+		e, err := admission.New(mustConfig(t), topology.Simulated(), admission.WithClock(clk),
+			admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: id, Replicas: 2}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, e)
+	}
+	ctx := context.Background()
+	round := func() {
+		t.Helper()
+		for _, e := range engines {
+			if err := e.Reconcile(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, e := range engines {
+		for range 3 {
+			if d, _ := e.Admit(ctx, small("o", 100)); d.Outcome != admission.Admitted {
+				t.Fatalf("admit: %v", d.Reason)
+			}
+		}
+	}
+	round()
+	level, _ := store.Level("t/o/tok")
+	if level != 3000-600 {
+		t.Fatalf("store level %v after 6 admissions of 100, want 2400", level)
+	}
+	for _, n := range []int{3, 1, 2} {
+		for _, e := range engines {
+			e.SetReplicas(n)
+		}
+		round()
+		if got, _ := store.Level("t/o/tok"); got != level {
+			t.Errorf("N=%d: store level %v, want it unchanged at %v", n, got, level)
+		}
+		var rates int64
+		for _, e := range engines {
+			info, _ := e.Tenant("o")
+			rates += info.TokenRate
+			if st, _ := e.SharedStatus(); st.Replicas != n {
+				t.Errorf("status says %d replicas, want %d", st.Replicas, n)
+			}
+		}
+		if rates > 1000 {
+			t.Errorf("N=%d: granted rates add up to %d > 1000", n, rates)
+		}
+	}
+}

@@ -332,7 +332,7 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 			if rate == 0 && burst == 0 {
 				continue
 			}
-			req.Buckets = append(req.Buckets, s.report(now, entryKey{name, bucketKind(k)}, t, b, rate, burst))
+			req.Buckets = append(req.Buckets, s.report(now, entryKey{name, bucketKind(k)}, t, b, rate, burst, now-t.created))
 			s.round = append(s.round, roundItem{en: s.entries[entryKey{name, bucketKind(k)}], b: b, t: t, rate: rate})
 		}
 	}
@@ -351,7 +351,7 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 				rate, burst = dr, db
 			}
 			ek := entryKey{d.ID(), k}
-			rep := s.report(now, ek, d, &b, rate, burst)
+			rep := s.report(now, ek, d, &b, rate, burst, 0)
 			dem = rep.Demand
 			req.Buckets = append(req.Buckets, rep)
 			s.round = append(s.round, roundItem{en: s.entries[ek], d: d, rate: rate})
@@ -364,8 +364,9 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 	return req
 }
 
-// report reads one bucket into its entry and returns the bucket's report.
-func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bucket, rate, burst int64) BucketReport {
+// report reads one bucket into its entry and returns the bucket's report;
+// age is how long the bucket has existed here (0: do not credit it).
+func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bucket, rate, burst, age int64) BucketReport {
 	en := s.entries[ek]
 	if en == nil {
 		key := tenantKey(ek.name, ek.kind)
@@ -403,7 +404,7 @@ func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bu
 		Cum: en.cum, Unacked: en.unacked, Demand: demand, Fresh: en.fresh,
 	}
 	if en.fresh {
-		rep.Age = time.Duration(elapsed)
+		rep.Age = time.Duration(age)
 	}
 	return rep
 }

@@ -38,6 +38,8 @@ type tenantState struct {
 	breaker    int
 	breakerEnd int64
 
+	created int64 // engine time the state was built (shared state credits a new bucket for its age)
+
 	inFlight int64 // leases held
 	queued   int64 // waiting in the fair queue
 
@@ -62,7 +64,7 @@ func (e *Engine) tenantLocked(name string, now int64) *tenantState {
 	if !ok {
 		return nil
 	}
-	t := &tenantState{name: name, tier: e.mu.cfg.Tenants[name].Tier}
+	t := &tenantState{name: name, tier: e.mu.cfg.Tenants[name].Tier, created: now}
 	t.setPolicy(p, now, true)
 	if s := e.shared; s != nil && (s.opts.Mode == SharedBatched || s.down) {
 		s.sliceTenant(t, now, s.down)

@@ -46,6 +46,9 @@ func New(rdb redis.UniversalClient, prefix string) *Store {
 	return &Store{rdb: rdb, prefix: "{" + prefix + "}:"}
 }
 
+// CommitSHA returns the SHA1 the strict commit script runs under (EVALSHA).
+func CommitSHA() string { return commitScript.Hash() }
+
 // Key returns the Redis key of an engine key.
 func (s *Store) Key(k string) string { return s.prefix + k }
 

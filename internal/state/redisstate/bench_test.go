@@ -1,0 +1,85 @@
+package redisstate_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/state/redisstate"
+	"github.com/sluice-sched/sluice/internal/state/redistest"
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// BenchmarkDecision measures one Admit+Release in embedded, batched and
+// strict mode against the same local redis-server, beside a go-redis PING
+// round trip in the same run. Each reports its latency p50/p99 (µs, from an
+// HDR histogram) and, for the shared modes, Redis calls per decision.
+//
+//	go test -run '^$' -bench BenchmarkDecision -benchtime 20000x ./internal/state/redisstate/
+func BenchmarkDecision(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := srv.Client()
+	cfg, err := config.Parse("test.yaml", []byte(testConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.Run("ping", func(b *testing.B) {
+		h := hdrhistogram.New(1, 10_000_000, 3)
+		for b.Loop() {
+			start := time.Now()
+			if err := rdb.Ping(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			_ = h.RecordValue(time.Since(start).Nanoseconds())
+		}
+		report(b, h, 0, 0)
+	})
+	for _, mode := range []admission.SharedMode{0, admission.SharedBatched, admission.SharedStrict} {
+		b.Run(mode.String(), func(b *testing.B) {
+			opts := []admission.Option{}
+			if mode != 0 {
+				opts = append(opts, admission.WithSharedState(redisstate.New(rdb, fmt.Sprintf("bench-%s-%d", mode, b.N)), admission.SharedOptions{
+					Mode: mode, Replica: "bench", Replicas: 1, Timeout: 100 * time.Millisecond,
+				}))
+			}
+			e, err := admission.New(cfg, topology.Simulated(), opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go e.Run(runCtx) // batched: the reconciler runs every 100 ms
+			h := hdrhistogram.New(1, 10_000_000, 3)
+			req := admission.Request{Tenant: "t1", Model: "small", PromptTokens: 1, MaxOutputTokens: 1}
+			for b.Loop() {
+				start := time.Now()
+				d, err := e.Admit(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if d.LeaseID != 0 {
+					if _, err := e.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 1}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				_ = h.RecordValue(time.Since(start).Nanoseconds())
+			}
+			st, _ := e.SharedStatus()
+			report(b, h, st.Calls, st.Decisions)
+		})
+	}
+}
+
+func report(b *testing.B, h *hdrhistogram.Histogram, calls, decisions uint64) {
+	b.ReportMetric(float64(h.ValueAtQuantile(50))/1e3, "p50-µs")
+	b.ReportMetric(float64(h.ValueAtQuantile(99))/1e3, "p99-µs")
+	if decisions > 0 {
+		b.ReportMetric(float64(calls)/float64(decisions), "redis-calls/decision")
+	}
+}
