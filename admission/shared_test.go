@@ -289,3 +289,43 @@ func TestBatchedReplicaCountChangeDoesNotDoubleCount(t *testing.T) {
 		}
 	}
 }
+
+// A config reload rebuilds the domains' capacities (levels carried over);
+// carrying a level over is not a take, so nothing is reported twice.
+func TestBatchedReloadReportsNothingTwice(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	store := memstate.New(clk)
+	e, err := admission.New(mustConfig(t), topology.Simulated(), admission.WithClock(clk),
+		admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: "a"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	d, _ := e.Admit(ctx, small("o", 1000))
+	if d.Outcome != admission.Admitted {
+		t.Fatalf("admit: %v", d.Reason)
+	}
+	if err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"t/o/tok", "d/" + d.Domain + "/pf", "d/" + d.Domain + "/dc"}
+	var before []float64
+	for _, k := range keys {
+		l, ok := store.Level(k)
+		if !ok {
+			t.Fatalf("no bucket %s in the store", k)
+		}
+		before = append(before, l)
+	}
+	if err := e.Apply(mustConfig(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if l, _ := store.Level(k); l != before[i] {
+			t.Errorf("%s: store level %v after a reload, want %v", k, l, before[i])
+		}
+	}
+}

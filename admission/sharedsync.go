@@ -60,7 +60,7 @@ func ceilDiv(a, b int64) int64 {
 type syncEntry struct {
 	key       string
 	kind      bucketKind
-	owner     any   // the *tenantState or *domainState whose bucket was last read
+	owner     any   // the *tenantState or *pd.DomainCapacity whose bucket was last read
 	lastTaken int64 // the owner's Bucket.Taken at the last report
 	scale     int64
 	rem       int64 // unscaled units taken but not yet reported, |rem| < scale
@@ -85,23 +85,24 @@ type roundItem struct {
 	b    *tokenbucket.Bucket // tenant buckets (domains' are d.cap's)
 	t    *tenantState
 	d    *domainState
-	rate int64 // the whole bucket's rate, unscaled
+	cap  *pd.DomainCapacity // d's capacity when reported: a reload may replace it
+	rate int64              // the whole bucket's rate, unscaled
 }
 
 // sharedSync is the engine's side of shared state.
 type sharedSync struct {
-	store SharedState
-	opts  SharedOptions
-	br    breaker
+	store      SharedState
+	opts       SharedOptions
+	br         breaker
+	reconciles sync.Mutex // one reconcile at a time
 
 	// Under Engine.mu.
-	replicas   int
-	down       bool // the breaker is open: fail modes apply
-	entries    map[entryKey]*syncEntry
-	round      []roundItem
-	roundKV    []*domainState
-	lastPrune  int64
-	reconciles sync.Mutex // one reconcile at a time
+	replicas  int
+	down      bool // the breaker is open: fail modes apply
+	entries   map[entryKey]*syncEntry
+	round     []roundItem
+	roundKV   []*domainState
+	lastPrune int64
 
 	calls, decisions, failures atomic.Uint64
 	lastOK                     atomic.Int64 // wall-clock unix nanoseconds of the last successful call
@@ -351,10 +352,10 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 				rate, burst = dr, db
 			}
 			ek := entryKey{d.ID(), k}
-			rep := s.report(now, ek, d, &b, rate, burst, 0)
+			rep := s.report(now, ek, d.cap, &b, rate, burst, 0)
 			dem = rep.Demand
 			req.Buckets = append(req.Buckets, rep)
-			s.round = append(s.round, roundItem{en: s.entries[ek], d: d, rate: rate})
+			s.round = append(s.round, roundItem{en: s.entries[ek], d: d, cap: d.cap, rate: rate})
 		}
 		kvUsed, _ := d.cap.KV()
 		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: dem, TTL: ttl})
@@ -437,6 +438,13 @@ func (e *Engine) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		if g.Level < 0 {
 			s.overage[en.kind].Add(-g.Level * en.scale)
 		}
+		gauge := kv
+		if it.d != nil && en.kind == kindDecode {
+			kv++ // one KV gauge per domain, in the order of the decode items
+		}
+		if it.d != nil && it.d.cap != it.cap {
+			continue // rebuilt by a reload meanwhile: the next round grants it
+		}
 		var since int64
 		if it.t != nil {
 			since = it.b.Taken() - en.snapTaken
@@ -461,8 +469,7 @@ func (e *Engine) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		default: // decode, which follows its domain's prefill
 			g := prefill
 			g.DecodeRate, g.DecodeLevel = rate, level
-			g.KVLimit = rep.Gauges[kv]
-			kv++
+			g.KVLimit = rep.Gauges[gauge]
 			it.d.cap.ApplyShare(now, g)
 		}
 	}

@@ -303,13 +303,7 @@ func (c *DomainCapacity) CopyLevels(now int64, from *DomainCapacity) {
 // setLevel moves a bucket's level to want (at most its burst, at least
 // minus its burst).
 func setLevel(b *tokenbucket.Bucket, now, want int64) {
-	want = min(max(want, -b.Burst()), b.Burst())
-	switch l := b.Level(now); {
-	case want < l:
-		b.Take(now, l-want)
-	case want > l:
-		b.Refund(now, want-l)
-	}
+	b.SetLevel(now, max(want, -b.Burst())) // not a take: shared state must not report it
 }
 
 // SetReserve sets the reserve rates kept for tenant floors: prefill FLOP/s
