@@ -351,3 +351,46 @@ func BenchmarkCostFitsCharge(b *testing.B) {
 		}
 	}
 }
+
+// A replica's share: its rates, levels and KV limit, the reserves scaled by
+// the same share, the bursts and the whole-domain limits kept; Taken counts
+// charges and releases but not the share's levels; Resize restores the whole.
+func TestApplyShare(t *testing.T) {
+	cat := defaultCatalog(t)
+	d := domain(t, topology.Simulated(), "hgx-h200-1")
+	c := newCap(t, d, cat, DefaultConfig())
+	pr, dr, kv := c.FullLimits()
+	c.SetReserve(pr/4, dr/2)
+	wholeP, wholeD, _ := c.Reserves()
+	c.ApplyShare(0, ShareGrant{PrefillRate: pr / 2, PrefillLevel: 1000, DecodeRate: dr / 2, DecodeLevel: 2000, KVLimit: kv / 2})
+	if c.PrefillRate() != pr/2 || c.DecodeRate() != dr/2 || c.PrefillBurst() != 2*pr || c.DecodeBurst() != 2*dr {
+		t.Errorf("share rates %d, %d bursts %d, %d", c.PrefillRate(), c.DecodeRate(), c.PrefillBurst(), c.DecodeBurst())
+	}
+	if p, dc := c.Levels(0); p != 1000 || dc != 2000 {
+		t.Errorf("share levels %d, %d, want 1000, 2000", p, dc)
+	}
+	if _, limit := c.KV(); limit != kv/2 {
+		t.Errorf("share KV limit %d, want %d", limit, kv/2)
+	}
+	if p, dc, _ := c.Reserves(); p != wholeP/2 || dc != wholeD/2 {
+		t.Errorf("share reserves %d, %d, want half of %d, %d", p, dc, wholeP, wholeD)
+	}
+	if p2, d2, kv2 := c.FullLimits(); p2 != pr || d2 != dr || kv2 != kv {
+		t.Error("FullLimits changed with the share")
+	}
+	if p, dc := c.Taken(); p != 0 || dc != 0 {
+		t.Errorf("setting the share's levels counted as taken: %d, %d", p, dc)
+	}
+	cost := Cost{PrefillFLOP: 300, DecodeBytes: 500, KVBytes: 10}
+	c.Charge(sec, cost)
+	c.Release(sec, cost, Cost{PrefillFLOP: 300, DecodeBytes: 200})
+	if p, dc := c.Taken(); p != 300 || dc != 200 {
+		t.Errorf("Taken after a charge and a release = %d, %d, want 300, 200", p, dc)
+	}
+	if err := c.Resize(d); err != nil {
+		t.Fatal(err)
+	}
+	if c.PrefillRate() != pr {
+		t.Errorf("Resize kept the share's rate %d, want the whole %d", c.PrefillRate(), pr)
+	}
+}

@@ -32,13 +32,28 @@
 // "GB200" is never read as "B200"; PCIe and NVL boards are not matched.
 // ModelName gives the canonical model ("GB200") that calibrations key on.
 //
+// Peaks.Figures records the source of each figure where they differ (an
+// NVML estimate reads HBM bytes and SMs, SourceNVML, and derives bandwidth
+// and FLOP/s, SourceNVMLEstimate); FigureSources resolves them.
+//
 // A domain's capacity counts its healthy GPUs only. With h(g) = 1 for a
 // healthy GPU and 0 otherwise:
 //
 //	Domain.TotalPeaks().X = Σ_{g ∈ domain} h(g) · g.Peaks.X   for X ∈ {SMs, FLOPS, HBMBandwidth, HBMBytes}
 //	Domain.GPUModel()     = ModelName(g.Name) if every GPU agrees, else "mixed"
 //
+// An unhealthy GPU stays in the topology, with GPU.Problem saying why
+// (fabric health, missing NVLinks), so that a smaller domain is explained.
+//
 // # Sources
+//
+// NVML discovery (package topology/nvml) runs per node and gives a
+// NodeDiscovery: the node, its GPUs and its clique. Merge assembles a
+// cluster from any number of them: nodes of one clique form a domain of
+// kind KindNVLinkClique, a node without a clique is a domain by itself
+// (KindHGX, or KindPCIe without NVLink), and a GPU with fewer active NVLinks
+// than the domain's other GPUs of its model is marked unhealthy. Write
+// prints a cluster as a table or JSON (sluicectl topology).
 //
 // Simulated is the embedded default (two GB200 NVL72 racks and four HGX
 // H200 servers: 6 domains, 176 GPUs). LoadFile and Parse read a cluster

@@ -10,6 +10,7 @@ const (
 	SourceTable        = "table"         // the known-GPU table (LookupGPU)
 	SourceConfig       = "config"        // written in a cluster file or other config
 	SourceNVMLEstimate = "nvml-estimate" // estimated from NVML clock and memory readings
+	SourceNVML         = "nvml"          // read from NVML as is (HBM bytes, SM count); used in Peaks.Figures
 )
 
 // knownGPU is one row of the known-GPU table.

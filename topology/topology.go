@@ -12,6 +12,12 @@ import (
 const (
 	KindNVL72 = "nvl72" // a GB200 NVL72 rack: one NVLink clique of 72 GPUs on 18 trays
 	KindHGX   = "hgx"   // an HGX board: one node's 8 GPUs on their own NVLink island
+	// KindNVLinkClique is a multi-node NVLink clique found by NVML fabric
+	// discovery (an NVL72 rack, or a partition of one); Merge writes it.
+	KindNVLinkClique = "nvlink-clique"
+	// KindPCIe is a node whose GPUs have no active NVLink: each node is its
+	// own domain, and Merge writes this kind for it.
+	KindPCIe = "pcie"
 )
 
 // MixedModel is what Domain.GPUModel returns for a domain with more than one
@@ -25,6 +31,33 @@ type Peaks struct {
 	HBMBandwidth float64 // HBM bandwidth, bytes/s
 	HBMBytes     int64   // HBM capacity, bytes
 	Source       string  // SourceTable, SourceConfig or SourceNVMLEstimate
+	// Figures says where each figure came from where that differs from
+	// Source: an NVML estimate reads some figures (HBM bytes, SMs) and
+	// derives others (bandwidth, FLOP/s), and an operator needs to know
+	// which to trust. An empty field means Source; FigureSources resolves.
+	Figures PeakSources
+}
+
+// PeakSources names the source of each figure of a Peaks: SourceTable,
+// SourceConfig, SourceNVML (read as is) or SourceNVMLEstimate (derived from
+// readings).
+type PeakSources struct {
+	SMs          string `json:"sms"`
+	FLOPS        string `json:"flops"`
+	HBMBandwidth string `json:"hbm_bandwidth"`
+	HBMBytes     string `json:"hbm_bytes"`
+}
+
+// FigureSources returns the source of every figure, taking Source for the
+// figures Figures leaves empty.
+func (p Peaks) FigureSources() PeakSources {
+	f := p.Figures
+	for _, s := range []*string{&f.SMs, &f.FLOPS, &f.HBMBandwidth, &f.HBMBytes} {
+		if *s == "" {
+			*s = p.Source
+		}
+	}
+	return f
 }
 
 // check reports the first limit that is not positive and finite.
@@ -69,6 +102,11 @@ type GPU struct {
 	Peaks         Peaks
 	ActiveNVLinks int  // NVLink ports up
 	Healthy       bool // false: present but contributes no capacity
+	// Problem says why a GPU is unhealthy ("fabric health: unhealthy",
+	// "16 active NVLinks, its domain peers have 18"), so that an operator
+	// reading the topology sees the cause, not just a smaller domain.
+	// Empty for a healthy GPU, and for one a file marked unhealthy.
+	Problem string
 }
 
 // Node is one machine (an NVL72 compute tray, an HGX server).
@@ -121,10 +159,12 @@ func (d Domain) HealthyNodeCount() int {
 
 // TotalPeaks sums the peaks of the domain's healthy GPUs; an unhealthy GPU
 // contributes nothing. Source is the GPUs' common source, "mixed" when they
-// differ, and empty when no GPU is healthy.
+// differ, and empty when no GPU is healthy; Figures likewise is the GPUs'
+// common Figures, and empty (so: Source) when they differ.
 func (d Domain) TotalPeaks() Peaks {
 	var t Peaks
 	first := true
+	sameFigures := true
 	for _, nd := range d.Nodes {
 		for _, g := range nd.GPUs {
 			if !g.Healthy {
@@ -136,11 +176,15 @@ func (d Domain) TotalPeaks() Peaks {
 			t.HBMBytes = satAdd(t.HBMBytes, g.Peaks.HBMBytes)
 			switch {
 			case first:
-				t.Source, first = g.Peaks.Source, false
+				t.Source, t.Figures, first = g.Peaks.Source, g.Peaks.Figures, false
 			case t.Source != g.Peaks.Source:
 				t.Source = "mixed"
 			}
+			sameFigures = sameFigures && t.Figures == g.Peaks.Figures
 		}
+	}
+	if !sameFigures || t.Source == "mixed" {
+		t.Figures = PeakSources{}
 	}
 	return t
 }

@@ -15,6 +15,11 @@
 // answer is returned at once. Every other answer and error is returned as it
 // came. A request without a request_id is given a random one, so that its
 // retries stay idempotent.
+//
+// With several sluiced replicas, a Router keeps each tenant on one replica
+// (rendezvous hashing over the live members, so that the tenant's flow lives
+// in one fair queue) and follows membership changes; package etcdmembers
+// supplies the members from the etcd control plane.
 package client
 
 import (

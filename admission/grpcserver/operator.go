@@ -14,7 +14,8 @@ import (
 // operatorServer implements admissionv1.OperatorServer over an Engine.
 type operatorServer struct {
 	admissionv1.UnimplementedOperatorServer
-	eng Engine
+	eng          Engine
+	configStatus ConfigStatusSource // nil: GetConfigStatus is UNIMPLEMENTED
 }
 
 // ListDomains implements admissionv1.OperatorServer.

@@ -67,10 +67,15 @@ type Engine interface {
 //
 // gRPC does not recover panics in handlers: build s with
 // grpc.ChainUnaryInterceptor(RecoveryUnaryInterceptor(logger)) so that no
-// input can take the process down.
-func Register(s *grpc.Server, eng Engine) *health.Server {
+// input can take the process down. Options add optional ports, such as
+// WithConfigStatus.
+func Register(s *grpc.Server, eng Engine, opts ...RegisterOption) *health.Server {
+	var o registerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	admissionv1.RegisterAdmissionServer(s, &admissionServer{eng: eng})
-	admissionv1.RegisterOperatorServer(s, &operatorServer{eng: eng})
+	admissionv1.RegisterOperatorServer(s, &operatorServer{eng: eng, configStatus: o.configStatus})
 	hs := health.NewServer()
 	hs.SetServingStatus(admissionv1.Admission_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(admissionv1.Operator_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -18,9 +18,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/server"
+	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/nvml"
 )
 
 func main() {
@@ -40,10 +43,28 @@ func run(args []string) error {
 	fs.StringVar(&opts.GRPCAddr, "grpc-addr", ":7070", "gRPC listen address")
 	fs.StringVar(&opts.HTTPAddr, "http-addr", ":7071", "HTTP listen address (/healthz, /metrics)")
 	fs.StringVar(&opts.ConfigPath, "config", "", "config file (YAML or JSON); empty serves the embedded default")
-	fs.StringVar(&opts.Topology, "topology", "simulated", `topology source: "simulated" or a topology file path`)
+	fs.StringVar(&opts.Topology, "topology", nvml.SpecAuto, `topology source: "auto" (NVML, else simulated), "auto:<file>" (NVML, else the file), "nvml", "simulated" or a topology file path`)
+	printTopology := fs.Bool("print-topology", false, "print the topology --topology resolves to (domains, nodes, GPUs, links, peaks) and exit")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	printConfig := fs.Bool("print-default-config", false, "print the embedded default config and exit")
+	// Shared state on Redis (several replicas).
+	fs.StringVar(&opts.Shared.RedisURL, "redis", "", "redis://[user:pass@]host:port[,host:port…][/db] shares quotas and capacity with other replicas; several addresses make a Cluster client; empty runs embedded")
+	fs.StringVar(&opts.Shared.SentinelMaster, "redis-sentinel-master", "", "Sentinel master name: --redis then lists the sentinels")
+	fs.StringVar(&opts.Shared.Mode, "redis-mode", "", `"batched" (local grants reconciled every --redis-interval) or "strict" (one atomic script per decision); default batched with --replicas > 1, else strict`)
+	fs.IntVar(&opts.Shared.Replicas, "replicas", 1, "N, the replicas sharing the quotas, until etcd membership gives the live count")
+	fs.DurationVar(&opts.Shared.Interval, "redis-interval", 100*time.Millisecond, "batched mode: reconcile period")
+	fs.DurationVar(&opts.Shared.Timeout, "redis-timeout", 50*time.Millisecond, "timeout of one Redis call; failures open the breaker")
+	fs.StringVar(&opts.Shared.Prefix, "redis-prefix", "sluice", "Redis key prefix, also the hash tag every key shares")
+	// Control plane (etcd): config, membership, node agents, drains.
+	fs.StringVar(&opts.Etcd.Endpoints, "etcd", "", "etcd endpoints (comma-separated URLs); makes etcd the source of config, topology and drains")
+	fs.StringVar(&opts.Etcd.CAFile, "etcd-ca", "", "CA bundle for etcd's TLS certificates")
+	fs.StringVar(&opts.Etcd.CertFile, "etcd-cert", "", "client certificate for etcd")
+	fs.StringVar(&opts.Etcd.KeyFile, "etcd-key", "", "client key for etcd")
+	fs.StringVar(&opts.Etcd.Prefix, "etcd-prefix", "/sluice/", "key prefix of the control plane in etcd")
+	fs.StringVar(&opts.Etcd.AdvertiseAddr, "advertise-addr", "", "gRPC address routers dial, registered in etcd (default: host name and --grpc-addr's port)")
+	fs.StringVar(&opts.Etcd.ReplicaID, "replica-id", "", "this replica's member id in etcd (default: the advertise address)")
+	fs.DurationVar(&opts.Etcd.MemberTTL, "member-ttl", 10*time.Second, "TTL of the membership lease: a dead replica leaves the count this long after its last keepalive")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -68,6 +89,13 @@ func run(args []string) error {
 		return err
 	}
 	opts.Logger = logger
+	if *printTopology {
+		l, err := nvml.Load(opts.Topology, logger)
+		if err != nil {
+			return err
+		}
+		return topology.Write(os.Stdout, l.Cluster, l.Source, topology.FormatTable)
+	}
 	srv, err := server.New(opts)
 	if err != nil {
 		return err

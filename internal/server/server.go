@@ -13,10 +13,12 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -34,10 +36,12 @@ type Options struct {
 	GRPCAddr   string // default ":7070"
 	HTTPAddr   string // default ":7071"
 	ConfigPath string // "" serves the embedded default
-	Topology   string // "simulated" (default) or a topology file path
+	Topology   string // "simulated" (default here; sluiced's flag defaults to "auto"), "auto", "auto:<file>", "nvml" or a file path
 	Logger     *slog.Logger
 	Clock      clock.Clock   // default: real
 	Grace      time.Duration // how long shutdown waits for in-flight RPCs; default 10s
+	Etcd       EtcdOptions   // the etcd control plane (controlplane.go); zero: none
+	Shared     SharedOptions // shared state on Redis (sharedstate.go); zero: embedded
 }
 
 // Server is a running sluiced.
@@ -53,6 +57,8 @@ type Server struct {
 	httpLis net.Listener
 
 	reloadMu sync.Mutex
+	redis    redis.UniversalClient // nil when embedded
+	cp       controlPlane          // config status and the etcd control plane (controlplane.go)
 }
 
 // New loads config and topology, builds the engine and binds both listeners.
@@ -81,12 +87,29 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cluster, err := loadTopology(opts.Topology)
+	cluster, discovered, err := loadTopology(opts.Topology, s.log)
 	if err != nil {
 		return nil, err
 	}
-	s.eng, err = admission.New(cfg, cluster, admission.WithClock(opts.Clock), admission.WithObserver(s.metrics))
+	engOpts := []admission.Option{admission.WithClock(opts.Clock), admission.WithObserver(s.metrics)}
+	shared, err := s.sharedStateOption()
+	if err != nil {
+		return nil, err
+	}
+	if shared != nil {
+		engOpts = append(engOpts, shared)
+	}
+	s.eng, err = admission.New(cfg, cluster, engOpts...)
 	var ce *admission.ConfigError
+	if errors.As(err, &ce) && opts.ConfigPath == "" && discovered && strings.HasPrefix(opts.Topology, "auto") {
+		// The embedded demo config is sized for the simulated cluster (its
+		// floors need about 80 H200s); on a smaller GPU machine, auto
+		// serves the demo on the simulated layout rather than not at all.
+		s.log.Warn("the embedded default config does not fit the GPUs NVML found; serving it on the simulated cluster (pass --config sized for this machine to schedule its GPUs)",
+			"gpus", cluster.GPUCount(), "reason", err.Error())
+		cluster = topology.Simulated()
+		s.eng, err = admission.New(cfg, cluster, engOpts...)
+	}
 	switch {
 	case errors.As(err, &ce):
 		return nil, config.Wrap(cfgName, err)
@@ -94,12 +117,13 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("topology %s: %w", opts.Topology, err)
 	}
 	s.metrics.RegisterState(s.eng)
+	s.registerSharedMetrics(s.metrics.Registry)
 	// Parsing a large config (100k tenants) peaks far above what it leaves
 	// behind; give that back now rather than at the next scavenge.
 	debug.FreeOSMemory()
 
 	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(grpcserver.RecoveryUnaryInterceptor(s.log)))
-	s.health = grpcserver.Register(s.grpc, s.eng)
+	s.health = grpcserver.Register(s.grpc, s.eng, s.newConfigStatus(cfgName))
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
@@ -114,6 +138,11 @@ func New(opts Options) (*Server, error) {
 		s.grpcLis.Close()
 		return nil, fmt.Errorf("http listen %s: %w", opts.HTTPAddr, err)
 	}
+	if err := s.startControlPlane(); err != nil {
+		s.grpcLis.Close()
+		s.httpLis.Close()
+		return nil, err
+	}
 	s.log.Info("sluiced ready", "config", cfgName, "topology", opts.Topology,
 		"domains", len(cluster.Domains), "gpus", cluster.GPUCount(), "tenants", len(cfg.Tenants),
 		"grpc", s.grpcLis.Addr().String(), "http", s.httpLis.Addr().String())
@@ -127,17 +156,6 @@ func loadConfig(path string) (admission.Config, string, error) {
 	}
 	cfg, err := config.Load(path)
 	return cfg, path, err
-}
-
-func loadTopology(src string) (topology.Cluster, error) {
-	if src == "simulated" {
-		return topology.Simulated(), nil
-	}
-	c, err := topology.LoadFile(src)
-	if err != nil {
-		return topology.Cluster{}, fmt.Errorf("topology: %w", err)
-	}
-	return c, nil
 }
 
 // Engine returns the admission engine.
@@ -157,10 +175,14 @@ func (s *Server) Reload() error {
 	if s.opts.ConfigPath == "" {
 		return errors.New("reload: serving the embedded default; start with --config to reload a file")
 	}
+	if err := s.checkReloadSource(); err != nil {
+		return err
+	}
 	cfg, err := config.Load(s.opts.ConfigPath)
 	if err == nil {
 		err = config.Wrap(s.opts.ConfigPath, s.eng.Apply(cfg))
 	}
+	s.configReloaded(err)
 	if err != nil {
 		s.log.Error("config refused; the last good config keeps serving", "err", err)
 		return err
@@ -176,6 +198,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	go s.eng.Run(runCtx)
+	s.runControlPlane()
 
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLis) }()
@@ -195,6 +218,8 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) shutdown() {
 	s.log.Info("shutting down: answering queued requests")
+	// Leave the membership first: routers move on at once.
+	s.stopControlPlane()
 	s.health.Shutdown() // NOT_SERVING: routers stop sending here
 	s.eng.Close()       // every queued request answered SHUTTING_DOWN (retry elsewhere)
 	done := make(chan struct{})
@@ -216,7 +241,7 @@ func (s *Server) serveHealthz(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "not serving", http.StatusServiceUnavailable)
 		return
 	}
-	fmt.Fprintln(w, "ok")
+	fmt.Fprintln(w, "ok"+s.controlPlaneHealth())
 }
 
 func (s *Server) serveDomains(w http.ResponseWriter, _ *http.Request) {

@@ -1,0 +1,76 @@
+package grpcserver
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+)
+
+// ConfigStatus is what GetConfigStatus reports: where the serving config
+// came from and the last one refused.
+type ConfigStatus struct {
+	Source      string // "embedded", a file path, or "etcd"
+	Revision    int64  // etcd revision of the serving config; 0 when not from etcd
+	AppliedAt   time.Time
+	LastRefusal *ConfigRefusal // the latest refusal since AppliedAt; nil when none
+	// ControlPlaneConnected is whether etcd is reachable; true when the
+	// server does not use etcd.
+	ControlPlaneConnected bool
+}
+
+// ConfigRefusal is a config that was refused while the last good one kept
+// serving.
+type ConfigRefusal struct {
+	Source   string // a file path or an etcd key
+	Key      string // the key path inside the document, when known
+	Reason   string
+	Revision int64 // etcd revision of the refused write; 0 for a file
+	At       time.Time
+}
+
+// ConfigStatusSource is the port GetConfigStatus reads. It must be safe for
+// concurrent use.
+type ConfigStatusSource interface {
+	ConfigStatus() ConfigStatus
+}
+
+// RegisterOption configures Register.
+type RegisterOption func(*registerOptions)
+
+type registerOptions struct {
+	configStatus ConfigStatusSource
+}
+
+// WithConfigStatus makes the Operator's GetConfigStatus answer from src.
+// Without it GetConfigStatus is UNIMPLEMENTED.
+func WithConfigStatus(src ConfigStatusSource) RegisterOption {
+	return func(o *registerOptions) { o.configStatus = src }
+}
+
+// GetConfigStatus implements admissionv1.OperatorServer.
+func (s *operatorServer) GetConfigStatus(context.Context, *admissionv1.GetConfigStatusRequest) (*admissionv1.GetConfigStatusResponse, error) {
+	if s.configStatus == nil {
+		return nil, status.Error(codes.Unimplemented, "this server does not report its config status")
+	}
+	st := s.configStatus.ConfigStatus()
+	out := &admissionv1.GetConfigStatusResponse{
+		Source:                st.Source,
+		Revision:              st.Revision,
+		ControlPlaneConnected: st.ControlPlaneConnected,
+	}
+	if !st.AppliedAt.IsZero() {
+		out.AppliedAt = timestamppb.New(st.AppliedAt)
+	}
+	if r := st.LastRefusal; r != nil {
+		out.LastRefusal = &admissionv1.ConfigRefusal{Source: r.Source, Key: r.Key, Reason: r.Reason, Revision: r.Revision}
+		if !r.At.IsZero() {
+			out.LastRefusal.At = timestamppb.New(r.At)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,129 @@
+// Command sluice-agent is Sluice's node agent: it discovers its node's GPUs
+// and NVLink domain and publishes them in etcd under a lease, so that every
+// sluiced replica builds its cluster from the agents (see package
+// internal/controlplane). When the agent dies its lease expires and its
+// GPUs leave capacity; when it returns they come back.
+//
+//	sluice-agent --etcd http://etcd:2379 [--node NAME] [--topology auto]
+//
+// Every flag can also be set from the environment: --etcd is SLUICE_ETCD,
+// and so on (upper case, dashes as underscores). SIGINT/SIGTERM revoke the
+// lease before exit, so that the node leaves capacity at once.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/controlplane"
+	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/nvml"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "sluice-agent:", err)
+		os.Exit(1)
+	}
+}
+
+// run parses args and publishes until ctx ends.
+func run(ctx context.Context, args []string, logw io.Writer) error {
+	fs := flag.NewFlagSet("sluice-agent", flag.ContinueOnError)
+	fs.SetOutput(logw)
+	var co controlplane.ClientOptions
+	fs.StringVar(&co.Endpoints, "etcd", "", "etcd endpoints, comma-separated URLs (required)")
+	fs.StringVar(&co.CAFile, "etcd-ca", "", "CA bundle for etcd's TLS certificates")
+	fs.StringVar(&co.CertFile, "etcd-cert", "", "client certificate for etcd")
+	fs.StringVar(&co.KeyFile, "etcd-key", "", "client key for etcd")
+	prefix := fs.String("etcd-prefix", controlplane.DefaultPrefix, "key prefix of the control plane in etcd")
+	host, _ := os.Hostname()
+	node := fs.String("node", host, "this node's name, unique in the cluster (default: the host name)")
+	spec := fs.String("topology", nvml.SpecAuto, `where the GPUs come from: "auto" (NVML, else this node in the simulated cluster), "auto:<file>" (NVML, else this node in the file), "nvml", "simulated" or a topology file`)
+	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: a dead agent's GPUs leave capacity this long after its last keepalive")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(env); ok && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: lvl}))
+	if co.Endpoints == "" {
+		return errors.New("--etcd (or SLUICE_ETCD) is required")
+	}
+	if *node == "" {
+		return errors.New("--node: empty, and the host name is unknown")
+	}
+	// Discover once before connecting: a node that cannot say what it has
+	// should fail loudly at start, not publish later.
+	if _, err := discoverNode(*spec, *node, log); err != nil {
+		return err
+	}
+	cli, err := controlplane.NewClient(co)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	return controlplane.RunAgent(ctx, controlplane.AgentOptions{
+		Client: cli, Prefix: *prefix, TTL: *ttl, Logger: log,
+		Discover: func(context.Context) (topology.NodeDiscovery, error) { return discoverNode(*spec, *node, log) },
+	})
+}
+
+// discoverNode finds this node's GPUs as --topology says: through NVML
+// ("nvml"; "auto" and "auto:<file>" when NVML is usable), or as the node's
+// entry in a topology file or the simulated cluster (the fallback of auto
+// on a machine without NVML, and the way to run agents in a test fleet).
+func discoverNode(spec, node string, log *slog.Logger) (topology.NodeDiscovery, error) {
+	fallback := spec
+	switch {
+	case spec == nvml.SpecNVML:
+		return nvml.Discover(node)
+	case spec == nvml.SpecAuto || strings.HasPrefix(spec, nvml.SpecAutoPrefix):
+		nd, err := nvml.Discover(node)
+		if err == nil || !errors.Is(err, nvml.ErrUnavailable) {
+			return nd, err
+		}
+		fallback = nvml.SpecSimulated
+		if spec != nvml.SpecAuto {
+			fallback = strings.TrimPrefix(spec, nvml.SpecAutoPrefix)
+		}
+		log.Info("NVML unavailable; publishing the node from the fallback topology", "reason", err, "topology", fallback)
+	}
+	l, err := nvml.Load(fallback, log)
+	if err != nil {
+		return topology.NodeDiscovery{}, err
+	}
+	return controlplane.NodeFromCluster(l.Cluster, node)
+}

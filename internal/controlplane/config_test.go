@@ -1,0 +1,250 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// A config written with ApplyConfig reaches a running replica; later writes
+// of single tenant documents are hot-reloaded, visible to the next Admit,
+// while a lease taken before every reload stays valid.
+func TestConfigRoundTripAndHotReload(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	res, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", config.DefaultYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.TenantsWritten != 4 || res.Transactions != 1 || res.PolicyUnchanged {
+		t.Fatalf("first apply: %+v", res)
+	}
+	// Writing the same file again changes nothing.
+	if again, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", config.DefaultYAML()); err != nil ||
+		again.Transactions != 0 || !again.PolicyUnchanged || again.TenantsWritten != 0 {
+		t.Fatalf("second apply: %+v, %v", again, err)
+	}
+
+	r := startReplica(t, cli, Options{})
+	st := r.ctl.Status()
+	eventually(t, "serving etcd's config", func() bool { return st.View().Source == SourceEtcd })
+	if v := st.View(); v.Revision != res.Revision || v.LastRefusal != nil || !v.Connected {
+		t.Fatalf("status after the first sync: %+v (want revision %d)", v, res.Revision)
+	}
+
+	held := admit(t, r.eng, "acme", "large")
+	if held.Outcome != admission.Admitted {
+		t.Fatalf("acme: %+v", held)
+	}
+	if d := admit(t, r.eng, "newco", "small"); d.Reason != admission.ReasonUnknownTenant {
+		t.Fatalf("newco before it exists: %+v", d)
+	}
+
+	rev := put(t, cli, TenantKey(DefaultPrefix, "newco"), "tier: free\nweight: 3\n")
+	eventually(t, "newco applied", func() bool { return r.ctl.Revision() >= rev })
+	if d := admit(t, r.eng, "newco", "small"); d.Outcome != admission.Admitted {
+		t.Fatalf("newco after its document was written: %+v", d)
+	}
+	if ti, ok := r.eng.Tenant("newco"); !ok || ti.Weight != 3 || ti.Tier != "free" {
+		t.Fatalf("newco: %+v, %v", ti, ok)
+	}
+	if v := st.View(); v.Source != SourceEtcd || v.Revision != rev {
+		t.Fatalf("status: %+v, want revision %d", v, rev)
+	}
+
+	// An override of a tenant that the policy document defined moves too.
+	rev = put(t, cli, TenantKey(DefaultPrefix, "acme"), `{"tier": "enterprise", "weight": 9}`)
+	eventually(t, "acme's override applied", func() bool { return r.ctl.Revision() >= rev })
+	if ti, _ := r.eng.Tenant("acme"); ti.Weight != 9 {
+		t.Fatalf("acme's weight: %d, want 9", ti.Weight)
+	}
+
+	// Deleting a tenant document removes the tenant.
+	dr, err := cli.Delete(ctxT(t), TenantKey(DefaultPrefix, "newco"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "newco removed", func() bool { return r.ctl.Revision() >= dr.Header.Revision })
+	if _, ok := r.eng.Tenant("newco"); ok {
+		t.Fatal("newco still configured after its document was deleted")
+	}
+	if v := st.View(); v.Revision != dr.Header.Revision {
+		t.Fatalf("status revision %d, want the deletion's %d", v.Revision, dr.Header.Revision)
+	}
+
+	// The lease taken before all of that settles normally.
+	if _, err := r.eng.Release(context.Background(), admission.Release{LeaseID: held.LeaseID, OutputTokens: 5}); err != nil {
+		t.Fatalf("release of the lease held across reloads: %v", err)
+	}
+}
+
+// Bad config written to etcd is refused with its key, the key path and the
+// reason; the last good config keeps serving; a later good write is applied
+// and clears the refusal.
+func TestInvalidConfigRefusedLastGoodKept(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	if _, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", config.DefaultYAML()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startReplica(t, cli, Options{Status: NewStatus(SourceEmbedded, time.Now(), m), Metrics: m})
+	st := r.ctl.Status()
+	eventually(t, "serving etcd's config", func() bool { return st.View().Source == SourceEtcd })
+	good := st.View().Revision
+
+	cases := []struct {
+		name, key, value string
+		wantSource       string
+		wantKey          string
+		wantReason       string
+	}{
+		{"unknown key in a tenant", TenantKey(DefaultPrefix, "oops"), "tier: free\nweigth: 3\n",
+			TenantKey(DefaultPrefix, "oops"), "tenants.oops", `unknown key "weigth"`},
+		{"wrong type in a tenant", TenantKey(DefaultPrefix, "oops"), "tier: free\nweight: heavy\n",
+			TenantKey(DefaultPrefix, "oops"), "tenants.oops.weight", "want a whole number"},
+		{"unknown tier", TenantKey(DefaultPrefix, "oops"), "tier: platinum\n",
+			TenantKey(DefaultPrefix, "oops"), "tenants.oops.tier", "platinum"},
+		{"tenant defined twice", TenantKey(DefaultPrefix, "hooli"), "tier: free\n",
+			TenantKey(DefaultPrefix, "hooli"), "tenants.hooli", "also defined"},
+		{"broken policy document", ConfigKey(DefaultPrefix), "tiers: [\n",
+			ConfigKey(DefaultPrefix), "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := gauge(t, reg, "sluice_config_refusals_total", "source", SourceEtcd)
+			if tc.key == TenantKey(DefaultPrefix, "hooli") {
+				// ApplyConfig gave hooli a document of its own; define it in
+				// the policy document too.
+				putPolicyWithTenant(t, cli, "hooli")
+				t.Cleanup(func() { restorePolicy(t, cli) })
+			}
+			rev := put(t, cli, tc.key, tc.value)
+			eventually(t, "the write processed", func() bool { return r.ctl.Revision() >= rev })
+			v := st.View()
+			if v.LastRefusal == nil {
+				t.Fatalf("not refused: %+v", v)
+			}
+			ref := v.LastRefusal
+			if ref.Source != tc.wantSource || ref.Key != tc.wantKey || !strings.Contains(ref.Reason, tc.wantReason) || ref.Revision != rev {
+				t.Fatalf("refusal %+v; want source %s, key %q, reason with %q, revision %d", ref, tc.wantSource, tc.wantKey, tc.wantReason, rev)
+			}
+			if v.Source != SourceEtcd || v.Revision < good {
+				t.Fatalf("serving %+v", v)
+			}
+			if _, ok := r.eng.Tenant("oops"); ok {
+				t.Fatal("the refused tenant is configured")
+			}
+			if d := admit(t, r.eng, "globex", "small"); d.Outcome != admission.Admitted {
+				t.Fatalf("the last good config stopped serving: %+v", d)
+			}
+			if got := gauge(t, reg, "sluice_config_refusals_total", "source", SourceEtcd); got <= before {
+				t.Fatalf("sluice_config_refusals_total{source=etcd} = %v, was %v", got, before)
+			}
+		})
+	}
+	restorePolicy(t, cli)
+	if _, err := cli.Delete(ctxT(t), TenantKey(DefaultPrefix, "oops")); err != nil {
+		t.Fatal(err)
+	}
+	// The good state again: applied, the refusal cleared.
+	eventually(t, "applied again", func() bool { v := st.View(); return v.LastRefusal == nil && v.Revision > good })
+	if got := gauge(t, reg, "sluice_config_revision"); got != float64(st.View().Revision) {
+		t.Fatalf("sluice_config_revision = %v, want %d", got, st.View().Revision)
+	}
+}
+
+// putPolicyWithTenant rewrites the policy document with a tenants map that
+// holds name.
+func putPolicyWithTenant(t *testing.T, cli *clientv3.Client, name string) {
+	t.Helper()
+	base, _, err := split(config.DefaultYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := strings.Replace(string(base), "{", `{"tenants": {"`+name+`": {"tier": "free"}},`, 1)
+	put(t, cli, ConfigKey(DefaultPrefix), doc)
+}
+
+// restorePolicy writes the default policy document back.
+func restorePolicy(t *testing.T, cli *clientv3.Client) {
+	t.Helper()
+	base, _, err := split(config.DefaultYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, ConfigKey(DefaultPrefix), string(base))
+}
+
+// ApplyConfig validates locally first: a bad file is refused with its name,
+// key and reason, and nothing is written.
+func TestApplyConfigValidatesFirst(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	before, err := cli.Get(ctxT(t), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(config.DefaultYAML()), "weight: 8", "weight: eight", 1)
+	_, err = ApplyConfig(ctxT(t), cli, DefaultPrefix, "bad.yaml", []byte(bad))
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.File != "bad.yaml" || ce.Key != "tiers.enterprise.weight" {
+		t.Fatalf("ApplyConfig(bad) = %v; want a *config.Error on bad.yaml, tiers.enterprise.weight", err)
+	}
+	after, err := cli.Get(ctxT(t), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Header.Revision != before.Header.Revision {
+		t.Fatalf("a refused file wrote to etcd: revision %d → %d", before.Header.Revision, after.Header.Revision)
+	}
+}
+
+// ParseDocuments attributes a problem inside a tenant to that tenant's key,
+// and refuses tenant documents without a policy document's context.
+func TestParseDocumentsAttribution(t *testing.T) {
+	base, tenants, err := split(config.DefaultYAML())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseDocuments("/p/", base, tenants)
+	if err != nil || len(cfg.Tenants) != 4 {
+		t.Fatalf("the default split and joined: %d tenants, %v", len(cfg.Tenants), err)
+	}
+	tenants["bad/name"] = []byte("tier: free")
+	_, err = ParseDocuments("/p/", base, tenants)
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.File != "/p/tenants/bad/name" {
+		t.Fatalf("a tenant name with a slash: %v", err)
+	}
+	delete(tenants, "bad/name")
+	tenants["x"] = []byte("tier: free\nrps: {rate: -1, burst: 1}\n")
+	_, err = ParseDocuments("/p/", base, tenants)
+	if !errors.As(err, &ce) || ce.File != "/p/tenants/x" || !strings.HasPrefix(ce.Key, "tenants.x") {
+		t.Fatalf("a bad rate in tenant x: %v", err)
+	}
+	for _, doc := range []string{"", "null", "[1, 2]", "7"} {
+		if _, err := ParseDocuments("/p/", []byte(doc), nil); !errors.As(err, &ce) || ce.File != "/p/config" {
+			t.Fatalf("policy document %q: %v", doc, err)
+		}
+	}
+}

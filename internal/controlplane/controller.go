@@ -1,0 +1,630 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/client"
+	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// Engine is the port the controller drives; *admission.Engine satisfies it.
+type Engine interface {
+	// Apply validates cfg (against the cluster too) and swaps it in,
+	// keeping leases and queued work; a refusal leaves the old one serving.
+	Apply(cfg admission.Config) error
+	// SetTopology replaces the cluster; leases on domains that leave finish.
+	SetTopology(c topology.Cluster) error
+	// Drain stops new placements on a domain; an unknown domain is an error
+	// wrapping admission.ErrUnknownDomain.
+	Drain(domain, reason string) error
+	// Undrain lets a domain take placements again.
+	Undrain(domain string) error
+}
+
+// Options configure a Controller.
+type Options struct {
+	Client *clientv3.Client
+	Prefix string // NormalizePrefix applies; "" is DefaultPrefix
+	Engine Engine
+	// Status receives config applications and refusals and the connected
+	// state; nil makes a private one (see Controller.Status).
+	Status *Status
+	// Self is this replica, registered under a lease; an empty ID registers
+	// nothing (a replica routers do not reach through the control plane).
+	Self client.Member
+	// LeaseTTL is the membership lease's TTL; default 10 s. etcd raises a
+	// TTL below its minimum (about 2 s with default election settings).
+	LeaseTTL time.Duration
+	// OnReplicas is called with the number of live replicas (this one
+	// included) whenever it changes, from the controller's goroutine.
+	OnReplicas func(n int)
+	// OnConnected is called when etcd's reachability changes (sluiced
+	// turns it into a gRPC health status).
+	OnConnected func(ok bool)
+	// ProbeEvery is how often etcd's reachability is checked; default 2 s.
+	ProbeEvery time.Duration
+	// RetryEvery is the pause before a broken watch or registration is
+	// tried again; default 500 ms.
+	RetryEvery time.Duration
+	Logger     *slog.Logger // nil discards
+	Metrics    *Metrics     // nil records nothing
+	// Now is the clock for the times Status records; default time.Now.
+	Now func() time.Time
+}
+
+// Controller follows the control-plane keys and applies them to an engine:
+// config, topology from node agents, drains, and the replica count. It also
+// registers its replica and probes etcd. Run does all of it; Sync does one
+// full read, which sluiced calls at start so that it serves etcd's config
+// from its first request when etcd is up.
+type Controller struct {
+	opts   Options
+	prefix string
+
+	// syncMu serializes Sync and the watch loop: one goroutine at a time
+	// owns st and calls the engine.
+	syncMu sync.Mutex
+	st     state
+
+	mu struct {
+		sync.Mutex
+		rev      int64 // the revision the engine reflects
+		replicas int
+		lease    clientv3.LeaseID
+		synced   bool
+	}
+}
+
+// state is the controller's copy of the keys and what it applied; only the
+// holder of syncMu touches it.
+type state struct {
+	kvs    keys
+	rev    int64
+	synced bool
+	// cfgDeleteRev is the revision of the latest deletion of a config key;
+	// with the documents' own revisions it makes the config's fingerprint.
+	cfgDeleteRev int64
+	cfgSeen      int64                  // config fingerprint last applied or refused
+	drained      map[string]string      // domain → reason, as applied to the engine
+	agentsSeen   bool                   // some agent has published since start
+	topoRefused  bool                   // the last agent topology was refused; retry after a config change
+	lastAgents   map[string]AgentRecord // the records of the serving topology
+	replicas     int                    // last count passed to OnReplicas
+	badKeys      map[string]string      // key → why it was skipped, to log each problem once
+}
+
+// entry is one key's value, the revision that wrote it, and the name after
+// its directory (tenant, domain, node or member id).
+type entry struct {
+	value  []byte
+	modRev int64
+	name   string
+}
+
+// keys holds the keys under the prefix by kind, so that reconciling one
+// kind (a drain among 100k tenant documents) touches only its own keys.
+type keys map[kind]map[string]entry
+
+// put stores e under key, of kind k with name; keys of no kind the
+// controller reads are not kept.
+func (ks keys) put(k kind, key, name string, e entry) {
+	if k == kindOther {
+		return
+	}
+	m := ks[k]
+	if m == nil {
+		m = make(map[string]entry)
+		ks[k] = m
+	}
+	e.name = name
+	ks[k][key] = e
+}
+
+// New returns a Controller; nothing happens until Sync or Run.
+func New(opts Options) (*Controller, error) {
+	if opts.Client == nil || opts.Engine == nil {
+		return nil, errors.New("controlplane: Client and Engine are required")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Status == nil {
+		opts.Status = NewStatus(SourceEmbedded, opts.Now(), opts.Metrics)
+	}
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = 10 * time.Second
+	}
+	if opts.ProbeEvery <= 0 {
+		opts.ProbeEvery = 2 * time.Second
+	}
+	if opts.RetryEvery <= 0 {
+		opts.RetryEvery = 500 * time.Millisecond
+	}
+	if opts.Self.ID != "" {
+		if _, err := etcdmembers.Encode(opts.Self); err != nil {
+			return nil, fmt.Errorf("controlplane: %w", err)
+		}
+	}
+	c := &Controller{opts: opts, prefix: NormalizePrefix(opts.Prefix)}
+	c.st = state{kvs: keys{}, drained: map[string]string{}, badKeys: map[string]string{}}
+	return c, nil
+}
+
+// Status returns the Status the controller feeds.
+func (c *Controller) Status() *Status { return c.opts.Status }
+
+// Prefix returns the normalized key prefix.
+func (c *Controller) Prefix() string { return c.prefix }
+
+// Revision returns the etcd revision whose state the engine reflects: every
+// write at or before it has been applied (or refused).
+func (c *Controller) Revision() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.rev
+}
+
+// Replicas returns the live replica count last computed (at least 1).
+func (c *Controller) Replicas() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return max(c.mu.replicas, 1)
+}
+
+// LeaseID returns the lease this replica's member key is attached to; 0
+// when not registered.
+func (c *Controller) LeaseID() clientv3.LeaseID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.lease
+}
+
+// Synced reports whether a full read has succeeded.
+func (c *Controller) Synced() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.synced
+}
+
+// Sync reads every key under the prefix and applies them: config, topology,
+// drains, replica count. It marks etcd connected on success.
+func (c *Controller) Sync(ctx context.Context) error {
+	c.syncMu.Lock()
+	defer c.syncMu.Unlock()
+	return c.syncLocked(ctx)
+}
+
+// syncLocked is Sync with syncMu held.
+func (c *Controller) syncLocked(ctx context.Context) error {
+	resp, err := c.opts.Client.Get(ctx, c.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("read %s: %w", c.prefix, err)
+	}
+	c.opts.Metrics.resynced()
+	old := c.st.kvs
+	c.st.kvs = keys{}
+	for _, kv := range resp.Kvs {
+		k, name := classify(c.prefix, string(kv.Key))
+		c.st.kvs.put(k, string(kv.Key), name, entry{value: kv.Value, modRev: kv.ModRevision})
+	}
+	// A config key that vanished while we were not watching counts as a
+	// deletion at this revision, so that the fingerprint changes.
+	for _, k := range []kind{kindConfig, kindTenant} {
+		for key := range old[k] {
+			if _, still := c.st.kvs[k][key]; !still {
+				c.st.cfgDeleteRev = resp.Header.Revision
+			}
+		}
+	}
+	c.st.synced = true
+	c.reconcile(resp.Header.Revision, touched{config: true, agents: true, drains: true, members: true})
+	c.mu.Lock()
+	c.mu.synced = true
+	c.mu.Unlock()
+	if c.setConnected(true) {
+		c.opts.Logger.Info("control plane reachable; following etcd", "revision", resp.Header.Revision)
+	}
+	return nil
+}
+
+// touched says which kinds of key an update changed.
+type touched struct{ config, agents, drains, members bool }
+
+func (t *touched) add(k kind) {
+	switch k {
+	case kindConfig, kindTenant:
+		t.config = true
+	case kindAgent:
+		t.agents = true
+	case kindDrain:
+		t.drains = true
+	case kindMember:
+		t.members = true
+	}
+}
+
+// Run follows etcd until ctx ends: it syncs (retrying while etcd is down),
+// watches from the synced revision, registers this replica under a lease and
+// probes reachability. On return the replica's lease is revoked, so that
+// routers and the other replicas see it leave at once.
+func (c *Controller) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { c.probe(ctx) })
+	if c.opts.Self.ID != "" {
+		wg.Go(func() { c.register(ctx) })
+	}
+	c.follow(ctx)
+	wg.Wait()
+}
+
+// errCompacted is a watch whose next revision was compacted away.
+var errCompacted = errors.New("watch revision compacted")
+
+// follow is the watch loop: sync when not synced, then watch from the last
+// applied revision; a broken watch is resumed from that revision, and a
+// compacted one answered by a full read.
+func (c *Controller) follow(ctx context.Context) {
+	for ctx.Err() == nil {
+		c.syncMu.Lock()
+		var err error
+		if !c.st.synced {
+			err = c.syncLocked(ctx)
+		}
+		rev := c.st.rev
+		c.syncMu.Unlock()
+		if err == nil {
+			err = c.watch(ctx, rev)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errCompacted) {
+			c.opts.Logger.Warn("watch revision compacted; reading everything again", "from", rev+1)
+			c.syncMu.Lock()
+			c.st.synced = false
+			c.syncMu.Unlock()
+			continue
+		}
+		c.opts.Logger.Debug("watch broke; resuming", "from", rev+1, "err", err)
+		sleepCtx(ctx, c.opts.RetryEvery)
+	}
+}
+
+// watch applies the changes after rev until the watch breaks.
+func (c *Controller) watch(ctx context.Context, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := c.opts.Client.Watch(wctx, c.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for wr := range wch {
+		if wr.CompactRevision != 0 || errors.Is(wr.Err(), rpctypes.ErrCompacted) {
+			return errCompacted
+		}
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("watch %s from %d: %w", c.prefix, rev+1, err)
+		}
+		if len(wr.Events) == 0 {
+			continue // progress notification
+		}
+		c.syncMu.Lock()
+		var t touched
+		for _, ev := range wr.Events {
+			key := string(ev.Kv.Key)
+			k, name := classify(c.prefix, key)
+			t.add(k)
+			if ev.Type == clientv3.EventTypeDelete {
+				delete(c.st.kvs[k], key)
+				if k == kindConfig || k == kindTenant {
+					c.st.cfgDeleteRev = ev.Kv.ModRevision
+				}
+				continue
+			}
+			c.st.kvs.put(k, key, name, entry{value: ev.Kv.Value, modRev: ev.Kv.ModRevision})
+		}
+		c.reconcile(wr.Header.Revision, t)
+		c.syncMu.Unlock()
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return errors.New("watch channel closed")
+}
+
+// reconcile applies the kinds of key t names to the engine, then records rev
+// as applied. Topology goes first (a config may need the new capacity), then
+// config, then drains (a domain that came back needs its drain again).
+func (c *Controller) reconcile(rev int64, t touched) {
+	if t.agents {
+		c.reconcileTopology()
+		t.drains = true
+	}
+	if t.config {
+		if c.reconcileConfig() && c.st.topoRefused {
+			c.reconcileTopology() // the new config may fit the cluster the old one did not
+			t.drains = true
+		}
+	}
+	if t.drains {
+		c.reconcileDrains()
+	}
+	if t.members {
+		c.reconcileMembers()
+	}
+	c.st.rev = rev
+	c.opts.Metrics.gauges(max(c.st.replicas, 1), len(c.st.lastAgents), len(c.st.kvs[kindDrain]))
+	c.mu.Lock()
+	c.mu.rev = rev
+	c.mu.Unlock()
+}
+
+// warnOnce logs a skipped key once per distinct problem.
+func (c *Controller) warnOnce(key, msg string, err error) {
+	if c.st.badKeys[key] == err.Error() {
+		return
+	}
+	c.st.badKeys[key] = err.Error()
+	c.opts.Logger.Error(msg, "key", key, "err", err)
+}
+
+// reconcileConfig builds the config from the documents and applies it when
+// it changed since the last attempt. It reports whether a config was applied.
+func (c *Controller) reconcileConfig() bool {
+	base, hasBase := c.st.kvs[kindConfig][ConfigKey(c.prefix)]
+	tenants := make(map[string][]byte, len(c.st.kvs[kindTenant]))
+	fp := max(base.modRev, c.st.cfgDeleteRev)
+	for _, e := range c.st.kvs[kindTenant] {
+		tenants[e.name] = e.value
+		fp = max(fp, e.modRev)
+	}
+	if fp == c.st.cfgSeen {
+		return false
+	}
+	c.st.cfgSeen = fp
+	if !hasBase {
+		if fp == 0 {
+			return false // etcd holds no config: the local one serves
+		}
+		c.refuse(fp, &config.Error{File: ConfigKey(c.prefix),
+			Reason: "no policy document (tiers, models, knobs); the tenant documents cannot serve alone"})
+		return false
+	}
+	cfg, err := ParseDocuments(c.prefix, base.value, tenants)
+	if err == nil {
+		err = config.Wrap(ConfigKey(c.prefix), c.opts.Engine.Apply(cfg))
+	}
+	if err != nil {
+		c.refuse(fp, err)
+		return false
+	}
+	c.opts.Status.Applied(SourceEtcd, fp, c.opts.Now())
+	c.opts.Logger.Info("config applied from etcd", "key", ConfigKey(c.prefix), "revision", fp,
+		"tenants", len(cfg.Tenants), "tenant_documents", len(tenants))
+	return true
+}
+
+// refuse records and logs a refused config.
+func (c *Controller) refuse(rev int64, err error) {
+	r := RefusalOf(ConfigKey(c.prefix), rev, c.opts.Now(), err)
+	c.opts.Status.Refused(r)
+	c.opts.Logger.Error("config in etcd refused; the last good config keeps serving",
+		"source", r.Source, "key", r.Key, "reason", r.Reason, "revision", rev)
+}
+
+// reconcileTopology merges the agents' records into a cluster and sets it.
+// Records that do not decode are skipped (and logged once).
+func (c *Controller) reconcileTopology() {
+	agents := make(map[string]AgentRecord)
+	for k, e := range c.st.kvs[kindAgent] {
+		node := e.name
+		r, err := decodeAgent(node, e.value)
+		if err != nil {
+			c.warnOnce(k, "skipping a node agent's record", err)
+			continue
+		}
+		delete(c.st.badKeys, k)
+		agents[node] = r
+	}
+	if len(agents) == 0 {
+		if c.st.agentsSeen {
+			c.opts.Logger.Error("every node agent is gone; keeping the last topology they published")
+		}
+		c.st.lastAgents = nil
+		return
+	}
+	if maps.EqualFunc(agents, c.st.lastAgents, recordsEqual) && !c.st.topoRefused {
+		return
+	}
+	nodes := make([]topology.NodeDiscovery, 0, len(agents))
+	for _, n := range slices.Sorted(maps.Keys(agents)) {
+		nodes = append(nodes, agents[n].Discovery())
+	}
+	cluster, err := topology.Merge(nodes)
+	if err == nil {
+		err = c.opts.Engine.SetTopology(cluster)
+	}
+	if err != nil {
+		c.st.topoRefused = true
+		c.opts.Logger.Error("topology from the node agents refused; the last topology keeps serving",
+			"nodes", len(agents), "err", err)
+		return
+	}
+	c.st.topoRefused = false
+	c.st.agentsSeen = true
+	c.st.lastAgents = agents
+	c.opts.Logger.Info("topology from the node agents", "nodes", len(agents), "domains", len(cluster.Domains), "gpus", cluster.GPUCount())
+}
+
+// recordsEqual compares two agent records.
+func recordsEqual(a, b AgentRecord) bool {
+	return a.Node == b.Node && a.Domain == b.Domain && slices.Equal(a.GPUs, b.GPUs)
+}
+
+// reconcileDrains drains every marked domain and undrains those whose mark
+// went. A domain the engine does not have (yet) is retried at the next
+// topology change.
+func (c *Controller) reconcileDrains() {
+	want := make(map[string]string)
+	for k, e := range c.st.kvs[kindDrain] {
+		domain := e.name
+		m, err := decodeDrain(domain, e.value)
+		if err != nil {
+			c.warnOnce(k, "drain mark unreadable; draining anyway", err)
+		}
+		want[domain] = m.Describe()
+	}
+	for _, d := range slices.Sorted(maps.Keys(want)) {
+		err := c.opts.Engine.Drain(d, want[d])
+		switch {
+		case err == nil:
+			if _, was := c.st.drained[d]; !was {
+				c.opts.Logger.Info("domain drained", "domain", d, "reason", want[d])
+			}
+			c.st.drained[d] = want[d]
+		case errors.Is(err, admission.ErrUnknownDomain):
+			delete(c.st.drained, d) // applied when the domain appears
+		default:
+			c.opts.Logger.Error("drain failed", "domain", d, "err", err)
+		}
+	}
+	for _, d := range slices.Sorted(maps.Keys(c.st.drained)) {
+		if _, ok := want[d]; ok {
+			continue
+		}
+		if err := c.opts.Engine.Undrain(d); err != nil && !errors.Is(err, admission.ErrUnknownDomain) {
+			c.opts.Logger.Error("undrain failed", "domain", d, "err", err)
+			continue
+		}
+		delete(c.st.drained, d)
+		c.opts.Logger.Info("domain undrained", "domain", d)
+	}
+}
+
+// reconcileMembers counts the live replicas and reports a change.
+func (c *Controller) reconcileMembers() {
+	members := make(map[string]bool)
+	for k, e := range c.st.kvs[kindMember] {
+		m, err := etcdmembers.Decode(c.prefix, k, e.value)
+		if err != nil {
+			c.warnOnce(k, "skipping a member entry", err)
+			continue
+		}
+		members[m.ID] = true
+	}
+	if c.opts.Self.ID != "" {
+		members[c.opts.Self.ID] = true // we are live, registered or not (yet)
+	}
+	n := max(len(members), 1)
+	if n == c.st.replicas {
+		return
+	}
+	c.opts.Logger.Info("replica count", "replicas", n, "was", c.st.replicas)
+	c.st.replicas = n
+	c.mu.Lock()
+	c.mu.replicas = n
+	c.mu.Unlock()
+	if c.opts.OnReplicas != nil {
+		c.opts.OnReplicas(n)
+	}
+}
+
+// setConnected records etcd's reachability and reports whether it changed.
+func (c *Controller) setConnected(ok bool) bool {
+	if !c.opts.Status.SetConnected(ok, c.opts.Now()) {
+		return false
+	}
+	if c.opts.OnConnected != nil {
+		c.opts.OnConnected(ok)
+	}
+	return true
+}
+
+// probe checks etcd's reachability every ProbeEvery and records transitions.
+func (c *Controller) probe(ctx context.Context) {
+	t := time.NewTicker(c.opts.ProbeEvery)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, c.opts.ProbeEvery)
+		// A linearizable read: it fails without a quorum, as writes would.
+		_, err := c.opts.Client.Get(pctx, ConfigKey(c.prefix), clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if c.setConnected(err == nil) {
+			if err != nil {
+				c.opts.Logger.Error("control plane unreachable; serving the last good config, topology and drains",
+					"prefix", c.prefix, "err", err)
+			} else {
+				c.opts.Logger.Info("control plane reachable again", "prefix", c.prefix)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// register keeps this replica's member key under a lease until ctx ends,
+// registering again whenever the lease is lost; on return it revokes it.
+func (c *Controller) register(ctx context.Context) {
+	key := etcdmembers.Key(c.prefix, c.opts.Self.ID)
+	value, _ := etcdmembers.Encode(c.opts.Self) // checked in New
+	for ctx.Err() == nil {
+		err := c.registerOnce(ctx, key, value)
+		if ctx.Err() != nil {
+			return
+		}
+		c.opts.Logger.Warn("replica registration lost; registering again", "key", key, "err", err)
+		sleepCtx(ctx, c.opts.RetryEvery)
+	}
+}
+
+// registerOnce writes the member key under a new lease and keeps it alive
+// until the lease is lost or ctx ends (then it revokes the lease).
+func (c *Controller) registerOnce(ctx context.Context, key string, value []byte) error {
+	secs := int64((c.opts.LeaseTTL + time.Second - 1) / time.Second)
+	lease, err := c.opts.Client.Grant(ctx, secs)
+	if err != nil {
+		return fmt.Errorf("grant a %ds lease: %w", secs, err)
+	}
+	c.mu.Lock()
+	c.mu.lease = lease.ID
+	c.mu.Unlock()
+	defer func() {
+		revoke(c.opts.Client, lease.ID)
+		c.mu.Lock()
+		c.mu.lease = 0
+		c.mu.Unlock()
+	}()
+	if _, err := c.opts.Client.Put(ctx, key, string(value), clientv3.WithLease(lease.ID)); err != nil {
+		return fmt.Errorf("write %s: %w", key, err)
+	}
+	c.opts.Logger.Info("replica registered", "key", key, "addr", c.opts.Self.Addr, "ttl", secs)
+	ka, err := c.opts.Client.KeepAlive(ctx, lease.ID)
+	if err != nil {
+		return fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
+	}
+	for range ka {
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("lease %x expired or was revoked", lease.ID)
+}

@@ -1,0 +1,54 @@
+// Package controlplane is Sluice's etcd adapter: the fleet's configuration,
+// replica membership, node agents' topology and drain marks live in etcd
+// (go.etcd.io/etcd/client/v3) under one key prefix, and every sluiced
+// replica follows them with one watch.
+//
+// # Keys
+//
+// Under PREFIX (DefaultPrefix, "/sluice/"):
+//
+//	PREFIX config              the policy document (YAML or JSON, the format of a --config file)
+//	PREFIX tenants/NAME        one tenant's entry (the value of tenants.NAME in that format)
+//	PREFIX drains/DOMAIN       a drain mark: JSON DrainMark {domain, reason, by, at}
+//	PREFIX agents/NODE         a node agent's GPUs: JSON AgentRecord, under the agent's lease
+//	PREFIX members/ID          a replica: JSON client.Member {id, grpc_addr}, under its lease
+//
+// Tenants have keys of their own so that a fleet of 100k tenants fits under
+// etcd's request size limit and one tenant's change is one small write.
+//
+// # Config
+//
+// The serving config is the policy document with the tenant documents merged
+// into its tenants map, parsed by internal/config (strict keys, full key
+// paths) and applied with the engine's Apply, which validates it against the
+// cluster and swaps it in without dropping leases or queued work. Anything
+// refused (a bad document, a tenant defined twice, floors the cluster cannot
+// hold) is logged with the etcd key, the key path inside the document and the
+// reason, recorded in Status (the Operator GetConfigStatus RPC) and counted
+// in sluice_config_refusals_total; the last good config keeps serving.
+// Tenant documents without a policy document are refused as well: until a
+// policy document exists, the replica serves its local config (--config or
+// the embedded default).
+//
+// # Topology and drains
+//
+// Each node agent publishes its node's GPUs and NVLink domain under a lease
+// (RunAgent). A replica merges every agent's record (topology.Merge) into the
+// cluster and sets it on the engine; an agent whose lease expires takes its
+// GPUs out of capacity, its leases there finishing. While no agent has
+// published anything the replica keeps its own topology source; when every
+// agent is gone it keeps the last cluster the agents built (an engine cannot
+// serve an empty cluster), and says so in its log.
+//
+// A drain mark drains its domain on every replica as soon as the watch event
+// arrives; deleting it undrains. A mark for a domain the cluster does not
+// have waits until the domain appears; an unreadable mark still drains.
+//
+// # Outages
+//
+// etcd being unreachable never stops admission: the engine keeps its last
+// config, topology and drains. A probe sets Status's connected flag (and the
+// sluice_control_plane_connected gauge) and logs each transition; the watch
+// resumes from the last revision it applied when etcd returns, and a
+// revision compacted meanwhile is answered by reading everything again.
+package controlplane

@@ -1,0 +1,178 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/state/redisstate"
+)
+
+// SharedOptions select shared state on Redis; a zero value (no URL) runs
+// embedded.
+type SharedOptions struct {
+	// RedisURL is redis://[user:pass@]host:port[/db] (rediss:// for TLS);
+	// several comma-separated host:port after the scheme make a Cluster
+	// client, and SentinelMaster a Sentinel one.
+	RedisURL       string
+	SentinelMaster string
+	// Mode is "batched", "strict" or "" (batched with more than one
+	// replica, strict with one).
+	Mode      string
+	Replicas  int           // N until etcd membership says otherwise; default 1
+	ReplicaID string        // default: the etcd member id, else hostname plus a random suffix
+	Interval  time.Duration // batched reconcile period; default 100ms
+	Timeout   time.Duration // per Redis call; default 50ms
+	Prefix    string        // key prefix and hash tag; default "sluice"
+}
+
+// sharedStateOption connects to Redis and returns the engine option, or nil
+// when running embedded.
+func (s *Server) sharedStateOption() (admission.Option, error) {
+	o := s.opts.Shared
+	if o.RedisURL == "" {
+		return nil, nil
+	}
+	mode := admission.SharedStrict
+	switch o.Mode {
+	case "":
+		if o.Replicas > 1 {
+			mode = admission.SharedBatched
+		}
+	case "batched":
+		mode = admission.SharedBatched
+	case "strict":
+	default:
+		return nil, fmt.Errorf("--redis-mode: want batched or strict, got %q", o.Mode)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 50 * time.Millisecond
+	}
+	rdb, err := redisClient(o)
+	if err != nil {
+		return nil, err
+	}
+	store := redisstate.New(rdb, o.Prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	// Unreachable at start is not fatal: the breaker opens and the fail
+	// modes apply until Redis answers.
+	if err := store.Load(ctx); err != nil {
+		s.log.Warn("redis unreachable at start; deciding from local slices until it answers", "err", err)
+	}
+	if o.ReplicaID == "" {
+		o.ReplicaID = s.opts.Etcd.ReplicaID // its member id, where etcd names one
+	}
+	if o.ReplicaID == "" {
+		o.ReplicaID = replicaID()
+	}
+	s.redis = rdb
+	s.log.Info("shared state on redis", "mode", mode, "replica", o.ReplicaID, "replicas", max(o.Replicas, 1))
+	return admission.WithSharedState(store, admission.SharedOptions{
+		Mode: mode, Replica: o.ReplicaID, Replicas: o.Replicas, Interval: o.Interval, Timeout: o.Timeout,
+	}), nil
+}
+
+// redisClient builds a UniversalClient: standalone, Cluster (several
+// addresses) or Sentinel (a master name), with millisecond timeouts and no
+// retries (the engine's breaker decides).
+func redisClient(o SharedOptions) (redis.UniversalClient, error) {
+	scheme, rest, ok := strings.Cut(o.RedisURL, "://")
+	if !ok {
+		return nil, fmt.Errorf("--redis %q: want redis://host:port", o.RedisURL)
+	}
+	hostPart, path, _ := strings.Cut(rest, "/")
+	userinfo, hosts, hasUser := strings.Cut(hostPart, "@")
+	if !hasUser {
+		hosts, userinfo = userinfo, ""
+	}
+	addrs := strings.Split(hosts, ",")
+	first := scheme + "://"
+	if userinfo != "" {
+		first += userinfo + "@"
+	}
+	first += addrs[0]
+	if path != "" {
+		first += "/" + path
+	}
+	base, err := redis.ParseURL(first)
+	if err != nil {
+		return nil, fmt.Errorf("--redis: %w", err)
+	}
+	for i := range addrs {
+		addrs[i] = strings.TrimSpace(addrs[i])
+	}
+	return redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs: addrs, MasterName: o.SentinelMaster, DB: base.DB,
+		Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig,
+		DialTimeout: 4 * o.Timeout, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
+		MaxRetries: -1,
+	}), nil
+}
+
+func replicaID() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return host + "-" + hex.EncodeToString(b)
+}
+
+// setReplicaCount sets N, the live replicas (from etcd membership).
+func (s *Server) setReplicaCount(n int) {
+	if s.eng != nil {
+		s.eng.SetReplicas(n)
+	}
+}
+
+// registerSharedMetrics exports the shared-state link: breaker, fallback
+// time, reconcile lag, overage applied and Redis calls per decision.
+func (s *Server) registerSharedMetrics(reg *prometheus.Registry) {
+	eng := s.eng
+	if _, ok := eng.SharedStatus(); !ok {
+		return
+	}
+	status := func() admission.SharedStatus { st, _ := eng.SharedStatus(); return st }
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_shared_breaker_open", Help: "1 while the breaker around Redis is open (decisions use the local slices and the tiers' fail modes)."},
+			func() float64 {
+				if status().BreakerOpen {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_shared_fallback_seconds_total", Help: "Seconds spent with the Redis breaker open."},
+			func() float64 { return status().FallbackSeconds }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_shared_reconcile_lag_seconds", Help: "Seconds since the last successful Redis call."},
+			func() float64 { return status().ReconcileLag.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_shared_replicas", Help: "N, the replicas the quotas are shared by."},
+			func() float64 { return float64(status().Replicas) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_shared_redis_calls_total", Help: "Redis script calls."},
+			func() float64 { return float64(status().Calls) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_shared_redis_failures_total", Help: "Redis script calls that failed."},
+			func() float64 { return float64(status().Failures) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sluice_shared_decisions_total", Help: "Decisions made with shared state."},
+			func() float64 { return float64(status().Decisions) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_shared_redis_calls_per_decision", Help: "Redis calls per decision since start."},
+			func() float64 {
+				st := status()
+				if st.Decisions == 0 {
+					return 0
+				}
+				return float64(st.Calls) / float64(st.Decisions)
+			}),
+	)
+	for k, name := range admission.KindNames {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sluice_shared_overage_applied_total", Help: "Units this replica gave up to global overages (backpressure), per bucket.",
+			ConstLabels: prometheus.Labels{"bucket": name},
+		}, func() float64 { return float64(eng.SharedOverage()[k]) }))
+	}
+}

@@ -1,0 +1,344 @@
+//go:build cgo
+
+package nvml
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// Symbols guarded before use: a driver older than the go-nvml bindings
+// lacks the newer functions, and calling a missing one fails at the C call.
+const (
+	symFabricInfoV4 = "nvmlDeviceGetGpuFabricInfo_v4"
+	symFabricInfo   = "nvmlDeviceGetGpuFabricInfo"
+)
+
+// maxGPUs bounds the device count a driver may report, so that a corrupt
+// answer cannot make discovery allocate without limit.
+const maxGPUs = 1024
+
+// Discover reads this node's GPUs through the system's NVML library
+// (libnvidia-ml.so.1). node names the node in the result.
+func Discover(node string) (topology.NodeDiscovery, error) {
+	return DiscoverWith(gonvml.New(), node)
+}
+
+// DiscoverWith reads a node's GPUs through lib: the system library
+// (gonvml.New()) or a mock. It initialises lib and shuts it down before
+// returning; when Init fails it calls nothing else on lib, because NVML may
+// kill the process on any call after a failed Init. Every failure that means
+// NVML is not usable here (Init failed, no GPU) wraps ErrUnavailable.
+func DiscoverWith(lib gonvml.Interface, node string) (topology.NodeDiscovery, error) {
+	if ret := lib.Init(); ret != gonvml.SUCCESS {
+		return topology.NodeDiscovery{}, &unavailableError{
+			reason:   "nvml.Init: " + initErrorName(ret),
+			expected: ret == gonvml.ERROR_LIBRARY_NOT_FOUND,
+		}
+	}
+	defer lib.Shutdown() // nothing to do if it fails: the readings are taken
+	n, ret := lib.DeviceGetCount()
+	switch {
+	case ret != gonvml.SUCCESS:
+		return topology.NodeDiscovery{}, fmt.Errorf("nvml: DeviceGetCount: %w", ret)
+	case n <= 0:
+		return topology.NodeDiscovery{}, &unavailableError{reason: "no GPU on this node"}
+	case n > maxGPUs:
+		return topology.NodeDiscovery{}, fmt.Errorf("nvml: DeviceGetCount: %d GPUs, more than the %d supported", n, maxGPUs)
+	}
+	fabric := fabricReaderFor(lib)
+	gpus := make([]nodeGPU, 0, n)
+	for i := range n {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			return topology.NodeDiscovery{}, fmt.Errorf("nvml: gpu %d: DeviceGetHandleByIndex: %w", i, ret)
+		}
+		g, err := readGPU(dev, i, fabric)
+		if err != nil {
+			return topology.NodeDiscovery{}, fmt.Errorf("nvml: gpu %d: %w", i, err)
+		}
+		gpus = append(gpus, g)
+	}
+	return resolveNode(node, gpus), nil
+}
+
+// initErrorName names a failed Init's code without asking the library
+// (Return.Error may call nvmlErrorString, and nothing may be called after a
+// failed Init).
+func initErrorName(ret gonvml.Return) string {
+	switch ret {
+	case gonvml.ERROR_LIBRARY_NOT_FOUND:
+		return "ERROR_LIBRARY_NOT_FOUND (libnvidia-ml.so.1 is not installed)"
+	case gonvml.ERROR_DRIVER_NOT_LOADED:
+		return "ERROR_DRIVER_NOT_LOADED (the NVIDIA kernel driver is not running)"
+	case gonvml.ERROR_NO_PERMISSION:
+		return "ERROR_NO_PERMISSION"
+	case gonvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		return "ERROR_LIB_RM_VERSION_MISMATCH (NVML library and kernel driver versions differ)"
+	case gonvml.ERROR_FUNCTION_NOT_FOUND:
+		return "ERROR_FUNCTION_NOT_FOUND"
+	case gonvml.ERROR_UNKNOWN:
+		return "ERROR_UNKNOWN"
+	}
+	return fmt.Sprintf("NVML error %d", int32(ret))
+}
+
+// fabricInfo is what the fabric API said about a GPU, in either version.
+type fabricInfo struct {
+	clusterUUID [16]uint8
+	status      gonvml.Return
+	cliqueID    uint32
+	state       uint8
+	health      uint8 // GPU_FABRIC_HEALTH_SUMMARY_*; NOT_SUPPORTED before v4
+}
+
+// fabricReader reads a GPU's fabric info; ok is false where the GPU (or
+// the driver) has no fabric API.
+type fabricReader func(gonvml.Device) (info fabricInfo, ok bool, err error)
+
+// fabricReaderFor picks the newest fabric API the library has:
+// GetGpuFabricInfo_v4 (with health), else GetGpuFabricInfo, else none.
+func fabricReaderFor(lib gonvml.Interface) fabricReader {
+	ext := lib.Extensions()
+	switch {
+	case ext.LookupSymbol(symFabricInfoV4) == nil:
+		return func(dev gonvml.Device) (fabricInfo, bool, error) {
+			v4, ret := dev.GetGpuFabricInfo_v4()
+			if ok, err := fabricRet("GetGpuFabricInfo_v4", ret); !ok {
+				return fabricInfo{}, false, err
+			}
+			return fabricInfo{
+				clusterUUID: v4.ClusterUuid,
+				status:      gonvml.Return(v4.Status),
+				cliqueID:    unicastClique(v4),
+				state:       v4.State,
+				health:      v4.HealthSummary,
+			}, true, nil
+		}
+	case ext.LookupSymbol(symFabricInfo) == nil:
+		return func(dev gonvml.Device) (fabricInfo, bool, error) {
+			v1, ret := dev.GetGpuFabricInfo()
+			if ok, err := fabricRet("GetGpuFabricInfo", ret); !ok {
+				return fabricInfo{}, false, err
+			}
+			return fabricInfo{
+				clusterUUID: v1.ClusterUuid,
+				status:      gonvml.Return(v1.Status),
+				cliqueID:    v1.CliqueId,
+				state:       v1.State,
+				health:      gonvml.GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED,
+			}, true, nil
+		}
+	}
+	return func(gonvml.Device) (fabricInfo, bool, error) { return fabricInfo{}, false, nil }
+}
+
+// fabricRet sorts a fabric call's return: answered, not supported (no
+// fabric, not an error), or failed.
+func fabricRet(call string, ret gonvml.Return) (ok bool, err error) {
+	switch ret {
+	case gonvml.SUCCESS:
+		return true, nil
+	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: %w", call, ret)
+}
+
+// unicastClique is v4's equivalent of the v1 CliqueId: the id of the first
+// unicast-pointer clique (nvml.h: "The legacy v3 cliqueId maps to the id of
+// the first NVML_GPU_FABRIC_CLIQUE_TYPE_UNICAST_POINTER entry"); 0 when
+// there is none, as v1 would say.
+func unicastClique(v4 gonvml.GpuFabricInfo_v4) uint32 {
+	n := min(int(v4.NumCliques), len(v4.Cliques))
+	for _, c := range v4.Cliques[:n] {
+		if c.Type == gonvml.GPU_FABRIC_CLIQUE_TYPE_UNICAST_POINTER {
+			return c.Id
+		}
+	}
+	return 0
+}
+
+// nodeGPU is a GPU as read, with its clique ("" for none) before the node's
+// domain is decided.
+type nodeGPU struct {
+	gpu    topology.GPU
+	clique string
+}
+
+// readGPU reads one GPU. Identity (UUID, name) is required; everything
+// else degrades to "unknown" or marks the GPU unhealthy with a Problem, so
+// that one odd GPU is reported rather than hiding the node.
+func readGPU(dev gonvml.Device, index int, fabric fabricReader) (nodeGPU, error) {
+	uuid, ret := dev.GetUUID()
+	if ret != gonvml.SUCCESS {
+		return nodeGPU{}, fmt.Errorf("GetUUID: %w", ret)
+	}
+	name, ret := dev.GetName()
+	if ret != gonvml.SUCCESS {
+		return nodeGPU{}, fmt.Errorf("GetName: %w", ret)
+	}
+	g := topology.GPU{Index: index, UUID: uuid, Name: name, Healthy: true}
+	if pci, ret := dev.GetPciInfo(); ret == gonvml.SUCCESS {
+		g.PCIBusID = cString(pci.BusId[:])
+	}
+	problem := func(p string) {
+		if g.Healthy {
+			g.Healthy, g.Problem = false, p
+		}
+	}
+	for link := range gonvml.NVLINK_MAX_LINKS {
+		state, ret := dev.GetNvLinkState(link)
+		switch {
+		case ret == gonvml.SUCCESS && state == gonvml.FEATURE_ENABLED:
+			g.ActiveNVLinks++
+		case ret == gonvml.ERROR_GPU_IS_LOST:
+			problem("GPU is lost (GetNvLinkState)")
+		}
+		// Other answers (a link the GPU lacks, no NVLink at all) are not
+		// active links and not faults.
+	}
+	var clique string
+	switch info, ok, err := fabric(dev); {
+	case err != nil:
+		problem("fabric: " + err.Error())
+	case ok:
+		var p string
+		clique, p = judgeFabric(info)
+		if p != "" {
+			problem(p)
+		}
+	}
+	peaks, err := gpuPeaks(dev, name)
+	if err != nil {
+		return nodeGPU{}, fmt.Errorf("%s: %w; describe it in a topology file", name, err)
+	}
+	g.Peaks = peaks
+	return nodeGPU{gpu: g, clique: clique}, nil
+}
+
+// judgeFabric turns fabric info into the GPU's clique ("" when it is in
+// none) and the problem that keeps it from serving there ("" when none).
+// A GPU in a clique serves only when its registration with the fabric
+// manager completed and succeeded and the fabric calls it healthy.
+func judgeFabric(f fabricInfo) (clique, problem string) {
+	switch f.state {
+	case gonvml.GPU_FABRIC_STATE_NOT_SUPPORTED:
+		return "", ""
+	case gonvml.GPU_FABRIC_STATE_COMPLETED:
+	case gonvml.GPU_FABRIC_STATE_NOT_STARTED:
+		return "", "fabric registration not started"
+	case gonvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		return "", "fabric registration in progress"
+	default:
+		return "", fmt.Sprintf("fabric state %d unknown", f.state)
+	}
+	if f.status != gonvml.SUCCESS {
+		return "", "fabric registration failed: " + f.status.Error()
+	}
+	if f.clusterUUID == ([16]uint8{}) {
+		// Registered without a cluster: a single-node NVSwitch fabric
+		// (HGX), whose domain is the node.
+		return "", ""
+	}
+	clique = cliqueID(f.clusterUUID, f.cliqueID)
+	switch f.health {
+	case gonvml.GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY:
+		return clique, "fabric health: unhealthy"
+	case gonvml.GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY:
+		return clique, "fabric health: limited capacity"
+	}
+	return clique, ""
+}
+
+// cliqueID formats a clique as GPU Feature Discovery labels it
+// (nvidia.com/gpu.clique): the cluster UUID in canonical form, a dot, the
+// clique id in decimal.
+func cliqueID(u [16]uint8, id uint32) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x.%d", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16], id)
+}
+
+// gpuPeaks gives a GPU its peaks: the table's for a known name, else an
+// estimate from readings (which are only taken then, so that a known GPU
+// needs no clock queries).
+func gpuPeaks(dev gonvml.Device, name string) (topology.Peaks, error) {
+	if p, ok := topology.LookupGPU(name); ok {
+		return p, nil
+	}
+	var r readings
+	if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
+		r.memTotal = mem.Total
+	}
+	if v, ret := dev.GetMaxClockInfo(gonvml.CLOCK_SM); ret == gonvml.SUCCESS {
+		r.smClockMHz = v
+	}
+	if v, ret := dev.GetMaxClockInfo(gonvml.CLOCK_MEM); ret == gonvml.SUCCESS {
+		r.memClockMHz = v
+	}
+	if v, ret := dev.GetMemoryBusWidth(); ret == gonvml.SUCCESS {
+		r.busWidthBits = v
+	}
+	if major, minor, ret := dev.GetCudaComputeCapability(); ret == gonvml.SUCCESS {
+		r.ccMajor, r.ccMinor = major, minor
+	}
+	if a, ret := dev.GetAttributes(); ret == gonvml.SUCCESS && a.MultiprocessorCount > 0 {
+		r.sms = int(a.MultiprocessorCount)
+	} else if cores, ret := dev.GetNumGpuCores(); ret == gonvml.SUCCESS {
+		if per := coresPerSM(r.ccMajor, r.ccMinor); per > 0 {
+			r.sms = cores / per
+		}
+	}
+	return estimatePeaks(r)
+}
+
+// cString reads a NUL-terminated C char array.
+func cString(b []int8) string {
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		out = append(out, byte(c))
+	}
+	return string(out)
+}
+
+// resolveNode decides the node's domain and makes the discovery. The node
+// joins the clique most of its GPUs are in (ties: the smallest id), since a
+// node belongs to exactly one domain; a GPU in another clique, or in none
+// while its node has one, cannot reach its node's domain over NVLink and is
+// marked unhealthy.
+func resolveNode(node string, gpus []nodeGPU) topology.NodeDiscovery {
+	count := make(map[string]int)
+	for _, g := range gpus {
+		if g.clique != "" {
+			count[g.clique]++
+		}
+	}
+	domain := ""
+	for _, c := range slices.Sorted(maps.Keys(count)) {
+		if domain == "" || count[c] > count[domain] {
+			domain = c
+		}
+	}
+	nd := topology.NodeDiscovery{Node: node, Domain: domain, GPUs: make([]topology.GPU, len(gpus))}
+	for i, g := range gpus {
+		if domain != "" && g.clique != domain && g.gpu.Healthy {
+			g.gpu.Healthy = false
+			if g.clique == "" {
+				g.gpu.Problem = "in no fabric clique; the rest of its node is in " + domain
+			} else {
+				g.gpu.Problem = "in fabric clique " + g.clique + "; the rest of its node is in " + domain
+			}
+		}
+		nd.GPUs[i] = g.gpu
+	}
+	slices.SortFunc(nd.GPUs, func(a, b topology.GPU) int { return cmp.Compare(a.Index, b.Index) })
+	return nd
+}
