@@ -102,6 +102,10 @@ func (e *Engine) setDrain(domain string, draining bool, reason string) error {
 	defer e.mu.Unlock()
 	d, ok := e.mu.domainByID[domain]
 	if !ok {
+		if _, away := e.mu.drainedAway[domain]; away && !draining {
+			delete(e.mu.drainedAway, domain) // it will come back undrained
+			return nil
+		}
 		return &unknownDomainError{domain}
 	}
 	d.draining, d.drainReason = draining, reason

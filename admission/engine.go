@@ -42,16 +42,17 @@ type Engine struct {
 
 	mu struct {
 		sync.Mutex
-		cfg        *Config
-		cat        *pd.Catalog
-		models     map[string]*modelState
-		modelList  []*modelState
-		tenants    map[string]*tenantState // active tenants; idle ones live only in cfg
-		maxWeight  int64
-		domains    []*domainState
-		domainByID map[string]*domainState
-		placeGen   uint64 // bumped whenever placement weights or eligibility change
-		floorTotal int64  // Σ configured floors, weighted tokens/s
+		cfg         *Config
+		cat         *pd.Catalog
+		models      map[string]*modelState
+		modelList   []*modelState
+		tenants     map[string]*tenantState // active tenants; idle ones live only in cfg
+		maxWeight   int64
+		domains     []*domainState
+		domainByID  map[string]*domainState
+		drainedAway map[string]string // drain reasons of domains that left the cluster while drained
+		placeGen    uint64            // bumped whenever placement weights or eligibility change
+		floorTotal  int64             // Σ configured floors, weighted tokens/s
 
 		queue          *wfq.Queue
 		deadlines      waiterHeap
@@ -84,6 +85,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	e.mu.tenants = make(map[string]*tenantState)
 	e.mu.idem = make(map[string]idemEntry)
 	e.mu.domainByID = make(map[string]*domainState)
+	e.mu.drainedAway = make(map[string]string)
 	if err := cluster.Validate(); err != nil {
 		return nil, fmt.Errorf("topology: %w", err)
 	}
@@ -210,7 +212,13 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) (
 		d := sd.live
 		if d == nil {
 			d = newDomainState(sd.topo, sd.cap, now)
+			if reason, ok := e.mu.drainedAway[sd.topo.ID]; ok {
+				// It left while drained: it comes back drained, with no
+				// window in which the control plane's mark is missing.
+				d.draining, d.drainReason = true, reason
+			}
 		}
+		delete(e.mu.drainedAway, sd.topo.ID)
 		d.topo, d.cap, d.removed = sd.topo, sd.cap, false
 		domains = append(domains, d)
 		byID[d.ID()] = d
@@ -218,6 +226,9 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) (
 	for id, d := range e.mu.domainByID {
 		if _, ok := byID[id]; !ok {
 			d.removed = true // leases holding it finish; it is never placed on again
+			if d.draining {
+				e.mu.drainedAway[id] = d.drainReason
+			}
 		}
 	}
 	e.mu.domains, e.mu.domainByID = domains, byID

@@ -247,3 +247,37 @@ func TestRegressionOutputWeightChangeMisrefunds(t *testing.T) {
 		t.Fatalf("used every admitted token, yet refunded %d (level %d, want %d)", res.RefundedTokens, h.tenant("a").TokenLevel, before-500)
 	}
 }
+
+// A drained domain that leaves the cluster and comes back (its node agent
+// restarted) is still drained, with no window for a placement there; an
+// undrain while it is away lets it come back undrained.
+func TestDrainSurvivesADomainLeavingAndReturning(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 2))
+	if err := h.e.Drain("d2", "rack swap"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.e.SetTopology(hgxCluster(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.e.SetTopology(hgxCluster(t, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.domain("d2"); !d.Draining || d.DrainReason != "rack swap" {
+		t.Fatalf("d2 came back as %+v, want still draining for a rack swap", d)
+	}
+	if err := h.e.SetTopology(hgxCluster(t, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.e.Undrain("d2"); err != nil {
+		t.Fatalf("undrain while away: %v", err)
+	}
+	if err := h.e.Drain("d9", "typo"); err == nil {
+		t.Error("drained a domain that never existed")
+	}
+	if err := h.e.SetTopology(hgxCluster(t, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.domain("d2"); d.Draining {
+		t.Errorf("d2 came back drained after an undrain while away: %+v", d)
+	}
+}
