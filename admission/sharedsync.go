@@ -101,7 +101,6 @@ type sharedSync struct {
 	down      bool // the breaker is open: fail modes apply
 	entries   map[entryKey]*syncEntry
 	round     []roundItem
-	roundKV   []*domainState
 	lastPrune int64
 
 	calls, decisions, failures atomic.Uint64
@@ -321,7 +320,7 @@ func (t *tenantState) globalLimits(k bucketKind) (rate, burst int64) {
 // buckets and every domain's buckets and KV gauge.
 func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 	s := e.shared
-	s.round, s.roundKV = s.round[:0], s.roundKV[:0]
+	s.round = s.round[:0]
 	req := &ReconcileRequest{
 		Replica:  s.opts.Replica,
 		Replicas: s.replicas,
@@ -359,7 +358,6 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 		}
 		kvUsed, _ := d.cap.KV()
 		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: dem, TTL: ttl})
-		s.roundKV = append(s.roundKV, d)
 	}
 	s.pruneEntriesLocked(now)
 	return req
