@@ -92,6 +92,22 @@ func (e *Engine) Drain(domain, reason string) error {
 	return e.setDrain(domain, true, reason)
 }
 
+// DrainAhead drains domain now if the engine has it, or else from the
+// moment it appears (a control plane's mark for a domain whose node agents
+// have not published yet, or are restarting): there is no window in which
+// it takes placements. Undrain clears it either way.
+func (e *Engine) DrainAhead(domain, reason string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d, ok := e.mu.domainByID[domain]
+	if !ok {
+		e.mu.drainedAway[domain] = reason
+		return
+	}
+	d.draining, d.drainReason = true, reason
+	e.placementChangedLocked()
+}
+
 // Undrain makes a drained domain eligible again.
 func (e *Engine) Undrain(domain string) error {
 	return e.setDrain(domain, false, "")

@@ -50,7 +50,7 @@ type Engine struct {
 		maxWeight   int64
 		domains     []*domainState
 		domainByID  map[string]*domainState
-		drainedAway map[string]string // drain reasons of domains that left the cluster while drained
+		drainedAway map[string]string // drain reasons of domains not in the cluster: drained when they (re)appear
 		placeGen    uint64            // bumped whenever placement weights or eligibility change
 		floorTotal  int64             // Σ configured floors, weighted tokens/s
 
@@ -91,7 +91,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked()); err != nil {
+	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), true); err != nil {
 		return nil, err
 	}
 	if e.shared != nil && e.shared.opts.Mode == SharedBatched {
@@ -113,7 +113,7 @@ func (e *Engine) nowLocked() int64 { return int64(e.clk.Now().Sub(e.base)) }
 // The engine keeps its own copy of cfg.
 func (e *Engine) Apply(cfg Config) error {
 	e.mu.Lock()
-	answered, err := e.applyLocked(&cfg, nil, e.nowLocked())
+	answered, err := e.applyLocked(&cfg, nil, e.nowLocked(), true)
 	e.mu.Unlock()
 	e.finish(answered)
 	return err
@@ -121,14 +121,18 @@ func (e *Engine) Apply(cfg Config) error {
 
 // SetTopology replaces the cluster. Domains that remain keep their levels
 // and leases; domains that leave get no new placements while their leases
-// run to completion.
+// run to completion. Unlike a config, a cluster is not refused for floors
+// it cannot hold: hardware that is gone cannot be kept by refusing to
+// notice. Floors then get what there is (each domain's reserve is capped
+// at its capacity, leaving shared traffic nothing) until capacity returns.
+// Only an invalid cluster or one the catalog cannot serve is refused.
 func (e *Engine) SetTopology(cluster topology.Cluster) error {
 	if err := cluster.Validate(); err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
 	e.mu.Lock()
 	cfg := e.mu.cfg.clone()
-	answered, err := e.applyLocked(&cfg, &cluster, e.nowLocked())
+	answered, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), false)
 	e.mu.Unlock()
 	e.finish(answered)
 	return err
@@ -153,7 +157,7 @@ type stagedDomain struct {
 // the new catalog and config, carrying the live levels and KV over; the
 // domain objects themselves are kept, so leases and drains stay attached.
 // It returns the queued requests it had to answer (their model is gone).
-func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) ([]*waiter, error) {
+func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, checkFloors bool) ([]*waiter, error) {
 	cfg := in.clone()
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -201,8 +205,10 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64) (
 	for _, p := range cfg.Tiers {
 		maxWeight = max(maxWeight, p.Weight)
 	}
-	if err := checkFloorsFit(cat, caps, floorTotal, cfg.OutputTokenWeight); err != nil {
-		return nil, err
+	if checkFloors {
+		if err := checkFloorsFit(cat, caps, floorTotal, cfg.OutputTokenWeight); err != nil {
+			return nil, err
+		}
 	}
 
 	// Commit: nothing below can fail.

@@ -281,3 +281,53 @@ func TestDrainSurvivesADomainLeavingAndReturning(t *testing.T) {
 		t.Errorf("d2 came back drained after an undrain while away: %+v", d)
 	}
 }
+
+// Losing hardware is not refused for the floors it can no longer hold (a
+// config is): the domain leaves, and floors get what remains.
+func TestSetTopologyAcceptsAClusterShortOfTheFloors(t *testing.T) {
+	cfg := testConfig()
+	withFloor := func(f int64) Config {
+		c := testConfig()
+		c.Tenants["a"] = TenantConfig{Tier: "gold", Floor: &f}
+		return c
+	}
+	// The least floor one domain cannot hold (two can: it is at most twice
+	// one domain's limit).
+	floor := int64(1000)
+	for {
+		if _, err := New(withFloor(floor), hgxCluster(t, 1)); err != nil {
+			break
+		}
+		floor *= 2
+	}
+	cfg = withFloor(floor)
+	h := newHarness(t, cfg, hgxCluster(t, 2))
+	if err := h.e.SetTopology(hgxCluster(t, 1)); err != nil {
+		t.Fatalf("SetTopology refused losing a domain: %v", err)
+	}
+	if ds := h.e.Domains(); len(ds) != 1 || ds[0].ID != "d1" {
+		t.Fatalf("domains after the loss: %+v", ds)
+	}
+	if d := h.admit(req("a", "small", 10, 10)); d.Outcome != Admitted {
+		t.Errorf("the floor tenant on what remains: %+v", d)
+	}
+	if err := h.e.Apply(cfg); err == nil {
+		t.Error("Apply accepted a config whose floors the cluster cannot hold")
+	}
+}
+
+// A drain marked ahead of a domain's arrival holds from its first moment.
+func TestDrainAheadOfArrival(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	h.e.DrainAhead("d2", "not racked yet")
+	h.e.DrainAhead("d1", "maintenance")
+	if d := h.domain("d1"); !d.Draining {
+		t.Error("DrainAhead of a present domain did not drain it")
+	}
+	if err := h.e.SetTopology(hgxCluster(t, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if d := h.domain("d2"); !d.Draining || d.DrainReason != "not racked yet" {
+		t.Errorf("d2 arrived as %+v, want drained", d)
+	}
+}
