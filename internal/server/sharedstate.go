@@ -28,7 +28,7 @@ type SharedOptions struct {
 	// replica, strict with one).
 	Mode      string
 	Replicas  int           // N until etcd membership says otherwise; default 1
-	ReplicaID string        // default: the etcd member id, else hostname plus a random suffix
+	ReplicaID string        // default: the etcd member id, else the host name; a random suffix is added
 	Interval  time.Duration // batched reconcile period; default 100ms
 	Timeout   time.Duration // per Redis call; default 50ms
 	Prefix    string        // key prefix and hash tag; default "sluice"
@@ -71,9 +71,7 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	if o.ReplicaID == "" {
 		o.ReplicaID = s.opts.Etcd.ReplicaID // its member id, where etcd names one
 	}
-	if o.ReplicaID == "" {
-		o.ReplicaID = replicaID()
-	}
+	o.ReplicaID = incarnation(o.ReplicaID)
 	s.redis = rdb
 	s.log.Info("shared state on redis", "mode", mode, "replica", o.ReplicaID, "replicas", max(o.Replicas, 1))
 	return admission.WithSharedState(store, admission.SharedOptions{
@@ -118,11 +116,16 @@ func redisClient(o SharedOptions) (redis.UniversalClient, error) {
 	}), nil
 }
 
-func replicaID() string {
-	host, _ := os.Hostname()
+// incarnation names this process in Redis: the replica's id (default the
+// host name) and a random suffix, so that a restarted replica's lease
+// names and counters never meet its previous life's.
+func incarnation(id string) string {
+	if id == "" {
+		id, _ = os.Hostname()
+	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	return host + "-" + hex.EncodeToString(b)
+	return id + "-" + hex.EncodeToString(b)
 }
 
 // setReplicaCount sets N, the live replicas (from etcd membership).
