@@ -47,19 +47,19 @@ type BucketReport struct {
 	Key   string
 	Rate  int64 // the whole bucket's refill rate, units per second
 	Burst int64 // the whole bucket's burst
-	// Cum is what this replica took (net of refunds) since it started,
-	// modulo CumModulus. A store that has seen an earlier Cum from the
-	// replica applies the difference, so a report repeated after an
-	// ambiguous failure is not charged twice.
+	// Cum is what this replica took (net of refunds) in this epoch,
+	// modulo CumModulus. A store that holds an earlier Cum of the same
+	// epoch from the replica applies the difference, so a report repeated
+	// after an ambiguous failure is not charged twice.
 	Cum int64
 	// Unacked is the part of Cum no reply has acknowledged: what a store
-	// that lost the replica's record (a Redis restart) applies instead.
+	// without a Cum of this epoch (a new epoch, a Redis restart, a counter
+	// forgotten after long silence) applies instead.
 	Unacked int64
-	Demand  int64 // units per second this replica would take
-	// Fresh marks the first report of the bucket since this replica
-	// (re)started counting it: the store ignores any Cum it remembers and
-	// applies Unacked.
-	Fresh bool
+	// Epoch numbers the replica's counting of this bucket: a new one
+	// starts whenever the replica starts counting it afresh.
+	Epoch  uint64
+	Demand int64 // units per second this replica would take
 	// Age is how long this replica has held the bucket. A store creating
 	// the bucket counts it full since then: the quota refilled while the
 	// replicas spent their starting slices.
@@ -83,8 +83,12 @@ type ReconcileReply struct {
 
 // BucketGrant is one replica's slice of a bucket until its next report.
 type BucketGrant struct {
-	Rate  int64 // units per second this replica refills at
-	Level int64 // its share of the global level; negative is its share of an overage
+	// RateMilli is the rate this replica refills at, in thousandths of a
+	// unit per second (whole units would round small rates away).
+	RateMilli int64
+	// Level is its share of the global level; negative is its share of an
+	// overage, the backpressure.
+	Level int64
 }
 
 // StrictCharge is everything one decision takes, checked and taken at once.
@@ -142,6 +146,7 @@ const (
 	SharedStrict
 )
 
+// String names the mode as flags and logs do.
 func (m SharedMode) String() string {
 	switch m {
 	case SharedBatched:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"strconv"
 	"sync"
@@ -49,6 +50,19 @@ func scaleFor(rate, burst int64) int64 {
 	return 1 << (n - 32)
 }
 
+// mulDiv returns a·b/c for non-negative a, b and positive c, saturating.
+func mulDiv(a, b, c int64) int64 {
+	if a <= 0 || b <= 0 || c <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64))
+}
+
 func ceilDiv(a, b int64) int64 {
 	if a <= 0 {
 		return a / b
@@ -66,7 +80,8 @@ type syncEntry struct {
 	rem       int64 // unscaled units taken but not yet reported, |rem| < scale
 	cum       int64 // scaled, modulo CumModulus
 	unacked   int64
-	fresh     bool  // not yet acknowledged by the store
+	epoch     uint64
+	started   bool  // the store has acknowledged a report of this epoch
 	lastAt    int64 // engine time of the last report
 	seenAt    int64
 	// Set by a report, used by the apply that follows.
@@ -102,6 +117,7 @@ type sharedSync struct {
 	entries   map[entryKey]*syncEntry
 	round     []roundItem
 	lastPrune int64
+	epochs    uint64 // the last epoch handed to an entry
 
 	calls, decisions, failures atomic.Uint64
 	lastOK                     atomic.Int64 // wall-clock unix nanoseconds of the last successful call
@@ -372,7 +388,8 @@ func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bu
 		if ek.kind >= kindPrefill {
 			key = domainKey(ek.name, ek.kind)
 		}
-		en = &syncEntry{key: key, kind: ek.kind, scale: scaleFor(rate, burst), fresh: true, lastAt: now - int64(s.opts.Interval)}
+		s.epochs++
+		en = &syncEntry{key: key, kind: ek.kind, scale: scaleFor(rate, burst), epoch: s.epochs, lastAt: now - int64(s.opts.Interval)}
 		s.entries[ek] = en
 	}
 	if en.owner != owner { // a rebuilt tenant or domain: its bucket counts from 0
@@ -400,9 +417,11 @@ func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bu
 	en.snapTaken, en.sentUnacked = taken, en.unacked
 	rep := BucketReport{
 		Key: en.key, Rate: rate / en.scale, Burst: burst / en.scale,
-		Cum: en.cum, Unacked: en.unacked, Demand: demand, Fresh: en.fresh,
+		Cum: en.cum, Unacked: en.unacked, Epoch: en.epoch, Demand: demand,
 	}
-	if en.fresh {
+	if !en.started {
+		// Only a bucket this replica is starting is credited for its age; a
+		// store that lost its data (a restart) starts from the burst.
 		rep.Age = time.Duration(age)
 	}
 	return rep
@@ -432,7 +451,7 @@ func (e *Engine) applyGrantsLocked(now int64, rep *ReconcileReply) {
 	for i, it := range s.round {
 		g, en := rep.Buckets[i], it.en
 		en.unacked -= en.sentUnacked
-		en.fresh = false
+		en.started = true
 		if g.Level < 0 {
 			s.overage[en.kind].Add(-g.Level * en.scale)
 		}
@@ -453,12 +472,12 @@ func (e *Engine) applyGrantsLocked(now int64, rep *ReconcileReply) {
 				since = d - en.snapTaken
 			}
 		}
-		rate, level := g.Rate*en.scale, g.Level*en.scale-since
+		rate, level := mulDiv(g.RateMilli, en.scale, 1000), g.Level*en.scale-since
 		switch {
 		case it.t != nil:
 			credit := int64(0)
 			if en.kind == kindTokens && it.t.breaker == breakerClosed && it.rate > 0 {
-				credit = int64(float64(creditLimit(it.t.policy)) * float64(rate) / float64(it.rate))
+				credit = mulDiv(creditLimit(it.t.policy), rate, it.rate) // the same share of the credit
 			}
 			it.b.SetLimits(rate, it.b.Burst(), credit)
 			it.b.SetLevel(now, level)

@@ -43,6 +43,9 @@ const (
 	DefaultJitter      = 0.1
 	DefaultBackoffBase = 50 * time.Millisecond
 	DefaultBackoffMax  = time.Second
+	// DefaultReleaseGrace is how long a Router keeps a departed replica's
+	// connection for Release (see WithReleaseGrace).
+	DefaultReleaseGrace = 30 * time.Second
 )
 
 // Client calls the Admission service. It is safe for concurrent use.
@@ -54,6 +57,8 @@ type Client struct {
 	backoffBase time.Duration
 	backoffMax  time.Duration
 	now         func() time.Time
+	// releaseGrace is read by NewRouter only (WithReleaseGrace).
+	releaseGrace time.Duration
 }
 
 // Option configures a Client.
@@ -92,6 +97,16 @@ func WithBackoff(base, maxWait time.Duration) Option {
 		c.backoffBase = max(base, 0)
 		c.backoffMax = max(maxWait, c.backoffBase)
 	}
+}
+
+// WithReleaseGrace sets, for a Router, how long a replica that left the
+// membership keeps its connection for Release (default DefaultReleaseGrace;
+// 0 or less closes it at once). A replica leaves the list while still
+// serving, for a moment (an etcd outage longer than its lease TTL, a
+// graceful shutdown): its leases' Releases must still reach it. New Admits
+// stop going there at once. A Client alone ignores it.
+func WithReleaseGrace(d time.Duration) Option {
+	return func(c *Client) { c.releaseGrace = max(d, 0) }
 }
 
 // New returns a Client over conn.

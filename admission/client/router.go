@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,25 +61,38 @@ const leaseSep = "@"
 // tenant's order, with the same request id. Leases stay where they were
 // granted: the lease ids a Router returns name their replica
 // ("l-4294967297@sluiced-2"), and Release sends each to that replica, so a
-// membership change never strands one. Pass Router lease ids only to
-// Router.Release.
+// membership change never strands one: a replica that leaves the
+// membership keeps its connection for Release for a grace period
+// (WithReleaseGrace, DefaultReleaseGrace), while new Admits stop going
+// there at once. Pass Router lease ids only to Router.Release.
 //
 // A Router is safe for concurrent use.
 type Router struct {
-	dial Dialer
-	opts []Option
-	stop context.CancelFunc
-	done chan struct{}
+	dial  Dialer
+	opts  []Option
+	grace time.Duration // how long a departed member serves Release
+	stop  context.CancelFunc
+	done  chan struct{}
 
 	mu struct {
 		sync.RWMutex
 		members []*routedMember // sorted by ID
 		nodes   []rendezvous.Node
 		hashes  []uint64
-		known   bool          // a member list has arrived
-		ready   chan struct{} // closed when known becomes true
-		closed  bool
+		// departed are members that left within the grace period, by ID:
+		// Release still reaches them, Admit does not.
+		departed map[string]*departedMember
+		known    bool          // a member list has arrived
+		ready    chan struct{} // closed when known becomes true
+		closed   bool
 	}
+}
+
+// departedMember is a member that left, kept for Release until its timer
+// closes its connection.
+type departedMember struct {
+	*routedMember
+	timer *time.Timer
 }
 
 // routedMember is a member with its connection and Client.
@@ -92,8 +106,13 @@ type routedMember struct {
 // reached through a Client built with opts over the connection dial opens.
 func NewRouter(src MemberSource, dial Dialer, opts ...Option) *Router {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Router{dial: dial, opts: opts, stop: cancel, done: make(chan struct{})}
+	settings := Client{releaseGrace: DefaultReleaseGrace}
+	for _, o := range opts {
+		o(&settings)
+	}
+	r := &Router{dial: dial, opts: opts, grace: settings.releaseGrace, stop: cancel, done: make(chan struct{})}
 	r.mu.ready = make(chan struct{})
+	r.mu.departed = make(map[string]*departedMember)
 	ch := src.Watch(ctx)
 	go func() {
 		defer close(r.done)
@@ -105,7 +124,9 @@ func NewRouter(src MemberSource, dial Dialer, opts ...Option) *Router {
 }
 
 // setMembers replaces the member list, keeping the connections of replicas
-// that stay (same ID and address) and closing those of replicas that left.
+// that stay (same ID and address). A replica that left keeps its connection
+// for Release during the grace period; one that returns within it (same
+// address) gets it back.
 func (r *Router) setMembers(list []Member) {
 	byID := make(map[string]Member, len(list))
 	for _, m := range list {
@@ -131,14 +152,29 @@ func (r *Router) setMembers(list []Member) {
 			delete(old, id)
 			continue
 		}
+		if dm, ok := r.mu.departed[id]; ok {
+			delete(r.mu.departed, id)
+			dm.timer.Stop()
+			if dm.Addr == m.Addr { // back within the grace period
+				next = append(next, dm.routedMember)
+				continue
+			}
+			gone = append(gone, dm.conn)
+		}
 		conn, err := r.dial(m.Addr)
 		if err != nil {
 			continue // unreachable by construction: leave it out until it changes
 		}
 		next = append(next, &routedMember{Member: m, conn: conn, client: New(conn, r.opts...)})
 	}
-	for _, rm := range old {
-		gone = append(gone, rm.conn)
+	for id, rm := range old {
+		if _, back := byID[id]; back || r.grace <= 0 {
+			gone = append(gone, rm.conn) // replaced (new address), or no grace
+			continue
+		}
+		dm := &departedMember{routedMember: rm}
+		dm.timer = time.AfterFunc(r.grace, func() { r.expire(id, dm) })
+		r.mu.departed[id] = dm
 	}
 	slices.SortFunc(next, func(a, b *routedMember) int { return strings.Compare(a.ID, b.ID) })
 	r.mu.members = next
@@ -156,6 +192,19 @@ func (r *Router) setMembers(list []Member) {
 	for _, c := range gone {
 		_ = c.Close() // RPCs in flight on it fail UNAVAILABLE; Admit moves on
 	}
+}
+
+// expire ends dm's grace period: its connection closes, and Release of its
+// leases is NOT_FOUND from then on.
+func (r *Router) expire(id string, dm *departedMember) {
+	r.mu.Lock()
+	if r.mu.departed[id] != dm {
+		r.mu.Unlock()
+		return // it came back, or the Router closed
+	}
+	delete(r.mu.departed, id)
+	r.mu.Unlock()
+	_ = dm.conn.Close()
 }
 
 // Ready returns a channel closed once the first member list has arrived.
@@ -246,9 +295,10 @@ func moveOn(resp *admissionv1.AdmitResponse, err error) bool {
 }
 
 // Release ends a lease that Router.Admit granted, on the replica that holds
-// it. A lease id without a replica, or of a replica that has left, is
-// NOT_FOUND (a replica that left has ended its leases or will let them
-// expire).
+// it, also when that replica left the membership less than the grace period
+// ago. A lease id without a replica is INVALID_ARGUMENT; one of a replica
+// that left longer ago is NOT_FOUND (a replica that left has ended its
+// leases or will let them expire).
 func (r *Router) Release(ctx context.Context, req *admissionv1.ReleaseRequest) (*admissionv1.ReleaseResponse, error) {
 	lease, owner, ok := strings.Cut(req.GetLeaseId(), leaseSep)
 	if !ok || owner == "" {
@@ -262,9 +312,12 @@ func (r *Router) Release(ctx context.Context, req *admissionv1.ReleaseRequest) (
 			break
 		}
 	}
+	if dm, ok := r.mu.departed[owner]; ok && rm == nil {
+		rm = dm.routedMember
+	}
 	r.mu.RUnlock()
 	if rm == nil {
-		return nil, status.Errorf(codes.NotFound, "lease %s: replica %q is not a live member", lease, owner)
+		return nil, status.Errorf(codes.NotFound, "lease %s: replica %q is not a member, nor left less than %v ago", lease, owner, r.grace)
 	}
 	out := proto.CloneOf(req)
 	out.LeaseId = lease
@@ -278,7 +331,11 @@ func (r *Router) Close() error {
 	r.mu.Lock()
 	r.mu.closed = true
 	members := r.mu.members
-	r.mu.members, r.mu.nodes, r.mu.hashes = nil, nil, nil
+	for _, dm := range r.mu.departed {
+		dm.timer.Stop()
+		members = append(members, dm.routedMember)
+	}
+	r.mu.members, r.mu.nodes, r.mu.hashes, r.mu.departed = nil, nil, nil, nil
 	r.mu.Unlock()
 	var errs []error
 	for _, rm := range members {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
@@ -177,18 +179,16 @@ func TestRouterFollowsMembership(t *testing.T) {
 			t.Fatalf("%s moved from %s to %s though %s stayed", tn, was, now, was)
 		}
 	}
-	// Leases go back to the replica that granted them.
+	// Leases go back to the replica that granted them, r3 included: it left
+	// the membership but still serves, within the Router's grace period.
 	for _, tn := range tenants {
 		_, id, _ := strings.Cut(before[tn], "@")
-		_, err := router.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: before[tn], OutputTokens: 5})
-		if id == "r3" {
-			if status.Code(err) != codes.NotFound {
-				t.Fatalf("release on the departed r3: %v", err)
-			}
-			continue
-		}
-		if err != nil {
+		held, _ := reps[id].eng.Tenant(tn)
+		if _, err := router.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: before[tn], OutputTokens: 5}); err != nil {
 			t.Fatalf("release %s: %v", before[tn], err)
+		}
+		if now, _ := reps[id].eng.Tenant(tn); now.InFlight != held.InFlight-1 {
+			t.Fatalf("release %s: %s holds %d leases for %s, was %d", before[tn], id, now.InFlight, tn, held.InFlight)
 		}
 	}
 	if _, err := router.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: "l-4294967297"}); status.Code(err) != codes.InvalidArgument {
@@ -267,4 +267,117 @@ func (neverMembers) Watch(ctx context.Context) <-chan []client.Member {
 	ch := make(chan []client.Member)
 	go func() { <-ctx.Done(); close(ch) }()
 	return ch
+}
+
+// fakeConn is a connection whose Release calls succeed and are counted.
+type fakeConn struct {
+	mu       sync.Mutex
+	releases int
+	closed   bool
+}
+
+func (c *fakeConn) Invoke(_ context.Context, method string, _, reply any, _ ...grpc.CallOption) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return status.Error(codes.Unavailable, "closed")
+	}
+	if !strings.HasSuffix(method, "/Release") {
+		return status.Errorf(codes.Unimplemented, "%s", method)
+	}
+	c.releases++
+	proto.Merge(reply.(proto.Message), &admissionv1.ReleaseResponse{})
+	return nil
+}
+
+func (c *fakeConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallOption) (grpc.ClientStream, error) {
+	return nil, status.Error(codes.Unimplemented, "no streams")
+}
+
+func (c *fakeConn) Close() error { c.mu.Lock(); c.closed = true; c.mu.Unlock(); return nil }
+
+func (c *fakeConn) state() (int, bool) { c.mu.Lock(); defer c.mu.Unlock(); return c.releases, c.closed }
+
+// chanMembers is a MemberSource fed by the test.
+type chanMembers chan []client.Member
+
+func (s chanMembers) Watch(ctx context.Context) <-chan []client.Member {
+	out := make(chan []client.Member)
+	go func() {
+		defer close(out)
+		for {
+			select {
+			case l := <-s:
+				select {
+				case out <- l:
+				case <-ctx.Done():
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// A member that leaves gets no new Admit at once, but its leases' Releases
+// still reach it for the grace period; then its connection closes and
+// Release is NOT_FOUND. One that returns within the grace period gets its
+// connection back.
+func TestRouterReleaseGrace(t *testing.T) {
+	conns := map[string]*fakeConn{}
+	var mu sync.Mutex
+	dial := func(addr string) (client.Conn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		c := &fakeConn{}
+		conns[addr] = c
+		return c, nil
+	}
+	conn := func(addr string) *fakeConn { mu.Lock(); defer mu.Unlock(); return conns[addr] }
+	src := make(chanMembers)
+	a, b := client.Member{ID: "a", Addr: "a:1"}, client.Member{ID: "b", Addr: "b:1"}
+	r := client.NewRouter(src, dial, client.WithReleaseGrace(200*time.Millisecond))
+	defer r.Close()
+	src <- []client.Member{a, b}
+	<-r.Ready()
+	eventually(t, "two members", func() bool { return len(r.Members()) == 2 })
+
+	src <- []client.Member{a}
+	eventually(t, "b gone from the members", func() bool { return len(r.Members()) == 1 })
+	for i := range 50 {
+		if m, _ := r.Route(fmt.Sprintf("t%d", i)); m.ID != "a" {
+			t.Fatalf("t%d routed to %s after b left", i, m.ID)
+		}
+	}
+	if _, err := r.Release(context.Background(), &admissionv1.ReleaseRequest{LeaseId: "l-1@b"}); err != nil {
+		t.Fatalf("release on b within the grace period: %v", err)
+	}
+	if n, closed := conn("b:1").state(); n != 1 || closed {
+		t.Fatalf("b's connection: %d releases, closed %v; want 1, open", n, closed)
+	}
+	eventually(t, "b's connection closed after the grace period", func() bool { _, closed := conn("b:1").state(); return closed })
+	if _, err := r.Release(context.Background(), &admissionv1.ReleaseRequest{LeaseId: "l-2@b"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("release on b after the grace period: %v", err)
+	}
+
+	// a leaves and returns within the grace period: same connection.
+	src2 := make(chanMembers)
+	long := client.NewRouter(src2, dial, client.WithReleaseGrace(time.Hour))
+	defer long.Close()
+	first := conn("a:1")
+	src2 <- []client.Member{a}
+	eventually(t, "a in the second router", func() bool { return len(long.Members()) == 1 && conn("a:1") != first })
+	second := conn("a:1")
+	src2 <- []client.Member{b}
+	eventually(t, "a gone", func() bool { m := long.Members(); return len(m) == 1 && m[0].ID == "b" })
+	src2 <- []client.Member{a, b}
+	eventually(t, "a back", func() bool { return len(long.Members()) == 2 })
+	if conn("a:1") != second {
+		t.Fatal("a was dialed again though it came back within the grace period")
+	}
+	if _, closed := second.state(); closed {
+		t.Fatal("a's connection closed though it came back")
+	}
 }

@@ -87,13 +87,27 @@ type Source struct {
 }
 
 // NewSource returns a Source of the members under prefix ("/sluice/" in
-// production). log receives the entries it skips and the errors it retries
-// on; nil discards them.
+// production), normalized as the control plane's prefix is: "" is
+// "/sluice/", and "/sluice" and "/sluice/" name the same keys. log receives
+// the entries it skips and the errors it retries on; nil discards them.
 func NewSource(cli *clientv3.Client, prefix string, log *slog.Logger) *Source {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Source{cli: cli, prefix: prefix, log: log, retry: 500 * time.Millisecond}
+	return &Source{cli: cli, prefix: normalizePrefix(prefix), log: log, retry: 500 * time.Millisecond}
+}
+
+// defaultPrefix is the control plane's default key prefix
+// (controlplane.DefaultPrefix, which imports this package).
+const defaultPrefix = "/sluice/"
+
+// normalizePrefix is controlplane.NormalizePrefix: prefix ending in exactly
+// one "/", "" giving defaultPrefix.
+func normalizePrefix(prefix string) string {
+	if prefix == "" {
+		return defaultPrefix
+	}
+	return strings.TrimRight(prefix, "/") + "/"
 }
 
 // Watch implements client.MemberSource: it reads the members, sends them, and

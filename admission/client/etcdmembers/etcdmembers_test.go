@@ -34,3 +34,13 @@ func TestEncodeDecode(t *testing.T) {
 		t.Error("an empty id encoded")
 	}
 }
+
+// NewSource normalizes its prefix as the control plane does, so that a
+// router given "/sluice" watches the keys replicas write under "/sluice/".
+func TestNewSourceNormalizesPrefix(t *testing.T) {
+	for in, want := range map[string]string{"": "/sluice/", "/sluice": "/sluice/", "/sluice/": "/sluice/", "/x//": "/x/"} {
+		if got := NewSource(nil, in, nil).prefix; got != want {
+			t.Errorf("NewSource(%q).prefix = %q, want %q", in, got, want)
+		}
+	}
+}

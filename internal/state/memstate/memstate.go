@@ -32,9 +32,14 @@ type bucket struct {
 }
 
 type replica struct {
+	epoch       uint64
 	cum, demand int64
 	seen        time.Time
 }
+
+// forget is how long a silent replica's counter is kept (as in the
+// script): max(100·stale, 60 s).
+func forget(stale time.Duration) time.Duration { return max(100*stale, time.Minute) }
 
 type holding struct {
 	held, share int64
@@ -92,18 +97,19 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 			b.level += float64(r.Rate) * r.Age.Seconds()
 		}
 		delta := r.Unacked
-		if prev, ok := b.replicas[req.Replica]; ok && !r.Fresh {
+		if prev, ok := b.replicas[req.Replica]; ok && prev.epoch == r.Epoch {
 			delta = CumDelta(r.Cum, prev.cum)
 		}
 		b.level = math.Min(b.level-float64(delta), float64(r.Burst))
-		b.replicas[req.Replica] = &replica{cum: r.Cum, demand: r.Demand, seen: now}
+		b.replicas[req.Replica] = &replica{epoch: r.Epoch, cum: r.Cum, demand: r.Demand, seen: now}
 		demands := make(map[string]int64, len(b.replicas))
 		for id, rp := range b.replicas {
-			if now.Sub(rp.seen) > req.Stale {
+			switch quiet := now.Sub(rp.seen); {
+			case id != req.Replica && quiet > forget(req.Stale):
 				delete(b.replicas, id)
-				continue
+			case id == req.Replica || quiet <= req.Stale:
+				demands[id] = rp.demand
 			}
-			demands[id] = rp.demand
 		}
 		g := Waterfill(float64(r.Rate), demands)[req.Replica]
 		share := b.level / float64(len(demands))
@@ -113,7 +119,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		if live := len(demands); now.Sub(b.born) <= req.Stale && live < req.Replicas {
 			share = share * float64(live) / float64(req.Replicas) // replicas yet to report hold their slices
 		}
-		rep.Buckets[i] = admission.BucketGrant{Rate: int64(math.Floor(g)), Level: int64(math.Floor(share))}
+		rep.Buckets[i] = admission.BucketGrant{RateMilli: int64(math.Floor(g * 1000)), Level: int64(math.Floor(share))}
 	}
 	for i, g := range req.Gauges {
 		hs := s.gauges[g.Key]
@@ -124,7 +130,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		hs[req.Replica] = &holding{held: g.Held, share: g.Share, until: now.Add(g.TTL)}
 		var held, shares int64
 		for id, h := range hs {
-			if now.After(h.until) {
+			if id != req.Replica && !h.until.After(now) { // a vanished replica's leases have expired
 				delete(hs, id)
 				continue
 			}

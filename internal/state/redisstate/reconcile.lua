@@ -1,17 +1,23 @@
 -- One replica's batched report; returns its grants (see package state).
 -- KEYS: bucket hashes, then gauge hashes, all under one hash tag.
 -- ARGV: replica, stale_us, nbuckets, N (replicas), then per bucket
---   rate, burst, cum, unacked, demand, fresh(0/1), age_us
+--   rate, burst, cum, unacked, demand, epoch, age_us
 -- then per gauge: limit, held, share, ttl_us.
 -- Bucket hash fields: l level, t last refill (us), born (us); per replica r:
---   c:r cumulative, d:r demand, s:r last seen (us).
+--   c:r "epoch:cumulative", d:r demand, s:r last seen (us).
 -- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
+-- Returns per bucket {rate granted in thousandths, level share}, per gauge
+-- the replica's limit.
+
 -- Numbers written to Redis go through num: the default conversion keeps
 -- only 14 digits, too few for microsecond times and 52-bit counters.
 local function num(x) return string.format('%.17g', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local rid, stale, nb, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), math.max(tonumber(ARGV[4]), 1)
+-- A silent replica leaves the shares after stale, its counter only after
+-- forget: a replica back from a long breaker must still find it.
+local forget = math.max(100 * stale, 60000000)
 local M = 4503599627370496 -- 2^52, admission.CumModulus
 local out = {}
 local a = 5
@@ -41,8 +47,8 @@ end
 for i = 1, nb do
   local key = KEYS[i]
   local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local cum, unacked = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local demand, fresh, age = tonumber(ARGV[a + 4]), ARGV[a + 5], tonumber(ARGV[a + 6])
+  local cumArg, unacked, demArg = ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4]
+  local epoch, age = ARGV[a + 5], tonumber(ARGV[a + 6])
   a = a + 7
   local f = fields(key)
   local level, ts = tonumber(f.l), tonumber(f.t)
@@ -52,23 +58,28 @@ for i = 1, nb do
     redis.call('HSET', key, 'born', f.born)
   end
   level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6)
-  -- Charge the difference from the last cumulative seen, so a repeated
-  -- report counts once; with none (new, restarted, pruned) the unacked part.
+  -- Charge the difference from the last cumulative of the same epoch, so a
+  -- repeated report counts once; with none (a new epoch, or forgotten) the
+  -- unacknowledged part.
   local delta = unacked
   local prev = f['c:' .. rid]
-  if prev and fresh == '0' then
-    delta = (cum - tonumber(prev)) % M
-    if delta > M / 2 then delta = delta - M end
+  if prev then
+    local pe, pc = string.match(prev, '^(%d+):(%d+)$')
+    if pe == epoch then
+      delta = (tonumber(cumArg) - tonumber(pc)) % M
+      if delta > M / 2 then delta = delta - M end
+    end
   end
   level = math.min(level - delta, burst)
-  f['d:' .. rid], f['s:' .. rid] = ARGV[a - 3], num(now)
+  f['d:' .. rid], f['s:' .. rid] = demArg, num(now)
   local ids, dem = {}, {}
   for field, v in pairs(f) do
     if string.sub(field, 1, 2) == 's:' then
       local r = string.sub(field, 3)
-      if r ~= rid and now - tonumber(v) > stale then
+      local quiet = now - tonumber(v)
+      if r ~= rid and quiet > forget then
         redis.call('HDEL', key, 'c:' .. r, 'd:' .. r, 's:' .. r)
-      else
+      elseif r == rid or quiet <= stale then
         ids[#ids + 1] = r
         dem[r] = tonumber(f['d:' .. r])
       end
@@ -79,13 +90,14 @@ for i = 1, nb do
   if rate > 0 then share = level * g / rate end
   -- Replicas yet to report a new bucket hold their 1/N starting slices.
   if now - tonumber(f.born or 0) <= stale and #ids < N then share = share * #ids / N end
-  redis.call('HSET', key, 'l', num(level), 't', num(now), 'c:' .. rid, ARGV[a - 5], 'd:' .. rid, ARGV[a - 3], 's:' .. rid, num(now))
+  redis.call('HSET', key, 'l', num(level), 't', num(now), 'c:' .. rid, epoch .. ':' .. cumArg,
+    'd:' .. rid, demArg, 's:' .. rid, num(now))
   -- Idle past a refill and a few reports, the bucket would be full again:
   -- let it go.
   local ttl = 10 * stale / 1000
   if rate > 0 then ttl = ttl + 1000 * burst / rate end
   redis.call('PEXPIRE', key, math.ceil(ttl))
-  out[i] = {math.floor(g), math.floor(share)}
+  out[i] = {math.floor(g * 1000), math.floor(share)}
 end
 
 for i = nb + 1, #KEYS do
@@ -98,7 +110,7 @@ for i = nb + 1, #KEYS do
   for field, v in pairs(f) do
     if string.sub(field, 1, 2) == 'u:' then
       local r = string.sub(field, 3)
-      if tonumber(v) < now then -- a vanished replica's leases have expired
+      if r ~= rid and tonumber(v) <= now then -- a vanished replica's leases have expired
         redis.call('HDEL', key, 'h:' .. r, 'w:' .. r, 'u:' .. r)
       else
         total = total + tonumber(f['h:' .. r])

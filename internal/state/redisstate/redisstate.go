@@ -72,12 +72,9 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	args := make([]any, 0, 4+7*len(req.Buckets)+4*len(req.Gauges))
 	args = append(args, req.Replica, micros(req.Stale), len(req.Buckets), req.Replicas)
 	for _, b := range req.Buckets {
-		fresh := "0"
-		if b.Fresh {
-			fresh = "1"
-		}
 		keys = append(keys, s.Key(b.Key))
-		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand), fresh, micros(b.Age))
+		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand),
+			strconv.FormatUint(b.Epoch, 10), micros(b.Age))
 	}
 	for _, g := range req.Gauges {
 		keys = append(keys, s.Key(g.Key))
@@ -107,7 +104,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("redis: reconcile: bucket %s: malformed reply %v", req.Buckets[i].Key, pair)
 		}
-		rep.Buckets[i] = admission.BucketGrant{Rate: rate, Level: level}
+		rep.Buckets[i] = admission.BucketGrant{RateMilli: rate, Level: level}
 	}
 	for i := range req.Gauges {
 		v, ok := res[len(req.Buckets)+i].(int64)

@@ -19,6 +19,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// quiet drops go-redis's own log lines (a test that kills its server
+// expects the dial failures they report).
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func init() { redis.SetLogger(quiet{}) }
+
 // Server is a running redis-server.
 type Server struct {
 	t    testing.TB

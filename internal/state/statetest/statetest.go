@@ -33,57 +33,84 @@ func Run(t *testing.T, newStore Factory) {
 	ctx := context.Background()
 	t.Run("first report starts full and charges what was taken", func(t *testing.T) {
 		s := newStore(t)
-		g := reconcile(t, s, "a", bucket("k", 100, 100, 10, true))
+		g := reconcile(t, s, "a", bucket("k", 1, 100, 100, 10))
 		near(t, "level", g.Level, burst-100)
-		if g.Rate != rate {
-			t.Errorf("rate grant = %d, want the whole rate %d for a lone replica", g.Rate, rate)
+		if g.RateMilli != 1000*rate {
+			t.Errorf("rate grant = %d thousandths, want the whole rate %d for a lone replica", g.RateMilli, rate)
 		}
 	})
 	t.Run("a repeated report is not charged twice", func(t *testing.T) {
 		s := newStore(t)
-		reconcile(t, s, "a", bucket("k", 100, 100, 10, true))
-		g := reconcile(t, s, "a", bucket("k", 100, 100, 10, false)) // the ack was lost
+		reconcile(t, s, "a", bucket("k", 1, 100, 100, 10))
+		g := reconcile(t, s, "a", bucket("k", 1, 100, 100, 10)) // the first answer was lost
 		near(t, "level after a repeat", g.Level, burst-100)
-		g = reconcile(t, s, "a", bucket("k", 150, 50, 10, false))
+		g = reconcile(t, s, "a", bucket("k", 1, 150, 50, 10))
 		near(t, "level after 50 more", g.Level, burst-150)
 	})
 	t.Run("refunds lower the cumulative and give back", func(t *testing.T) {
 		s := newStore(t)
-		reconcile(t, s, "a", bucket("k", 500, 500, 10, true))
-		g := reconcile(t, s, "a", bucket("k", 200, -300, 10, false))
+		reconcile(t, s, "a", bucket("k", 1, 500, 500, 10))
+		g := reconcile(t, s, "a", bucket("k", 1, 200, -300, 10))
 		near(t, "level", g.Level, burst-200)
 	})
 	t.Run("cumulative counters wrap modulo CumModulus", func(t *testing.T) {
 		s := newStore(t)
-		reconcile(t, s, "a", bucket("k", admission.CumModulus-10, 0, 10, true))
-		g := reconcile(t, s, "a", bucket("k", 30, 40, 10, false))
+		reconcile(t, s, "a", bucket("k", 1, admission.CumModulus-10, 0, 10))
+		g := reconcile(t, s, "a", bucket("k", 1, 30, 40, 10))
 		near(t, "level", g.Level, burst-40)
 	})
-	t.Run("a store that forgot the replica applies only the unacked part", func(t *testing.T) {
+	t.Run("a new epoch applies only the unacked part", func(t *testing.T) {
 		s := newStore(t)
-		reconcile(t, s, "a", bucket("k", 1000, 1000, 10, true))
-		g := reconcile(t, s, "a", bucket("k", 5000, 30, 10, true)) // restarted counting
+		reconcile(t, s, "a", bucket("k", 1, 1000, 1000, 10))
+		g := reconcile(t, s, "a", bucket("k", 2, 5000, 30, 10)) // counting restarted
 		near(t, "level", g.Level, burst-1030)
+	})
+	t.Run("a replica out of the shares keeps its counter", func(t *testing.T) {
+		s := newStore(t)
+		rep := func(id string, cum, unacked int64) admission.BucketGrant {
+			r, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
+				Buckets: []admission.BucketReport{{Key: "k", Rate: rate, Burst: burst, Epoch: 1, Cum: cum, Unacked: unacked, Demand: 1_000_000}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.Buckets[0]
+		}
+		rep("a", 100, 100)
+		waitPast(time.Millisecond)
+		rep("b", 0, 0) // a is quiet past Stale: out of the shares
+		// a's answer was lost and a comes back (a breaker's cool-down) with
+		// the same report: its counter is still there, nothing is charged
+		// twice. (Stale is 1µs: a reports alone, its share is the level.)
+		g := rep("a", 100, 100)
+		near(t, "level", g.Level, burst-100)
+	})
+	t.Run("small rates are not rounded away", func(t *testing.T) {
+		s := newStore(t)
+		for _, id := range []string{"a", "b", "c"} {
+			reconcile(t, s, id, admission.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
+		}
+		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
+		within(t, "a third of 1 unit/s, in thousandths", g.RateMilli, 333, 1)
 	})
 	t.Run("an overage comes back as a negative share", func(t *testing.T) {
 		s := newStore(t)
-		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: rate, Burst: 1000, Cum: 1500, Unacked: 1500, Demand: 10, Fresh: true})
+		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: rate, Burst: 1000, Epoch: 1, Cum: 1500, Unacked: 1500, Demand: 10})
 		near(t, "level", g.Level, -500)
 	})
 	t.Run("the rate is shared by demand, max-min fair", func(t *testing.T) {
 		s := newStore(t)
 		const r = 100_000
 		rep := func(id string, demand int64) admission.BucketGrant {
-			return reconcile(t, s, id, admission.BucketReport{Key: "k", Rate: r, Burst: burst, Demand: demand, Fresh: true})
+			return reconcile(t, s, id, admission.BucketReport{Key: "k", Rate: r, Burst: burst, Demand: demand, Epoch: 1})
 		}
 		rep("busy", 1_000_000)
 		idle := rep("idle", 0)
 		busy := rep("busy", 1_000_000)
 		// least = r/40 = 2500 each; the busy one takes the remaining 95000.
-		within(t, "idle replica's rate", idle.Rate, 2500, 1)
-		within(t, "busy replica's rate", busy.Rate, 97_500, 1)
-		if busy.Rate+idle.Rate > r {
-			t.Errorf("grants %d + %d exceed the rate %d", busy.Rate, idle.Rate, r)
+		within(t, "idle replica's rate", idle.RateMilli/1000, 2500, 1)
+		within(t, "busy replica's rate", busy.RateMilli/1000, 97_500, 1)
+		if busy.RateMilli+idle.RateMilli > 1000*r {
+			t.Errorf("grants %d + %d thousandths exceed the rate %d", busy.RateMilli, idle.RateMilli, r)
 		}
 		// The level is shared in the same proportion.
 		within(t, "busy replica's level", busy.Level, burst*975/1000, burst/1000)
@@ -95,20 +122,20 @@ func Run(t *testing.T, newStore Factory) {
 			s := s
 			key := fmt.Sprintf("k%d", demand)
 			rep := func(id string) admission.BucketGrant {
-				return reconcile(t, s, id, admission.BucketReport{Key: key, Rate: r, Burst: burst, Demand: demand, Fresh: true})
+				return reconcile(t, s, id, admission.BucketReport{Key: key, Rate: r, Burst: burst, Demand: demand, Epoch: 1})
 			}
 			rep("a")
 			b := rep("b")
 			a := rep("a")
-			within(t, key+" a's rate", a.Rate, r/2, 1)
-			within(t, key+" b's rate", b.Rate, r/2, 1)
+			within(t, key+" a's rate", a.RateMilli/1000, r/2, 1)
+			within(t, key+" b's rate", b.RateMilli/1000, r/2, 1)
 		}
 	})
 	t.Run("a replica not heard from within Stale leaves the shares", func(t *testing.T) {
 		s := newStore(t)
 		req := func(id string) admission.BucketGrant {
 			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
-				Buckets: []admission.BucketReport{{Key: "k", Rate: 100_000, Burst: burst, Demand: 1_000_000, Fresh: true}}})
+				Buckets: []admission.BucketReport{{Key: "k", Rate: 100_000, Burst: burst, Demand: 1_000_000, Epoch: 1}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,8 +143,8 @@ func Run(t *testing.T, newStore Factory) {
 		}
 		req("a")
 		waitPast(time.Millisecond)
-		if b := req("b"); b.Rate != 100_000 {
-			t.Errorf("b's rate = %d; a went silent, so b should have all 100000", b.Rate)
+		if b := req("b"); b.RateMilli != 100_000_000 {
+			t.Errorf("b's rate = %d thousandths; a went silent, so b should have all 100000", b.RateMilli)
 		}
 	})
 	t.Run("a gauge gives what is held plus a share of the free part", func(t *testing.T) {
@@ -246,8 +273,8 @@ func Run(t *testing.T, newStore Factory) {
 	})
 }
 
-func bucket(key string, cum, unacked, demand int64, fresh bool) admission.BucketReport {
-	return admission.BucketReport{Key: key, Rate: rate, Burst: burst, Cum: cum, Unacked: unacked, Demand: demand, Fresh: fresh}
+func bucket(key string, epoch uint64, cum, unacked, demand int64) admission.BucketReport {
+	return admission.BucketReport{Key: key, Rate: rate, Burst: burst, Epoch: epoch, Cum: cum, Unacked: unacked, Demand: demand}
 }
 
 func take(key string, b, amount, floor int64) admission.StrictTake {
