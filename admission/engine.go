@@ -94,13 +94,6 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), true); err != nil {
 		return nil, err
 	}
-	if e.shared != nil && e.shared.opts.Mode == SharedBatched {
-		// Start from a 1/N slice: until the first reconcile, N replicas
-		// together hold one domain's capacity, not N.
-		for _, d := range e.mu.domains {
-			e.shared.sliceDomain(d, e.nowLocked())
-		}
-	}
 	return e, nil
 }
 
@@ -216,6 +209,7 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 	byID := make(map[string]*domainState, len(staged))
 	for _, sd := range staged {
 		d := sd.live
+		var old *pd.DomainCapacity
 		if d == nil {
 			d = newDomainState(sd.topo, sd.cap, now)
 			if reason, ok := e.mu.drainedAway[sd.topo.ID]; ok {
@@ -223,9 +217,14 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 				// window in which the control plane's mark is missing.
 				d.draining, d.drainReason = true, reason
 			}
+		} else {
+			old = d.cap
 		}
 		delete(e.mu.drainedAway, sd.topo.ID)
 		d.topo, d.cap, d.removed = sd.topo, sd.cap, false
+		if e.shared != nil {
+			e.shared.capacityRebuiltLocked(now, d, old)
+		}
 		domains = append(domains, d)
 		byID[d.ID()] = d
 	}

@@ -300,6 +300,40 @@ func (s *sharedSync) sliceTenant(t *tenantState, now int64, refill bool) {
 	}
 }
 
+// capacityRebuiltLocked follows a domain whose capacity a reload or a
+// topology change rebuilt (old nil: a new domain). What the old capacity
+// took since the last report is carried into the next one, and the new
+// capacity keeps this replica's share (scaled to the domain's new size), or
+// starts from a 1/N slice: until a grant, N replicas together hold one
+// domain's capacity, not N.
+func (s *sharedSync) capacityRebuiltLocked(now int64, d *domainState, old *pd.DomainCapacity) {
+	if old != nil {
+		p, dc := old.Taken()
+		for k, taken := range map[bucketKind]int64{kindPrefill: p, kindDecode: dc} {
+			if en := s.entries[entryKey{d.ID(), k}]; en != nil && en.owner == old {
+				en.rem += taken - en.lastTaken
+				en.owner, en.lastTaken = d.cap, 0 // CopyLevels does not count as taken
+			}
+		}
+	}
+	if s.opts.Mode != SharedBatched && !s.down {
+		return // strict: whole while the store decides
+	}
+	if old == nil {
+		s.sliceDomain(d, now)
+		return
+	}
+	oldP, oldD, oldKV := old.FullLimits()
+	newP, newD, newKV := d.cap.FullLimits()
+	_, kvLimit := old.KV()
+	p, dc := d.cap.Levels(now)
+	d.cap.ApplyShare(now, pd.ShareGrant{
+		PrefillRate: mulDiv(old.PrefillRate(), newP, oldP), PrefillLevel: p,
+		DecodeRate: mulDiv(old.DecodeRate(), newD, oldD), DecodeLevel: dc,
+		KVLimit: mulDiv(kvLimit, newKV, oldKV),
+	})
+}
+
 // sliceDomain cuts a domain's capacity to a 1/N share.
 func (s *sharedSync) sliceDomain(d *domainState, now int64) {
 	n := int64(s.replicas)
