@@ -63,6 +63,7 @@ type Engine struct {
 		leases leaseTable
 
 		idem    map[string]idemEntry
+		commits map[uint64]chan struct{} // strict mode: leases whose store commit is in flight
 		idemExp []idemExpiry
 		idemOff int
 
@@ -84,6 +85,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	e.base = e.clk.Now()
 	e.mu.tenants = make(map[string]*tenantState)
 	e.mu.idem = make(map[string]idemEntry)
+	e.mu.commits = make(map[uint64]chan struct{})
 	e.mu.domainByID = make(map[string]*domainState)
 	e.mu.drainedAway = make(map[string]string)
 	if err := cluster.Validate(); err != nil {

@@ -23,7 +23,7 @@ type lease struct {
 	gates     gateCharge
 	granted   int64
 	expires   int64
-	committed bool // strict mode: charged in the shared store, to settle there
+	committed bool // strict mode: the store may hold its charge; Release settles there
 }
 
 // waiterHeap orders queued requests by deadline (container/heap).
@@ -186,8 +186,10 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 	}
 	e.adjustSpendLocked(t, l.gates.day, l.gates.month, cost-l.gates.budget)
 	var settle *StrictSettle
+	var pending chan struct{}
 	if e.shared != nil && e.shared.opts.Mode == SharedStrict {
 		settle = e.strictSettleLocked(&l, rel.LeaseID, weighted, actual)
+		pending = e.mu.commits[rel.LeaseID]
 	}
 	if e.recordOutcomeLocked(l.dom, now, rel.Outcome == ReleaseError) {
 		e.placementChangedLocked()
@@ -203,7 +205,7 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 	e.mu.Unlock()
 	e.finish(answered)
 	if settle != nil {
-		e.settleStrict(ctx, settle)
+		e.settleStrict(ctx, settle, pending)
 	}
 	if e.observer != nil {
 		e.observer.ObserveRelease(rel, res)

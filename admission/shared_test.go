@@ -343,3 +343,53 @@ func TestBatchedReloadReportsEverythingOnce(t *testing.T) {
 		t.Errorf("tokens: store level %v, want 1000 after two admissions of 1000", want["t/o/tok"])
 	}
 }
+
+// gated holds Commit calls until released, then refuses or admits them.
+type gated struct {
+	admission.SharedState
+	entered chan struct{}
+	release chan bool // true: admit
+}
+
+func (g *gated) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+	g.entered <- struct{}{}
+	if <-g.release {
+		return admission.StrictVerdict{Admitted: true}, nil
+	}
+	return admission.StrictVerdict{Refused: 1, RetryAfter: time.Second}, nil
+}
+
+// An idempotent duplicate that arrives while the store is deciding waits
+// for that one commit and gets its answer: never an admission the store
+// then refuses, never a second charge.
+func TestStrictDuplicateWaitsForTheCommit(t *testing.T) {
+	store := &gated{SharedState: memstate.New(nil), entered: make(chan struct{}, 2), release: make(chan bool)}
+	e, err := admission.New(mustConfig(t), topology.Simulated(),
+		admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedStrict, Replica: "r", Timeout: time.Minute}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	req := small("o", 100)
+	req.RequestID = "dup"
+	answers := make(chan admission.Decision, 2)
+	go func() { d, _ := e.Admit(ctx, req); answers <- d }()
+	<-store.entered // the first call is in the store
+	go func() { d, _ := e.Admit(ctx, req); answers <- d }()
+	select {
+	case d := <-answers:
+		t.Fatalf("answered %v while the store was still deciding", d.Outcome)
+	case <-store.entered:
+		t.Fatal("the duplicate committed a second time")
+	case <-time.After(50 * time.Millisecond): // a wait for absence: nothing may arrive
+	}
+	store.release <- false
+	for range 2 {
+		if d := <-answers; d.Outcome != admission.Rejected || d.Reason != admission.ReasonQuotaExceeded {
+			t.Errorf("answer %v %v, want both callers refused by the store", d.Outcome, d.Reason)
+		}
+	}
+	if n := e.LeaseCount(); n != 0 {
+		t.Errorf("%d leases after the refusal", n)
+	}
+}

@@ -13,29 +13,58 @@ import (
 // REJECTED with the store's reason and Retry-After. When the store cannot
 // be reached, fail-open tiers keep the local admission (decided from the
 // local slice) and fail-closed tiers are refused with STATE_UNAVAILABLE.
+//
+// Callers of the same admission (idempotent duplicates) wait for the one
+// commit and get its outcome. The call runs on its own deadline, not the
+// caller's: a caller giving up must neither leave the store's answer
+// unknown nor count against the store's breaker.
 func (e *Engine) commitStrict(ctx context.Context, requestID string, d Decision) Decision {
 	if d.LeaseID == 0 || (d.Outcome != Admitted && d.Outcome != Degraded) {
 		return d
 	}
 	s := e.shared
 	e.mu.Lock()
+	if pending, ok := e.mu.commits[d.LeaseID]; ok {
+		e.mu.Unlock()
+		select {
+		case <-pending:
+		case <-ctx.Done():
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if ent, ok := e.mu.idem[requestID]; ok && requestID != "" {
+			return ent.decision
+		}
+		return d
+	}
 	l, ok := e.mu.leases.get(d.LeaseID)
-	if !ok || l.committed { // released already, or an idempotent repeat
+	if !ok || l.committed { // released already, or confirmed for an earlier caller
 		e.mu.Unlock()
 		return d
 	}
-	l.committed = true
 	charge, tenantTakes := e.strictChargeLocked(l, d.LeaseID)
 	failClosed := l.tenant.policy.FailMode == FailClosed
-	e.mu.Unlock()
-
 	var v StrictVerdict
 	err := errBreakerOpen
 	if s.br.allow(e.clk.Now()) {
-		cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+		// From here the store may hold the charge: Release settles it
+		// (Settle refunds only what the store holds for the lease).
+		l.committed = true
+		done := make(chan struct{})
+		e.mu.commits[d.LeaseID] = done
+		defer func() {
+			e.mu.Lock()
+			delete(e.mu.commits, d.LeaseID)
+			e.mu.Unlock()
+			close(done)
+		}()
+		e.mu.Unlock()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
 		v, err = s.store.Commit(cctx, charge)
 		cancel()
 		s.calls.Add(1)
+	} else {
+		e.mu.Unlock()
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -44,11 +73,13 @@ func (e *Engine) commitStrict(ctx context.Context, requestID string, d Decision)
 		if err != errBreakerOpen {
 			e.storeFailedLocked()
 		}
-		if l, ok := e.mu.leases.get(d.LeaseID); ok {
-			l.committed = false // nothing to settle in the store
-		}
 		if !failClosed {
 			return d
+		}
+		if err != errBreakerOpen {
+			// The store may have taken it before the error: give it back
+			// (a no-op if it did not).
+			go e.settleStrict(context.Background(), refundAll(charge), nil)
 		}
 		return e.undoStrictLocked(requestID, d, ReasonStateUnavailable, s.opts.Cooldown)
 	case !v.Admitted:
@@ -63,15 +94,28 @@ func (e *Engine) commitStrict(ctx context.Context, requestID string, d Decision)
 	return d
 }
 
-// undoStrictLocked revokes an admission the store did not confirm.
+// refundAll is the settlement that gives back everything a charge took.
+func refundAll(c *StrictCharge) *StrictSettle {
+	st := &StrictSettle{KVKey: c.KV.Key, Lease: c.KV.Lease, Refunds: make([]StrictTake, len(c.Takes))}
+	for i, t := range c.Takes {
+		t.Min = 0
+		st.Refunds[i] = t
+	}
+	return st
+}
+
+// undoStrictLocked revokes an admission the store did not confirm. Its
+// request id now answers the refusal, so that duplicates that waited for
+// the commit get the same answer as the caller.
 func (e *Engine) undoStrictLocked(requestID string, d Decision, reason Reason, retry time.Duration) Decision {
 	now := e.nowLocked()
 	e.revokeLeaseLocked(now, d.LeaseID)
-	if requestID != "" {
-		delete(e.mu.idem, requestID) // rejections are not remembered
-	}
 	out := rejected(reason, retry)
 	out.Trace = d.Trace
+	if ent, ok := e.mu.idem[requestID]; ok && requestID != "" {
+		ent.decision = out
+		e.mu.idem[requestID] = ent
+	}
 	e.finish(e.dispatchLocked(now, nil)) // closing channels never blocks: fine under the lock
 	return out
 }
@@ -153,12 +197,20 @@ func (e *Engine) strictSettleLocked(l *lease, id uint64, actualWeighted int64, a
 	return st
 }
 
-// settleStrict sends a settlement to the store, outside the lock. A failure
-// leaves the lease charged in full there (never charged twice) and its KV
-// hold to expire with the lease TTL.
-func (e *Engine) settleStrict(ctx context.Context, st *StrictSettle) {
+// settleStrict sends a settlement to the store, outside the lock, once the
+// lease's commit (pending, when Release overtook it) has answered. A
+// failure leaves the lease charged in full there (never charged twice:
+// Settle refunds only while the store holds the lease) and its KV hold to
+// expire with the lease TTL.
+func (e *Engine) settleStrict(ctx context.Context, st *StrictSettle, pending <-chan struct{}) {
 	s := e.shared
-	if st == nil || !s.br.allow(e.clk.Now()) {
+	if st == nil {
+		return
+	}
+	if pending != nil {
+		<-pending
+	}
+	if !s.br.allow(e.clk.Now()) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)

@@ -155,6 +155,9 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
+	if h, ok := s.kv[c.KV.Key][c.KV.Lease]; ok && h.until.After(now) {
+		return admission.StrictVerdict{Admitted: true}, nil // committed by an earlier call
+	}
 	for i, t := range c.Takes {
 		b := s.refill(t.Key, t.Rate, t.Burst, now)
 		if b.level-float64(t.Amount) < float64(t.Min) {
@@ -168,7 +171,7 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 	}
 	var sum int64
 	for lease, h := range holds {
-		if now.After(h.until) {
+		if !h.until.After(now) { // past its lease TTL: a vanished replica's
 			delete(holds, lease)
 			continue
 		}
@@ -192,6 +195,10 @@ func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
+	h, ok := s.kv[st.KVKey][st.Lease]
+	if !ok || !h.until.After(now) {
+		return nil // not held (never committed, settled, or past its TTL): nothing to settle
+	}
 	for _, r := range st.Refunds {
 		if s.buckets[r.Key] == nil {
 			continue // as Redis: a bucket that expired is full, nothing to give back

@@ -3,16 +3,23 @@
 -- ARGV: ntakes, then per take: rate, burst, amount, min;
 -- then lease, kv limit, kv bytes, ttl_us.
 -- Returns {1} admitted, or {0, refused index (ntakes: KV), retry_us}.
--- Numbers written to Redis go through num: the default conversion keeps
--- only 14 digits, too few for microsecond times and 52-bit counters.
+-- A lease already held was committed by an earlier call: {1}, nothing taken.
+
+-- Numbers written to Redis go through num (the default conversion keeps
+-- only 14 digits); HINCRBY takes integers, through int ("-0" is refused).
 local function num(x) return string.format('%.17g', x) end
+local function int(x) return string.format('%d', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local n = tonumber(ARGV[1])
+local hk, zk = KEYS[n + 1], KEYS[n + 2]
+local b = 2 + n * 4
+local lease, limit, bytes, ttl = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+if redis.call('HEXISTS', hk, lease) == 1 then return {1} end
 local levels = {}
 for i = 1, n do
-  local b = 2 + (i - 1) * 4
-  local rate, burst, amount, floor = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local a = 2 + (i - 1) * 4
+  local rate, burst, amount, floor = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local h = redis.call('HMGET', KEYS[i], 'l', 't')
   local level, ts = tonumber(h[1]), tonumber(h[2])
   if not level then level, ts = burst, now end
@@ -24,18 +31,15 @@ for i = 1, n do
   end
   levels[i] = level - amount
 end
-local hk, zk = KEYS[n + 1], KEYS[n + 2]
-local b = 2 + n * 4
-local lease, limit, bytes, ttl = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
 -- Holds past their lease TTL (a vanished replica's) are freed first.
-for _, l in ipairs(redis.call('ZRANGEBYSCORE', zk, '-inf', now)) do
+for _, l in ipairs(redis.call('ZRANGEBYSCORE', zk, '-inf', num(now))) do
   local held = redis.call('HGET', hk, l)
   if held then
-    redis.call('HINCRBY', hk, '_sum', num(-tonumber(held)))
+    redis.call('HINCRBY', hk, '_sum', int(-tonumber(held)))
     redis.call('HDEL', hk, l)
   end
 end
-redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
+redis.call('ZREMRANGEBYSCORE', zk, '-inf', num(now))
 local sum = tonumber(redis.call('HGET', hk, '_sum') or '0')
 if sum + bytes > limit then return {0, n, 0} end
 for i = 1, n do
@@ -45,8 +49,8 @@ for i = 1, n do
   if rate > 0 then idle = idle + math.ceil(1000 * burst / rate) end
   redis.call('PEXPIRE', KEYS[i], idle)
 end
-redis.call('HSET', hk, lease, num(bytes))
-redis.call('HINCRBY', hk, '_sum', num(bytes))
+redis.call('HSET', hk, lease, int(bytes))
+redis.call('HINCRBY', hk, '_sum', int(bytes))
 redis.call('ZADD', zk, num(now + ttl), lease)
 local keep = math.ceil(ttl / 1000) + 60000
 redis.call('PEXPIRE', hk, keep)

@@ -1,12 +1,18 @@
--- Settle a strict lease: give back (or take) each amount and free its KV.
+-- Settle a strict lease: give back (or take) each amount and free its KV,
+-- only while the store holds the lease: a repeated settle, one for a
+-- commit that never landed, or one after the lease's TTL changes nothing.
 -- KEYS: bucket hashes..., KV holds hash, KV expiry zset (one hash tag).
 -- ARGV: n, then per bucket: rate, burst, amount; then the lease.
--- Numbers written to Redis go through num: the default conversion keeps
--- only 14 digits, too few for microsecond times and 52-bit counters.
+-- Returns 1 if settled, 0 if the store held no such lease.
 local function num(x) return string.format('%.17g', x) end
+local function int(x) return string.format('%d', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local n = tonumber(ARGV[1])
+local hk, zk, lease = KEYS[n + 1], KEYS[n + 2], ARGV[2 + n * 3]
+local held = redis.call('HGET', hk, lease)
+local exp = redis.call('ZSCORE', zk, lease)
+if not held or not exp or tonumber(exp) <= now then return 0 end
 for i = 1, n do
   local b = 2 + (i - 1) * 3
   local rate, burst, amount = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
@@ -18,11 +24,7 @@ for i = 1, n do
     redis.call('HSET', KEYS[i], 'l', num(level), 't', num(now))
   end
 end
-local hk, zk, lease = KEYS[n + 1], KEYS[n + 2], ARGV[2 + n * 3]
-local held = redis.call('HGET', hk, lease)
-if held then
-  redis.call('HINCRBY', hk, '_sum', num(-tonumber(held)))
-  redis.call('HDEL', hk, lease)
-  redis.call('ZREM', zk, lease)
-end
+redis.call('HINCRBY', hk, '_sum', int(-tonumber(held)))
+redis.call('HDEL', hk, lease)
+redis.call('ZREM', zk, lease)
 return 1

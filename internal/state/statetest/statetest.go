@@ -227,21 +227,47 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("settle gives back up to the burst and takes overruns", func(t *testing.T) {
 		s := newStore(t)
-		kv := admission.KVHold{Key: "kv", Lease: "l", Limit: 1000, Bytes: 1, TTL: time.Minute}
-		commit(t, s, kv, take("k", 1000, 600, 0))
-		settle := func(amount int64) {
-			if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: "l", Refunds: []admission.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: amount}}}); err != nil {
+		kv := func(lease string) admission.KVHold {
+			return admission.KVHold{Key: "kv", Lease: lease, Limit: 1000, Bytes: 1, TTL: time.Minute}
+		}
+		settle := func(lease string, amount int64) {
+			t.Helper()
+			if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: lease, Refunds: []admission.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: amount}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		settle(-300) // an overrun: level 400 → 100
-		kv.Lease = "l2"
-		if v := commit(t, s, kv, take("k", 1000, 110, 0)); v.Admitted {
+		commit(t, s, kv("l1"), take("k", 1000, 600, 0))
+		settle("l1", -300) // an overrun: level 400 → 100
+		if v := commit(t, s, kv("l2"), take("k", 1000, 110, 0)); v.Admitted {
 			t.Error("the overrun was not taken")
 		}
-		settle(5000) // capped at the burst
-		if v := commit(t, s, kv, take("k", 1000, 1000, 0)); !v.Admitted {
+		settle("l1", 900) // settled already: nothing happens
+		if v := commit(t, s, kv("l3"), take("k", 1000, 110, 0)); v.Admitted {
+			t.Error("a second settle of the same lease gave units back")
+		}
+		commit(t, s, kv("l4"), take("k", 1000, 1, 0))
+		settle("l4", 5000) // capped at the burst
+		if v := commit(t, s, kv("l5"), take("k", 1000, 1000, 0)); !v.Admitted {
 			t.Errorf("after a refund to the burst, the whole burst refused: %+v", v)
+		}
+	})
+	t.Run("a repeated commit takes nothing; a settle without a commit gives nothing", func(t *testing.T) {
+		s := newStore(t)
+		kv := admission.KVHold{Key: "kv", Lease: "l", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		commit(t, s, kv, take("k", 1000, 600, 0))
+		if v := commit(t, s, kv, take("k", 1000, 600, 0)); !v.Admitted {
+			t.Fatalf("a repeated commit (its answer was lost) refused: %+v", v)
+		}
+		if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: "never", Refunds: []admission.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: 600}}}); err != nil {
+			t.Fatal(err)
+		}
+		kv.Lease = "l2"
+		if v := commit(t, s, kv, take("k", 1000, 400, 0)); !v.Admitted {
+			t.Errorf("400 of the 400 left refused: %+v", v)
+		}
+		kv.Lease = "l3"
+		if v := commit(t, s, kv, take("k", 1000, 5, 0)); v.Admitted {
+			t.Error("units taken twice by a repeated commit, or given by a settle without one, made room")
 		}
 	})
 	t.Run("concurrent commits never take more than the bucket holds", func(t *testing.T) {
