@@ -393,3 +393,69 @@ func TestStrictDuplicateWaitsForTheCommit(t *testing.T) {
 		t.Errorf("%d leases after the refusal", n)
 	}
 }
+
+// counting records how many tenant buckets each reconcile reports.
+type counting struct {
+	admission.SharedState
+	tenantBuckets []int
+}
+
+func (c *counting) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+	n := 0
+	for _, b := range r.Buckets {
+		if b.Key[0] == 't' {
+			n++
+		}
+	}
+	c.tenantBuckets = append(c.tenantBuckets, n)
+	return c.SharedState.Reconcile(ctx, r)
+}
+
+// A tenant idle for ten intervals is no longer reported, and its buckets
+// stop refilling at their grant (keeping their level); its next refusal
+// brings it back with a fresh grant.
+func TestBatchedIdleTenantIsNotReported(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	store := &counting{SharedState: memstate.New(clk)}
+	e, err := admission.New(mustConfig(t), topology.Simulated(), admission.WithClock(clk),
+		admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: "a"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	round := func() {
+		t.Helper()
+		clk.Advance(100 * time.Millisecond)
+		if err := e.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, _ := e.Admit(ctx, small("o", 1000)); d.Outcome != admission.Admitted {
+		t.Fatal(d.Reason)
+	}
+	for range 25 { // new for a second, then idle for one
+		round()
+	}
+	last := store.tenantBuckets[len(store.tenantBuckets)-1]
+	if store.tenantBuckets[0] != 2 || last != 0 {
+		t.Fatalf("tenant buckets reported per round %v: want 2 (rps, tokens) at first, none once idle", store.tenantBuckets)
+	}
+	info, _ := e.Tenant("o")
+	if info.TokenRate != 0 || info.TokenLevel <= 0 {
+		t.Fatalf("idle tenant: rate %d level %d, want frozen (0) with its level kept", info.TokenRate, info.TokenLevel)
+	}
+	// Spend what is left, then be refused: the refusal asks for a grant.
+	for {
+		d, _ := e.Admit(ctx, small("o", 1000))
+		if d.Outcome != admission.Admitted {
+			break
+		}
+	}
+	round()
+	if got := store.tenantBuckets[len(store.tenantBuckets)-1]; got != 2 {
+		t.Errorf("after a refusal the tenant reported %d buckets, want 2", got)
+	}
+	if info, _ := e.Tenant("o"); info.TokenRate != 1000 {
+		t.Errorf("rate after the tenant came back: %d, want the whole 1000", info.TokenRate)
+	}
+}

@@ -83,7 +83,6 @@ type syncEntry struct {
 	epoch     uint64
 	started   bool  // the store has acknowledged a report of this epoch
 	lastAt    int64 // engine time of the last report
-	seenAt    int64
 	// Set by a report, used by the apply that follows.
 	snapTaken   int64
 	sentUnacked int64
@@ -377,6 +376,9 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 		Stale:    3 * s.opts.Interval,
 	}
 	for name, t := range e.mu.tenants {
+		if s.idleLocked(now, name, t) {
+			continue
+		}
 		for k, b := range t.buckets() {
 			rate, burst := t.globalLimits(bucketKind(k))
 			if rate == 0 && burst == 0 {
@@ -409,7 +411,7 @@ func (e *Engine) sharedReportLocked(now int64) *ReconcileRequest {
 		kvUsed, _ := d.cap.KV()
 		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: dem, TTL: ttl})
 	}
-	s.pruneEntriesLocked(now)
+	e.pruneEntriesLocked(now)
 	return req
 }
 
@@ -447,7 +449,7 @@ func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bu
 		// replica uses nothing, which must not read as no demand).
 		demand = max(2*used, 2*b.Rate()/en.scale, 1)
 	}
-	en.lastAt, en.seenAt = now, now
+	en.lastAt = now
 	en.snapTaken, en.sentUnacked = taken, en.unacked
 	rep := BucketReport{
 		Key: en.key, Rate: rate / en.scale, Burst: burst / en.scale,
@@ -461,15 +463,61 @@ func (s *sharedSync) report(now int64, ek entryKey, owner any, b *tokenbucket.Bu
 	return rep
 }
 
-// pruneEntriesLocked forgets entries of buckets not reported for a minute
-// with nothing unacknowledged; a bucket that comes back reports fresh.
-func (s *sharedSync) pruneEntriesLocked(now int64) {
+// idleLocked reports whether a tenant has been idle here for ten
+// intervals: nothing taken, nothing refused, nothing unacknowledged. An
+// idle tenant is not reported (a round costs the store per bucket, and a
+// replica sees many tenants come and go); its buckets stop refilling at
+// their grant, keeping the level they had, so that a share nobody is
+// accounting for cannot grow. Its next take or refusal makes it active
+// and reported again.
+func (s *sharedSync) idleLocked(now int64, name string, t *tenantState) bool {
+	active := t.sharedWant || now-t.created < 10*int64(s.opts.Interval)
+	t.sharedWant = false
+	for k, b := range t.buckets() {
+		if rate, burst := t.globalLimits(bucketKind(k)); rate == 0 && burst == 0 {
+			continue
+		}
+		en := s.entries[entryKey{name, bucketKind(k)}]
+		if en == nil || en.owner != t || !en.started || en.unacked != 0 || en.rem != 0 || b.Taken() != en.lastTaken {
+			active = true
+			break
+		}
+	}
+	if active {
+		t.sharedActiveAt, t.sharedFrozen = now, false
+		return false
+	}
+	if now-t.sharedActiveAt < 10*int64(s.opts.Interval) {
+		return false
+	}
+	if !t.sharedFrozen {
+		for _, b := range t.buckets() {
+			b.SetLimits(0, b.Burst(), b.Credit())
+		}
+		t.sharedFrozen = true
+	}
+	return true
+}
+
+// pruneEntriesLocked forgets, once a minute, the entries whose bucket is
+// gone (a swept or removed tenant, a rebuilt or removed domain) with
+// nothing unacknowledged. A live bucket keeps its entry: its counter must
+// go on from where the store last saw it.
+func (e *Engine) pruneEntriesLocked(now int64) {
+	s := e.shared
 	if now-s.lastPrune < int64(time.Minute) {
 		return
 	}
 	s.lastPrune = now
 	for k, en := range s.entries {
-		if now-en.seenAt > int64(time.Minute) && en.unacked == 0 {
+		var live bool
+		if k.kind >= kindPrefill {
+			d := e.mu.domainByID[k.name]
+			live = d != nil && d.cap == en.owner
+		} else {
+			live = e.mu.tenants[k.name] == en.owner
+		}
+		if !live && en.unacked == 0 {
 			delete(s.entries, k)
 		}
 	}

@@ -40,6 +40,13 @@ type tenantState struct {
 
 	created int64 // engine time the state was built (shared state credits a new bucket for its age)
 
+	// Batched shared state: the last round with activity, whether the
+	// buckets are frozen as idle, and whether a quota refusal since the
+	// last round asks for a grant.
+	sharedActiveAt int64
+	sharedFrozen   bool
+	sharedWant     bool
+
 	inFlight int64 // leases held
 	queued   int64 // waiting in the fair queue
 
@@ -216,10 +223,12 @@ func (e *Engine) checkGatesLocked(t *tenantState, now int64, wall time.Time, wei
 		return false, ReasonBudgetExhausted, budgetWait
 	}
 	if !t.rps.Fits(now, rpsUnit, 0) {
+		t.sharedWant = true
 		return false, ReasonQuotaExceeded, e.quotaRetry(t.rps.RetryAfter(now, rpsUnit, 0))
 	}
 	critical = wantCritical && t.critical.Fits(now, weighted, 0)
 	if !critical && !t.tokens.Fits(now, weighted, -t.tokens.Credit()) {
+		t.sharedWant = true
 		return false, ReasonQuotaExceeded, e.quotaRetry(t.tokens.AllowRetryAfter(now, weighted))
 	}
 	if t.policy.MaxConcurrency > 0 && t.inFlight+t.queued >= t.policy.MaxConcurrency {
