@@ -25,7 +25,7 @@ type SharedOptions struct {
 	RedisURL       string
 	SentinelMaster string
 	// Mode is "batched", "strict" or "" (batched with more than one
-	// replica, strict with one).
+	// replica or with etcd membership, strict with one).
 	Mode      string
 	Replicas  int           // N until etcd membership says otherwise; default 1
 	ReplicaID string        // default: the etcd member id, else the host name; a random suffix is added
@@ -44,7 +44,8 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	mode := admission.SharedStrict
 	switch o.Mode {
 	case "":
-		if o.Replicas > 1 {
+		// Several replicas (or a membership that will say how many): batched.
+		if o.Replicas > 1 || s.opts.Etcd.Endpoints != "" {
 			mode = admission.SharedBatched
 		}
 	case "batched":

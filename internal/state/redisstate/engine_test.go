@@ -3,7 +3,6 @@ package redisstate_test
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -43,10 +42,15 @@ tiers:
     rps: {rate: 1000000, burst: 1000000}
     tokens: {rate: 1, burst: 1000}
     weight: 1
+  bench:
+    rps: {rate: 100000000, burst: 100000000}
+    tokens: {rate: 1000000000, burst: 1000000000}
+    weight: 1
 tenants:
   t1: {tier: open}
   t2: {tier: closed}
   s1: {tier: strict}
+  b1: {tier: bench}
 `
 
 func replica(t *testing.T, rdb redis.UniversalClient, mode admission.SharedMode, id string, n int) *admission.Engine {
@@ -320,12 +324,17 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	}
 }
 
-// Every key one script call touches maps to one Cluster hash slot.
+// Every key one script call touches maps to one Cluster hash slot: both
+// modes run through a Cluster client against a Redis in cluster mode,
+// which refuses a script whose keys span slots (CROSSSLOT); and every key
+// written is checked with the CRC16 slot function.
 func TestKeysShareOneSlot(t *testing.T) {
-	if got := slot("123456789"); got != 0x31C3 {
+	if got := crc16("123456789"); got != 0x31C3 {
 		t.Fatalf("CRC16 of the reference string = %#x, want 0x31c3", got)
 	}
-	rdb := redistest.Start(t).Client()
+	srv := redistest.StartCluster(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr()}})
+	t.Cleanup(func() { rdb.Close() })
 	b := replica(t, rdb, admission.SharedBatched, "b", 2)
 	s := replica(t, rdb, admission.SharedStrict, "s", 2)
 	ctx := context.Background()
@@ -335,17 +344,26 @@ func TestKeysShareOneSlot(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if admitted(d) {
-				if _, err := e.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 10}); err != nil {
-					t.Fatal(err)
-				}
+			if !admitted(d) {
+				t.Fatalf("%s refused: %v", tenant, d.Reason)
+			}
+			if _, err := e.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 10}); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
 	if err := b.Reconcile(ctx); err != nil {
-		t.Fatal(err)
+		t.Fatalf("batched reconcile on a cluster: %v", err)
 	}
-	keys, err := rdb.Keys(ctx, "*").Result()
+	if st, _ := s.SharedStatus(); st.Failures != 0 || st.Calls < 4 {
+		t.Fatalf("strict mode on a cluster: %+v, want its commits and settles to have run", st)
+	}
+	var keys []string
+	err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		k, err := c.Keys(ctx, "*").Result()
+		keys = append(keys, k...)
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,17 +378,22 @@ func TestKeysShareOneSlot(t *testing.T) {
 	}
 }
 
-// slot is Redis Cluster's key slot: CRC16-XMODEM of the hash tag (or the
-// whole key) modulo 16384.
+// slot is Redis Cluster's key slot: CRC16 of the hash tag (or the whole
+// key) modulo 16384.
 func slot(key string) uint16 {
 	if i := indexByte(key, '{'); i >= 0 {
 		if j := indexByte(key[i+1:], '}'); j > 0 {
 			key = key[i+1 : i+1+j]
 		}
 	}
+	return crc16(key) % 16384
+}
+
+// crc16 is CRC-16/XMODEM, the checksum Redis Cluster uses.
+func crc16(s string) uint16 {
 	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -379,10 +402,7 @@ func slot(key string) uint16 {
 			}
 		}
 	}
-	if key == "123456789" {
-		return crc // the reference vector is the raw CRC
-	}
-	return crc % 16384
+	return crc
 }
 
 func indexByte(s string, c byte) int {
@@ -410,4 +430,3 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 	}
 }
 
-var _ = strconv.Itoa

@@ -29,14 +29,45 @@ func init() { redis.SetLogger(quiet{}) }
 
 // Server is a running redis-server.
 type Server struct {
-	t    testing.TB
-	port int
-	dir  string
-	cmd  *exec.Cmd
+	t       testing.TB
+	port    int
+	dir     string
+	cmd     *exec.Cmd
+	cluster bool
 }
 
 // Start starts redis-server (no persistence) and registers its stop.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return start(t, false)
+}
+
+// StartCluster starts a one-node Redis Cluster (cluster mode on, every
+// slot assigned to the node): a script call whose keys span two slots
+// fails there with CROSSSLOT, as on a real cluster.
+func StartCluster(t testing.TB) *Server {
+	t.Helper()
+	s := start(t, true)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16383).Err(); err != nil {
+		t.Fatalf("cluster addslotsrange: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.ClusterInfo(ctx).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("cluster not ok within 10s: %q %v", info, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func start(t testing.TB, cluster bool) *Server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -44,7 +75,7 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skip("redis-server not found on PATH (apt-get install -y redis-server); under CI=true this fails")
 	}
-	s := &Server{t: t, port: freePort(t), dir: t.TempDir()}
+	s := &Server{t: t, port: freePort(t), dir: t.TempDir(), cluster: cluster}
 	s.start()
 	t.Cleanup(s.Stop)
 	return s
@@ -61,10 +92,13 @@ func freePort(t testing.TB) int {
 
 func (s *Server) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server",
-		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--protected-mode", "no")
+		"--protected-mode", "no"}
+	if s.cluster {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", s.dir+"/nodes.conf")
+	}
+	s.cmd = exec.Command("redis-server", args...)
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
 		s.t.Fatalf("redis-server: %v", err)
