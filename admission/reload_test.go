@@ -285,7 +285,6 @@ func TestDrainSurvivesADomainLeavingAndReturning(t *testing.T) {
 // Losing hardware is not refused for the floors it can no longer hold (a
 // config is): the domain leaves, and floors get what remains.
 func TestSetTopologyAcceptsAClusterShortOfTheFloors(t *testing.T) {
-	cfg := testConfig()
 	withFloor := func(f int64) Config {
 		c := testConfig()
 		c.Tenants["a"] = TenantConfig{Tier: "gold", Floor: &f}
@@ -300,7 +299,7 @@ func TestSetTopologyAcceptsAClusterShortOfTheFloors(t *testing.T) {
 		}
 		floor *= 2
 	}
-	cfg = withFloor(floor)
+	cfg := withFloor(floor)
 	h := newHarness(t, cfg, hgxCluster(t, 2))
 	if err := h.e.SetTopology(hgxCluster(t, 1)); err != nil {
 		t.Fatalf("SetTopology refused losing a domain: %v", err)

@@ -6,13 +6,18 @@
 #
 # It builds with cgo (go-nvml needs it), runs the package's mock tests, then
 # reads the real GPUs three ways and keeps every output in OUTDIR:
-#   nvidia-smi.txt / nvidia-smi-nvlink.txt / fabric.txt   the driver's own view, to compare
+#   nvidia-smi.txt / nvidia-smi-nvlink.txt / nvidia-smi-q.txt   the driver's own view, to compare
 #   print-topology.txt     go run ./cmd/sluiced --print-topology --topology=nvml
+#   print-topology.json    the same with --print-topology-format=json
 #   topology.json          go run ./cmd/sluicectl topology --topology=nvml -o json
 #   cgo0.txt               the CGO_ENABLED=0 build's answer to --topology=nvml (must say unavailable)
 # and checks what must hold on any GPU machine: --topology=nvml succeeds, the
-# JSON has at least one domain and as many GPUs as nvidia-smi lists, and the
-# cgo-less build refuses nvml clearly. Exit status 0 means all held.
+# JSON has at least one domain and as many GPUs as nvidia-smi lists, every
+# GPU has as many active NVLinks as `nvidia-smi nvlink --status` shows up,
+# every GPU whose fabric `nvidia-smi -q` reports registered (NVL72) is in
+# that clique's domain (or unhealthy, saying why), and the cgo-less build
+# refuses nvml clearly. Machines without NVLink or without a fabric (HGX,
+# PCIe) skip those comparisons. Exit status 0 means all held.
 # Needs Go 1.26+, gcc, python3 and the module cache: on a machine without
 # network, fill it first (go mod download) where there is one and carry it.
 set -euo pipefail
@@ -27,13 +32,13 @@ bad() { printf 'FAIL: %s\n' "$*"; fail=1; }
 say "driver"
 nvidia-smi -L | tee "$out/nvidia-smi.txt"
 nvidia-smi nvlink --status >"$out/nvidia-smi-nvlink.txt" 2>&1 || true
-nvidia-smi -q | grep -A8 -i 'fabric' >"$out/fabric.txt" 2>&1 || true
+nvidia-smi -q >"$out/nvidia-smi-q.txt" 2>&1 || true
 want_gpus=$(nvidia-smi -L | grep -c '^GPU ')
 
 say "build with cgo"
 export CGO_ENABLED=1
 go build ./topology/... ./cmd/sluiced ./cmd/sluicectl
-go test -count=1 ./topology/... ./cmd/sluicectl/
+go test -count=1 ./topology/... ./cmd/sluicectl/ ./cmd/sluiced/
 
 say "sluiced --print-topology --topology=nvml"
 if go run ./cmd/sluiced --print-topology --topology=nvml >"$out/print-topology.txt" 2>"$out/print-topology.err"; then
@@ -41,6 +46,12 @@ if go run ./cmd/sluiced --print-topology --topology=nvml >"$out/print-topology.t
 else
 	cat "$out/print-topology.err"
 	bad "sluiced --topology=nvml failed"
+fi
+
+if go run ./cmd/sluiced --print-topology --topology=nvml --print-topology-format=json >"$out/print-topology.json" 2>>"$out/print-topology.err"; then
+	python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$out/print-topology.json" || bad "sluiced --print-topology-format=json is not JSON"
+else
+	bad "sluiced --print-topology-format=json failed"
 fi
 
 say "sluicectl topology --topology=nvml -o json"
@@ -58,6 +69,65 @@ for d in r["domains"]:
         for g in n["gpus"]:
             if not g["healthy"]:
                 print("  unhealthy:", n["name"], g["index"], g.get("problem", ""))' "$out/topology.json"
+	say "NVLinks and fabric against nvidia-smi"
+	python3 - "$out/topology.json" "$out/nvidia-smi-nvlink.txt" "$out/nvidia-smi-q.txt" <<'PY' || bad "discovery disagrees with nvidia-smi (above)"
+import json, re, sys
+report = json.load(open(sys.argv[1]))
+gpus = {}  # uuid -> (domain id, gpu report)
+for d in report["domains"]:
+    for n in d["nodes"]:
+        for g in n["gpus"]:
+            if g["uuid"]:
+                gpus[g["uuid"].lower()] = (d["id"], g)
+bad = 0
+
+# nvidia-smi nvlink --status: "GPU i: NAME (UUID: GPU-…)" then "Link k: 26.562 GB/s"
+# for an active link ("<inactive>" otherwise). No such lines: no NVLink.
+links, cur = {}, None
+for line in open(sys.argv[2]):
+    m = re.match(r"GPU \d+: .*\(UUID: (GPU-[0-9a-fA-F-]+)\)", line)
+    if m:
+        cur = m.group(1).lower()
+        links[cur] = 0
+    elif cur and re.search(r"Link \d+: .*GB/s", line):
+        links[cur] += 1
+if not any(links.values()):
+    print("nvlink: no active NVLink reported by nvidia-smi; skipped")
+for uuid, want in sorted(links.items()):
+    if uuid not in gpus:
+        print("nvlink: nvidia-smi lists", uuid, "which discovery did not"); bad = 1; continue
+    got = gpus[uuid][1]["active_nvlinks"]
+    print("nvlink: %s %d active (nvidia-smi %d)" % (uuid, got, want))
+    if got != want:
+        bad = 1
+
+# nvidia-smi -q: per GPU "GPU UUID : GPU-…", and a "Fabric" section with
+# State, Status, CliqueId, ClusterUUID ("N/A" or absent without a fabric).
+text = open(sys.argv[3]).read()
+sections = re.split(r"\n(?=GPU [0-9A-Fa-f]{8}:)", text)
+seen = 0
+for sec in sections:
+    m = re.search(r"GPU UUID\s*:\s*(GPU-[0-9a-fA-F-]+)", sec)
+    f = re.split(r"^\s*Fabric\s*$", sec, maxsplit=1, flags=re.M)
+    if not m or len(f) < 2:
+        continue
+    field = lambda k: (re.search(r"^\s*" + k + r"\s*:\s*(\S+)", f[1], re.M) or [None, ""])[1]
+    state, status, clique, cluster = field("State"), field("Status"), field("CliqueId"), field("ClusterUUID")
+    if state.lower() != "completed" or status.lower() != "success" or not clique.isdigit() or cluster in ("", "N/A") or set(cluster) <= set("0-"):
+        continue
+    seen += 1
+    uuid, want = m.group(1).lower(), "%s.%s" % (cluster.lower(), clique)
+    if uuid not in gpus:
+        print("fabric: nvidia-smi lists", uuid, "which discovery did not"); bad = 1; continue
+    domain, g = gpus[uuid]
+    ok = domain == want or (not g["healthy"] and "clique" in g.get("problem", ""))
+    print("fabric: %s in %s (nvidia-smi %s)%s" % (uuid, domain, want, "" if ok else "  MISMATCH"))
+    if not ok:
+        bad = 1
+if not seen:
+    print("fabric: no registered fabric reported by nvidia-smi (HGX, PCIe); skipped")
+sys.exit(bad)
+PY
 else
 	cat "$out/topology.err"
 	bad "sluicectl topology --topology=nvml failed"

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // NodeDiscovery is what one node finds out about itself: its GPUs and the
@@ -106,4 +107,31 @@ func markLinkDeficits(d *Domain) {
 			}
 		}
 	}
+}
+
+// NodeDiscovery returns what node would discover about itself in c, the
+// inverse of Merge for one node: its GPUs, and its domain's id unless the
+// node is a domain by itself named as the node (an HGX board's island,
+// which Merge rebuilds from an empty Domain). It lets a node agent publish
+// a node of a topology file or of the simulated cluster where NVML is not
+// available.
+func (c Cluster) NodeDiscovery(node string) (NodeDiscovery, error) {
+	var names []string
+	for _, d := range c.Domains {
+		for _, nd := range d.Nodes {
+			if nd.Name != node {
+				names = append(names, nd.Name)
+				continue
+			}
+			out := NodeDiscovery{Node: node, Domain: d.ID, GPUs: slices.Clone(nd.GPUs)}
+			if len(d.Nodes) == 1 && d.ID == node {
+				out.Domain = ""
+			}
+			return out, nil
+		}
+	}
+	if len(names) > 8 {
+		names = append(names[:8], "…")
+	}
+	return NodeDiscovery{}, fmt.Errorf("node %q is not in the topology (nodes: %s)", node, strings.Join(names, ", "))
 }

@@ -142,3 +142,38 @@ func TestFigureSourcesAndTotals(t *testing.T) {
 		t.Errorf("mixed sources: total %+v", tp)
 	}
 }
+
+// NodeDiscovery is Merge's inverse for one node: merging what it returns
+// for every node gives the cluster's domains, nodes and GPUs back (the kind
+// is Merge's own: a clique is KindNVLinkClique, not the file's "nvl72").
+func TestNodeDiscoveryOfACluster(t *testing.T) {
+	c := Simulated()
+	var nds []NodeDiscovery
+	for _, d := range c.Domains {
+		for _, n := range d.Nodes {
+			nd, err := c.NodeDiscovery(n.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			nds = append(nds, nd)
+		}
+	}
+	if nds[0].Domain != "nvl72-a" || nds[len(nds)-1].Domain != "" {
+		t.Errorf("domains %q and %q, want the clique and the HGX node's own (empty)", nds[0].Domain, nds[len(nds)-1].Domain)
+	}
+	back, err := Merge(nds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Domains) != len(c.Domains) {
+		t.Fatalf("%d domains, want %d", len(back.Domains), len(c.Domains))
+	}
+	for _, d := range back.Domains {
+		if orig, ok := c.Domain(d.ID); !ok || d.GPUCount() != orig.GPUCount() || len(d.Nodes) != len(orig.Nodes) {
+			t.Errorf("domain %s (%s, %d GPUs) is not the simulated one", d.ID, d.Kind, d.GPUCount())
+		}
+	}
+	if _, err := c.NodeDiscovery("nope"); err == nil || !strings.Contains(err.Error(), `node "nope" is not in the topology (nodes: nvl72-a-tray01,`) {
+		t.Errorf("unknown node: %v", err)
+	}
+}

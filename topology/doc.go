@@ -34,16 +34,21 @@
 //
 // Peaks.Figures records the source of each figure where they differ (an
 // NVML estimate reads HBM bytes and SMs, SourceNVML, and derives bandwidth
-// and FLOP/s, SourceNVMLEstimate); FigureSources resolves them.
+// and FLOP/s, SourceNVMLEstimate; a known GPU discovered through NVML takes
+// HBM bytes and SMs from NVML and the rest from the table; a figure that
+// could not be obtained is SourceUnavailable); FigureSources resolves them.
 //
 // A domain's capacity counts its healthy GPUs only. With h(g) = 1 for a
 // healthy GPU and 0 otherwise:
 //
 //	Domain.TotalPeaks().X = Σ_{g ∈ domain} h(g) · g.Peaks.X   for X ∈ {SMs, FLOPS, HBMBandwidth, HBMBytes}
-//	Domain.GPUModel()     = ModelName(g.Name) if every GPU agrees, else "mixed"
+//	Domain.GPUModel()     = ModelName(g.Name) if every healthy GPU agrees (every GPU
+//	                        when none is healthy), else "mixed"
 //
 // An unhealthy GPU stays in the topology, with GPU.Problem saying why
-// (fabric health, missing NVLinks), so that a smaller domain is explained.
+// (fabric health, missing NVLinks, peaks that could not be estimated, an
+// identity NVML could not read), so that a smaller domain is explained. Its
+// peaks may be zero.
 //
 // # Sources
 //

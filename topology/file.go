@@ -515,7 +515,10 @@ func orTop(path string) string {
 
 // EncodeYAML writes a valid cluster in the file format, such that Parse
 // gives it back equal, except that peaks whose source is not the table come
-// back as SourceConfig. Nodes of identical healthy GPUs with default ids are
+// back as SourceConfig and NVML's raw readings (GPU.MemoryBytes, the clocks,
+// the bus width) are not written. An unhealthy GPU whose peaks discovery
+// could not estimate is written with zero peaks, which Parse refuses until
+// they are filled in. Nodes of identical healthy GPUs with default ids are
 // written as {gpu, count}; other nodes list their GPUs.
 func EncodeYAML(c Cluster) ([]byte, error) {
 	js, err := EncodeJSON(c)

@@ -11,6 +11,9 @@ const (
 	SourceConfig       = "config"        // written in a cluster file or other config
 	SourceNVMLEstimate = "nvml-estimate" // estimated from NVML clock and memory readings
 	SourceNVML         = "nvml"          // read from NVML as is (HBM bytes, SM count); used in Peaks.Figures
+	// SourceUnavailable marks a figure (in Peaks.Figures) that could be
+	// neither looked up nor estimated: it is zero, and its GPU is unhealthy.
+	SourceUnavailable = "unavailable"
 )
 
 // knownGPU is one row of the known-GPU table.

@@ -55,16 +55,21 @@ type NodeReport struct {
 	GPUs []GPUReport `json:"gpus"`
 }
 
-// GPUReport is one GPU of a NodeReport.
+// GPUReport is one GPU of a NodeReport. The NVML readings (memory, clocks,
+// bus width) are 0 where they were not read.
 type GPUReport struct {
-	Index         int         `json:"index"`
-	UUID          string      `json:"uuid"`
-	Name          string      `json:"name"`
-	PCIBusID      string      `json:"pci_bus_id"`
-	ActiveNVLinks int         `json:"active_nvlinks"`
-	Healthy       bool        `json:"healthy"`
-	Problem       string      `json:"problem,omitempty"`
-	Peaks         PeaksReport `json:"peaks"`
+	Index              int         `json:"index"`
+	UUID               string      `json:"uuid"`
+	Name               string      `json:"name"`
+	PCIBusID           string      `json:"pci_bus_id"`
+	MemoryBytes        int64       `json:"memory_bytes"`
+	MaxSMClockMHz      int         `json:"max_sm_clock_mhz"`
+	MaxMemClockMHz     int         `json:"max_mem_clock_mhz"`
+	MemoryBusWidthBits int         `json:"memory_bus_width_bits"`
+	ActiveNVLinks      int         `json:"active_nvlinks"`
+	Healthy            bool        `json:"healthy"`
+	Problem            string      `json:"problem,omitempty"`
+	Peaks              PeaksReport `json:"peaks"`
 }
 
 // PeaksReport is Peaks with every figure's source spelled out.
@@ -77,6 +82,9 @@ type PeaksReport struct {
 	Sources      PeakSources `json:"sources"` // every figure's, resolved (FigureSources)
 }
 
+// peaksReport renders peaks for the JSON report, with every figure's source
+// resolved (FigureSources), so that a reader need not know that an empty
+// figure source means the overall one.
 func peaksReport(p Peaks) PeaksReport {
 	return PeaksReport{
 		SMs: p.SMs, FLOPS: p.FLOPS, HBMBandwidth: p.HBMBandwidth, HBMBytes: p.HBMBytes, Source: p.Source,
@@ -97,7 +105,9 @@ func NewReport(c Cluster, source string) Report {
 			for _, g := range nd.GPUs {
 				nr.GPUs = append(nr.GPUs, GPUReport{
 					Index: g.Index, UUID: g.UUID, Name: g.Name, PCIBusID: g.PCIBusID,
-					ActiveNVLinks: g.ActiveNVLinks, Healthy: g.Healthy, Problem: g.Problem,
+					MemoryBytes: g.MemoryBytes, MaxSMClockMHz: g.MaxSMClockMHz, MaxMemClockMHz: g.MaxMemClockMHz,
+					MemoryBusWidthBits: g.MemoryBusWidthBits, ActiveNVLinks: g.ActiveNVLinks,
+					Healthy: g.Healthy, Problem: g.Problem,
 					Peaks: peaksReport(g.Peaks),
 				})
 			}
@@ -120,8 +130,10 @@ func WriteJSON(w io.Writer, c Cluster, source string) error {
 
 // WriteTable prints the cluster as two tables: one line per domain (its
 // healthy GPUs and the peak totals that become its capacity), then one line
-// per GPU (identity, active NVLinks, health and peaks with their sources).
-// Figures are in SI units: FLOP/s 2.25P is 2.25e15.
+// per GPU (identity, NVML's readings, active NVLinks, health and peaks with
+// their sources). The readings are MEM (memory total, bytes), SM/MEM MHZ
+// (the max SM and memory clocks) and BUS (memory bus width, bits); "-" where
+// not read. Figures are in SI units: FLOP/s 2.25P is 2.25e15.
 func WriteTable(w io.Writer, c Cluster, source string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "source: %s\n%d domains, %d GPUs\n\n", oneLine(source), len(c.Domains), c.GPUCount())
@@ -133,7 +145,7 @@ func WriteTable(w io.Writer, c Cluster, source string) error {
 			p.SMs, si(p.FLOPS), si(p.HBMBandwidth), si(float64(p.HBMBytes)), sourcesText(p))
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "DOMAIN\tNODE\tGPU\tUUID\tNAME\tPCI BUS ID\tNVLINKS\tHEALTH\tSMS\tFLOP/S\tHBM B/S\tHBM B\tPEAKS")
+	fmt.Fprintln(tw, "DOMAIN\tNODE\tGPU\tUUID\tNAME\tPCI BUS ID\tMEM\tSM/MEM MHZ\tBUS\tNVLINKS\tHEALTH\tSMS\tFLOP/S\tHBM B/S\tHBM B\tPEAKS")
 	for _, d := range c.Domains {
 		for _, nd := range d.Nodes {
 			for _, g := range nd.GPUs {
@@ -144,8 +156,9 @@ func WriteTable(w io.Writer, c Cluster, source string) error {
 				case !g.Healthy:
 					health = "unhealthy"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n",
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n",
 					oneLine(d.ID), oneLine(nd.Name), g.Index, orDash(g.UUID), oneLine(g.Name), orDash(g.PCIBusID),
+					siOrDash(float64(g.MemoryBytes)), clocksText(g), intOrDash(g.MemoryBusWidthBits),
 					g.ActiveNVLinks, oneLine(health), g.Peaks.SMs, si(g.Peaks.FLOPS), si(g.Peaks.HBMBandwidth),
 					si(float64(g.Peaks.HBMBytes)), sourcesText(g.Peaks))
 			}
@@ -191,6 +204,30 @@ func oneLine(s string) string {
 	}, s)
 }
 
+// clocksText is a GPU's max SM and memory clocks as "SM/MEM", each "-"
+// where not read.
+func clocksText(g GPU) string {
+	return intOrDash(g.MaxSMClockMHz) + "/" + intOrDash(g.MaxMemClockMHz)
+}
+
+// intOrDash writes n, or "-" for 0 (not read).
+func intOrDash(n int) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
+}
+
+// siOrDash writes v as si does, or "-" for 0 (not read).
+func siOrDash(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return si(v)
+}
+
+// orDash writes s on one line, or "-" for an empty s, so that an empty
+// field (a GPU from a file has no UUID) keeps its table column.
 func orDash(s string) string {
 	if s == "" {
 		return "-"

@@ -14,7 +14,8 @@ func printed(t *testing.T) Cluster {
 		Figures: PeakSources{SMs: SourceNVML, HBMBytes: SourceNVML}}
 	nodes := []NodeDiscovery{
 		{Node: "tray1", Domain: "c.1", GPUs: gpusOf("tray1", "NVIDIA GB200", 2, 18)},
-		{Node: "lab\t1", GPUs: []GPU{{Index: 0, UUID: "GPU-l", Name: "NVIDIA L40S", PCIBusID: "00000000:01:00.0", Peaks: est, Healthy: true}}},
+		{Node: "lab\t1", GPUs: []GPU{{Index: 0, UUID: "GPU-l", Name: "NVIDIA L40S", PCIBusID: "00000000:01:00.0", Peaks: est, Healthy: true,
+			MemoryBytes: 48e9, MaxSMClockMHz: 2520, MaxMemClockMHz: 9001, MemoryBusWidthBits: 384}}},
 	}
 	nodes[0].GPUs[1].Healthy, nodes[0].GPUs[1].Problem = false, "fabric health: unhealthy"
 	c, err := Merge(nodes)
@@ -56,6 +57,25 @@ func TestWriteTable(t *testing.T) {
 	if f := fields("lab 1 "); f[2] != "pcie" || strings.Join(f[len(f)-4:], " ") != "sms=nvml flops=nvml-estimate bw=nvml-estimate hbm=nvml" {
 		t.Errorf("pcie domain line %q", f)
 	}
+	// NVML's readings on the GPU line; "-" where there are none.
+	if f := fields("lab 1 "); len(f) < 4 {
+		t.Fatal(f)
+	}
+	var lab, tray string
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "lab 1 ") && strings.Contains(l, "GPU-l"):
+			lab = l
+		case strings.HasPrefix(l, "c.1 ") && strings.Contains(l, "tray1") && tray == "":
+			tray = l
+		}
+	}
+	if !strings.Contains(lab, " 48G  ") || !strings.Contains(lab, " 2520/9001 ") || !strings.Contains(lab, " 384 ") {
+		t.Errorf("GPU line lacks its readings: %q", lab)
+	}
+	if !strings.Contains(tray, " -/- ") {
+		t.Errorf("GPU line without readings: %q, want -/- clocks", tray)
+	}
 	var unhealthy string
 	for _, l := range lines {
 		if strings.Contains(l, "unhealthy") {
@@ -94,7 +114,8 @@ func TestWriteJSON(t *testing.T) {
 		t.Errorf("gpu = %+v", g)
 	}
 	l := r.Domains[1].Nodes[0].GPUs[0]
-	if l.Peaks.Sources != (PeakSources{SMs: "nvml", FLOPS: "nvml-estimate", HBMBandwidth: "nvml-estimate", HBMBytes: "nvml"}) || l.PCIBusID != "00000000:01:00.0" {
+	if l.Peaks.Sources != (PeakSources{SMs: "nvml", FLOPS: "nvml-estimate", HBMBandwidth: "nvml-estimate", HBMBytes: "nvml"}) || l.PCIBusID != "00000000:01:00.0" ||
+		l.MemoryBytes != 48e9 || l.MaxSMClockMHz != 2520 || l.MaxMemClockMHz != 9001 || l.MemoryBusWidthBits != 384 {
 		t.Errorf("estimated gpu = %+v", l)
 	}
 }

@@ -60,17 +60,25 @@ func (p Peaks) FigureSources() PeakSources {
 	return f
 }
 
-// check reports the first limit that is not positive and finite.
-func (p Peaks) check() error {
+// check reports the first limit that is not positive and finite. An
+// unhealthy GPU contributes no capacity, so its figures may also be zero:
+// discovery lists a GPU whose peaks it could not (fully) obtain as
+// unhealthy, with the figures it did obtain.
+func (p Peaks) check(healthy bool) error {
+	want := "positive"
+	if !healthy {
+		want = "positive or zero (unhealthy GPU)"
+	}
+	ok := func(v float64) bool { return (v > 0 || !healthy && v == 0) && !math.IsInf(v, 0) }
 	switch {
-	case p.SMs <= 0:
-		return fmt.Errorf("peaks: sms must be positive, got %d", p.SMs)
-	case !(p.FLOPS > 0) || math.IsInf(p.FLOPS, 0):
-		return fmt.Errorf("peaks: flops must be positive and finite, got %g", p.FLOPS)
-	case !(p.HBMBandwidth > 0) || math.IsInf(p.HBMBandwidth, 0):
-		return fmt.Errorf("peaks: hbm_bandwidth must be positive and finite, got %g", p.HBMBandwidth)
-	case p.HBMBytes <= 0:
-		return fmt.Errorf("peaks: hbm_bytes must be positive, got %d", p.HBMBytes)
+	case !ok(float64(p.SMs)):
+		return fmt.Errorf("peaks: sms must be %s, got %d", want, p.SMs)
+	case !ok(p.FLOPS):
+		return fmt.Errorf("peaks: flops must be %s and finite, got %g", want, p.FLOPS)
+	case !ok(p.HBMBandwidth):
+		return fmt.Errorf("peaks: hbm_bandwidth must be %s and finite, got %g", want, p.HBMBandwidth)
+	case !ok(float64(p.HBMBytes)):
+		return fmt.Errorf("peaks: hbm_bytes must be %s, got %d", want, p.HBMBytes)
 	// Bounds far above any GPU, so that sums over a domain cannot overflow.
 	case p.FLOPS > MaxFLOPS:
 		return fmt.Errorf("peaks: flops must be at most %g, got %g", MaxFLOPS, p.FLOPS)
@@ -95,13 +103,20 @@ const (
 
 // GPU is one accelerator.
 type GPU struct {
-	Index         int    // index on its node, as NVML numbers it
-	UUID          string // "GPU-…"; unique in the cluster when set
-	Name          string // the product name as the source gave it, e.g. "NVIDIA GB200"
-	PCIBusID      string // e.g. "00000000:18:00.0"
-	Peaks         Peaks
-	ActiveNVLinks int  // NVLink ports up
-	Healthy       bool // false: present but contributes no capacity
+	Index    int    // index on its node, as NVML numbers it
+	UUID     string // "GPU-…"; unique in the cluster when set
+	Name     string // the product name as the source gave it, e.g. "NVIDIA GB200"
+	PCIBusID string // e.g. "00000000:18:00.0"
+	// What NVML read about the GPU (zero where it was not read: a file, the
+	// simulated cluster, or a reading the driver refused). Peaks hold what
+	// the scheduler uses; these are the raw readings beside them.
+	MemoryBytes        int64 // GetMemoryInfo().Total
+	MaxSMClockMHz      int   // GetMaxClockInfo(CLOCK_SM)
+	MaxMemClockMHz     int   // GetMaxClockInfo(CLOCK_MEM)
+	MemoryBusWidthBits int   // GetMemoryBusWidth
+	Peaks              Peaks
+	ActiveNVLinks      int  // NVLink ports up
+	Healthy            bool // false: present but contributes no capacity
 	// Problem says why a GPU is unhealthy ("fabric health: unhealthy",
 	// "16 active NVLinks, its domain peers have 18"), so that an operator
 	// reading the topology sees the cause, not just a smaller domain.
@@ -197,13 +212,20 @@ func satAdd(a, b int64) int64 {
 	return a + b
 }
 
-// GPUModel returns the model of the domain's GPUs (healthy or not) as
-// ModelName spells it ("GB200"), MixedModel when they differ, and "" for a
-// domain without GPUs. Calibrations are looked up by it.
+// GPUModel returns the model of the domain's healthy GPUs (of all its GPUs
+// when none is healthy) as ModelName spells it ("GB200"), MixedModel when
+// they differ, and "" for a domain without GPUs. Calibrations are looked up
+// by it, so it follows the GPUs that bear capacity: an unhealthy GPU that
+// discovery could not identify (listed under a stand-in name such as
+// "gpu-index-3") does not make its domain "mixed".
 func (d Domain) GPUModel() string {
+	healthyOnly := d.HealthyGPUCount() > 0
 	model := ""
 	for _, nd := range d.Nodes {
 		for _, g := range nd.GPUs {
+			if healthyOnly && !g.Healthy {
+				continue
+			}
 			m := ModelName(g.Name)
 			switch {
 			case model == "":
@@ -266,7 +288,9 @@ func (c Cluster) Clone() Cluster {
 // node names non-empty and unique across the cluster, so that a node belongs
 // to exactly one domain and nothing can span two; every node has GPUs with
 // unique indexes; GPU UUIDs, where set, unique across the cluster; every GPU
-// has a name and positive, finite peaks. It reports every problem found,
+// has a name and positive, finite peaks, except that an unhealthy GPU's
+// figures may be zero (it contributes no capacity, and discovery lists a
+// GPU it could not estimate that way). It reports every problem found,
 // each under the path of its domain (domains[i] "id").
 func (c Cluster) Validate() error {
 	if len(c.Domains) == 0 {
@@ -323,7 +347,7 @@ func (c Cluster) Validate() error {
 				if g.Name == "" {
 					bad("%s: empty name", gat)
 				}
-				if err := g.Peaks.check(); err != nil {
+				if err := g.Peaks.check(g.Healthy); err != nil {
 					bad("%s: %w", gat, err)
 				}
 				if g.UUID == "" {

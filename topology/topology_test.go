@@ -1,6 +1,7 @@
 package topology
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -158,6 +159,41 @@ func TestGPUModelMixed(t *testing.T) {
 	}
 	if got := (Domain{}).GPUModel(); got != "" {
 		t.Errorf("empty GPUModel = %q", got)
+	}
+	// An unhealthy GPU discovery could not identify does not mix the
+	// model; a domain with no healthy GPU goes by all of them.
+	d = Simulated().Domains[2]
+	d.Nodes[0].GPUs[3] = GPU{Index: 3, Name: "gpu-index-3", Problem: "GetName: ERROR_GPU_IS_LOST"}
+	if got := d.GPUModel(); got != "H200" {
+		t.Errorf("GPUModel with a stand-in = %q, want H200", got)
+	}
+	for i := range d.Nodes[0].GPUs {
+		d.Nodes[0].GPUs[i].Healthy = false
+	}
+	if got := d.GPUModel(); got != MixedModel {
+		t.Errorf("GPUModel with none healthy = %q, want %q", got, MixedModel)
+	}
+}
+
+// An unhealthy GPU may have zero peaks (discovery could not estimate
+// them); a healthy one may not, and no GPU may have negative or NaN ones.
+func TestValidateUnhealthyZeroPeaks(t *testing.T) {
+	c := Simulated()
+	g := &c.Domains[5].Nodes[0].GPUs[2]
+	g.Healthy, g.Problem = false, "cannot estimate peaks"
+	g.Peaks = Peaks{SMs: 100, Source: SourceNVMLEstimate}
+	if err := c.Validate(); err != nil {
+		t.Errorf("unhealthy GPU with zero peaks: %v", err)
+	}
+	for _, bad := range []Peaks{{SMs: -1}, {FLOPS: math.NaN()}, {HBMBandwidth: math.Inf(1)}, {HBMBytes: -5}} {
+		g.Peaks = bad
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "positive or zero (unhealthy GPU)") {
+			t.Errorf("unhealthy GPU with peaks %+v: err = %v", bad, err)
+		}
+	}
+	g.Peaks, g.Healthy = Peaks{SMs: 100, Source: SourceNVMLEstimate}, true
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "gpu 2: peaks: flops must be positive and finite") {
+		t.Errorf("healthy GPU with zero flops: err = %v", err)
 	}
 }
 

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/sluice-sched/sluice/internal/controlplane"
-	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
 
@@ -52,6 +51,7 @@ func run(ctx context.Context, args []string, logw io.Writer) error {
 	node := fs.String("node", host, "this node's name, unique in the cluster (default: the host name)")
 	spec := fs.String("topology", nvml.SpecAuto, `where the GPUs come from: "auto" (NVML, else this node in the simulated cluster), "auto:<file>" (NVML, else this node in the file), "nvml", "simulated" or a topology file`)
 	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: a dead agent's GPUs leave capacity this long after its last keepalive")
+	rediscover := fs.Duration("rediscover", 30*time.Second, "how often the node is discovered again and a changed record (GPU health) republished; 0 never")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -86,9 +86,16 @@ func run(ctx context.Context, args []string, logw io.Writer) error {
 		return errors.New("--node: empty, and the host name is unknown")
 	}
 	// Discover once before connecting: a node that cannot say what it has
-	// should fail loudly at start, not publish later.
-	if _, err := discoverNode(*spec, *node, log); err != nil {
+	// should fail loudly at start, not publish later. RunAgent discovers
+	// again before each publication and every --rediscover; the loader logs
+	// an auto fallback once, not at each discovery.
+	loader := nvml.NewNodeLoader(*spec, *node, log)
+	if _, err := loader.Load(ctx); err != nil {
 		return err
+	}
+	every := *rediscover
+	if every <= 0 {
+		every = -1 // the flag's 0 is never; RunAgent's 0 is its default
 	}
 	cli, err := controlplane.NewClient(co)
 	if err != nil {
@@ -96,34 +103,7 @@ func run(ctx context.Context, args []string, logw io.Writer) error {
 	}
 	defer cli.Close()
 	return controlplane.RunAgent(ctx, controlplane.AgentOptions{
-		Client: cli, Prefix: *prefix, TTL: *ttl, Logger: log,
-		Discover: func(context.Context) (topology.NodeDiscovery, error) { return discoverNode(*spec, *node, log) },
+		Client: cli, Prefix: *prefix, TTL: *ttl, Logger: log, RediscoverEvery: every,
+		Discover: loader.Load,
 	})
-}
-
-// discoverNode finds this node's GPUs as --topology says: through NVML
-// ("nvml"; "auto" and "auto:<file>" when NVML is usable), or as the node's
-// entry in a topology file or the simulated cluster (the fallback of auto
-// on a machine without NVML, and the way to run agents in a test fleet).
-func discoverNode(spec, node string, log *slog.Logger) (topology.NodeDiscovery, error) {
-	fallback := spec
-	switch {
-	case spec == nvml.SpecNVML:
-		return nvml.Discover(node)
-	case spec == nvml.SpecAuto || strings.HasPrefix(spec, nvml.SpecAutoPrefix):
-		nd, err := nvml.Discover(node)
-		if err == nil || !errors.Is(err, nvml.ErrUnavailable) {
-			return nd, err
-		}
-		fallback = nvml.SpecSimulated
-		if spec != nvml.SpecAuto {
-			fallback = strings.TrimPrefix(spec, nvml.SpecAutoPrefix)
-		}
-		log.Info("NVML unavailable; publishing the node from the fallback topology", "reason", err, "topology", fallback)
-	}
-	l, err := nvml.Load(fallback, log)
-	if err != nil {
-		return topology.NodeDiscovery{}, err
-	}
-	return controlplane.NodeFromCluster(l.Cluster, node)
 }

@@ -79,3 +79,45 @@ func TestAgentPublishesAndLeaves(t *testing.T) {
 		t.Fatalf("without --etcd: %v", err)
 	}
 }
+
+// Under auto without NVML the agent publishes its node from the fallback
+// and says so once, although it discovers at start and again in RunAgent
+// (and at every --rediscover). Where NVML works nothing is said.
+func TestAgentLogsTheFallbackOnce(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--etcd", etcd.Endpoint(), "--node", "rack-a-tray02",
+			"--topology", "auto:../../topology/testdata/cluster.yaml", "--ttl", "1s"}, &logs)
+	}()
+	key := controlplane.AgentKey(controlplane.DefaultPrefix, "rack-a-tray02")
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), "published node") {
+		select {
+		case err := <-done:
+			t.Fatalf("agent exited: %v\n%s", err, logs.String())
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing published\n%s", logs.String())
+		}
+	}
+	resp, err := cli.Get(context.Background(), key)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("agent: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := strings.Count(logs.String(), "using the fallback topology")
+	if n > 1 || n == 0 && len(resp.Kvs) == 1 {
+		t.Errorf("%d fallback lines (published from the file: %v), want 1\n%s", n, len(resp.Kvs) == 1, logs.String())
+	}
+	if n == 1 && !strings.Contains(logs.String(), "fallback=../../topology/testdata/cluster.yaml") {
+		t.Errorf("the fallback line does not name the file\n%s", logs.String())
+	}
+}

@@ -115,17 +115,18 @@ func runConfig(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Validated locally in both cases: apply writes nothing that sluiced
-	// would refuse for its own reasons (a floor too large for the cluster
-	// is the exception: only a replica knows its cluster).
-	cfg, err := config.Parse(*file, data)
-	if err != nil {
-		return err
-	}
 	if args[0] == "validate" {
+		cfg, err := config.Parse(*file, data)
+		if err != nil {
+			return err
+		}
 		fmt.Fprintf(out, "%s: valid (%d tiers, %d tenants, %d models)\n", *file, len(cfg.Tiers), len(cfg.Tenants), len(cfg.Models))
 		return nil
 	}
+	// ApplyConfig validates the file as sluiced parses it before writing
+	// anything: apply writes nothing that sluiced would refuse for its own
+	// reasons (a floor too large for the cluster is the exception: only a
+	// replica knows its cluster).
 	cli, err := ef.client()
 	if err != nil {
 		return err
@@ -143,6 +144,9 @@ func runConfig(args []string, out io.Writer) error {
 		policy = "unchanged"
 	}
 	fmt.Fprintf(out, "%s: valid; policy %s, %d tenant documents written, %d deleted", *file, policy, res.TenantsWritten, res.TenantsDeleted)
+	if res.Attempts > 1 {
+		fmt.Fprintf(out, " (read %d times: another writer changed the documents meanwhile)", res.Attempts)
+	}
 	switch res.Transactions {
 	case 0:
 		fmt.Fprintln(out, "; nothing to change")

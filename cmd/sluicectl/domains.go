@@ -4,48 +4,65 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
-	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
 
 func init() {
 	register(command{
 		name:    "domains",
-		summary: "list domains: draining state and in-flight leases (a server), drain marks (etcd)",
+		summary: "list domains: draining state and in-flight leases (a server or every replica), drain marks (etcd)",
 		run:     runDomains,
 	})
 }
 
-// domainRow is one line of `sluicectl domains`: a server's view of the
-// domain (when it has it) and the drain mark in etcd (when there is one).
+// domainRow is one line of `sluicectl domains`: the replicas' view of the
+// domain (one server's, or every registered replica's) and the drain mark in
+// etcd (when there is one).
 type domainRow struct {
-	ID           string                  `json:"id"`
-	Kind         string                  `json:"kind,omitempty"`
-	GPUs         int64                   `json:"gpus"`
-	Draining     bool                    `json:"draining"`
-	DrainReason  string                  `json:"drain_reason,omitempty"`
-	InFlight     int64                   `json:"in_flight"`
-	HealthWeight float64                 `json:"health_weight"`
-	OnServer     bool                    `json:"on_server"`
-	Mark         *controlplane.DrainMark `json:"drain_mark,omitempty"`
+	ID           string  `json:"id"`
+	Kind         string  `json:"kind,omitempty"`
+	GPUs         int64   `json:"gpus"`
+	Draining     bool    `json:"draining"` // on every replica that has the domain
+	DrainReason  string  `json:"drain_reason,omitempty"`
+	InFlight     int64   `json:"in_flight"`     // summed over the replicas
+	HealthWeight float64 `json:"health_weight"` // the lowest of the replicas'
+	OnServer     bool    `json:"on_server"`     // some replica has the domain
+	// Replicas is each answering replica's view, with --etcd and no
+	// --server: a replica that has not applied a mark shows here.
+	Replicas []replicaDomain         `json:"replicas,omitempty"`
+	Mark     *controlplane.DrainMark `json:"drain_mark,omitempty"`
 }
 
-// runDomains lists the domains of the sluiced at --server (ListDomains) and,
-// with --etcd, the drain marks, so that an SRE sees both whether a drain was
-// asked for and whether this replica acts on it, and how many leases are
-// still in flight there.
+// replicaDomain is one replica's view of a domain.
+type replicaDomain struct {
+	Replica      string  `json:"replica"`
+	Has          bool    `json:"has"` // false: the replica does not have the domain
+	Draining     bool    `json:"draining"`
+	DrainReason  string  `json:"drain_reason,omitempty"`
+	InFlight     int64   `json:"in_flight"`
+	HealthWeight float64 `json:"health_weight"`
+}
+
+// runDomains lists the domains of the sluiced at --server or, with --etcd
+// and no --server, of every replica registered in etcd (in-flight leases
+// summed, each replica's draining state shown), beside the drain marks in
+// etcd, so that an SRE sees both whether a drain was asked for and whether
+// every replica acts on it, and how many leases are still in flight there.
 func runDomains(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("sluicectl domains", flag.ContinueOnError)
 	fs.SetOutput(out)
 	var ef etcdFlags
 	ef.register(fs)
-	server := fs.String("server", "localhost:7070", `sluiced gRPC address ("" to list etcd's drain marks only)`)
+	server := fs.String("server", "", "one sluiced's gRPC address (default: every replica registered in etcd with --etcd, else localhost:7070)")
 	format := fs.String("o", "table", "output format: table or json")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
@@ -54,45 +71,47 @@ func runDomains(args []string, out io.Writer) error {
 		return fmt.Errorf("-o %q: want table or json", *format)
 	}
 	if *server == "" && ef.endpoints == "" {
-		return fmt.Errorf("nothing to list: give --server, --etcd or both")
+		*server = "localhost:7070"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
 	defer cancel()
 	rows := map[string]*domainRow{}
+	var views []replicaView
 	if *server != "" {
-		conn, err := dialServer(*server)
+		doms, err := listDomains(ctx, *server)
 		if err != nil {
 			return err
 		}
-		defer conn.Close()
-		resp, err := admissionv1.NewOperatorClient(conn).ListDomains(ctx, &admissionv1.ListDomainsRequest{})
-		if err != nil {
-			return fmt.Errorf("server %s: %w", *server, err)
-		}
-		for _, d := range resp.GetDomains() {
-			rows[d.GetId()] = &domainRow{ID: d.GetId(), Kind: d.GetKind(), GPUs: d.GetGpus(), Draining: d.GetDraining(),
-				DrainReason: d.GetDrainReason(), InFlight: d.GetInFlight(), HealthWeight: d.GetHealthWeight(), OnServer: true}
-		}
+		views = []replicaView{{Member: client.Member{ID: *server, Addr: *server}, domains: doms}}
 	}
+	var unreachable []error
 	if ef.endpoints != "" {
 		cli, err := ef.client()
 		if err != nil {
 			return err
 		}
 		defer cli.Close()
-		marks, err := controlplane.ListDrains(ctx, cli, controlplane.NormalizePrefix(ef.prefix))
+		prefix := controlplane.NormalizePrefix(ef.prefix)
+		if *server == "" {
+			if views, err = fleetViews(ctx, cli, prefix); err != nil {
+				return err
+			}
+			for _, v := range views {
+				if v.err != nil {
+					unreachable = append(unreachable, fmt.Errorf("replica %s (%s): %w", v.ID, v.Addr, v.err))
+				}
+			}
+		}
+		marks, err := controlplane.ListDrains(ctx, cli, prefix)
 		if err != nil {
 			return err
 		}
 		for _, m := range marks {
-			r := rows[m.Domain]
-			if r == nil {
-				r = &domainRow{ID: m.Domain}
-				rows[m.Domain] = r
-			}
-			r.Mark = &m
+			rows[m.Domain] = &domainRow{ID: m.Domain, Mark: &m}
 		}
 	}
+	fleet := *server == ""
+	addViews(rows, views, fleet)
 	list := make([]domainRow, 0, len(rows))
 	for _, r := range rows {
 		list = append(list, *r)
@@ -101,32 +120,112 @@ func runDomains(args []string, out io.Writer) error {
 	if *format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
-		return enc.Encode(list)
+		if err := enc.Encode(list); err != nil {
+			return err
+		}
+	} else if err := writeDomains(out, list, len(views) > 0, ef.endpoints != "", fleet); err != nil {
+		return err
 	}
-	return writeDomains(out, list, *server != "", ef.endpoints != "")
+	if fleet && len(views) == 0 {
+		fmt.Fprintln(out, "(no replica registered in etcd)")
+	}
+	return errors.Join(unreachable...)
+}
+
+// addViews merges the replicas' answers into rows: in-flight counts summed,
+// draining only when every replica that has the domain drains it, the lowest
+// health weight. In fleet mode each replica's view is kept in the row.
+func addViews(rows map[string]*domainRow, views []replicaView, fleet bool) {
+	for _, v := range views {
+		if v.err != nil {
+			continue
+		}
+		for _, d := range v.domains {
+			r := rows[d.GetId()]
+			if r == nil {
+				r = &domainRow{ID: d.GetId()}
+				rows[d.GetId()] = r
+			}
+			if !r.OnServer {
+				r.Kind, r.GPUs, r.HealthWeight, r.Draining, r.DrainReason = d.GetKind(), d.GetGpus(), d.GetHealthWeight(), true, d.GetDrainReason()
+			}
+			r.OnServer = true
+			r.InFlight += d.GetInFlight()
+			r.HealthWeight = min(r.HealthWeight, d.GetHealthWeight())
+			r.Draining = r.Draining && d.GetDraining()
+			if fleet {
+				r.Replicas = append(r.Replicas, replicaDomain{Replica: v.ID, Has: true, Draining: d.GetDraining(),
+					DrainReason: d.GetDrainReason(), InFlight: d.GetInFlight(), HealthWeight: d.GetHealthWeight()})
+			}
+		}
+	}
+	if !fleet {
+		return
+	}
+	for _, r := range rows { // the replicas that lack the domain
+		for _, v := range views {
+			if v.err == nil && !slices.ContainsFunc(r.Replicas, func(rd replicaDomain) bool { return rd.Replica == v.ID }) {
+				r.Replicas = append(r.Replicas, replicaDomain{Replica: v.ID})
+			}
+		}
+		slices.SortFunc(r.Replicas, func(a, b replicaDomain) int { return cmp.Compare(a.Replica, b.Replica) })
+	}
+}
+
+// drainingCell renders the DRAINING column: yes or no on one server; over
+// the fleet "yes"/"no" when every replica agrees, else how many drain it and
+// which do not (or lack the domain).
+func drainingCell(r domainRow, fleet bool) string {
+	if !fleet || len(r.Replicas) <= 1 {
+		if r.Draining {
+			return "yes"
+		}
+		return "no"
+	}
+	var n int
+	var not []string
+	for _, rd := range r.Replicas {
+		switch {
+		case rd.Draining:
+			n++
+		case !rd.Has:
+			not = append(not, rd.Replica+" (absent)")
+		default:
+			not = append(not, rd.Replica)
+		}
+	}
+	switch {
+	case n == len(r.Replicas):
+		return fmt.Sprintf("yes (%d/%d)", n, n)
+	case n == 0 && !slices.ContainsFunc(r.Replicas, func(rd replicaDomain) bool { return !rd.Has }):
+		return "no"
+	}
+	return fmt.Sprintf("%d/%d, not: %s", n, len(r.Replicas), strings.Join(not, " "))
 }
 
 // writeDomains prints the table; columns a source did not fill are "-".
-func writeDomains(w io.Writer, list []domainRow, server, etcd bool) error {
+func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tDRAIN MARK")
 	for _, r := range list {
 		kind, gpus, draining, inflight, health := "-", "-", "-", "-", "-"
 		if r.OnServer {
 			kind, gpus, inflight = r.Kind, fmt.Sprint(r.GPUs), fmt.Sprint(r.InFlight)
-			draining, health = "no", fmt.Sprintf("%.2f", r.HealthWeight)
-			if r.Draining {
-				draining = "yes"
-			}
+			draining, health = drainingCell(r, fleet), fmt.Sprintf("%.2f", r.HealthWeight)
 		} else if server {
-			kind = "(not on the server)"
+			kind = "(not on the replicas)"
+			if !fleet {
+				kind = "(not on the server)"
+			}
 		}
 		mark := "-"
 		switch {
 		case r.Mark != nil:
 			mark = r.Mark.Describe()
 		case r.Draining:
-			mark = "(none; " + r.DrainReason + ")" // drained on this replica only
+			mark = "(none; " + r.DrainReason + ")" // drained on the replicas only
+		case slices.ContainsFunc(r.Replicas, func(rd replicaDomain) bool { return rd.Draining }):
+			mark = "(none; drained by the Operator RPC on some replicas)"
 		case !etcd:
 			mark = "(no --etcd)"
 		}

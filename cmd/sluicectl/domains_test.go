@@ -3,12 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/server"
 )
@@ -64,6 +69,7 @@ func TestDrainUndrainDomains(t *testing.T) {
 	t.Setenv("USER", "alice")
 	t.Setenv("SLUICE_ETCD", "") // the flags below say where etcd is
 
+	waitMembers(t, etcd, 1)
 	code, out, errs := sluicectl("drain", "nvl72-a", "--reason", "rack swap", "--etcd", etcd.Endpoint())
 	if code != 0 || !strings.Contains(out, "drained by alice") || !strings.Contains(out, "rack swap") {
 		t.Fatalf("drain: %d %q %q", code, out, errs)
@@ -119,5 +125,132 @@ func TestDrainUndrainDomains(t *testing.T) {
 	}
 	if code, _, _ = sluicectl("drain"); code == 0 {
 		t.Fatal("drain without a domain succeeded")
+	}
+}
+
+// waitMembers waits until n replicas are registered in etcd.
+func waitMembers(t *testing.T, etcd *etcdtest.Server, n int) {
+	t.Helper()
+	cli := etcd.Client(t)
+	eventually(t, fmt.Sprintf("%d replicas registered", n), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ms, _, err := etcdmembers.List(ctx, cli, controlplane.DefaultPrefix)
+		return err == nil && len(ms) == n
+	})
+}
+
+// domainsJSON runs domains -o json with args and decodes its rows by id.
+func domainsJSON(t *testing.T, args ...string) map[string]domainRow {
+	t.Helper()
+	code, out, errs := sluicectl(append([]string{"domains", "-o", "json"}, args...)...)
+	if code != 0 {
+		t.Fatalf("domains %v: %d %q", args, code, errs)
+	}
+	var rows []domainRow
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("domains -o json: %v\n%s", err, out)
+	}
+	byID := map[string]domainRow{}
+	for _, r := range rows {
+		byID[r.ID] = r
+	}
+	return byID
+}
+
+// With --etcd and no --server, domains asks every registered replica: the
+// in-flight counts are summed, and a replica that does not drain a domain
+// the others drain is named. drain refuses a domain that neither the agents
+// nor the replicas know, unless --force.
+func TestDomainsAcrossReplicas(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	t.Setenv("SLUICE_ETCD", "")
+	t.Setenv("USER", "alice")
+	s1, s2 := startSluiced(t, etcd.Endpoint()), startSluiced(t, etcd.Endpoint())
+	id1, id2 := s1.GRPCAddr().String(), s2.GRPCAddr().String()
+	waitMembers(t, etcd, 2)
+
+	// Leases on both replicas.
+	for _, srv := range []*server.Server{s1, s2} {
+		for _, tenant := range []string{"acme", "globex", "initech"} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			d, err := srv.Engine().Admit(ctx, admission.Request{Tenant: tenant, Model: "small", PromptTokens: 100, MaxOutputTokens: 10})
+			cancel()
+			if err != nil || d.Outcome != admission.Admitted {
+				t.Fatalf("admit %s: %+v, %v", tenant, d, err)
+			}
+		}
+	}
+	want := map[string]int64{}
+	for _, srv := range []*server.Server{s1, s2} {
+		for _, d := range srv.Engine().Domains() {
+			want[d.ID] += int64(d.InFlight)
+		}
+	}
+
+	if code, out, errs := sluicectl("drain", "nvl72-a", "--etcd", etcd.Endpoint()); code != 0 {
+		t.Fatalf("drain: %d %q %q", code, out, errs)
+	}
+	drained := func(srv *server.Server, id string) bool {
+		for _, d := range srv.Engine().Domains() {
+			if d.ID == id {
+				return d.Draining
+			}
+		}
+		return false
+	}
+	eventually(t, "nvl72-a drained on both", func() bool { return drained(s1, "nvl72-a") && drained(s2, "nvl72-a") })
+	// hgx-h200-1 drained on s1 only, through its Operator RPC.
+	if code, out, errs := sluicectl("drain", "hgx-h200-1", "--server", id1, "--reason", "fan"); code != 0 {
+		t.Fatalf("drain --server: %d %q %q", code, out, errs)
+	}
+
+	rows := domainsJSON(t, "--etcd", etcd.Endpoint())
+	var sum int64
+	for id, n := range want {
+		if rows[id].InFlight != n {
+			t.Fatalf("%s: %d in flight, want %d (both replicas)", id, rows[id].InFlight, n)
+		}
+		sum += n
+	}
+	if sum != 6 {
+		t.Fatalf("%d leases in flight over the domains, want the 6 admitted", sum)
+	}
+	if r := rows["nvl72-a"]; !r.Draining || r.Mark == nil || len(r.Replicas) != 2 || !r.Replicas[0].Draining || !r.Replicas[1].Draining {
+		t.Fatalf("nvl72-a: %+v", r)
+	}
+	r := rows["hgx-h200-1"]
+	if r.Draining || len(r.Replicas) != 2 {
+		t.Fatalf("hgx-h200-1: %+v; want not draining everywhere, two replicas", r)
+	}
+	for _, rd := range r.Replicas {
+		if rd.Draining != (rd.Replica == id1) {
+			t.Fatalf("hgx-h200-1 on %s: %+v; want it drained on %s only", rd.Replica, rd, id1)
+		}
+	}
+	code, out, errs := sluicectl("domains", "--etcd", etcd.Endpoint())
+	if code != 0 {
+		t.Fatalf("domains: %d %q", code, errs)
+	}
+	var line string
+	for l := range strings.SplitSeq(out, "\n") {
+		if strings.HasPrefix(l, "hgx-h200-1 ") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "1/2, not: "+id2) {
+		t.Fatalf("hgx-h200-1's line names no replica that does not drain it: %q\n%s", line, out)
+	}
+
+	// Unknown domains.
+	code, _, errs = sluicectl("drain", "nvl72-z", "--etcd", etcd.Endpoint())
+	if code == 0 || !strings.Contains(errs, "unknown") || !strings.Contains(errs, "--force") || !strings.Contains(errs, "nvl72-a") {
+		t.Fatalf("drain of an unknown domain: %d %q", code, errs)
+	}
+	if marks, err := controlplane.ListDrains(context.Background(), etcd.Client(t), controlplane.DefaultPrefix); err != nil || len(marks) != 1 {
+		t.Fatalf("marks after a refused drain: %+v, %v", marks, err)
+	}
+	if code, out, errs := sluicectl("drain", "nvl72-z", "--etcd", etcd.Endpoint(), "--force"); code != 0 || !strings.Contains(out, "written") {
+		t.Fatalf("drain --force of an unknown domain: %d %q %q", code, out, errs)
 	}
 }

@@ -7,8 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-sched/sluice/admission/client"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
@@ -29,18 +34,23 @@ func init() {
 // runDrain writes (drain) or deletes (undrain) a domain's drain mark in etcd;
 // every replica acts on it within one watch round-trip. Without --etcd it
 // asks the one sluiced at --server instead (a single replica without a
-// control plane; the drain lasts until that process restarts).
+// control plane; the drain lasts until that process restarts). A drain mark
+// is written only for a domain that exists: in the node agents' records, or
+// on the replica at --server, or else on any registered replica; --force
+// writes it anyway (for a domain whose agents have not published yet).
 func runDrain(args []string, out io.Writer, drain bool) error {
 	name := map[bool]string{true: "drain", false: "undrain"}[drain]
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	var ef etcdFlags
 	ef.register(fs)
-	server := fs.String("server", "", "without --etcd: the one sluiced to drain directly (gRPC address)")
+	server := fs.String("server", "", "without --etcd: the one sluiced to drain directly (gRPC address); with --etcd: the replica that checks the domain exists")
 	var reason, by *string
+	var force *bool
 	if drain {
 		reason = fs.String("reason", "", "why the domain is drained (shown by sluicectl domains and ListDomains)")
 		by = fs.String("by", os.Getenv("USER"), "who drains it (default $USER)")
+		force = fs.Bool("force", false, "write the mark even for a domain neither the agents nor the replicas know (it applies when the domain appears)")
 	}
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -76,6 +86,11 @@ func runDrain(args []string, out io.Writer, drain bool) error {
 		fmt.Fprintf(out, "%s: drain mark removed; replicas place on it again\n", domain)
 		return nil
 	}
+	if !*force {
+		if err := checkDomain(ctx, cli, prefix, *server, domain); err != nil {
+			return err
+		}
+	}
 	m := controlplane.DrainMark{Domain: domain, Reason: *reason, By: *by, At: time.Now().UTC()}
 	rev, err := controlplane.PutDrain(ctx, cli, prefix, m)
 	if err != nil {
@@ -106,4 +121,48 @@ func drainOne(ctx context.Context, server, domain string, drain bool, reason, by
 	}
 	fmt.Fprintf(out, "%s: undrained on %s only (no --etcd)\n", domain, server)
 	return nil
+}
+
+// checkDomain returns an error unless domain is known: a domain of the node
+// agents' records, or of the replica at server, or (server "") of any replica
+// registered under prefix that answers.
+func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server, domain string) error {
+	agents, err := controlplane.AgentDomains(ctx, cli, prefix)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(agents, domain) {
+		return nil
+	}
+	known := slices.Clone(agents)
+	var views []replicaView
+	if server != "" {
+		doms, err := listDomains(ctx, server)
+		views = []replicaView{{Member: client.Member{ID: server, Addr: server}, domains: doms, err: err}}
+	} else if views, err = fleetViews(ctx, cli, prefix); err != nil {
+		return err
+	}
+	answered := 0
+	for _, v := range views {
+		if v.err != nil {
+			continue
+		}
+		answered++
+		for _, d := range v.domains {
+			if d.GetId() == domain {
+				return nil
+			}
+			known = append(known, d.GetId())
+		}
+	}
+	slices.Sort(known)
+	known = slices.Compact(known)
+	if len(known) == 0 {
+		return fmt.Errorf("domain %q: cannot check it: no node agent record in etcd and no replica answered (%d asked); --force writes the mark anyway", domain, len(views))
+	}
+	if len(known) > 12 {
+		known = append(known[:12], "…")
+	}
+	return fmt.Errorf("domain %q is unknown: not in the node agents' records nor on the %d replicas that answered (known: %s); --force writes the mark anyway (it applies when the domain appears)",
+		domain, answered, strings.Join(known, ", "))
 }

@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -27,13 +28,15 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "sluiced:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run parses args and serves until SIGINT/SIGTERM; the print flags write
+// to stdout and return.
+func run(args []string, stdout io.Writer) error {
 	// Take SIGHUP before anything slow: its default action would kill the
 	// process during startup (a log rotation, say).
 	hup := make(chan os.Signal, 1)
@@ -45,13 +48,14 @@ func run(args []string) error {
 	fs.StringVar(&opts.ConfigPath, "config", "", "config file (YAML or JSON); empty serves the embedded default")
 	fs.StringVar(&opts.Topology, "topology", nvml.SpecAuto, `topology source: "auto" (NVML, else simulated), "auto:<file>" (NVML, else the file), "nvml", "simulated" or a topology file path`)
 	printTopology := fs.Bool("print-topology", false, "print the topology --topology resolves to (domains, nodes, GPUs, links, peaks) and exit")
+	printTopologyFormat := fs.String("print-topology-format", topology.FormatTable, "--print-topology's output format: table or json")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	printConfig := fs.Bool("print-default-config", false, "print the embedded default config and exit")
 	// Shared state on Redis (several replicas).
 	fs.StringVar(&opts.Shared.RedisURL, "redis", "", "redis://[user:pass@]host:port[,host:port…][/db] shares quotas and capacity with other replicas; several addresses make a Cluster client; empty runs embedded")
 	fs.StringVar(&opts.Shared.SentinelMaster, "redis-sentinel-master", "", "Sentinel master name: --redis then lists the sentinels")
-	fs.StringVar(&opts.Shared.Mode, "redis-mode", "", `"batched" (local grants reconciled every --redis-interval) or "strict" (one atomic script per decision); default batched with --replicas > 1, else strict`)
+	fs.StringVar(&opts.Shared.Mode, "redis-mode", "", `"batched" (local grants reconciled every --redis-interval) or "strict" (one atomic script per decision); default batched with --replicas > 1 or --etcd, else strict`)
 	fs.IntVar(&opts.Shared.Replicas, "replicas", 1, "N, the replicas sharing the quotas, until etcd membership gives the live count")
 	fs.DurationVar(&opts.Shared.Interval, "redis-interval", 100*time.Millisecond, "batched mode: reconcile period")
 	fs.DurationVar(&opts.Shared.Timeout, "redis-timeout", 50*time.Millisecond, "timeout of one Redis call; failures open the breaker")
@@ -81,7 +85,7 @@ func run(args []string) error {
 		return err
 	}
 	if *printConfig {
-		_, err := os.Stdout.Write(config.DefaultYAML())
+		_, err := stdout.Write(config.DefaultYAML())
 		return err
 	}
 	logger, err := newLogger(*logFormat, *logLevel)
@@ -90,11 +94,14 @@ func run(args []string) error {
 	}
 	opts.Logger = logger
 	if *printTopology {
+		if *printTopologyFormat != topology.FormatTable && *printTopologyFormat != topology.FormatJSON {
+			return fmt.Errorf("--print-topology-format %q: want table or json", *printTopologyFormat)
+		}
 		l, err := nvml.Load(opts.Topology, logger)
 		if err != nil {
 			return err
 		}
-		return topology.Write(os.Stdout, l.Cluster, l.Source, topology.FormatTable)
+		return topology.Write(stdout, l.Cluster, l.Source, *printTopologyFormat)
 	}
 	srv, err := server.New(opts)
 	if err != nil {

@@ -1,26 +1,63 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
+	"io"
 	"strings"
 	"testing"
+
+	"github.com/sluice-sched/sluice/topology"
 )
 
 func TestBadFlagsAndEnvironmentAreRefused(t *testing.T) {
-	if err := run([]string{"--log-format", "xml"}); err == nil || !strings.Contains(err.Error(), "--log-format") {
+	if err := run([]string{"--log-format", "xml"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--log-format") {
 		t.Fatalf("bad --log-format: %v", err)
 	}
-	if err := run([]string{"--log-level", "loud"}); err == nil || !strings.Contains(err.Error(), "--log-level") {
+	if err := run([]string{"--log-level", "loud"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--log-level") {
 		t.Fatalf("bad --log-level: %v", err)
 	}
 	t.Setenv("SLUICE_PRINT_DEFAULT_CONFIG", "yes please")
-	if err := run(nil); err == nil || !strings.Contains(err.Error(), "SLUICE_PRINT_DEFAULT_CONFIG") {
+	if err := run(nil, io.Discard); err == nil || !strings.Contains(err.Error(), "SLUICE_PRINT_DEFAULT_CONFIG") {
 		t.Fatalf("bad environment value: %v", err)
 	}
 }
 
 func TestConfigFileErrorsNameTheFile(t *testing.T) {
-	err := run([]string{"--config", "/nonexistent/sluice.yaml", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"})
+	err := run([]string{"--config", "/nonexistent/sluice.yaml", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "/nonexistent/sluice.yaml") {
 		t.Fatalf("missing config: %v", err)
+	}
+}
+
+// --print-topology prints what --topology resolves to, in either format,
+// on the writer run is given, and exits without serving.
+func TestPrintTopology(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"--print-topology", "--topology", "simulated", "--print-topology-format", "json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var r topology.Report
+	dec := json.NewDecoder(&out)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		t.Fatalf("json: %v\n%s", err, out.String())
+	}
+	sim := topology.Simulated()
+	if r.Source != "simulated" || len(r.Domains) != len(sim.Domains) || r.Domains[0].ID != sim.Domains[0].ID {
+		t.Errorf("report: source %q, %d domains; want simulated, %d", r.Source, len(r.Domains), len(sim.Domains))
+	}
+
+	out.Reset()
+	if err := run([]string{"--print-topology", "--topology", "simulated"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if first, _, _ := strings.Cut(out.String(), "\n"); first != "source: simulated" {
+		t.Errorf("table starts %q, want the source line", first)
+	}
+
+	t.Setenv("SLUICE_PRINT_TOPOLOGY_FORMAT", "yaml")
+	if err := run([]string{"--print-topology", "--topology", "simulated"}, io.Discard); err == nil || !strings.Contains(err.Error(), `--print-topology-format "yaml"`) {
+		t.Errorf("bad format: %v", err)
 	}
 }

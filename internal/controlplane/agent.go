@@ -1,11 +1,14 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -80,7 +83,7 @@ func (r AgentRecord) Discovery() topology.NodeDiscovery {
 const maxAgentGPUs = 1024
 
 // decodeAgent reads the record under node's agent key and checks it alone:
-// strict JSON, the node it names is the key's, it has GPUs, and it merges into
+// strict JSON (one value, nothing after it), the node it names is the key's, it has GPUs, and it merges into
 // a valid cluster by itself (peaks positive and finite, indexes unique).
 func decodeAgent(node string, value []byte) (AgentRecord, error) {
 	var r AgentRecord
@@ -88,6 +91,9 @@ func decodeAgent(node string, value []byte) (AgentRecord, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return AgentRecord{}, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return AgentRecord{}, errors.New("trailing data after the record")
 	}
 	switch {
 	case r.Node != node:
@@ -103,6 +109,32 @@ func decodeAgent(node string, value []byte) (AgentRecord, error) {
 	return r, nil
 }
 
+// AgentDomains returns the ids of the domains the node agents' records under
+// prefix make (sorted): a record's Domain, or its node's name for a node
+// that is a domain by itself, as topology.Merge builds them. Records that do
+// not decode are skipped.
+func AgentDomains(ctx context.Context, cli *clientv3.Client, prefix string) ([]string, error) {
+	prefix = NormalizePrefix(prefix)
+	resp, err := cli.Get(ctx, prefix+agentsDir, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", prefix+agentsDir, err)
+	}
+	seen := make(map[string]bool)
+	for _, kv := range resp.Kvs {
+		_, node := classify(prefix, string(kv.Key))
+		r, err := decodeAgent(node, kv.Value)
+		if err != nil {
+			continue
+		}
+		id := r.Domain
+		if id == "" {
+			id = r.Node
+		}
+		seen[id] = true
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
+}
+
 // AgentOptions configure RunAgent.
 type AgentOptions struct {
 	Client *clientv3.Client
@@ -110,26 +142,58 @@ type AgentOptions struct {
 	TTL    time.Duration // lease TTL; default 10 s. A dead agent's GPUs leave capacity this long after its last keepalive.
 	Logger *slog.Logger  // nil discards
 	// Discover returns the node's GPUs; RunAgent calls it before each
-	// publication (at start and after a lost lease), so that a changed node
+	// publication (at start and after a lost lease) and every
+	// RediscoverEvery, so that a changed node (a GPU that became unhealthy)
 	// is published as it is now.
 	Discover func(ctx context.Context) (topology.NodeDiscovery, error)
+	// RediscoverEvery is how often the node is discovered again while
+	// published; the record is rewritten (under the same lease) when it
+	// changed. 0 is the default, 30 s; negative never rediscovers.
+	RediscoverEvery time.Duration
+}
+
+// heldError is a node key that another lease (another agent) holds.
+type heldError struct {
+	key   string
+	lease clientv3.LeaseID // 0: the key has no lease
+}
+
+func (e *heldError) Error() string {
+	if e.lease == 0 {
+		return fmt.Sprintf("%s exists without a lease (not an agent's record)", e.key)
+	}
+	return fmt.Sprintf("%s is held by another agent's lease %x", e.key, e.lease)
 }
 
 // RunAgent publishes the node's record under its agent key with a lease and
 // keeps the lease alive until ctx ends; then it revokes the lease, so that
-// replicas take the node's GPUs out of capacity at once. When the lease is
-// lost (etcd unreachable for longer than the TTL, or revoked) it discovers
-// and publishes again as soon as etcd answers. It returns nil when ctx ends,
-// or the error of a discovery that fails before anything was published.
+// replicas take the node's GPUs out of capacity at once. While published it
+// discovers the node again every RediscoverEvery and rewrites a record that
+// changed. When the lease is lost (etcd unreachable for longer than the
+// TTL, or revoked) it discovers and publishes again as soon as etcd answers.
+//
+// The key is created only if absent: a key held by another lease is another
+// agent with the same node name, or this agent's previous run whose lease
+// has not expired yet. RunAgent waits for that lease to expire; if it is
+// still kept alive a TTL later (a live duplicate), RunAgent returns an error
+// naming the key. It also returns nil when ctx ends, or the error of a
+// discovery that fails before anything was published.
 func RunAgent(ctx context.Context, opts AgentOptions) error {
 	if opts.TTL <= 0 {
 		opts.TTL = 10 * time.Second
+	}
+	if opts.RediscoverEvery == 0 {
+		opts.RediscoverEvery = 30 * time.Second
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	prefix := NormalizePrefix(opts.Prefix)
 	published := false
+	var held struct {
+		lease    clientv3.LeaseID
+		deadline time.Time // a lease still holding the key then is kept alive
+	}
 	for ctx.Err() == nil {
 		nd, err := opts.Discover(ctx)
 		if err != nil {
@@ -140,47 +204,139 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 			sleepCtx(ctx, time.Second)
 			continue
 		}
-		b, err := json.Marshal(RecordOf(nd))
-		if err != nil {
-			return fmt.Errorf("encode node %s: %w", nd.Node, err)
-		}
 		key := AgentKey(prefix, nd.Node)
-		err = keepPublished(ctx, opts.Client, key, b, opts.TTL, func() {
+		err = publish(ctx, opts, key, nd, func() {
 			published = true
-			opts.Logger.Info("published node", "key", key, "domain", nd.Domain, "gpus", len(nd.GPUs))
+			held.lease = 0
 		})
-		if ctx.Err() == nil {
-			opts.Logger.Warn("lost the node's lease; publishing again", "key", key, "err", err)
-			sleepCtx(ctx, time.Second)
+		if ctx.Err() != nil {
+			break
 		}
+		var he *heldError
+		if errors.As(err, &he) {
+			if he.lease == 0 {
+				return fmt.Errorf("node %s: %w; delete it or give this agent another --node", nd.Node, err)
+			}
+			now := time.Now()
+			if he.lease != held.lease {
+				held.lease, held.deadline = he.lease, now.Add(leaseTTL(ctx, opts.Client, he.lease, opts.TTL)+2*time.Second)
+			} else if now.After(held.deadline) {
+				return fmt.Errorf("node %s: %w, kept alive past its TTL: is another agent running with the same --node name?", nd.Node, err)
+			}
+			opts.Logger.Warn("the node's key is held by another lease; waiting for it to expire (this agent's previous run?)",
+				"key", key, "lease", fmt.Sprintf("%x", he.lease))
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		opts.Logger.Warn("lost the node's lease; publishing again", "key", key, "err", err)
+		sleepCtx(ctx, time.Second)
 	}
 	return nil
 }
 
-// keepPublished puts value under key with a new lease of ttl and keeps the
-// lease alive until ctx ends (then revokes it) or the lease is lost. It calls
-// onPut once the value is written.
-func keepPublished(ctx context.Context, cli *clientv3.Client, key string, value []byte, ttl time.Duration, onPut func()) error {
-	secs := int64((ttl + time.Second - 1) / time.Second)
+// leaseTTL returns the TTL lease was granted with, or def when etcd does not
+// say.
+func leaseTTL(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, def time.Duration) time.Duration {
+	resp, err := cli.TimeToLive(ctx, lease)
+	if err != nil || resp.GrantedTTL <= 0 {
+		return def
+	}
+	return time.Duration(resp.GrantedTTL) * time.Second
+}
+
+// publish creates key with nd's record under a new lease of opts.TTL, if no
+// other lease holds it (a *heldError), and keeps the lease alive until ctx
+// ends (then revokes it) or the lease is lost. Every opts.RediscoverEvery it
+// discovers the node again and rewrites the record if it changed, on
+// condition that the key is still this lease's. It calls onPut once the
+// record is written.
+func publish(ctx context.Context, opts AgentOptions, key string, nd topology.NodeDiscovery, onPut func()) error {
+	cli := opts.Client
+	value, err := json.Marshal(RecordOf(nd))
+	if err != nil {
+		return fmt.Errorf("encode node %s: %w", nd.Node, err)
+	}
+	secs := int64((opts.TTL + time.Second - 1) / time.Second)
 	lease, err := cli.Grant(ctx, secs)
 	if err != nil {
 		return fmt.Errorf("grant a %ds lease: %w", secs, err)
 	}
 	defer revoke(cli, lease.ID)
-	if _, err := cli.Put(ctx, key, string(value), clientv3.WithLease(lease.ID)); err != nil {
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(value), clientv3.WithLease(lease.ID))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
 		return fmt.Errorf("write %s: %w", key, err)
 	}
+	if !resp.Succeeded {
+		he := &heldError{key: key}
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			he.lease = clientv3.LeaseID(kvs[0].Lease)
+		}
+		return he
+	}
 	onPut()
+	opts.Logger.Info("published node", "key", key, "domain", nd.Domain, "gpus", len(nd.GPUs))
 	ka, err := cli.KeepAlive(ctx, lease.ID)
 	if err != nil {
 		return fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
 	}
-	for range ka { // drained until the lease is lost or ctx ends
+	var tick <-chan time.Time
+	if opts.RediscoverEvery > 0 {
+		t := time.NewTicker(opts.RediscoverEvery)
+		defer t.Stop()
+		tick = t.C
 	}
-	if ctx.Err() != nil {
-		return nil
+	for {
+		select {
+		case _, ok := <-ka:
+			if ok {
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("lease %x expired or was revoked", lease.ID)
+		case <-tick:
+			now, err := opts.Discover(ctx)
+			if err != nil {
+				opts.Logger.Error("rediscovery failed; the published record stays", "key", key, "err", err)
+				continue
+			}
+			if now.Node != nd.Node {
+				opts.Logger.Error("rediscovery names another node; the published record stays", "key", key, "node", now.Node)
+				continue
+			}
+			b, err := json.Marshal(RecordOf(now))
+			if err != nil || bytes.Equal(b, value) {
+				continue
+			}
+			resp, err := cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease.ID)).
+				Then(clientv3.OpPut(key, string(b), clientv3.WithLease(lease.ID))).Commit()
+			if err != nil {
+				opts.Logger.Warn("could not republish the changed node; retrying at the next rediscovery", "key", key, "err", err)
+				continue
+			}
+			if !resp.Succeeded {
+				return fmt.Errorf("%s is no longer under lease %x", key, lease.ID)
+			}
+			value = b
+			opts.Logger.Info("republished the changed node", "key", key, "gpus", len(now.GPUs), "healthy", healthyCount(now))
+		}
 	}
-	return fmt.Errorf("lease %x expired or was revoked", lease.ID)
+}
+
+// healthyCount returns how many of nd's GPUs are healthy.
+func healthyCount(nd topology.NodeDiscovery) int {
+	n := 0
+	for _, g := range nd.GPUs {
+		if g.Healthy {
+			n++
+		}
+	}
+	return n
 }
 
 // revoke ends a lease so that its keys go at once, not a TTL later. The

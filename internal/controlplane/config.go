@@ -72,7 +72,10 @@ func ParseDocuments(prefix string, base []byte, tenants map[string][]byte) (admi
 	return cfg, attribute(prefix, tenants, err)
 }
 
-// attribute names the tenant document a refusal points into, when it does.
+// attribute names the tenant document a refusal points into, when it does:
+// the refusal's key path is tenants.NAME or under it. Tenant names may hold
+// dots, so the longest name that matches wins ("a.b" over "a" for
+// tenants.a.b.weight).
 func attribute(prefix string, tenants map[string][]byte, err error) error {
 	var ce *config.Error
 	if !errors.As(err, &ce) {
@@ -82,12 +85,16 @@ func attribute(prefix string, tenants map[string][]byte, err error) error {
 	if !ok {
 		return err
 	}
+	best, found := "", false
 	for t := range tenants {
-		if name == t || strings.HasPrefix(name, t+".") || strings.HasPrefix(name, t+"[") {
-			return &config.Error{File: TenantKey(prefix, t), Key: ce.Key, Reason: ce.Reason}
+		if (name == t || strings.HasPrefix(name, t+".") || strings.HasPrefix(name, t+"[")) && (!found || len(t) > len(best)) {
+			best, found = t, true
 		}
 	}
-	return err
+	if !found {
+		return err
+	}
+	return &config.Error{File: TenantKey(prefix, best), Key: ce.Key, Reason: ce.Reason}
 }
 
 func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
@@ -96,23 +103,40 @@ func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw),
 // etcd refuses more than 128 by default (--max-txn-ops).
 const maxTxnOps = 128
 
+// applyAttempts bounds how many times ApplyConfig reads and writes again
+// when another writer changes the documents between its read and its write.
+const applyAttempts = 5
+
+// afterApplyRead, when set (by tests), runs between ApplyConfig's read and
+// its first write: the window in which another writer may change etcd.
+var afterApplyRead func()
+
 // ApplyResult says what ApplyConfig wrote.
 type ApplyResult struct {
 	Revision        int64 // revision of the last write
 	TenantsWritten  int   // tenant documents created or changed
 	TenantsDeleted  int   // tenant documents of tenants no longer in the file
-	Transactions    int   // etcd transactions used; 1 means the change was atomic
+	Transactions    int   // etcd transactions that wrote; 1 means the change was atomic
 	PolicyUnchanged bool  // the policy document was already as written
+	Attempts        int   // reads of etcd's documents; above 1 when another writer raced
 }
 
 // ApplyConfig validates the config file data (named name in errors) exactly
 // as sluiced parses a --config file and, only if it is good, writes it under
 // prefix: the policy document without its tenants, one document per tenant,
 // and deletions of tenant documents the file no longer has. Unchanged
-// documents are not rewritten. Up to 128 changes go in one transaction, which
-// every replica sees as one step; a larger change is written in several, and
-// replicas may refuse (and log) an intermediate state before the last write
-// lands. Replicas validate again against their cluster (floors must fit).
+// documents are not rewritten. Replicas validate again against their cluster
+// (floors must fit).
+//
+// The write is a read-modify-write guarded against other writers: the first
+// transaction commits only if no config document was created, changed or
+// deleted since the read (a revision guard on the policy key and the tenants
+// directory); otherwise nothing is written and the apply reads and tries
+// again, up to 5 times, then fails saying so. Up to 128 changes go in that one
+// transaction, which every replica sees as one step. A larger change is
+// written in several; the later ones are not guarded, so a concurrent writer
+// and this apply are last-writer-wins per document, and replicas may refuse
+// (and log) an intermediate state before the last write lands.
 func ApplyConfig(ctx context.Context, cli *clientv3.Client, prefix, name string, data []byte) (ApplyResult, error) {
 	if _, err := config.Parse(name, data); err != nil {
 		return ApplyResult{}, err
@@ -121,52 +145,137 @@ func ApplyConfig(ctx context.Context, cli *clientv3.Client, prefix, name string,
 	if err != nil {
 		return ApplyResult{}, &config.Error{File: name, Reason: err.Error()}
 	}
-	var res ApplyResult
-	var ops []clientv3.Op
-	cur, err := cli.Get(ctx, ConfigKey(prefix))
-	if err != nil {
-		return res, fmt.Errorf("read %s: %w", ConfigKey(prefix), err)
-	}
-	if len(cur.Kvs) == 1 && bytes.Equal(cur.Kvs[0].Value, base) {
-		res.PolicyUnchanged = true
-	} else {
-		ops = append(ops, clientv3.OpPut(ConfigKey(prefix), string(base)))
-	}
-	old, err := cli.Get(ctx, prefix+tenantsDir, clientv3.WithPrefix())
-	if err != nil {
-		return res, fmt.Errorf("read %s: %w", prefix+tenantsDir, err)
-	}
-	have := make(map[string][]byte, len(old.Kvs))
-	for _, kv := range old.Kvs {
-		_, t := classify(prefix, string(kv.Key))
-		have[t] = kv.Value
-	}
 	for _, t := range slices.Sorted(maps.Keys(tenants)) {
 		if !validName(t) {
 			return ApplyResult{}, &config.Error{File: name, Key: "tenants." + t, Reason: "a tenant name must be non-empty and without '/' to have an etcd key"}
 		}
-		if v, ok := have[t]; !ok || !bytes.Equal(v, tenants[t]) {
+	}
+	res := ApplyResult{PolicyUnchanged: true}
+	for res.Attempts < applyAttempts {
+		res.Attempts++
+		cur, err := readDocuments(ctx, cli, prefix)
+		if err != nil {
+			return res, err
+		}
+		if afterApplyRead != nil {
+			afterApplyRead()
+		}
+		ops := cur.diff(prefix, base, tenants, &res)
+		if len(ops) == 0 {
+			return res, nil
+		}
+		done, err := writeGuarded(ctx, cli, prefix, cur, ops, &res)
+		if err != nil || done {
+			return res, err
+		}
+		// A writer raced the read: read again and write what still differs.
+	}
+	return res, fmt.Errorf("write config under %s: another writer changed the config documents during each of %d attempts; try again when it is done", prefix, applyAttempts)
+}
+
+// documents are the config documents under a prefix as read at one revision.
+type documents struct {
+	rev           int64
+	base          []byte // nil: no policy document
+	baseCreateRev int64  // the policy key's create revision; 0 when absent
+	tenants       map[string][]byte
+}
+
+// readDocuments reads the policy document and the tenant documents at one
+// revision.
+func readDocuments(ctx context.Context, cli *clientv3.Client, prefix string) (documents, error) {
+	resp, err := cli.Get(ctx, ConfigKey(prefix))
+	if err != nil {
+		return documents{}, fmt.Errorf("read %s: %w", ConfigKey(prefix), err)
+	}
+	d := documents{rev: resp.Header.Revision}
+	if len(resp.Kvs) == 1 {
+		d.base, d.baseCreateRev = resp.Kvs[0].Value, resp.Kvs[0].CreateRevision
+	}
+	ts, err := cli.Get(ctx, prefix+tenantsDir, clientv3.WithPrefix(), clientv3.WithRev(d.rev))
+	if err != nil {
+		return documents{}, fmt.Errorf("read %s: %w", prefix+tenantsDir, err)
+	}
+	d.tenants = make(map[string][]byte, len(ts.Kvs))
+	for _, kv := range ts.Kvs {
+		_, t := classify(prefix, string(kv.Key))
+		d.tenants[t] = kv.Value
+	}
+	return d, nil
+}
+
+// diff returns the writes that turn d into base and tenants, counting them
+// in res.
+func (d documents) diff(prefix string, base []byte, tenants map[string][]byte, res *ApplyResult) []clientv3.Op {
+	var ops []clientv3.Op
+	if d.base == nil || !bytes.Equal(d.base, base) {
+		ops = append(ops, clientv3.OpPut(ConfigKey(prefix), string(base)))
+	}
+	for _, t := range slices.Sorted(maps.Keys(tenants)) {
+		if v, ok := d.tenants[t]; !ok || !bytes.Equal(v, tenants[t]) {
 			ops = append(ops, clientv3.OpPut(TenantKey(prefix, t), string(tenants[t])))
-			res.TenantsWritten++
 		}
 	}
-	for _, t := range slices.Sorted(maps.Keys(have)) {
+	for _, t := range slices.Sorted(maps.Keys(d.tenants)) {
 		if _, ok := tenants[t]; !ok {
 			ops = append(ops, clientv3.OpDelete(TenantKey(prefix, t)))
-			res.TenantsDeleted++
 		}
 	}
-	for len(ops) > 0 {
+	return ops
+}
+
+// writeGuarded writes ops: the first transaction only if the documents are
+// still as read (cur), the rest after it. It reports done when every op was
+// written and no deletion raced the read; false with a nil error when the
+// caller must read again (the guard failed and nothing was written, or a
+// tenant document was deleted in the window, which the guard cannot see).
+func writeGuarded(ctx context.Context, cli *clientv3.Client, prefix string, cur documents, ops []clientv3.Op, res *ApplyResult) (bool, error) {
+	// The revision guard: nothing created or changed since the read, and
+	// the policy document neither deleted nor recreated. A deleted tenant
+	// document leaves no revision to compare; the count read first in the
+	// same transaction shows it.
+	guard := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(ConfigKey(prefix)), "<", cur.rev+1),
+		clientv3.Compare(clientv3.CreateRevision(ConfigKey(prefix)), "=", cur.baseCreateRev),
+		clientv3.Compare(clientv3.ModRevision(prefix+tenantsDir), "<", cur.rev+1).WithPrefix(),
+	}
+	count := clientv3.OpGet(prefix+tenantsDir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	total := (len(ops) + 1 + maxTxnOps - 1) / maxTxnOps
+	raced := false
+	for first := true; len(ops) > 0; first = false {
+		txn := cli.Txn(ctx)
 		n := min(len(ops), maxTxnOps)
-		resp, err := cli.Txn(ctx).Then(ops[:n]...).Commit()
+		then := ops[:n]
+		if first {
+			n = min(len(ops), maxTxnOps-1)
+			then = append([]clientv3.Op{count}, ops[:n]...)
+			txn = txn.If(guard...)
+		}
+		resp, err := txn.Then(then...).Commit()
 		if err != nil {
-			return res, fmt.Errorf("write config under %s (%d of %d transactions done): %w", prefix, res.Transactions, res.Transactions+(len(ops)+maxTxnOps-1)/maxTxnOps, err)
+			return false, fmt.Errorf("write config under %s (%d of %d transactions done): %w", prefix, res.Transactions, total, err)
+		}
+		if first {
+			if !resp.Succeeded {
+				return false, nil // nothing written
+			}
+			raced = resp.Responses[0].GetResponseRange().GetCount() != int64(len(cur.tenants))
+		}
+		for _, op := range ops[:n] {
+			switch {
+			case op.IsDelete():
+				res.TenantsDeleted++
+			case string(op.KeyBytes()) == ConfigKey(prefix):
+				res.PolicyUnchanged = false
+			default:
+				res.TenantsWritten++
+			}
 		}
 		res.Revision = resp.Header.Revision
 		res.Transactions++
 		ops = ops[n:]
 	}
-	return res, nil
+	return !raced, nil
 }
 
 // split separates a config file into the policy document (JSON, without
@@ -199,23 +308,12 @@ func split(data []byte) (base []byte, tenants map[string][]byte, err error) {
 }
 
 // ReadDocuments returns the policy document and the tenant documents stored
-// under prefix; base is nil when there is no policy document.
+// under prefix, read at one revision; base is nil when there is no policy
+// document.
 func ReadDocuments(ctx context.Context, cli *clientv3.Client, prefix string) (base []byte, tenants map[string][]byte, rev int64, err error) {
-	resp, err := cli.Get(ctx, ConfigKey(prefix))
+	d, err := readDocuments(ctx, cli, prefix)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("read %s: %w", ConfigKey(prefix), err)
+		return nil, nil, 0, err
 	}
-	if len(resp.Kvs) == 1 {
-		base = resp.Kvs[0].Value
-	}
-	ts, err := cli.Get(ctx, prefix+tenantsDir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("read %s: %w", prefix+tenantsDir, err)
-	}
-	tenants = make(map[string][]byte, len(ts.Kvs))
-	for _, kv := range ts.Kvs {
-		_, t := classify(prefix, string(kv.Key))
-		tenants[t] = kv.Value
-	}
-	return base, tenants, resp.Header.Revision, nil
+	return d.base, d.tenants, d.rev, nil
 }

@@ -3,6 +3,8 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -246,5 +248,138 @@ func TestParseDocumentsAttribution(t *testing.T) {
 		if _, err := ParseDocuments("/p/", []byte(doc), nil); !errors.As(err, &ce) || ce.File != "/p/config" {
 			t.Fatalf("policy document %q: %v", doc, err)
 		}
+	}
+}
+
+// attribute picks the longest tenant name a refusal's key path falls under,
+// whatever the map's order: tenant names may hold dots.
+func TestAttributeLongestTenant(t *testing.T) {
+	tenants := map[string][]byte{"a": nil, "a.b": nil, "a.bc": nil, "ab": nil}
+	cases := map[string]string{
+		"tenants.a.b.weight":    "a.b",
+		"tenants.a.b":           "a.b",
+		"tenants.a.bc.rps.rate": "a.bc",
+		"tenants.a.weight":      "a",
+		"tenants.ab[0]":         "ab",
+	}
+	for range 20 { // map order varies between iterations
+		for key, want := range cases {
+			err := attribute("/p/", tenants, &config.Error{File: "/p/config", Key: key, Reason: "r"})
+			var ce *config.Error
+			if !errors.As(err, &ce) || ce.File != TenantKey("/p/", want) || ce.Key != key {
+				t.Fatalf("%s: %v; want it on tenant %s", key, err, want)
+			}
+		}
+	}
+	err := attribute("/p/", tenants, &config.Error{File: "/p/config", Key: "tenants.zed.weight", Reason: "r"})
+	var ce *config.Error
+	if !errors.As(err, &ce) || ce.File != "/p/config" {
+		t.Fatalf("a tenant without a document: %v", err)
+	}
+}
+
+// ApplyConfig's write is guarded: when another writer changes a config
+// document between its read and its write, nothing is written on that
+// attempt; it reads again and writes what the file says (last writer
+// wins). A tenant deleted in that window, which leaves no revision to
+// compare, is seen too and written back. A writer that keeps racing makes
+// it fail with a clear error.
+func TestApplyConfigGuardsReadModifyWrite(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	if _, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", config.DefaultYAML()); err != nil {
+		t.Fatal(err)
+	}
+	file := []byte(strings.Replace(string(config.DefaultYAML()), "hooli: {tier: free}", "hooli: {tier: standard}", 1))
+	if string(file) == string(config.DefaultYAML()) {
+		t.Fatal("the edit did not apply; the default changed")
+	}
+	_, want, err := split(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string) {
+		t.Helper()
+		_, got, _, err := ReadDocuments(ctxT(t), cli, DefaultPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: tenants %v, want the file's %d", what, slices.Sorted(maps.Keys(got)), len(want))
+		}
+		for n, v := range want {
+			if string(got[n]) != string(v) {
+				t.Fatalf("%s: tenant %s is %s, want %s", what, n, got[n], v)
+			}
+		}
+	}
+	race := func(n int, write func()) {
+		left := n
+		afterApplyRead = func() {
+			if left > 0 {
+				left--
+				write()
+			}
+		}
+		t.Cleanup(func() { afterApplyRead = nil })
+	}
+
+	// A tenant changed (and one created) in the window.
+	race(1, func() {
+		put(t, cli, TenantKey(DefaultPrefix, "hooli"), `{"tier": "premium"}`)
+		put(t, cli, TenantKey(DefaultPrefix, "newco"), `{"tier": "free"}`)
+	})
+	res, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
+	if err != nil || res.Attempts != 2 || res.Transactions != 1 || res.TenantsWritten != 1 || res.TenantsDeleted != 1 {
+		t.Fatalf("apply raced by a write: %+v, %v; want 2 attempts, one transaction writing hooli and deleting newco", res, err)
+	}
+	check("after a raced write")
+
+	// An unchanged tenant deleted in the window.
+	race(1, func() {
+		if _, err := cli.Delete(ctxT(t), TenantKey(DefaultPrefix, "acme")); err != nil {
+			t.Error(err)
+		}
+	})
+	put(t, cli, TenantKey(DefaultPrefix, "hooli"), `{"tier": "free"}`)
+	res, err = ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
+	if err != nil || res.Attempts != 2 || res.TenantsWritten != 2 {
+		t.Fatalf("apply raced by a deletion: %+v, %v; want 2 attempts writing hooli, then acme back", res, err)
+	}
+	check("after a raced deletion")
+
+	// The unchanged policy document deleted in the window.
+	race(1, func() {
+		if _, err := cli.Delete(ctxT(t), ConfigKey(DefaultPrefix)); err != nil {
+			t.Error(err)
+		}
+	})
+	put(t, cli, TenantKey(DefaultPrefix, "hooli"), `{"tier": "free"}`)
+	res, err = ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
+	if err != nil || res.Attempts != 2 || res.PolicyUnchanged || res.TenantsWritten != 1 {
+		t.Fatalf("apply raced by the policy's deletion: %+v, %v; want 2 attempts, the policy written back", res, err)
+	}
+	if base, _, _, err := ReadDocuments(ctxT(t), cli, DefaultPrefix); err != nil || base == nil {
+		t.Fatalf("policy document after the apply: %q, %v", base, err)
+	}
+	check("after the policy's deletion")
+
+	// A tenant rewritten in the window every time.
+	race(applyAttempts, func() { put(t, cli, TenantKey(DefaultPrefix, "hooli"), `{"tier": "premium"}`) })
+	put(t, cli, TenantKey(DefaultPrefix, "hooli"), `{"tier": "premium"}`)
+	before, err := cli.Get(ctxT(t), ConfigKey(DefaultPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
+	if err == nil || !strings.Contains(err.Error(), "another writer") {
+		t.Fatalf("apply raced on every attempt: %v; want an error naming another writer", err)
+	}
+	after, err := cli.Get(ctxT(t), ConfigKey(DefaultPrefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if writes := after.Header.Revision - before.Header.Revision; writes != applyAttempts {
+		t.Fatalf("%d writes during the failed apply, want only the racing writer's %d", writes, applyAttempts)
 	}
 }

@@ -26,12 +26,18 @@ type Engine interface {
 	// keeping leases and queued work; a refusal leaves the old one serving.
 	Apply(cfg admission.Config) error
 	// SetTopology replaces the cluster; leases on domains that leave finish.
+	// Only an invalid cluster is refused, not one short of the floors.
 	SetTopology(c topology.Cluster) error
-	// Drain stops new placements on a domain; an unknown domain is an error
-	// wrapping admission.ErrUnknownDomain.
-	Drain(domain, reason string) error
-	// Undrain lets a domain take placements again.
+	// DrainAhead stops new placements on a domain now if the engine has it,
+	// or from the moment it appears; a domain that leaves while drained
+	// comes back drained.
+	DrainAhead(domain, reason string)
+	// Undrain lets a domain take placements again, or clears a pending
+	// DrainAhead of an absent domain; a domain neither present nor pending
+	// is an error wrapping admission.ErrUnknownDomain.
 	Undrain(domain string) error
+	// Domains describes the domains the engine has.
+	Domains() []admission.DomainInfo
 }
 
 // Options configure a Controller.
@@ -97,13 +103,22 @@ type state struct {
 	// cfgDeleteRev is the revision of the latest deletion of a config key;
 	// with the documents' own revisions it makes the config's fingerprint.
 	cfgDeleteRev int64
-	cfgSeen      int64                  // config fingerprint last applied or refused
-	drained      map[string]string      // domain → reason, as applied to the engine
-	agentsSeen   bool                   // some agent has published since start
-	topoRefused  bool                   // the last agent topology was refused; retry after a config change
-	lastAgents   map[string]AgentRecord // the records of the serving topology
-	replicas     int                    // last count passed to OnReplicas
-	badKeys      map[string]string      // key → why it was skipped, to log each problem once
+	cfgSeen      int64 // config fingerprint last applied or refused
+	// cfgRefused is set when the engine refused the last config (floors
+	// too large for the cluster, say): a topology change retries it.
+	cfgRefused bool
+	// drained holds the marks this controller applied (domain → reason,
+	// drained now or from the moment the domain appears); only these are
+	// undrained when their mark goes, never a drain of the Operator RPC.
+	drained     map[string]string
+	unknownMark map[string]bool        // marks for domains the engine lacks, logged once
+	agentsSeen  bool                   // some agent has published since start
+	agentsGone  bool                   // every agent left; the serving cluster is lastCluster, all unhealthy
+	topoRefused bool                   // the last agent topology was refused; retry after a config change
+	lastAgents  map[string]AgentRecord // the records of the serving topology
+	lastCluster topology.Cluster       // the last cluster the agents built
+	replicas    int                    // last count passed to OnReplicas
+	badKeys     map[string]string      // key → why it was skipped, to log each problem once
 }
 
 // entry is one key's value, the revision that wrote it, and the name after
@@ -162,7 +177,7 @@ func New(opts Options) (*Controller, error) {
 		}
 	}
 	c := &Controller{opts: opts, prefix: NormalizePrefix(opts.Prefix)}
-	c.st = state{kvs: keys{}, drained: map[string]string{}, badKeys: map[string]string{}}
+	c.st = state{kvs: keys{}, drained: map[string]string{}, unknownMark: map[string]bool{}, badKeys: map[string]string{}}
 	return c, nil
 }
 
@@ -346,21 +361,31 @@ func (c *Controller) watch(ctx context.Context, rev int64) error {
 }
 
 // reconcile applies the kinds of key t names to the engine, then records rev
-// as applied. Topology goes first (a config may need the new capacity), then
-// config, then drains (a domain that came back needs its drain again).
+// as applied. Drains go first: a mark of an absent domain is pending in the
+// engine before the topology that brings the domain back, so that it never
+// takes a placement. Then the topology (a config may need the new capacity;
+// a config the engine refused is retried after it changes), then the config
+// (a new one may let a refused topology through).
 func (c *Controller) reconcile(rev int64, t touched) {
+	if t.drains {
+		c.reconcileDrains()
+	}
+	topoChanged := false
 	if t.agents {
-		c.reconcileTopology()
-		t.drains = true
+		topoChanged = c.reconcileTopology()
+	}
+	if topoChanged && c.st.cfgRefused {
+		c.st.cfgSeen = -1 // no fingerprint matches: attempt it again
+		t.config = true
 	}
 	if t.config {
 		if c.reconcileConfig() && c.st.topoRefused {
-			c.reconcileTopology() // the new config may fit the cluster the old one did not
-			t.drains = true
+			// The new config may fit the cluster the old one did not.
+			topoChanged = c.reconcileTopology() || topoChanged
 		}
 	}
-	if t.drains {
-		c.reconcileDrains()
+	if t.drains || topoChanged {
+		c.noteUnknownMarks()
 	}
 	if t.members {
 		c.reconcileMembers()
@@ -404,13 +429,16 @@ func (c *Controller) reconcileConfig() bool {
 		return false
 	}
 	cfg, err := ParseDocuments(c.prefix, base.value, tenants)
-	if err == nil {
-		err = config.Wrap(ConfigKey(c.prefix), c.opts.Engine.Apply(cfg))
-	}
 	if err != nil {
 		c.refuse(fp, err)
 		return false
 	}
+	if err := c.opts.Engine.Apply(cfg); err != nil {
+		c.st.cfgRefused = true
+		c.refuse(fp, attribute(c.prefix, tenants, config.Wrap(ConfigKey(c.prefix), err)))
+		return false
+	}
+	c.st.cfgRefused = false
 	c.opts.Status.Applied(SourceEtcd, fp, c.opts.Now())
 	c.opts.Logger.Info("config applied from etcd", "key", ConfigKey(c.prefix), "revision", fp,
 		"tenants", len(cfg.Tenants), "tenant_documents", len(tenants))
@@ -425,9 +453,15 @@ func (c *Controller) refuse(rev int64, err error) {
 		"source", r.Source, "key", r.Key, "reason", r.Reason, "revision", rev)
 }
 
+// goneProblem is the Problem of the GPUs of a cluster whose agents all left.
+const goneProblem = "node agent gone"
+
 // reconcileTopology merges the agents' records into a cluster and sets it.
-// Records that do not decode are skipped (and logged once).
-func (c *Controller) reconcileTopology() {
+// Records that do not decode are skipped (and logged once). When every agent
+// that had published is gone, the last cluster they built stays, with every
+// GPU unhealthy: no new placement anywhere until an agent returns, while the
+// leases there finish. It reports whether the engine's cluster changed.
+func (c *Controller) reconcileTopology() bool {
 	agents := make(map[string]AgentRecord)
 	for k, e := range c.st.kvs[kindAgent] {
 		node := e.name
@@ -440,14 +474,23 @@ func (c *Controller) reconcileTopology() {
 		agents[node] = r
 	}
 	if len(agents) == 0 {
-		if c.st.agentsSeen {
-			c.opts.Logger.Error("every node agent is gone; keeping the last topology they published")
-		}
 		c.st.lastAgents = nil
-		return
+		if !c.st.agentsSeen || c.st.agentsGone {
+			return false // none yet: the local topology serves; or already handled
+		}
+		gone := unhealthyCluster(c.st.lastCluster, goneProblem)
+		if err := c.opts.Engine.SetTopology(gone); err != nil {
+			c.opts.Logger.Error("every node agent is gone, and the engine refused their cluster marked unhealthy; the last topology keeps serving",
+				"err", err)
+			return false
+		}
+		c.st.agentsGone = true
+		c.opts.Logger.Error("every node agent is gone; their GPUs are marked unhealthy: nothing new is placed until an agent publishes again (leases finish)",
+			"domains", len(gone.Domains), "gpus", gone.GPUCount())
+		return true
 	}
-	if maps.EqualFunc(agents, c.st.lastAgents, recordsEqual) && !c.st.topoRefused {
-		return
+	if maps.EqualFunc(agents, c.st.lastAgents, recordsEqual) && !c.st.topoRefused && !c.st.agentsGone {
+		return false
 	}
 	nodes := make([]topology.NodeDiscovery, 0, len(agents))
 	for _, n := range slices.Sorted(maps.Keys(agents)) {
@@ -461,12 +504,33 @@ func (c *Controller) reconcileTopology() {
 		c.st.topoRefused = true
 		c.opts.Logger.Error("topology from the node agents refused; the last topology keeps serving",
 			"nodes", len(agents), "err", err)
-		return
+		return false
 	}
-	c.st.topoRefused = false
-	c.st.agentsSeen = true
-	c.st.lastAgents = agents
+	if c.st.agentsGone {
+		c.opts.Logger.Info("node agents are back; their GPUs serve again", "nodes", len(agents))
+	}
+	c.st.topoRefused, c.st.agentsGone, c.st.agentsSeen = false, false, true
+	c.st.lastAgents, c.st.lastCluster = agents, cluster
 	c.opts.Logger.Info("topology from the node agents", "nodes", len(agents), "domains", len(cluster.Domains), "gpus", cluster.GPUCount())
+	return true
+}
+
+// unhealthyCluster returns a deep copy of c with every GPU unhealthy, its
+// problem set to problem.
+func unhealthyCluster(c topology.Cluster, problem string) topology.Cluster {
+	out := topology.Cluster{Domains: make([]topology.Domain, len(c.Domains))}
+	for i, d := range c.Domains {
+		d.Nodes = slices.Clone(d.Nodes)
+		for j := range d.Nodes {
+			gpus := slices.Clone(d.Nodes[j].GPUs)
+			for k := range gpus {
+				gpus[k].Healthy, gpus[k].Problem = false, problem
+			}
+			d.Nodes[j].GPUs = gpus
+		}
+		out.Domains[i] = d
+	}
+	return out
 }
 
 // recordsEqual compares two agent records.
@@ -474,9 +538,11 @@ func recordsEqual(a, b AgentRecord) bool {
 	return a.Node == b.Node && a.Domain == b.Domain && slices.Equal(a.GPUs, b.GPUs)
 }
 
-// reconcileDrains drains every marked domain and undrains those whose mark
-// went. A domain the engine does not have (yet) is retried at the next
-// topology change.
+// reconcileDrains applies the drain marks with the engine's DrainAhead: a
+// marked domain is drained now if the engine has it, or from the moment it
+// appears. A mark is applied when it is new or changed, and the domains this
+// controller drained are undrained when their mark goes; a drain of the
+// Operator RPC (no mark) is left alone.
 func (c *Controller) reconcileDrains() {
 	want := make(map[string]string)
 	for k, e := range c.st.kvs[kindDrain] {
@@ -484,22 +550,18 @@ func (c *Controller) reconcileDrains() {
 		m, err := decodeDrain(domain, e.value)
 		if err != nil {
 			c.warnOnce(k, "drain mark unreadable; draining anyway", err)
+		} else {
+			delete(c.st.badKeys, k)
 		}
 		want[domain] = m.Describe()
 	}
 	for _, d := range slices.Sorted(maps.Keys(want)) {
-		err := c.opts.Engine.Drain(d, want[d])
-		switch {
-		case err == nil:
-			if _, was := c.st.drained[d]; !was {
-				c.opts.Logger.Info("domain drained", "domain", d, "reason", want[d])
-			}
-			c.st.drained[d] = want[d]
-		case errors.Is(err, admission.ErrUnknownDomain):
-			delete(c.st.drained, d) // applied when the domain appears
-		default:
-			c.opts.Logger.Error("drain failed", "domain", d, "err", err)
+		if was, ok := c.st.drained[d]; ok && was == want[d] {
+			continue
 		}
+		c.opts.Engine.DrainAhead(d, want[d])
+		c.st.drained[d] = want[d]
+		c.opts.Logger.Info("drain mark applied", "domain", d, "reason", want[d])
 	}
 	for _, d := range slices.Sorted(maps.Keys(c.st.drained)) {
 		if _, ok := want[d]; ok {
@@ -511,6 +573,31 @@ func (c *Controller) reconcileDrains() {
 		}
 		delete(c.st.drained, d)
 		c.opts.Logger.Info("domain undrained", "domain", d)
+	}
+}
+
+// noteUnknownMarks logs, once per domain, a drain mark for a domain the
+// engine does not have: a typo, or a domain whose agents have not published
+// (the mark holds from the moment it appears).
+func (c *Controller) noteUnknownMarks() {
+	have := make(map[string]bool)
+	for _, d := range c.opts.Engine.Domains() {
+		have[d.ID] = true
+	}
+	for _, e := range c.st.kvs[kindDrain] {
+		switch d := e.name; {
+		case have[d]:
+			delete(c.st.unknownMark, d)
+		case !c.st.unknownMark[d]:
+			c.st.unknownMark[d] = true
+			c.opts.Logger.Warn("drain mark for a domain this replica does not have; it applies if the domain appears",
+				"domain", d, "key", DrainKey(c.prefix, d))
+		}
+	}
+	for d := range c.st.unknownMark {
+		if _, ok := c.st.kvs[kindDrain][DrainKey(c.prefix, d)]; !ok {
+			delete(c.st.unknownMark, d)
+		}
 	}
 }
 

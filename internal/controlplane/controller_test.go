@@ -2,8 +2,9 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"regexp"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -62,6 +63,7 @@ func TestDrainUnderLoad(t *testing.T) {
 	var fenced atomic.Bool // every replica has applied the mark
 	var stopLoad atomic.Bool
 	var afterFence [3]atomic.Int64
+	var onDomBefore atomic.Int64 // load placed on dom before the mark
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
 	tenants := []string{"acme", "globex", "initech"}
@@ -80,6 +82,9 @@ func TestDrainUnderLoad(t *testing.T) {
 					if err != nil {
 						errs <- fmt.Errorf("replica %d: Admit: %w", i, err)
 						return
+					}
+					if !after && d.Domain == dom {
+						onDomBefore.Add(1)
 					}
 					if after && d.Domain == dom {
 						errs <- fmt.Errorf("replica %d placed %s/%s on %s after the drain reached every replica", i, d.Trace.Tenant, d.Model, dom)
@@ -100,6 +105,9 @@ func TestDrainUnderLoad(t *testing.T) {
 	}
 	t.Cleanup(func() { stopLoad.Store(true); wg.Wait() })
 
+	// The load does land on dom before the drain, so that "no answer names
+	// dom" below is a change, not how the load always was.
+	eventually(t, "load placed on the domain before the drain", func() bool { return onDomBefore.Load() > 0 })
 	rev, err := PutDrain(ctxT(t), etcd.Client(t), DefaultPrefix, DrainMark{Domain: dom, Reason: "rack swap", By: "alice", At: time.Now()})
 	if err != nil {
 		t.Fatal(err)
@@ -342,54 +350,68 @@ func TestCompactionForcesFullRead(t *testing.T) {
 	}
 }
 
+// testAgent is a node agent (RunAgent) publishing one node of the simulated
+// cluster with a 1 s lease, on a client of its own.
+type testAgent struct {
+	cli    *clientv3.Client
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+	err    error
+}
+
+// startAgent runs an agent for node until stop or the end of the test.
+func startAgent(t *testing.T, etcd *etcdtest.Server, node string) *testAgent {
+	t.Helper()
+	a := &testAgent{cli: etcd.Client(t), done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	go func() {
+		a.done <- RunAgent(ctx, AgentOptions{Client: a.cli, TTL: time.Second, Logger: testLogger(),
+			Discover: func(context.Context) (topology.NodeDiscovery, error) {
+				return NodeFromCluster(topology.Simulated(), node)
+			}})
+	}()
+	t.Cleanup(func() { a.stop() })
+	return a
+}
+
+// stop ends the agent (which revokes its lease) and returns RunAgent's error.
+func (a *testAgent) stop() error {
+	a.once.Do(func() { a.cancel(); a.err = <-a.done })
+	return a.err
+}
+
+// domainIDs returns the engine's domain ids in cluster order.
+func domainIDs(eng *admission.Engine) []string {
+	var out []string
+	for _, d := range eng.Domains() {
+		out = append(out, d.ID)
+	}
+	return out
+}
+
 // Node agents: while none has published, the replica keeps its own topology;
 // then the agents' nodes are the cluster; an agent whose lease expires takes
-// its GPUs out of capacity (its leases finish), and its return restores them,
-// drained if a mark waits for it.
+// its GPUs out of capacity (its leases finish) even when what remains cannot
+// hold the config's floors, and its return restores them, drained if a mark
+// waits for it. When every agent is gone nothing new is placed (the last
+// cluster stays, every GPU unhealthy); when one returns, admissions resume.
 func TestAgentsMakeTheCluster(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	// The default floors need more than two HGX boards; a config without
-	// floors lets two of them be the whole cluster.
-	noFloors := regexp.MustCompile(`floor: \d+`).ReplaceAll(configDefault(t), []byte("floor: 0"))
-	if _, err := ApplyConfig(ctxT(t), etcd.Client(t), DefaultPrefix, "nofloors.yaml", noFloors); err != nil {
-		t.Fatal(err)
-	}
+	// The replica serves the embedded default, whose floors need more than
+	// one HGX board.
 	r := startReplica(t, etcd.Client(t), Options{})
 	eventually(t, "synced", r.ctl.Synced)
 	if n := len(r.eng.Domains()); n != len(topology.Simulated().Domains) {
 		t.Fatalf("no agent yet: %d domains, want the local topology's %d", n, len(topology.Simulated().Domains))
 	}
-	ids := func() []string {
-		var out []string
-		for _, d := range r.eng.Domains() {
-			out = append(out, d.ID)
-		}
-		return out
-	}
-	type agent struct {
-		cli    *clientv3.Client
-		cancel context.CancelFunc
-		done   chan error
-	}
-	startAgent := func(node string) *agent {
-		a := &agent{cli: etcd.Client(t), done: make(chan error, 1)}
-		ctx, cancel := context.WithCancel(context.Background())
-		a.cancel = cancel
-		go func() {
-			a.done <- RunAgent(ctx, AgentOptions{Client: a.cli, TTL: time.Second, Logger: testLogger(),
-				Discover: func(context.Context) (topology.NodeDiscovery, error) {
-					return NodeFromCluster(topology.Simulated(), node)
-				}})
-		}()
-		t.Cleanup(func() { cancel(); <-a.done })
-		return a
-	}
 	// A record that is not one is skipped; it does not block the others.
 	put(t, etcd.Client(t), AgentKey(DefaultPrefix, "junk"), `{"node": "junk", "gpus": "many"}`)
-	startAgent("hgx-h200-1")
-	a2 := startAgent("hgx-h200-2")
+	a1 := startAgent(t, etcd, "hgx-h200-1")
+	a2 := startAgent(t, etcd, "hgx-h200-2")
 	want := []string{"hgx-h200-1", "hgx-h200-2"}
-	eventually(t, "the agents' cluster", func() bool { return slices.Equal(ids(), want) })
+	eventually(t, "the agents' cluster", func() bool { return slices.Equal(domainIDs(r.eng), want) })
 
 	// Hold a lease on each domain, then let agent 2's lease expire.
 	var leases []uint64
@@ -405,7 +427,12 @@ func TestAgentsMakeTheCluster(t *testing.T) {
 	if err := a2.cli.Close(); err != nil { // the agent dies: keepalives stop
 		t.Fatal(err)
 	}
-	eventually(t, "hgx-h200-2 gone", func() bool { return slices.Equal(ids(), want[:1]) })
+	eventually(t, "hgx-h200-2 gone", func() bool { return slices.Equal(domainIDs(r.eng), want[:1]) })
+	// What remains cannot hold the floors: the engine refuses its own config
+	// on it, yet the lost board left.
+	if err := r.eng.Apply(r.eng.Config()); err == nil || !strings.Contains(err.Error(), "floors") {
+		t.Fatalf("the config on one HGX board: %v; want it refused for its floors", err)
+	}
 	for range 20 {
 		if d := admit(t, r.eng, "acme", "small"); d.Domain == "hgx-h200-2" {
 			t.Fatalf("placed on a domain whose agent died: %+v", d)
@@ -421,12 +448,282 @@ func TestAgentsMakeTheCluster(t *testing.T) {
 	if _, err := PutDrain(ctxT(t), etcd.Client(t), DefaultPrefix, DrainMark{Domain: "hgx-h200-2", By: "carol", Reason: "burn-in"}); err != nil {
 		t.Fatal(err)
 	}
-	startAgent("hgx-h200-2")
+	a2 = startAgent(t, etcd, "hgx-h200-2")
 	eventually(t, "hgx-h200-2 back, drained", func() bool {
 		info, ok := domainInfo(r.eng, "hgx-h200-2")
 		return ok && info.Draining && strings.Contains(info.DrainReason, "carol")
 	})
 	if info, _ := domainInfo(r.eng, "hgx-h200-2"); info.GPUs != 8 {
 		t.Fatalf("hgx-h200-2 came back with %d GPUs", info.GPUs)
+	}
+
+	// Every agent gone: a lease held on hgx-h200-1 finishes, nothing new is
+	// placed anywhere, and no answer names a domain.
+	held := admit(t, r.eng, "acme", "small")
+	if held.Domain != "hgx-h200-1" {
+		t.Fatalf("acme before the agents left: %+v", held)
+	}
+	// hgx-h200-2 (drained) leaves first, so that the last cluster the agents
+	// built is hgx-h200-1 alone, which would take placements if it counted.
+	if err := a2.stop(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "hgx-h200-2 gone again", func() bool { return slices.Equal(domainIDs(r.eng), want[:1]) })
+	if err := a1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the agents gone", func() bool {
+		resp, err := etcd.Client(t).Get(ctxT(t), DefaultPrefix+agentsDir+"hgx", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == 0 && r.ctl.Revision() >= resp.Header.Revision
+	})
+	if got := domainIDs(r.eng); !slices.Equal(got, want[:1]) {
+		t.Fatalf("domains with every agent gone: %v, want the last cluster %v", got, want[:1])
+	}
+	for _, tenant := range []string{"acme", "globex", "initech", "hooli", "acme"} {
+		if d := admit(t, r.eng, tenant, "small"); d.Outcome != admission.Rejected || d.Domain != "" {
+			t.Fatalf("%s with every agent gone: %+v; want a rejection naming no domain", tenant, d)
+		}
+	}
+	if _, err := r.eng.Release(context.Background(), admission.Release{LeaseID: held.LeaseID, OutputTokens: 5}); err != nil {
+		t.Fatalf("release with every agent gone: %v", err)
+	}
+	startAgent(t, etcd, "hgx-h200-1")
+	eventually(t, "admissions again", func() bool {
+		return admit(t, r.eng, "acme", "small").Domain == "hgx-h200-1"
+	})
+}
+
+// recordingEngine is an engine that logs the controller's topology and drain
+// calls in order, and refuses every config with applyErr when it is set.
+type recordingEngine struct {
+	*admission.Engine
+	applyErr error
+
+	mu    sync.Mutex
+	calls []string
+}
+
+func (e *recordingEngine) record(s string) { e.mu.Lock(); e.calls = append(e.calls, s); e.mu.Unlock() }
+
+func (e *recordingEngine) log() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.calls)
+}
+
+func (e *recordingEngine) Apply(cfg admission.Config) error {
+	if e.applyErr != nil {
+		return e.applyErr
+	}
+	return e.Engine.Apply(cfg)
+}
+
+func (e *recordingEngine) SetTopology(c topology.Cluster) error {
+	var ids []string
+	for _, d := range c.Domains {
+		ids = append(ids, d.ID)
+	}
+	e.record("topology " + strings.Join(ids, ","))
+	return e.Engine.SetTopology(c)
+}
+
+func (e *recordingEngine) DrainAhead(domain, reason string) {
+	e.record("drain " + domain)
+	e.Engine.DrainAhead(domain, reason)
+}
+
+func (e *recordingEngine) Undrain(domain string) error {
+	e.record("undrain " + domain)
+	return e.Engine.Undrain(domain)
+}
+
+// putRecords publishes the simulated cluster's nodes as agent records, in
+// one transaction (without a lease: the test plays the agents).
+func putRecords(t *testing.T, cli *clientv3.Client, nodes ...string) int64 {
+	t.Helper()
+	var ops []clientv3.Op
+	for _, n := range nodes {
+		nd, err := NodeFromCluster(topology.Simulated(), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := json.Marshal(RecordOf(nd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops = append(ops, clientv3.OpPut(AgentKey(DefaultPrefix, n), string(b)))
+	}
+	resp, err := cli.Txn(ctxT(t)).Then(ops...).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// syncBuffer is a log sink safe for the controller's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// Drains are applied before the topology: a domain that returns in the same
+// write as its drain mark is drained before the cluster that holds it is
+// set, so it never takes a placement. A drain of the Operator RPC is not
+// undone when another domain's mark goes, and a mark for a domain the
+// replica does not have is logged once.
+func TestDrainOrderAndOperatorDrains(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	var logs syncBuffer
+	eng := &recordingEngine{Engine: newEngine(t)}
+	ctl, err := New(Options{Client: cli, Engine: eng, RetryEvery: 20 * time.Millisecond, ProbeEvery: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { ctl.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	putRecords(t, cli, "hgx-h200-1", "hgx-h200-2")
+	eventually(t, "the agents' cluster", func() bool {
+		return slices.Equal(domainIDs(eng.Engine), []string{"hgx-h200-1", "hgx-h200-2"})
+	})
+	if _, err := cli.Delete(ctxT(t), AgentKey(DefaultPrefix, "hgx-h200-2")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "hgx-h200-2 gone", func() bool { return slices.Equal(domainIDs(eng.Engine), []string{"hgx-h200-1"}) })
+
+	// One write brings hgx-h200-2 back and marks it.
+	nd, err := NodeFromCluster(topology.Simulated(), "hgx-h200-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(RecordOf(nd))
+	mark, _ := json.Marshal(DrainMark{Domain: "hgx-h200-2", By: "dave", Reason: "memory errors"})
+	resp, err := cli.Txn(ctxT(t)).Then(
+		clientv3.OpPut(AgentKey(DefaultPrefix, "hgx-h200-2"), string(rec)),
+		clientv3.OpPut(DrainKey(DefaultPrefix, "hgx-h200-2"), string(mark)),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the write applied", func() bool { return ctl.Revision() >= resp.Header.Revision })
+	calls := eng.log()
+	left := slices.Index(calls, "topology hgx-h200-1")
+	if left < 0 {
+		t.Fatalf("calls %q: hgx-h200-2 never left", calls)
+	}
+	after := calls[left+1:]
+	if drainAt, backAt := slices.Index(after, "drain hgx-h200-2"), slices.Index(after, "topology hgx-h200-1,hgx-h200-2"); drainAt < 0 || backAt < drainAt {
+		t.Fatalf("calls %q: want the drain of hgx-h200-2 after it left and before the topology that brings it back", calls)
+	}
+	if info, _ := domainInfo(eng.Engine, "hgx-h200-2"); !info.Draining || !strings.Contains(info.DrainReason, "dave") {
+		t.Fatalf("hgx-h200-2: %+v", info)
+	}
+
+	// An operator drains hgx-h200-1 on this replica only (the Operator RPC
+	// calls the engine); deleting hgx-h200-2's mark leaves it drained.
+	if err := eng.Drain("hgx-h200-1", "fan failure (rpc)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DeleteDrain(ctxT(t), cli, DefaultPrefix, "hgx-h200-2"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "hgx-h200-2 undrained", func() bool { info, _ := domainInfo(eng.Engine, "hgx-h200-2"); return !info.Draining })
+	if info, _ := domainInfo(eng.Engine, "hgx-h200-1"); !info.Draining || info.DrainReason != "fan failure (rpc)" {
+		t.Fatalf("the operator's drain of hgx-h200-1 after an unrelated mark went: %+v", info)
+	}
+	if slices.Contains(eng.log(), "undrain hgx-h200-1") {
+		t.Fatalf("the controller undrained a domain it did not drain: %q", eng.log())
+	}
+
+	// A mark for a domain the replica lacks is logged once, however often
+	// the drains and the topology are reconciled after it.
+	if _, err := PutDrain(ctxT(t), cli, DefaultPrefix, DrainMark{Domain: "hgx-h300-9", By: "erin"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PutDrain(ctxT(t), cli, DefaultPrefix, DrainMark{Domain: "hgx-h200-2", By: "erin"}); err != nil {
+		t.Fatal(err)
+	}
+	rev := putRecords(t, cli, "hgx-h200-3")
+	eventually(t, "the writes applied", func() bool { return ctl.Revision() >= rev })
+	const unknown = `does not have; it applies if the domain appears" domain=`
+	if n := strings.Count(logs.String(), unknown+"hgx-h300-9"); n != 1 {
+		t.Fatalf("the unknown domain's mark logged %d times, want once:\n%s", n, logs.String())
+	}
+	if strings.Contains(logs.String(), unknown+"hgx-h200-2") {
+		t.Fatalf("a known domain's mark reported unknown:\n%s", logs.String())
+	}
+}
+
+// A config the engine refused for floors the cluster cannot hold is tried
+// again when the agents add capacity, and then serves.
+func TestRefusedConfigRetriedWhenCapacityGrows(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	r := startReplica(t, cli, Options{})
+	eventually(t, "synced", r.ctl.Synced)
+	rev := putRecords(t, cli, "hgx-h200-1", "hgx-h200-2")
+	eventually(t, "the agents' cluster", func() bool { return r.ctl.Revision() >= rev && len(r.eng.Domains()) == 2 })
+
+	res, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", configDefault(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := r.ctl.Status()
+	eventually(t, "the config processed", func() bool { return r.ctl.Revision() >= res.Revision })
+	if v := st.View(); v.LastRefusal == nil || !strings.Contains(v.LastRefusal.Reason, "floors") || v.Source == SourceEtcd {
+		t.Fatalf("status on two HGX boards: %+v; want etcd's config refused for its floors", v)
+	}
+
+	var rest []string
+	for _, d := range topology.Simulated().Domains {
+		for _, n := range d.Nodes {
+			if n.Name != "hgx-h200-1" && n.Name != "hgx-h200-2" {
+				rest = append(rest, n.Name)
+			}
+		}
+	}
+	putRecords(t, cli, rest...)
+	eventually(t, "the refused config applied once capacity grew", func() bool {
+		v := st.View()
+		return v.Source == SourceEtcd && v.LastRefusal == nil && v.Revision == res.Revision
+	})
+	if n := len(r.eng.Domains()); n != len(topology.Simulated().Domains) {
+		t.Fatalf("%d domains, want %d", n, len(topology.Simulated().Domains))
+	}
+}
+
+// A refusal of the engine's Apply is attributed to the tenant document it
+// points into, the longest tenant name that matches ("a.b" over "a").
+func TestApplyRefusalAttributed(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	if _, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", configDefault(t)); err != nil {
+		t.Fatal(err)
+	}
+	put(t, cli, TenantKey(DefaultPrefix, "a"), "tier: free\n")
+	rev := put(t, cli, TenantKey(DefaultPrefix, "a.b"), "tier: free\n")
+	eng := &recordingEngine{Engine: newEngine(t), applyErr: &admission.ConfigError{Key: "tenants.a.b.floor", Reason: "too large"}}
+	ctl, err := New(Options{Client: cli, Engine: eng, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Sync(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	ref := ctl.Status().View().LastRefusal
+	if ref == nil || ref.Source != TenantKey(DefaultPrefix, "a.b") || ref.Key != "tenants.a.b.floor" || ref.Revision != rev {
+		t.Fatalf("refusal %+v; want it on %s, key tenants.a.b.floor, revision %d", ref, TenantKey(DefaultPrefix, "a.b"), rev)
 	}
 }

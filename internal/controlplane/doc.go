@@ -33,16 +33,24 @@
 // # Topology and drains
 //
 // Each node agent publishes its node's GPUs and NVLink domain under a lease
-// (RunAgent). A replica merges every agent's record (topology.Merge) into the
-// cluster and sets it on the engine; an agent whose lease expires takes its
-// GPUs out of capacity, its leases there finishing. While no agent has
-// published anything the replica keeps its own topology source; when every
-// agent is gone it keeps the last cluster the agents built (an engine cannot
-// serve an empty cluster), and says so in its log.
+// (RunAgent), creating its key only if no other lease holds it, and
+// republishes a changed node every RediscoverEvery. A replica merges every
+// agent's record (topology.Merge) into the cluster and sets it on the
+// engine, which takes a shrunken cluster even when it cannot hold the
+// config's floors; an agent whose lease expires takes its GPUs out of
+// capacity, its leases there finishing. While no agent has published
+// anything the replica keeps its own topology source; when every agent is
+// gone it keeps the last cluster the agents built (an engine cannot serve an
+// empty cluster) with every GPU unhealthy, so that nothing new is placed,
+// and says so in its log. A config the engine refused is tried again after
+// each topology change.
 //
 // A drain mark drains its domain on every replica as soon as the watch event
-// arrives; deleting it undrains. A mark for a domain the cluster does not
-// have waits until the domain appears; an unreadable mark still drains.
+// arrives (the engine's DrainAhead); deleting it undrains. A mark for a
+// domain the cluster does not have holds from the moment the domain appears:
+// drains are applied before the topology of the same update. Only domains
+// the marks drained are undrained, never a drain of the Operator RPC; an
+// unreadable mark still drains.
 //
 // # Outages
 //

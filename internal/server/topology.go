@@ -2,7 +2,6 @@ package server
 
 import (
 	"log/slog"
-	"strings"
 
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
@@ -19,5 +18,5 @@ func loadTopology(src string, log *slog.Logger) (c topology.Cluster, discovered 
 	if err != nil {
 		return topology.Cluster{}, false, err // Load's errors name the setting or file
 	}
-	return l.Cluster, strings.HasPrefix(l.Source, nvml.SpecNVML), nil
+	return l.Cluster, l.Discovered, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 
@@ -63,5 +64,22 @@ func TestLoadTopologyNVMLOrFallback(t *testing.T) {
 	}
 	if strings.Count(logs.String(), "\n") != 1 || !strings.Contains(logs.String(), "NVML unavailable") || !strings.Contains(logs.String(), "fallback="+file) {
 		t.Errorf("log = %q, want one line naming the fallback", logs.String())
+	}
+}
+
+// Whether the cluster came through NVML is Load's word, not a guess from
+// its source: a file whose path begins with "nvml" is a file.
+func TestLoadTopologyFileNamedNVML(t *testing.T) {
+	b, err := os.ReadFile("../../topology/testdata/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(t.TempDir())
+	if err := os.WriteFile("nvml-cluster.yaml", b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, discovered, err := loadTopology("nvml-cluster.yaml", nil)
+	if err != nil || discovered || c.GPUCount() == 0 {
+		t.Errorf("nvml-cluster.yaml: %d GPUs, discovered %v, %v; want the file, not discovered", c.GPUCount(), discovered, err)
 	}
 }

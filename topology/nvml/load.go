@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/sluice-sched/sluice/topology"
 )
@@ -45,6 +46,9 @@ type Loaded struct {
 	// ends with the reason, e.g. "simulated (NVML unavailable: built
 	// without cgo)".
 	Source string
+	// Discovered says the cluster was read through NVML, not from a file
+	// or the simulated cluster (an auto fallback included).
+	Discovered bool
 }
 
 // Load resolves a --topology value (see the package documentation):
@@ -61,15 +65,16 @@ func Load(spec string, log *slog.Logger) (Loaded, error) {
 // behind load.
 type discoverFunc func(node string) (topology.NodeDiscovery, error)
 
+// load is Load with its discovery and node name injected (tests put a mock
+// NVML behind discover). It parses spec, discovers through NVML where spec
+// says, and falls back under auto (logging why on log) when NVML is
+// unavailable.
 func load(spec string, log *slog.Logger, discover discoverFunc, node func() string) (Loaded, error) {
 	switch {
-	case spec == "" || spec == SpecAuto || strings.HasPrefix(spec, SpecAutoPrefix):
-		fallback := SpecSimulated
-		if spec != "" && spec != SpecAuto {
-			fallback = strings.TrimPrefix(spec, SpecAutoPrefix)
-			if fallback == "" {
-				return Loaded{}, fmt.Errorf("topology %q: want a file path after %q", spec, SpecAutoPrefix)
-			}
+	case isAuto(spec):
+		fallback, err := autoFallback(spec)
+		if err != nil {
+			return Loaded{}, err
 		}
 		l, err := fromNVML(discover, node())
 		if err == nil {
@@ -82,14 +87,7 @@ func load(spec string, log *slog.Logger, discover discoverFunc, node func() stri
 		if ferr != nil {
 			return Loaded{}, fmt.Errorf("topology %s: %v; fallback: %w", orAuto(spec), err, ferr)
 		}
-		if log != nil {
-			level := slog.LevelWarn
-			var ue *unavailableError
-			if errors.As(err, &ue) && ue.expected {
-				level = slog.LevelInfo
-			}
-			log.Log(context.Background(), level, "NVML unavailable; using the fallback topology", "topology", orAuto(spec), "fallback", l.Source, "reason", err.Error())
-		}
+		logFallback(log, spec, l.Source, err)
 		l.Source = fmt.Sprintf("%s (%v)", l.Source, err)
 		return l, nil
 	case spec == SpecNVML:
@@ -106,6 +104,43 @@ func load(spec string, log *slog.Logger, discover discoverFunc, node func() stri
 	return l, nil
 }
 
+// isAuto says whether spec is "auto" (or empty, its default) or
+// "auto:<file>".
+func isAuto(spec string) bool {
+	return spec == "" || spec == SpecAuto || strings.HasPrefix(spec, SpecAutoPrefix)
+}
+
+// autoFallback is what an auto spec falls back to: the simulated cluster
+// for "auto", the file for "auto:<file>".
+func autoFallback(spec string) (string, error) {
+	if spec == "" || spec == SpecAuto {
+		return SpecSimulated, nil
+	}
+	f := strings.TrimPrefix(spec, SpecAutoPrefix)
+	if f == "" {
+		return "", fmt.Errorf("topology %q: want a file path after %q", spec, SpecAutoPrefix)
+	}
+	return f, nil
+}
+
+// logFallback says in one line on log (nil: not at all) that auto fell
+// back to source because of err: at Info where that is normal on a machine
+// without GPUs (no cgo, no library), at Warn otherwise (driver not loaded,
+// no permission), since a GPU host without a working driver deserves
+// attention.
+func logFallback(log *slog.Logger, spec, source string, err error) {
+	if log == nil {
+		return
+	}
+	level := slog.LevelWarn
+	var ue *unavailableError
+	if errors.As(err, &ue) && ue.expected {
+		level = slog.LevelInfo
+	}
+	log.Log(context.Background(), level, "NVML unavailable; using the fallback topology",
+		"topology", orAuto(spec), "fallback", source, "reason", err.Error())
+}
+
 // fromNVML discovers this node and merges it into a cluster of its own.
 func fromNVML(discover discoverFunc, node string) (Loaded, error) {
 	nd, err := discover(node)
@@ -116,7 +151,7 @@ func fromNVML(discover discoverFunc, node string) (Loaded, error) {
 	if err != nil {
 		return Loaded{}, err
 	}
-	return Loaded{Cluster: c, Source: fmt.Sprintf("nvml (node %s)", node)}, nil
+	return Loaded{Cluster: c, Source: fmt.Sprintf("nvml (node %s)", node), Discovered: true}, nil
 }
 
 // fromSpec loads the simulated cluster or a file.
@@ -131,6 +166,8 @@ func fromSpec(spec string) (Loaded, error) {
 	return Loaded{Cluster: c, Source: spec}, nil
 }
 
+// orAuto names spec in messages: "auto" for the empty spec, which means
+// it.
 func orAuto(spec string) string {
 	if spec == "" {
 		return SpecAuto
@@ -146,4 +183,91 @@ func hostname() string {
 		return "localhost"
 	}
 	return h
+}
+
+// NodeLoader resolves a --topology setting for one node, over and over: a
+// node agent discovers at start, before each publication after a lost
+// lease and at every rediscovery, so that a changed node is published as
+// it is now. It reads the
+// setting as Load does, but gives the node's own discovery rather than a
+// cluster: NVML's for "nvml" (and for auto where NVML is usable), else the
+// node's entry in the simulated cluster or the file (Cluster.NodeDiscovery).
+// An auto fallback is logged as Load logs it, once: again only when its
+// reason changes or after NVML has served in between. Safe for concurrent
+// use.
+type NodeLoader struct {
+	spec, node string
+	log        *slog.Logger
+	discover   discoverFunc
+	mu         struct {
+		sync.Mutex
+		logged string // the fallback last logged, "" when none (or NVML served since)
+	}
+}
+
+// NewNodeLoader returns a NodeLoader of node (its name in the cluster) for
+// spec ("auto", "auto:<file>", "nvml", "simulated" or a file path), logging
+// on log (nil: not at all).
+func NewNodeLoader(spec, node string, log *slog.Logger) *NodeLoader {
+	return &NodeLoader{spec: spec, node: node, log: log, discover: Discover}
+}
+
+// Load discovers the node now. Its shape is that of the agent's Discover
+// callback; ctx is not used (NVML discovery does not block on the network).
+// Errors begin with "topology" and name the setting or the file.
+func (l *NodeLoader) Load(context.Context) (topology.NodeDiscovery, error) {
+	spec := l.spec
+	switch {
+	case isAuto(spec):
+		fallback, err := autoFallback(spec)
+		if err != nil {
+			return topology.NodeDiscovery{}, err
+		}
+		nd, err := l.discover(l.node)
+		if err == nil {
+			l.said("")
+			return nd, nil
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			return topology.NodeDiscovery{}, fmt.Errorf("topology %s: %w", orAuto(spec), err)
+		}
+		fb, ferr := fromSpec(fallback)
+		if ferr != nil {
+			return topology.NodeDiscovery{}, fmt.Errorf("topology %s: %v; fallback: %w", orAuto(spec), err, ferr)
+		}
+		if l.said(fb.Source + "\x00" + err.Error()) {
+			logFallback(l.log, spec, fb.Source, err)
+		}
+		return nodeOf(fb, l.node)
+	case spec == SpecNVML:
+		nd, err := l.discover(l.node)
+		if err != nil {
+			return topology.NodeDiscovery{}, fmt.Errorf("topology nvml: %w", err)
+		}
+		return nd, nil
+	}
+	c, err := fromSpec(spec)
+	if err != nil {
+		return topology.NodeDiscovery{}, fmt.Errorf("topology: %w", err)
+	}
+	return nodeOf(c, l.node)
+}
+
+// said records fallback as the one last logged and reports whether it
+// differs from the one before, that is whether it is news to log.
+func (l *NodeLoader) said(fallback string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	news := l.mu.logged != fallback
+	l.mu.logged = fallback
+	return news
+}
+
+// nodeOf is node's entry in a loaded cluster.
+func nodeOf(l Loaded, node string) (topology.NodeDiscovery, error) {
+	nd, err := l.Cluster.NodeDiscovery(node)
+	if err != nil {
+		return topology.NodeDiscovery{}, fmt.Errorf("topology %s: %w", l.Source, err)
+	}
+	return nd, nil
 }

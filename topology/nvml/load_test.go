@@ -2,6 +2,7 @@ package nvml
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"log/slog"
 	"strings"
@@ -99,17 +100,143 @@ func TestEstimatePeaks(t *testing.T) {
 	if f := p.FigureSources(); f.SMs != "nvml" || f.HBMBytes != "nvml" || f.FLOPS != "nvml-estimate" || f.HBMBandwidth != "nvml-estimate" || p.Source != "nvml-estimate" {
 		t.Errorf("sources = %q %+v", p.Source, f)
 	}
-	_, err = estimatePeaks(readings{})
-	want := "cannot estimate peaks: no memory total, no SM count, no memory bus width, no max memory clock, no max SM clock, no BF16 rate of compute capability 0.0"
+	// Nothing read: every figure unavailable, every reading named.
+	p, err = estimatePeaks(readings{})
+	want := "cannot estimate peaks: no memory total, no SM count, no memory bus width, no max memory clock, no max SM clock, no compute capability"
 	if err == nil || err.Error() != want {
 		t.Errorf("err = %v, want %s", err, want)
 	}
-	for _, cc := range [][3]int{{8, 0, 2048}, {8, 6, 1024}, {8, 9, 1024}, {9, 0, 4096}, {10, 0, 8192}, {10, 3, 8192}, {12, 0, 1024}, {7, 0, 0}} {
+	if p.SMs != 0 || p.FLOPS != 0 || p.HBMBandwidth != 0 || p.HBMBytes != 0 || p.FigureSources() != (topology.PeakSources{SMs: "unavailable", FLOPS: "unavailable", HBMBandwidth: "unavailable", HBMBytes: "unavailable"}) {
+		t.Errorf("peaks of nothing = %+v", p)
+	}
+	// Memory readings without an SM count: bandwidth and bytes estimated,
+	// FLOP/s not.
+	p, err = estimatePeaks(readings{memTotal: 16e9, busWidthBits: 256, memClockMHz: 7000, smClockMHz: 1500, ccMajor: 11})
+	if err == nil || err.Error() != "cannot estimate peaks: no SM count, no BF16 rate of compute capability 11.0" {
+		t.Errorf("err = %v", err)
+	}
+	if p.HBMBandwidth != 256.0/8*7000e6*2 || p.HBMBytes != 16e9 || p.FLOPS != 0 ||
+		p.FigureSources() != (topology.PeakSources{SMs: "unavailable", FLOPS: "unavailable", HBMBandwidth: "nvml-estimate", HBMBytes: "nvml"}) {
+		t.Errorf("partial peaks = %+v %+v", p, p.FigureSources())
+	}
+	// A V100 by its readings (80 SMs of 64 cores at 1530 MHz, 4096-bit HBM2
+	// at 877 MHz): its FP16 tensor rate, 125 TFLOP/s on the datasheet.
+	p, err = estimatePeaks(readings{memTotal: 32e9, sms: 5120 / coresPerSM(7, 0), smClockMHz: 1530, memClockMHz: 877, busWidthBits: 4096, ccMajor: 7})
+	if err != nil || p.SMs != 80 || p.FLOPS < 124e12 || p.FLOPS > 126e12 || p.HBMBandwidth < 897e9 || p.HBMBandwidth > 899e9 {
+		t.Errorf("V100 = %+v, %v; want 80 SMs, ≈125e12 FLOP/s, ≈898e9 B/s", p, err)
+	}
+	for _, cc := range [][3]int{{7, 0, 1024}, {7, 5, 1024}, {8, 0, 2048}, {8, 6, 1024}, {8, 9, 1024}, {9, 0, 4096},
+		{10, 0, 8192}, {10, 3, 8192}, {11, 0, 0}, {12, 0, 1024}, {6, 1, 0}} {
 		if got := bf16PerSMClock(cc[0], cc[1]); got != float64(cc[2]) {
 			t.Errorf("bf16PerSMClock(%d.%d) = %g, want %d", cc[0], cc[1], got, cc[2])
 		}
 	}
-	if coresPerSM(8, 0) != 64 || coresPerSM(9, 0) != 128 || coresPerSM(6, 1) != 0 {
+	if coresPerSM(7, 5) != 64 || coresPerSM(8, 0) != 64 || coresPerSM(9, 0) != 128 || coresPerSM(6, 1) != 0 {
 		t.Error("coresPerSM")
+	}
+}
+
+func TestLoadedSaysWhetherNVMLDiscoveredIt(t *testing.T) {
+	for _, tc := range []struct {
+		spec     string
+		discover discoverFunc
+		want     bool
+	}{
+		{"nvml", fakeNode, true},
+		{"auto", fakeNode, true},
+		{"auto", failWith(&unavailableError{reason: "x"}), false},
+		{"simulated", fakeNode, false},
+		{"../testdata/cluster.yaml", fakeNode, false},
+	} {
+		l, err := load(tc.spec, nil, tc.discover, func() string { return "n1" })
+		if err != nil || l.Discovered != tc.want {
+			t.Errorf("%s: discovered %v, %v; want %v", tc.spec, l.Discovered, err, tc.want)
+		}
+	}
+}
+
+// countingDiscover is a discovery that fails with err while it is set, and
+// counts its calls.
+type countingDiscover struct {
+	calls int
+	err   error
+}
+
+func (c *countingDiscover) discover(node string) (topology.NodeDiscovery, error) {
+	c.calls++
+	if c.err != nil {
+		return topology.NodeDiscovery{}, c.err
+	}
+	return fakeNode(node)
+}
+
+// An agent discovers its node again and again; the auto fallback is logged
+// once, at Load's level, and again only when something changed.
+func TestNodeLoaderLogsTheFallbackOnce(t *testing.T) {
+	var logs bytes.Buffer
+	d := &countingDiscover{err: &unavailableError{reason: "driver not loaded"}}
+	l := NewNodeLoader("auto", "nvl72-a-tray03", slog.New(slog.NewTextHandler(&logs, nil)))
+	l.discover = d.discover
+	for range 3 {
+		nd, err := l.Load(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nd.Node != "nvl72-a-tray03" || nd.Domain != "nvl72-a" || len(nd.GPUs) != 4 {
+			t.Fatalf("fallback node = %+v, want the simulated tray", nd)
+		}
+	}
+	if d.calls != 3 {
+		t.Errorf("NVML tried %d times, want every time (3)", d.calls)
+	}
+	if got := logs.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "level=WARN") || !strings.Contains(got, "driver not loaded") {
+		t.Errorf("log = %q, want one WARN line", got)
+	}
+	// NVML comes back: its node, no log; then it goes again: logged again.
+	logs.Reset()
+	d.err = nil
+	if nd, err := l.Load(context.Background()); err != nil || len(nd.GPUs) != 8 {
+		t.Errorf("NVML back: %+v, %v", nd, err)
+	}
+	d.err = &unavailableError{reason: "no library", expected: true}
+	if _, err := l.Load(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "level=INFO") {
+		t.Errorf("log = %q, want one INFO line for the new fallback", got)
+	}
+}
+
+func TestNodeLoaderSpecs(t *testing.T) {
+	const file = "../testdata/cluster.yaml"
+	c, err := topology.LoadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inFile := c.Domains[0].Nodes[0].Name
+	for _, tc := range []struct {
+		spec, node string
+		discover   discoverFunc
+		gpus       int    // 0 wants an error
+		err        string // substring of the error
+	}{
+		{"nvml", "n1", fakeNode, 8, ""},
+		{"nvml", "n1", failWith(&unavailableError{reason: "x"}), 0, "topology nvml: NVML unavailable: x"},
+		{"auto", "n1", failWith(errors.New("gpu 3: broken")), 0, "topology auto: gpu 3: broken"},
+		{"auto:" + file, inFile, failWith(&unavailableError{reason: "x"}), len(c.Domains[0].Nodes[0].GPUs), ""},
+		{"auto:", "n1", fakeNode, 0, `want a file path after "auto:"`},
+		{"simulated", "hgx-h200-1", failWith(errors.New("must not be called")), 8, ""},
+		{"simulated", "nope", failWith(errors.New("must not be called")), 0, `topology simulated: node "nope" is not in the topology`},
+		{file, inFile, failWith(errors.New("must not be called")), len(c.Domains[0].Nodes[0].GPUs), ""},
+	} {
+		l := NewNodeLoader(tc.spec, tc.node, nil)
+		l.discover = tc.discover
+		nd, err := l.Load(context.Background())
+		switch {
+		case tc.gpus == 0 && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%q %s: err = %v, want one containing %q", tc.spec, tc.node, err, tc.err)
+		case tc.gpus != 0 && (err != nil || nd.Node != tc.node || len(nd.GPUs) != tc.gpus):
+			t.Errorf("%q %s: %+v, %v; want %d GPUs", tc.spec, tc.node, nd, err, tc.gpus)
+		}
 	}
 }

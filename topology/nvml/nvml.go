@@ -13,12 +13,49 @@ import (
 	"github.com/sluice-sched/sluice/topology"
 )
 
-// Symbols guarded before use: a driver older than the go-nvml bindings
-// lacks the newer functions, and calling a missing one fails at the C call.
+// Symbols guarded before use. go-nvml binds libnvidia-ml lazily: calling a
+// function the installed driver lacks fails at the C call and aborts the
+// process, so every call newer than the oldest driver Sluice supports is
+// made only where Extensions().LookupSymbol finds it, and a missing symbol
+// is a reading not taken. Made directly, because every driver since R384
+// (the first with Volta, the oldest GPU generation with tensor cores) has
+// them: Init, DeviceGetCount, DeviceGetHandleByIndex, GetUUID, GetName,
+// GetPciInfo, GetMemoryInfo, GetMaxClockInfo and GetNvLinkState (go-nvml
+// itself falls back to the older versions of the versioned ones).
 const (
-	symFabricInfoV4 = "nvmlDeviceGetGpuFabricInfo_v4"
-	symFabricInfo   = "nvmlDeviceGetGpuFabricInfo"
+	symFabricInfoV4 = "nvmlDeviceGetGpuFabricInfo_v4" // Hopper-era and later drivers
+	symFabricInfo   = "nvmlDeviceGetGpuFabricInfo"    // Hopper-era and later drivers
+	symBusWidth     = "nvmlDeviceGetMemoryBusWidth"   // R510 on; not in R470
+	symNumGpuCores  = "nvmlDeviceGetNumGpuCores"      // R510 on; not in R470
+	symAttributesV2 = "nvmlDeviceGetAttributes_v2"    // came with MIG (R450)
+	symAttributes   = "nvmlDeviceGetAttributes"       // came with MIG (R450)
+	// GetCudaComputeCapability is old, but guarding it costs nothing and
+	// its first driver is not documented.
+	symComputeCap = "nvmlDeviceGetCudaComputeCapability"
 )
+
+// deviceAPI is what this library lets discovery ask a device, decided once
+// per discovery from the symbols it has.
+type deviceAPI struct {
+	fabric     fabricReader
+	busWidth   bool // GetMemoryBusWidth
+	numCores   bool // GetNumGpuCores
+	attributes bool // GetAttributes
+	computeCap bool // GetCudaComputeCapability
+}
+
+// apiOf looks up the guarded symbols of lib.
+func apiOf(lib gonvml.Interface) deviceAPI {
+	ext := lib.Extensions()
+	has := func(sym string) bool { return ext.LookupSymbol(sym) == nil }
+	return deviceAPI{
+		fabric:     fabricReaderFor(has),
+		busWidth:   has(symBusWidth),
+		numCores:   has(symNumGpuCores),
+		attributes: has(symAttributesV2) || has(symAttributes),
+		computeCap: has(symComputeCap),
+	}
+}
 
 // maxGPUs bounds the device count a driver may report, so that a corrupt
 // answer cannot make discovery allocate without limit.
@@ -34,7 +71,9 @@ func Discover(node string) (topology.NodeDiscovery, error) {
 // (gonvml.New()) or a mock. It initialises lib and shuts it down before
 // returning; when Init fails it calls nothing else on lib, because NVML may
 // kill the process on any call after a failed Init. Every failure that means
-// NVML is not usable here (Init failed, no GPU) wraps ErrUnavailable.
+// NVML is not usable here (Init failed, no GPU) wraps ErrUnavailable. No
+// single GPU fails discovery: one that cannot be identified, modelled or
+// trusted is listed unhealthy with its Problem (readGPU).
 func DiscoverWith(lib gonvml.Interface, node string) (topology.NodeDiscovery, error) {
 	if ret := lib.Init(); ret != gonvml.SUCCESS {
 		return topology.NodeDiscovery{}, &unavailableError{
@@ -52,18 +91,15 @@ func DiscoverWith(lib gonvml.Interface, node string) (topology.NodeDiscovery, er
 	case n > maxGPUs:
 		return topology.NodeDiscovery{}, fmt.Errorf("nvml: DeviceGetCount: %d GPUs, more than the %d supported", n, maxGPUs)
 	}
-	fabric := fabricReaderFor(lib)
+	api := apiOf(lib)
 	gpus := make([]nodeGPU, 0, n)
 	for i := range n {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
-			return topology.NodeDiscovery{}, fmt.Errorf("nvml: gpu %d: DeviceGetHandleByIndex: %w", i, ret)
+			gpus = append(gpus, nodeGPU{gpu: standIn(i, "", fmt.Sprintf("DeviceGetHandleByIndex: %v", ret))})
+			continue
 		}
-		g, err := readGPU(dev, i, fabric)
-		if err != nil {
-			return topology.NodeDiscovery{}, fmt.Errorf("nvml: gpu %d: %w", i, err)
-		}
-		gpus = append(gpus, g)
+		gpus = append(gpus, readGPU(dev, i, api))
 	}
 	return resolveNode(node, gpus), nil
 }
@@ -102,12 +138,12 @@ type fabricInfo struct {
 // the driver) has no fabric API.
 type fabricReader func(gonvml.Device) (info fabricInfo, ok bool, err error)
 
-// fabricReaderFor picks the newest fabric API the library has:
-// GetGpuFabricInfo_v4 (with health), else GetGpuFabricInfo, else none.
-func fabricReaderFor(lib gonvml.Interface) fabricReader {
-	ext := lib.Extensions()
+// fabricReaderFor picks the newest fabric API the library has (has says
+// whether it has a symbol): GetGpuFabricInfo_v4 (with health), else
+// GetGpuFabricInfo, else none.
+func fabricReaderFor(has func(sym string) bool) fabricReader {
 	switch {
-	case ext.LookupSymbol(symFabricInfoV4) == nil:
+	case has(symFabricInfoV4):
 		return func(dev gonvml.Device) (fabricInfo, bool, error) {
 			v4, ret := dev.GetGpuFabricInfo_v4()
 			if ok, err := fabricRet("GetGpuFabricInfo_v4", ret); !ok {
@@ -121,7 +157,7 @@ func fabricReaderFor(lib gonvml.Interface) fabricReader {
 				health:      v4.HealthSummary,
 			}, true, nil
 		}
-	case ext.LookupSymbol(symFabricInfo) == nil:
+	case has(symFabricInfo):
 		return func(dev gonvml.Device) (fabricInfo, bool, error) {
 			v1, ret := dev.GetGpuFabricInfo()
 			if ok, err := fabricRet("GetGpuFabricInfo", ret); !ok {
@@ -172,17 +208,28 @@ type nodeGPU struct {
 	clique string
 }
 
-// readGPU reads one GPU. Identity (UUID, name) is required; everything
-// else degrades to "unknown" or marks the GPU unhealthy with a Problem, so
-// that one odd GPU is reported rather than hiding the node.
-func readGPU(dev gonvml.Device, index int, fabric fabricReader) (nodeGPU, error) {
+// standIn is a GPU whose identity could not be read (its handle, UUID or
+// name; typically ERROR_GPU_IS_LOST): listed under the name
+// "gpu-index-<index>" (and its UUID where that was read), unhealthy with
+// problem, so that one lost GPU is reported rather than hiding its node.
+// Its UUID stays empty otherwise: a stand-in must not collide with another
+// node's in the cluster.
+func standIn(index int, uuid, problem string) topology.GPU {
+	return topology.GPU{Index: index, UUID: uuid, Name: fmt.Sprintf("gpu-index-%d", index), Problem: problem}
+}
+
+// readGPU reads one GPU. Nothing fails the node: a GPU whose identity
+// cannot be read is a stand-in (standIn), a reading the driver refuses or
+// lacks is zero, and a GPU that cannot serve (fabric, lost, peaks neither
+// known nor estimable) is unhealthy with its Problem.
+func readGPU(dev gonvml.Device, index int, api deviceAPI) nodeGPU {
 	uuid, ret := dev.GetUUID()
 	if ret != gonvml.SUCCESS {
-		return nodeGPU{}, fmt.Errorf("GetUUID: %w", ret)
+		return nodeGPU{gpu: standIn(index, "", fmt.Sprintf("GetUUID: %v", ret))}
 	}
 	name, ret := dev.GetName()
 	if ret != gonvml.SUCCESS {
-		return nodeGPU{}, fmt.Errorf("GetName: %w", ret)
+		return nodeGPU{gpu: standIn(index, uuid, fmt.Sprintf("GetName: %v", ret))}
 	}
 	g := topology.GPU{Index: index, UUID: uuid, Name: name, Healthy: true}
 	if pci, ret := dev.GetPciInfo(); ret == gonvml.SUCCESS {
@@ -205,7 +252,7 @@ func readGPU(dev gonvml.Device, index int, fabric fabricReader) (nodeGPU, error)
 		// active links and not faults.
 	}
 	var clique string
-	switch info, ok, err := fabric(dev); {
+	switch info, ok, err := fabric(api, dev); {
 	case err != nil:
 		problem("fabric: " + err.Error())
 	case ok:
@@ -215,12 +262,64 @@ func readGPU(dev gonvml.Device, index int, fabric fabricReader) (nodeGPU, error)
 			problem(p)
 		}
 	}
-	peaks, err := gpuPeaks(dev, name)
+	r := read(dev, api)
+	g.MemoryBytes = clampInt64(r.memTotal)
+	g.MaxSMClockMHz, g.MaxMemClockMHz, g.MemoryBusWidthBits = int(r.smClockMHz), int(r.memClockMHz), int(r.busWidthBits)
+	peaks, err := gpuPeaks(name, r)
 	if err != nil {
-		return nodeGPU{}, fmt.Errorf("%s: %w; describe it in a topology file", name, err)
+		problem(err.Error() + "; describe it in a topology file")
 	}
 	g.Peaks = peaks
-	return nodeGPU{gpu: g, clique: clique}, nil
+	return nodeGPU{gpu: g, clique: clique}
+}
+
+// fabric reads a GPU's fabric info with the reader api chose.
+func fabric(api deviceAPI, dev gonvml.Device) (fabricInfo, bool, error) {
+	if api.fabric == nil {
+		return fabricInfo{}, false, nil
+	}
+	return api.fabric(dev)
+}
+
+// read takes the readings of a GPU, every one where the library has it; a
+// refused or missing one stays zero.
+func read(dev gonvml.Device, api deviceAPI) readings {
+	var r readings
+	if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
+		r.memTotal = mem.Total
+	}
+	if v, ret := dev.GetMaxClockInfo(gonvml.CLOCK_SM); ret == gonvml.SUCCESS {
+		r.smClockMHz = v
+	}
+	if v, ret := dev.GetMaxClockInfo(gonvml.CLOCK_MEM); ret == gonvml.SUCCESS {
+		r.memClockMHz = v
+	}
+	if api.busWidth {
+		if v, ret := dev.GetMemoryBusWidth(); ret == gonvml.SUCCESS {
+			r.busWidthBits = v
+		}
+	}
+	if api.computeCap {
+		if major, minor, ret := dev.GetCudaComputeCapability(); ret == gonvml.SUCCESS {
+			r.ccMajor, r.ccMinor = major, minor
+		}
+	}
+	// The SM count: GetAttributes where it answers (MIG devices; a full
+	// GPU usually answers NOT_SUPPORTED), else the CUDA cores over the cores
+	// per SM of the compute capability.
+	if api.attributes {
+		if a, ret := dev.GetAttributes(); ret == gonvml.SUCCESS && a.MultiprocessorCount > 0 {
+			r.sms = int(a.MultiprocessorCount)
+		}
+	}
+	if r.sms == 0 && api.numCores {
+		if cores, ret := dev.GetNumGpuCores(); ret == gonvml.SUCCESS && cores > 0 {
+			if per := coresPerSM(r.ccMajor, r.ccMinor); per > 0 {
+				r.sms = cores / per
+			}
+		}
+	}
+	return r
 }
 
 // judgeFabric turns fabric info into the GPU's clique ("" when it is in
@@ -264,37 +363,23 @@ func cliqueID(u [16]uint8, id uint32) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x.%d", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16], id)
 }
 
-// gpuPeaks gives a GPU its peaks: the table's for a known name, else an
-// estimate from readings (which are only taken then, so that a known GPU
-// needs no clock queries).
-func gpuPeaks(dev gonvml.Device, name string) (topology.Peaks, error) {
-	if p, ok := topology.LookupGPU(name); ok {
-		return p, nil
+// gpuPeaks gives a GPU its peaks. A GPU the known-GPU table names takes
+// the table's FLOP/s and bandwidth (datasheet figures NVML cannot give) and
+// NVML's HBM bytes and SM count where read (Figures says which). Any other
+// GPU's peaks are estimated from r (estimatePeaks); err names what could
+// not be estimated, and the peaks then hold what could.
+func gpuPeaks(name string, r readings) (topology.Peaks, error) {
+	p, ok := topology.LookupGPU(name)
+	if !ok {
+		return estimatePeaks(r)
 	}
-	var r readings
-	if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
-		r.memTotal = mem.Total
+	if r.memTotal > 0 {
+		p.HBMBytes, p.Figures.HBMBytes = clampInt64(r.memTotal), topology.SourceNVML
 	}
-	if v, ret := dev.GetMaxClockInfo(gonvml.CLOCK_SM); ret == gonvml.SUCCESS {
-		r.smClockMHz = v
+	if r.sms > 0 {
+		p.SMs, p.Figures.SMs = r.sms, topology.SourceNVML
 	}
-	if v, ret := dev.GetMaxClockInfo(gonvml.CLOCK_MEM); ret == gonvml.SUCCESS {
-		r.memClockMHz = v
-	}
-	if v, ret := dev.GetMemoryBusWidth(); ret == gonvml.SUCCESS {
-		r.busWidthBits = v
-	}
-	if major, minor, ret := dev.GetCudaComputeCapability(); ret == gonvml.SUCCESS {
-		r.ccMajor, r.ccMinor = major, minor
-	}
-	if a, ret := dev.GetAttributes(); ret == gonvml.SUCCESS && a.MultiprocessorCount > 0 {
-		r.sms = int(a.MultiprocessorCount)
-	} else if cores, ret := dev.GetNumGpuCores(); ret == gonvml.SUCCESS {
-		if per := coresPerSM(r.ccMajor, r.ccMinor); per > 0 {
-			r.sms = cores / per
-		}
-	}
-	return estimatePeaks(r)
+	return p, nil
 }
 
 // cString reads a NUL-terminated C char array.

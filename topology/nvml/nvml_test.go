@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -33,6 +34,7 @@ type fabricSpec struct {
 	health   uint8
 	links    int          // NVLink ports; GetNvLinkState beyond them is INVALID_ARGUMENT
 	disabled map[int]bool // links reported FEATURE_DISABLED
+	extra    []int        // further enabled links at these indexes (≥ links)
 }
 
 // healthyClique is a GPU registered in clique id of cluster c, all links up.
@@ -41,9 +43,37 @@ func healthyClique(c [16]uint8, id uint32) fabricSpec {
 		status: gonvml.SUCCESS, health: gonvml.GPU_FABRIC_HEALTH_SUMMARY_HEALTHY, links: 18}
 }
 
+// clocks are a mock GPU's readings: max SM and memory clocks (MHz), memory
+// bus width (bits) and CUDA cores, as the H200 and B200 answer them.
+type clocks struct{ sm, mem, bus, cores int }
+
+func clocksOf(cfg gpus.Config) clocks {
+	if cfg.CudaMajor == 10 {
+		return clocks{sm: 1965, mem: 3996, bus: 8192, cores: 148 * 128}
+	}
+	return clocks{sm: 1980, mem: 3201, bus: 6144, cores: 132 * 128}
+}
+
 // rig gives a mock server's device the functions the dgx mocks leave
-// unset (links, fabric) and a PCI bus id in GetPciInfo, as a driver does.
+// unset (links, fabric, clocks, bus width, cores; GetAttributes answers
+// NOT_SUPPORTED, as on a GPU that is not a MIG device) and a PCI bus id in
+// GetPciInfo, as a driver does.
 func rig(d *server.Device, f fabricSpec) {
+	c := clocksOf(d.Config)
+	d.GetMaxClockInfoFunc = func(t gonvml.ClockType) (uint32, gonvml.Return) {
+		switch t {
+		case gonvml.CLOCK_SM:
+			return uint32(c.sm), gonvml.SUCCESS
+		case gonvml.CLOCK_MEM:
+			return uint32(c.mem), gonvml.SUCCESS
+		}
+		return 0, gonvml.ERROR_INVALID_ARGUMENT
+	}
+	d.GetMemoryBusWidthFunc = func() (uint32, gonvml.Return) { return uint32(c.bus), gonvml.SUCCESS }
+	d.GetNumGpuCoresFunc = func() (int, gonvml.Return) { return c.cores, gonvml.SUCCESS }
+	d.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
+		return gonvml.DeviceAttributes{}, gonvml.ERROR_NOT_SUPPORTED
+	}
 	d.GetPciInfoFunc = func() (gonvml.PciInfo, gonvml.Return) {
 		var p gonvml.PciInfo
 		for i, c := range []byte(d.PciBusID) {
@@ -52,6 +82,9 @@ func rig(d *server.Device, f fabricSpec) {
 		return p, gonvml.SUCCESS
 	}
 	d.GetNvLinkStateFunc = func(link int) (gonvml.EnableState, gonvml.Return) {
+		if slices.Contains(f.extra, link) {
+			return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
+		}
 		if link < 0 || link >= f.links {
 			return 0, gonvml.ERROR_INVALID_ARGUMENT
 		}
@@ -145,6 +178,7 @@ func TestTwoNVL72RacksFormTwoDomainsOf72(t *testing.T) {
 		t.Fatalf("%d domains, want 2", len(c.Domains))
 	}
 	b200, _ := topology.LookupGPU("B200")
+	nvmlBytes := int64(gpus.B200_SXM5_180GB.MemoryMB) << 20
 	for i, d := range c.Domains {
 		if d.ID != want[i] || d.Kind != topology.KindNVLinkClique {
 			t.Errorf("domain %d = %q kind %q, want %q kind %q", i, d.ID, d.Kind, want[i], topology.KindNVLinkClique)
@@ -153,8 +187,12 @@ func TestTwoNVL72RacksFormTwoDomainsOf72(t *testing.T) {
 			t.Errorf("domain %s: %d nodes, %d GPUs, %d healthy, model %q; want 18, 72, 72, B200",
 				d.ID, len(d.Nodes), d.GPUCount(), d.HealthyGPUCount(), d.GPUModel())
 		}
-		if p := d.TotalPeaks(); p.FLOPS != 72*b200.FLOPS || p.HBMBytes != 72*b200.HBMBytes || p.Source != topology.SourceTable {
-			t.Errorf("domain %s peaks %+v, want 72 × the B200 table's", d.ID, p)
+		// FLOP/s and bandwidth from the table; HBM bytes and SMs as NVML
+		// read them.
+		wantSources := topology.PeakSources{SMs: "nvml", FLOPS: "table", HBMBandwidth: "table", HBMBytes: "nvml"}
+		if p := d.TotalPeaks(); p.FLOPS != 72*b200.FLOPS || p.HBMBandwidth != 72*b200.HBMBandwidth ||
+			p.HBMBytes != 72*nvmlBytes || p.SMs != 72*148 || p.Source != topology.SourceTable || p.FigureSources() != wantSources {
+			t.Errorf("domain %s peaks %+v, want 72 × the B200 table's FLOP/s and bandwidth, NVML's bytes and SMs", d.ID, p)
 		}
 		for _, nd := range d.Nodes {
 			if !strings.HasPrefix(nd.Name, fmt.Sprintf("rack%d-", i)) {
@@ -163,6 +201,10 @@ func TestTwoNVL72RacksFormTwoDomainsOf72(t *testing.T) {
 			for _, g := range nd.GPUs {
 				if g.ActiveNVLinks != 18 || !strings.HasPrefix(g.UUID, "GPU-") || g.PCIBusID == "" || g.Name != "NVIDIA B200 180GB HBM3e" {
 					t.Errorf("%s gpu %d = %+v", nd.Name, g.Index, g)
+				}
+				// Every GPU's readings are kept, known or not.
+				if g.MemoryBytes != nvmlBytes || g.MaxSMClockMHz != 1965 || g.MaxMemClockMHz != 3996 || g.MemoryBusWidthBits != 8192 {
+					t.Errorf("%s gpu %d readings: %d B, %d/%d MHz, %d bits", nd.Name, g.Index, g.MemoryBytes, g.MaxSMClockMHz, g.MaxMemClockMHz, g.MemoryBusWidthBits)
 				}
 			}
 		}
@@ -482,32 +524,180 @@ func TestUnknownGPUPeaksAreEstimatedFromReadings(t *testing.T) {
 	if p != want {
 		t.Errorf("peaks = %+v\nwant    %+v", p, want)
 	}
-	// A known GPU never asks for clocks.
-	h := dgxh200.New()
-	for _, d := range h.Devices {
-		rig(d.(*server.Device), fabricSpec{none: true, links: 18})
+	if g := nd.GPUs[0]; !g.Healthy || g.MaxSMClockMHz != 1785 || g.MaxMemClockMHz != 3201 || g.MemoryBusWidthBits != 6144 || g.MemoryBytes != want.HBMBytes {
+		t.Errorf("gpu = %+v, want healthy with its readings", g)
 	}
-	discover(t, h, "h")
-	if n := len(h.Devices[0].(*server.Device).GetMaxClockInfoCalls()); n != 0 {
-		t.Errorf("known GPU: %d clock queries, want 0", n)
+	// GetAttributes did not answer, so the SMs came from the cores.
+	if d := s.Devices[0].(*server.Device); len(d.GetAttributesCalls()) != 1 || len(d.GetNumGpuCoresCalls()) != 1 {
+		t.Errorf("GetAttributes called %d times, GetNumGpuCores %d; want 1, 1", len(d.GetAttributesCalls()), len(d.GetNumGpuCoresCalls()))
 	}
 }
 
-func TestUnestimableGPUFailsNamingTheReading(t *testing.T) {
+// A MIG-style device answers GetAttributes: its SM count is taken from it,
+// and the cores are not asked.
+func TestSMsFromAttributes(t *testing.T) {
 	s := dgxh200.New()
 	s.Devices = s.Devices[:1]
 	d := s.Devices[0].(*server.Device)
 	rig(d, fabricSpec{none: true, links: 18})
+	d.Config.Name = "NVIDIA H200 NVL"
+	d.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
+		return gonvml.DeviceAttributes{MultiprocessorCount: 60}, gonvml.SUCCESS
+	}
+	g := discover(t, s, "mig").GPUs[0]
+	if g.Peaks.SMs != 60 || g.Peaks.FLOPS != 60*1980e6*4096 || !g.Healthy {
+		t.Errorf("gpu = %+v, want 60 SMs from GetAttributes", g)
+	}
+	if n := len(d.GetNumGpuCoresCalls()); n != 0 {
+		t.Errorf("GetNumGpuCores called %d times, want 0", n)
+	}
+}
+
+// A GPU whose peaks can be neither looked up nor fully estimated is listed
+// unhealthy, with the figures that could be estimated and the missing
+// readings named; its node is discovered and merges (Validate accepts it).
+func TestUnestimableGPUIsUnhealthyNotAnError(t *testing.T) {
+	s := dgxh200.New()
+	s.Devices = s.Devices[:2]
+	for _, dv := range s.Devices {
+		rig(dv.(*server.Device), fabricSpec{none: true, links: 18})
+	}
+	d := s.Devices[0].(*server.Device)
 	d.Config.Name = "NVIDIA Mystery"
 	d.Config.CudaMajor = 42
 	d.GetMaxClockInfoFunc = func(gonvml.ClockType) (uint32, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
-	d.GetMemoryBusWidthFunc = func() (uint32, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 	d.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
 		return gonvml.DeviceAttributes{MultiprocessorCount: 100}, gonvml.SUCCESS
 	}
-	_, err := DiscoverWith(s, "x")
-	want := "nvml: gpu 0: NVIDIA Mystery: cannot estimate peaks: no memory bus width, no max memory clock, no max SM clock, no BF16 rate of compute capability 42.0; describe it in a topology file"
-	if err == nil || err.Error() != want || errors.Is(err, ErrUnavailable) {
-		t.Errorf("err = %v\nwant %s", err, want)
+	nd, err := DiscoverWith(s, "x")
+	if err != nil {
+		t.Fatalf("discovery failed: %v", err)
+	}
+	g := nd.GPUs[0]
+	want := "cannot estimate peaks: no max memory clock, no max SM clock, no BF16 rate of compute capability 42.0; describe it in a topology file"
+	if g.Healthy || g.Problem != want {
+		t.Errorf("gpu 0: healthy %v problem %q\nwant unhealthy: %s", g.Healthy, g.Problem, want)
+	}
+	wantPeaks := topology.Peaks{SMs: 100, HBMBytes: int64(gpus.H200_SXM5_141GB.MemoryMB) << 20, Source: topology.SourceNVMLEstimate,
+		Figures: topology.PeakSources{SMs: "nvml", FLOPS: "unavailable", HBMBandwidth: "unavailable", HBMBytes: "nvml"}}
+	if g.Peaks != wantPeaks || g.MemoryBusWidthBits != 6144 {
+		t.Errorf("gpu 0 peaks %+v bus %d\nwant %+v and its bus width", g.Peaks, g.MemoryBusWidthBits, wantPeaks)
+	}
+	c := merge(t, []topology.NodeDiscovery{nd})
+	dom := c.Domains[0]
+	if dom.HealthyGPUCount() != 1 || dom.GPUModel() != "H200" {
+		t.Errorf("domain: %d healthy, model %q; want the H200 alone", dom.HealthyGPUCount(), dom.GPUModel())
+	}
+}
+
+// The driver lacks the functions added after R470: they are not called (a
+// call would abort the process), and their readings are unavailable.
+func TestNewerSymbolsAreGuarded(t *testing.T) {
+	s := dgxh200.New()
+	s.Devices = s.Devices[:1]
+	d := s.Devices[0].(*server.Device)
+	rig(d, fabricSpec{none: true, links: 18})
+	d.Config.Name = "NVIDIA H200 NVL" // estimated: every reading matters
+	missing := []string{symBusWidth, symNumGpuCores, symAttributes, symAttributesV2, symComputeCap}
+	s.LookupSymbolFunc = func(sym string) error {
+		if slices.Contains(missing, sym) {
+			return errors.New("undefined symbol: " + sym)
+		}
+		return nil
+	}
+	g := discover(t, s, "old").GPUs[0]
+	for name, n := range map[string]int{
+		"GetMemoryBusWidth":        len(d.GetMemoryBusWidthCalls()),
+		"GetNumGpuCores":           len(d.GetNumGpuCoresCalls()),
+		"GetAttributes":            len(d.GetAttributesCalls()),
+		"GetCudaComputeCapability": len(d.GetCudaComputeCapabilityCalls()),
+	} {
+		if n != 0 {
+			t.Errorf("%s called %d times though the driver lacks it", name, n)
+		}
+	}
+	want := "cannot estimate peaks: no SM count, no memory bus width, no compute capability; describe it in a topology file"
+	if g.Healthy || g.Problem != want || g.MemoryBusWidthBits != 0 || g.MaxSMClockMHz != 1980 {
+		t.Errorf("gpu: healthy %v problem %q bus %d sm clock %d\nwant unhealthy: %s", g.Healthy, g.Problem, g.MemoryBusWidthBits, g.MaxSMClockMHz, want)
+	}
+	// A known GPU needs none of them: the table fills what NVML cannot.
+	h := dgxh200.New()
+	h.Devices = h.Devices[:1]
+	rig(h.Devices[0].(*server.Device), fabricSpec{none: true, links: 18})
+	h.LookupSymbolFunc = s.LookupSymbolFunc
+	k := discover(t, h, "old-h200").GPUs[0]
+	h200, _ := topology.LookupGPU("H200")
+	if !k.Healthy || k.Peaks.SMs != h200.SMs || k.Peaks.FigureSources().SMs != "table" || k.Peaks.FigureSources().HBMBytes != "nvml" {
+		t.Errorf("known gpu on an old driver = %+v", k)
+	}
+}
+
+// A GPU whose identity cannot be read is listed unhealthy under a stand-in
+// name; the node's other GPUs are discovered as usual.
+func TestLostGPUIsAStandIn(t *testing.T) {
+	s := dgxh200.New()
+	s.Devices = s.Devices[:4]
+	for _, dv := range s.Devices {
+		rig(dv.(*server.Device), fabricSpec{none: true, links: 18})
+	}
+	s.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) {
+		if i == 1 {
+			return nil, gonvml.ERROR_GPU_IS_LOST
+		}
+		return s.Devices[i], gonvml.SUCCESS
+	}
+	lostUUID := s.Devices[2].(*server.Device)
+	lostUUID.GetUUIDFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_GPU_IS_LOST }
+	lostName := s.Devices[3].(*server.Device)
+	lostName.GetNameFunc = func() (string, gonvml.Return) { return "", gonvml.ERROR_UNKNOWN }
+	nd := discover(t, s, "h")
+	want := []struct{ name, uuid, problem string }{
+		{"NVIDIA H200 141GB HBM3e", s.Devices[0].(*server.Device).UUID, ""},
+		{"gpu-index-1", "", "DeviceGetHandleByIndex: ERROR_GPU_IS_LOST"},
+		{"gpu-index-2", "", "GetUUID: ERROR_GPU_IS_LOST"},
+		{"gpu-index-3", lostName.UUID, "GetName: ERROR_UNKNOWN"},
+	}
+	for i, g := range nd.GPUs {
+		w := want[i]
+		if g.Index != i || g.Name != w.name || g.UUID != w.uuid || g.Problem != w.problem || g.Healthy != (w.problem == "") {
+			t.Errorf("gpu %d = %q %q healthy %v problem %q; want %+v", i, g.Name, g.UUID, g.Healthy, g.Problem, w)
+		}
+	}
+	d := merge(t, []topology.NodeDiscovery{nd}).Domains[0]
+	if d.GPUCount() != 4 || d.HealthyGPUCount() != 1 || d.GPUModel() != "H200" {
+		t.Errorf("domain: %d GPUs, %d healthy, model %q; want 4, 1, H200", d.GPUCount(), d.HealthyGPUCount(), d.GPUModel())
+	}
+}
+
+// NVML numbers links up to NVLINK_MAX_LINKS (36): a link above 18 counts.
+func TestLinksAbove18AreCounted(t *testing.T) {
+	spec := fabricSpec{none: true, links: 18, extra: []int{20, gonvml.NVLINK_MAX_LINKS - 1}}
+	s := dgxh200.New()
+	s.Devices = s.Devices[:1]
+	d := s.Devices[0].(*server.Device)
+	rig(d, spec)
+	if g := discover(t, s, "h").GPUs[0]; g.ActiveNVLinks != 20 {
+		t.Errorf("%d active NVLinks, want 20 (18, link 20 and link %d)", g.ActiveNVLinks, gonvml.NVLINK_MAX_LINKS-1)
+	}
+	if n := len(d.GetNvLinkStateCalls()); n != gonvml.NVLINK_MAX_LINKS {
+		t.Errorf("GetNvLinkState called %d times, want %d", n, gonvml.NVLINK_MAX_LINKS)
+	}
+}
+
+// A failed Init is named without asking the library (Return.Error may call
+// nvmlErrorString, which nothing may call after a failed Init).
+func TestInitErrorName(t *testing.T) {
+	for ret, want := range map[gonvml.Return]string{
+		gonvml.ERROR_LIBRARY_NOT_FOUND:       "ERROR_LIBRARY_NOT_FOUND (libnvidia-ml.so.1 is not installed)",
+		gonvml.ERROR_DRIVER_NOT_LOADED:       "ERROR_DRIVER_NOT_LOADED (the NVIDIA kernel driver is not running)",
+		gonvml.ERROR_NO_PERMISSION:           "ERROR_NO_PERMISSION",
+		gonvml.ERROR_LIB_RM_VERSION_MISMATCH: "ERROR_LIB_RM_VERSION_MISMATCH (NVML library and kernel driver versions differ)",
+		gonvml.ERROR_FUNCTION_NOT_FOUND:      "ERROR_FUNCTION_NOT_FOUND",
+		gonvml.ERROR_UNKNOWN:                 "ERROR_UNKNOWN",
+		gonvml.Return(12345):                 "NVML error 12345",
+	} {
+		if got := initErrorName(ret); got != want {
+			t.Errorf("initErrorName(%d) = %q, want %q", int32(ret), got, want)
+		}
 	}
 }

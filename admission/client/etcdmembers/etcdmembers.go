@@ -77,6 +77,29 @@ func check(m client.Member) error {
 	return nil
 }
 
+// List returns the members registered under prefix (normalized as
+// NewSource does), sorted by ID. Entries that are not members are skipped
+// and returned as errors beside the list.
+func List(ctx context.Context, cli *clientv3.Client, prefix string) ([]client.Member, []error, error) {
+	prefix = normalizePrefix(prefix)
+	resp, err := cli.Get(ctx, Prefix(prefix), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", Prefix(prefix), err)
+	}
+	var out []client.Member
+	var bad []error
+	for _, kv := range resp.Kvs {
+		m, err := Decode(prefix, string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b client.Member) int { return strings.Compare(a.ID, b.ID) })
+	return out, bad, nil
+}
+
 // Source watches the members under a prefix. It implements
 // client.MemberSource.
 type Source struct {

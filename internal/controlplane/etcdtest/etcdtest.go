@@ -26,13 +26,12 @@ const startTimeout = 60 * time.Second
 // outage: the data directory and the ports are kept, so clients reconnect to
 // the same endpoint and find the same data.
 type Server struct {
-	t          testing.TB
-	dir        string
-	clientURL  url.URL
-	peerURL    url.URL
-	mu         sync.Mutex
-	etcd       *embed.Etcd // nil while stopped
-	retryCount int
+	t         testing.TB
+	dir       string
+	clientURL url.URL
+	peerURL   url.URL
+	mu        sync.Mutex
+	etcd      *embed.Etcd // nil while stopped
 }
 
 // Start starts an etcd server and stops it when the test ends.
@@ -133,7 +132,6 @@ func (s *Server) Restart() {
 		if err = s.start(); err == nil {
 			return
 		}
-		s.retryCount++
 		<-time.After(100 * time.Millisecond)
 	}
 	s.t.Fatalf("etcdtest: restart: %v", err)

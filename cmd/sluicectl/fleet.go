@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-sched/sluice/admission/client"
+	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+)
+
+// replicaView is one replica's answer to ListDomains, or why there is none.
+type replicaView struct {
+	client.Member
+	domains []*admissionv1.DomainInfo
+	err     error
+}
+
+// listDomains asks the sluiced at addr for its domains.
+func listDomains(ctx context.Context, addr string) ([]*admissionv1.DomainInfo, error) {
+	conn, err := dialServer(addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := admissionv1.NewOperatorClient(conn).ListDomains(ctx, &admissionv1.ListDomainsRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("server %s: %w", addr, err)
+	}
+	return resp.GetDomains(), nil
+}
+
+// fleetViews asks every replica registered under prefix for its domains, all
+// at once. A replica that does not answer has its error in its view.
+func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string) ([]replicaView, error) {
+	members, _, err := etcdmembers.List(ctx, cli, prefix)
+	if err != nil {
+		return nil, err
+	}
+	views := make([]replicaView, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		views[i].Member = m
+		wg.Go(func() { views[i].domains, views[i].err = listDomains(ctx, m.Addr) })
+	}
+	wg.Wait()
+	return views, nil
+}
