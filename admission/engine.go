@@ -361,7 +361,7 @@ func (e *Engine) wakeDispatcher() {
 // Run dispatches queued requests and expires leases until ctx ends. The
 // server runs it in one goroutine; tests call Tick on a manual clock instead.
 func (e *Engine) Run(ctx context.Context) {
-	if e.shared != nil && e.shared.opts.Mode == SharedBatched {
+	if e.shared != nil {
 		go e.runShared(ctx)
 	}
 	t := time.NewTimer(time.Millisecond)

@@ -23,6 +23,9 @@ type SharedState interface {
 	// Settle gives back (or takes, for an overrun) what a finished lease
 	// was charged beyond its use, and frees its KV hold.
 	Settle(ctx context.Context, s *StrictSettle) error
+	// Ping checks that the store answers: the probe of an open breaker
+	// in strict mode, where refused requests make no other call.
+	Ping(ctx context.Context) error
 }
 
 // CumModulus bounds cumulative counters: they count modulo 2^52 so that they

@@ -178,16 +178,39 @@ func (e *Engine) SharedOverage() (out [numKinds]int64) {
 	return out
 }
 
-// runShared reconciles every interval until ctx ends (batched mode).
+// runShared reconciles every interval until ctx ends (batched mode), or
+// (strict mode) probes the store while the breaker is open: fail-closed
+// tiers are refused before any store call, so their traffic alone would
+// never find out that the store is back.
 func (e *Engine) runShared(ctx context.Context) {
-	t := time.NewTicker(e.shared.opts.Interval)
+	s := e.shared
+	period := s.opts.Interval
+	if s.opts.Mode == SharedStrict {
+		period = s.opts.Cooldown
+	}
+	t := time.NewTicker(period)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if s.opts.Mode == SharedBatched {
 			_ = e.Reconcile(ctx) // failures feed the breaker and the metrics
+			continue
+		}
+		if open, _ := s.br.status(e.clk.Now()); open && s.br.allow(e.clk.Now()) {
+			cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+			err := s.store.Ping(cctx)
+			cancel()
+			e.mu.Lock()
+			if err != nil {
+				e.storeFailedLocked()
+			} else {
+				e.storeOKLocked()
+			}
+			e.mu.Unlock()
 		}
 	}
 }

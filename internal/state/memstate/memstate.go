@@ -210,6 +210,9 @@ func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
 	return nil
 }
 
+// Ping implements admission.SharedState: memory always answers.
+func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }
+
 // Level returns a bucket's level at now, for tests and tools.
 func (s *Store) Level(key string) (float64, bool) {
 	s.mu.Lock()

@@ -430,3 +430,56 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 	}
 }
 
+
+// Strict mode with Redis killed and restarted: every request is answered;
+// once the breaker opens, the fail-closed tier is refused with
+// STATE_UNAVAILABLE and the fail-open tier admits from a 1/N slice of its
+// burst, no more; after the restart a probe closes the breaker and the
+// store confirms admissions again.
+func TestStrictRedisKilled(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	e := replica(t, rdb, admission.SharedStrict, "r0", 2)
+	run(t, e) // its prober closes the breaker once Redis answers
+	ctx := context.Background()
+	admit := func(tenant string) admission.Decision {
+		t.Helper()
+		d, err := e.Admit(ctx, request(tenant))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, tenant := range []string{"t1", "t2"} {
+		if d := admit(tenant); !admitted(d) {
+			t.Fatalf("%s before the outage: %v", tenant, d.Reason)
+		}
+	}
+	srv.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		admit("t2")
+		st, _ := e.SharedStatus()
+		return st.BreakerOpen
+	}, "the breaker opens without Redis")
+	if d := admit("t2"); d.Reason != admission.ReasonStateUnavailable {
+		t.Errorf("fail-closed tier with the breaker open: %v %v", d.Outcome, d.Reason)
+	}
+	open := 0
+	for range 200 {
+		if admitted(admit("t1")) {
+			open++
+		}
+	}
+	// The slice: burst/N = 5000 tokens, 50 requests of 100 (one was
+	// admitted before the outage; refill adds a few).
+	if open == 0 || open > 60 {
+		t.Errorf("fail-open tier admitted %d of 200 with the breaker open, want its 1/2 slice (about 50)", open)
+	}
+	srv.Restart()
+	eventually(t, 5*time.Second, func() bool {
+		return admitted(admit("t2"))
+	}, "the fail-closed tier is admitted again after Redis returns")
+	if st, _ := e.SharedStatus(); st.BreakerOpen || st.FallbackSeconds <= 0 {
+		t.Errorf("after recovery: %+v, want the breaker closed and the fallback time counted", st)
+	}
+}

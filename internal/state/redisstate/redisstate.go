@@ -146,6 +146,14 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 	return admission.StrictVerdict{}, fmt.Errorf("redis: commit: malformed reply %v", res)
 }
 
+// Ping implements admission.SharedState.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: ping: %w", err)
+	}
+	return nil
+}
+
 // Settle implements admission.SharedState.
 func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
 	keys := make([]string, 0, len(st.Refunds)+2)

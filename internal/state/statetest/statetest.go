@@ -92,6 +92,16 @@ func Run(t *testing.T, newStore Factory) {
 		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
 		within(t, "a third of 1 unit/s, in thousandths", g.RateMilli, 333, 1)
 	})
+	t.Run("a new bucket is credited for the reporter's age, up to the burst", func(t *testing.T) {
+		s := newStore(t)
+		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: 100, Burst: 1000, Epoch: 1, Cum: 800, Unacked: 800, Demand: 10, Age: 5 * time.Second})
+		// Full at 1000 five seconds ago, refilling 100/s while 800 went:
+		// min(1000 + 500 − 800, 1000) = 700 (not 200).
+		within(t, "level", g.Level, 700, 3)
+		// An hour's refill covers the 100 taken: the level is the burst (no more).
+		g = reconcile(t, s, "b", admission.BucketReport{Key: "k2", Rate: 100, Burst: 1000, Epoch: 1, Cum: 100, Unacked: 100, Demand: 10, Age: time.Hour})
+		within(t, "level capped at the burst", g.Level, 1000, 0)
+	})
 	t.Run("an overage comes back as a negative share", func(t *testing.T) {
 		s := newStore(t)
 		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: rate, Burst: 1000, Epoch: 1, Cum: 1500, Unacked: 1500, Demand: 10})
