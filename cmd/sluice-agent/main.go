@@ -17,13 +17,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
@@ -53,17 +52,8 @@ func run(ctx context.Context, args []string, logw io.Writer) error {
 	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: a dead agent's GPUs leave capacity this long after its last keepalive")
 	rediscover := fs.Duration("rediscover", 30*time.Second, "how often the node is discovered again and a changed record (GPU health) republished; 0 never")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok && envErr == nil {
-			if err := f.Value.Set(v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return envErr
+	if err := cli.EnvFlags(fs); err != nil {
+		return err
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -74,11 +64,10 @@ func run(ctx context.Context, args []string, logw io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	log, err := cli.NewLogger(logw, "text", *logLevel)
+	if err != nil {
+		return err
 	}
-	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: lvl}))
 	if co.Endpoints == "" {
 		return errors.New("--etcd (or SLUICE_ETCD) is required")
 	}

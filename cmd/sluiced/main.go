@@ -14,13 +14,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/server"
 	"github.com/sluice-sched/sluice/topology"
@@ -69,17 +68,8 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Etcd.AdvertiseAddr, "advertise-addr", "", "gRPC address routers dial, registered in etcd (default: host name and --grpc-addr's port)")
 	fs.StringVar(&opts.Etcd.ReplicaID, "replica-id", "", "this replica's member id in etcd (default: the advertise address)")
 	fs.DurationVar(&opts.Etcd.MemberTTL, "member-ttl", 10*time.Second, "TTL of the membership lease: a dead replica leaves the count this long after its last keepalive")
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		env := "SLUICE_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(env); ok && envErr == nil {
-			if err := f.Value.Set(v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %w", env, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return envErr
+	if err := cli.EnvFlags(fs); err != nil {
+		return err
 	}
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -88,7 +78,7 @@ func run(args []string, stdout io.Writer) error {
 		_, err := stdout.Write(config.DefaultYAML())
 		return err
 	}
-	logger, err := newLogger(*logFormat, *logLevel)
+	logger, err := cli.NewLogger(os.Stderr, *logFormat, *logLevel)
 	if err != nil {
 		return err
 	}
@@ -115,19 +105,4 @@ func run(args []string, stdout io.Writer) error {
 		}
 	}()
 	return srv.Serve(ctx)
-}
-
-func newLogger(format, level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	ho := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, ho)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, ho)), nil
-	}
-	return nil, fmt.Errorf("--log-format: want text or json, got %q", format)
 }

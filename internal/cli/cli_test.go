@@ -1,0 +1,53 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEnvFlagsSetAndCommandLineWins(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	addr := fs.String("grpc-addr", ":7070", "")
+	ttl := fs.Duration("member-ttl", time.Second, "")
+	t.Setenv("SLUICE_GRPC_ADDR", ":9000")
+	t.Setenv("SLUICE_MEMBER_TTL", "5s")
+	if err := EnvFlags(fs); err != nil {
+		t.Fatal(err)
+	}
+	if *addr != ":9000" || *ttl != 5*time.Second {
+		t.Errorf("from the environment: %q %v", *addr, *ttl)
+	}
+	if err := fs.Parse([]string{"--grpc-addr", ":1"}); err != nil || *addr != ":1" {
+		t.Errorf("the command line did not win: %q %v", *addr, err)
+	}
+}
+
+func TestEnvFlagsNamesTheBadVariable(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Duration("member-ttl", time.Second, "")
+	t.Setenv("SLUICE_MEMBER_TTL", "soon")
+	if err := EnvFlags(fs); err == nil || !strings.Contains(err.Error(), `SLUICE_MEMBER_TTL="soon"`) {
+		t.Errorf("err = %v, want it to name the variable and value", err)
+	}
+}
+
+func TestNewLogger(t *testing.T) {
+	var buf bytes.Buffer
+	l, err := NewLogger(&buf, "json", "warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Info("hidden")
+	l.Warn("shown")
+	if out := buf.String(); strings.Contains(out, "hidden") || !strings.Contains(out, `"msg":"shown"`) {
+		t.Errorf("json at warn wrote %q", out)
+	}
+	for _, c := range [][2]string{{"xml", "info"}, {"text", "loud"}} {
+		if _, err := NewLogger(&buf, c[0], c[1]); err == nil {
+			t.Errorf("NewLogger(%q, %q) accepted", c[0], c[1])
+		}
+	}
+}
