@@ -171,6 +171,10 @@ type SharedOptions struct {
 	// again after Cooldown.
 	Failures int           // default 3
 	Cooldown time.Duration // default 1s
+	// OnBreaker, if set, is told when the breaker opens (true) and closes
+	// (false). It is called under the engine's lock: it must only note the
+	// change (a log line, a metric), never call the engine.
+	OnBreaker func(open bool)
 }
 
 func (o *SharedOptions) setDefaults() error {

@@ -41,6 +41,7 @@ type flaky struct {
 	admission.SharedState
 	down            atomic.Bool
 	commits, settle atomic.Int64
+	transitions     []bool // OnBreaker calls, under the engine's lock
 }
 
 var errDown = errors.New("store down")
@@ -78,6 +79,7 @@ func sharedEngine(t *testing.T, mode admission.SharedMode, replicas int) (*admis
 	}
 	e, err := admission.New(cfg, topology.Simulated(), admission.WithClock(clk), admission.WithSharedState(store, admission.SharedOptions{
 		Mode: mode, Replica: "r1", Replicas: replicas, Failures: 2, Cooldown: time.Second,
+		OnBreaker: func(open bool) { store.transitions = append(store.transitions, open) },
 	}))
 	if err != nil {
 		t.Fatal(err)
@@ -178,6 +180,9 @@ func TestBatchedBreakerAndFailModes(t *testing.T) {
 	}
 	if d, _ := e.Admit(ctx, small("c", 100)); d.Outcome != admission.Admitted {
 		t.Errorf("fail-closed tier after recovery: %v", d.Reason)
+	}
+	if len(store.transitions) != 2 || !store.transitions[0] || store.transitions[1] {
+		t.Errorf("OnBreaker calls %v, want [true false]", store.transitions)
 	}
 }
 

@@ -282,6 +282,9 @@ func (e *Engine) setStateDownLocked(down bool) {
 		return
 	}
 	s.down = down
+	if s.opts.OnBreaker != nil {
+		s.opts.OnBreaker(down)
+	}
 	if s.opts.Mode != SharedStrict {
 		return
 	}

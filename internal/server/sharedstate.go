@@ -75,8 +75,16 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	o.ReplicaID = incarnation(o.ReplicaID)
 	s.redis = rdb
 	s.log.Info("shared state on redis", "mode", mode, "replica", o.ReplicaID, "replicas", max(o.Replicas, 1))
+	log := s.log
 	return admission.WithSharedState(store, admission.SharedOptions{
 		Mode: mode, Replica: o.ReplicaID, Replicas: o.Replicas, Interval: o.Interval, Timeout: o.Timeout,
+		OnBreaker: func(open bool) {
+			if open {
+				log.Warn("redis unreachable: breaker open; deciding from local slices (fail-closed tiers refused with STATE_UNAVAILABLE)")
+			} else {
+				log.Info("redis reachable again: breaker closed; re-syncing")
+			}
+		},
 	}), nil
 }
 
