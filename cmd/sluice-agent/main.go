@@ -24,20 +24,23 @@ import (
 
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/controlplane"
+	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stderr, nvml.Discover); err != nil {
 		fmt.Fprintln(os.Stderr, "sluice-agent:", err)
 		os.Exit(1)
 	}
 }
 
-// run parses args and publishes until ctx ends.
-func run(ctx context.Context, args []string, logw io.Writer) error {
+// run parses args and publishes until ctx ends, discovering the node
+// through discover (nvml.Discover; the tests' fake NVML) where --topology
+// says NVML.
+func run(ctx context.Context, args []string, logw io.Writer, discover func(node string) (topology.NodeDiscovery, error)) error {
 	fs := flag.NewFlagSet("sluice-agent", flag.ContinueOnError)
 	fs.SetOutput(logw)
 	var co controlplane.ClientOptions
@@ -77,8 +80,10 @@ func run(ctx context.Context, args []string, logw io.Writer) error {
 	// Discover once before connecting: a node that cannot say what it has
 	// should fail loudly at start, not publish later. RunAgent discovers
 	// again before each publication and every --rediscover; the loader logs
-	// an auto fallback once, not at each discovery.
-	loader := nvml.NewNodeLoader(*spec, *node, log)
+	// an auto fallback once, not at each discovery, and once NVML has
+	// answered it reports the node's GPUs unhealthy if NVML goes away,
+	// rather than falling back to healthy ones.
+	loader := nvml.NewNodeLoaderWith(*spec, *node, log, discover)
 	if _, err := loader.Load(ctx); err != nil {
 		return err
 	}

@@ -23,7 +23,7 @@ func init() {
 	register(command{
 		name:    "config",
 		summary: "validate a config file, apply it to etcd, or show a server's config status",
-		run:     runConfig,
+		run:     func(args []string, out, _ io.Writer) error { return runConfig(args, out) },
 	})
 }
 

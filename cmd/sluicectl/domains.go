@@ -57,12 +57,15 @@ type replicaDomain struct {
 // summed, each replica's draining state shown), beside the drain marks in
 // etcd, so that an SRE sees both whether a drain was asked for and whether
 // every replica acts on it, and how many leases are still in flight there.
-func runDomains(args []string, out io.Writer) error {
+// --server "" with --etcd lists the marks only, asking no replica.
+// Warnings (member entries that are not members, no replica answering) go
+// to errw, so that -o json on out stays parsable.
+func runDomains(args []string, out, errw io.Writer) error {
 	fs := flag.NewFlagSet("sluicectl domains", flag.ContinueOnError)
 	fs.SetOutput(out)
 	var ef etcdFlags
 	ef.register(fs)
-	server := fs.String("server", "", "one sluiced's gRPC address (default: every replica registered in etcd with --etcd, else localhost:7070)")
+	server := fs.String("server", "", `one sluiced's gRPC address (default: every replica registered in etcd with --etcd, else localhost:7070; "" with --etcd: the drain marks only)`)
 	format := fs.String("o", "table", "output format: table or json")
 	if err := parseNoArgs(fs, args); err != nil {
 		return err
@@ -70,9 +73,16 @@ func runDomains(args []string, out io.Writer) error {
 	if *format != "table" && *format != "json" {
 		return fmt.Errorf("-o %q: want table or json", *format)
 	}
-	if *server == "" && ef.endpoints == "" {
+	serverSet := false
+	fs.Visit(func(f *flag.Flag) { serverSet = serverSet || f.Name == "server" })
+	marksOnly := serverSet && *server == ""
+	switch {
+	case marksOnly && ef.endpoints == "":
+		return errors.New(`--server "" lists the drain marks only: it needs --etcd (or SLUICE_ETCD)`)
+	case *server == "" && ef.endpoints == "":
 		*server = "localhost:7070"
 	}
+	fleet := *server == "" && !marksOnly
 	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
 	defer cancel()
 	rows := map[string]*domainRow{}
@@ -92,8 +102,8 @@ func runDomains(args []string, out io.Writer) error {
 		}
 		defer cli.Close()
 		prefix := controlplane.NormalizePrefix(ef.prefix)
-		if *server == "" {
-			if views, err = fleetViews(ctx, cli, prefix); err != nil {
+		if fleet {
+			if views, err = fleetViews(ctx, cli, prefix, errw); err != nil {
 				return err
 			}
 			for _, v := range views {
@@ -110,24 +120,27 @@ func runDomains(args []string, out io.Writer) error {
 			rows[m.Domain] = &domainRow{ID: m.Domain, Mark: &m}
 		}
 	}
-	fleet := *server == ""
 	addViews(rows, views, fleet)
 	list := make([]domainRow, 0, len(rows))
 	for _, r := range rows {
 		list = append(list, *r)
 	}
 	slices.SortFunc(list, func(a, b domainRow) int { return cmp.Compare(a.ID, b.ID) })
+	answered := len(views) - len(unreachable)
 	if *format == "json" {
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(list); err != nil {
 			return err
 		}
-	} else if err := writeDomains(out, list, len(views) > 0, ef.endpoints != "", fleet); err != nil {
+	} else if err := writeDomains(out, list, answered > 0, ef.endpoints != "", fleet); err != nil {
 		return err
 	}
-	if fleet && len(views) == 0 {
-		fmt.Fprintln(out, "(no replica registered in etcd)")
+	switch {
+	case fleet && len(views) == 0:
+		fmt.Fprintln(errw, "sluicectl domains: no replica registered in etcd; the drain marks only")
+	case fleet && answered == 0:
+		fmt.Fprintf(errw, "sluicectl domains: none of the %d registered replicas answered; the drain marks only\n", len(views))
 	}
 	return errors.Join(unreachable...)
 }
@@ -204,6 +217,8 @@ func drainingCell(r domainRow, fleet bool) string {
 }
 
 // writeDomains prints the table; columns a source did not fill are "-".
+// server says whether some replica answered: only then is a domain of no
+// replica "(not on the replicas)".
 func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tDRAIN MARK")

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
@@ -253,4 +255,77 @@ func TestDomainsAcrossReplicas(t *testing.T) {
 	if code, out, errs := sluicectl("drain", "nvl72-z", "--etcd", etcd.Endpoint(), "--force"); code != 0 || !strings.Contains(out, "written") {
 		t.Fatalf("drain --force of an unknown domain: %d %q %q", code, out, errs)
 	}
+}
+
+// When no registered replica answers, domains still lists the drain marks
+// and does not call a marked domain "not on the replicas" (nobody said so);
+// a member entry that is not a member is warned about on stderr and the
+// other members are still asked. --server "" with --etcd lists the marks
+// only, asking no replica.
+func TestDomainsWithoutAnsweringReplicas(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	t.Setenv("SLUICE_ETCD", "")
+	t.Setenv("USER", "alice")
+	cli := etcd.Client(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := ln.Addr().String() // nothing listens there once closed
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ghost, err := etcdmembers.Encode(client.Member{ID: "ghost", Addr: gone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for key, value := range map[string]string{
+		etcdmembers.Key(controlplane.DefaultPrefix, "ghost"):  string(ghost),
+		etcdmembers.Key(controlplane.DefaultPrefix, "broken"): `{"id": "broken"}`,
+	} {
+		if _, err := cli.Put(ctx, key, value); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, out, errs := sluicectl("drain", "nvl72-a", "--reason", "rack swap", "--force", "--etcd", etcd.Endpoint()); code != 0 {
+		t.Fatalf("drain --force: %d %q %q", code, out, errs)
+	}
+
+	code, out, errs := sluicectl("domains", "--etcd", etcd.Endpoint())
+	if code == 0 || !strings.Contains(errs, "replica ghost ("+gone+")") {
+		t.Fatalf("domains with no replica answering: %d %q; want a failure naming the replica that did not answer", code, errs)
+	}
+	if !strings.Contains(errs, "warning: skipping a registered replica: member key "+etcdmembers.Key(controlplane.DefaultPrefix, "broken")) {
+		t.Fatalf("domains stderr %q: want a warning naming the member entry that is not a member", errs)
+	}
+	if !strings.Contains(errs, "none of the 1 registered replicas answered") {
+		t.Fatalf("domains stderr %q: want it to say no replica answered", errs)
+	}
+	line := lineOf(out, "nvl72-a ")
+	if line == "" || strings.Contains(line, "not on the") || !strings.Contains(line, "drained by alice") {
+		t.Fatalf("nvl72-a's line with no replica answering: %q; want its mark and no claim about the replicas\n%s", line, out)
+	}
+
+	code, out, errs = sluicectl("domains", "--etcd", etcd.Endpoint(), "--server", "")
+	if code != 0 || errs != "" {
+		t.Fatalf(`domains --server "": %d %q; want the marks without asking a replica`, code, errs)
+	}
+	if line := lineOf(out, "nvl72-a "); !strings.Contains(line, "drained by alice") || strings.Contains(line, "not on the") {
+		t.Fatalf(`domains --server "": nvl72-a's line %q\n%s`, line, out)
+	}
+	if code, _, errs = sluicectl("domains", "--server", ""); code == 0 || !strings.Contains(errs, "--etcd") {
+		t.Fatalf(`domains --server "" without --etcd: %d %q; want an error asking for --etcd`, code, errs)
+	}
+}
+
+// lineOf returns the first line of out that starts with prefix, "" if none.
+func lineOf(out, prefix string) string {
+	for l := range strings.SplitSeq(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
 }

@@ -22,12 +22,12 @@ func init() {
 	register(command{
 		name:    "drain",
 		summary: "drain a domain on every replica (a mark in etcd, with who and why)",
-		run:     func(args []string, out io.Writer) error { return runDrain(args, out, true) },
+		run:     func(args []string, out, errw io.Writer) error { return runDrain(args, out, errw, true) },
 	})
 	register(command{
 		name:    "undrain",
 		summary: "remove a domain's drain mark: every replica places on it again",
-		run:     func(args []string, out io.Writer) error { return runDrain(args, out, false) },
+		run:     func(args []string, out, errw io.Writer) error { return runDrain(args, out, errw, false) },
 	})
 }
 
@@ -38,7 +38,7 @@ func init() {
 // is written only for a domain that exists: in the node agents' records, or
 // on the replica at --server, or else on any registered replica; --force
 // writes it anyway (for a domain whose agents have not published yet).
-func runDrain(args []string, out io.Writer, drain bool) error {
+func runDrain(args []string, out, errw io.Writer, drain bool) error {
 	name := map[bool]string{true: "drain", false: "undrain"}[drain]
 	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
 	fs.SetOutput(out)
@@ -87,7 +87,7 @@ func runDrain(args []string, out io.Writer, drain bool) error {
 		return nil
 	}
 	if !*force {
-		if err := checkDomain(ctx, cli, prefix, *server, domain); err != nil {
+		if err := checkDomain(ctx, cli, prefix, *server, domain, errw); err != nil {
 			return err
 		}
 	}
@@ -125,8 +125,9 @@ func drainOne(ctx context.Context, server, domain string, drain bool, reason, by
 
 // checkDomain returns an error unless domain is known: a domain of the node
 // agents' records, or of the replica at server, or (server "") of any replica
-// registered under prefix that answers.
-func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server, domain string) error {
+// registered under prefix that answers. Member entries that are not members
+// are warned about on errw.
+func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server, domain string, errw io.Writer) error {
 	agents, err := controlplane.AgentDomains(ctx, cli, prefix)
 	if err != nil {
 		return err
@@ -139,7 +140,7 @@ func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server, doma
 	if server != "" {
 		doms, err := listDomains(ctx, server)
 		views = []replicaView{{Member: client.Member{ID: server, Addr: server}, domains: doms, err: err}}
-	} else if views, err = fleetViews(ctx, cli, prefix); err != nil {
+	} else if views, err = fleetViews(ctx, cli, prefix, errw); err != nil {
 		return err
 	}
 	answered := 0

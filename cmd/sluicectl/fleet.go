@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"sync"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -34,11 +35,15 @@ func listDomains(ctx context.Context, addr string) ([]*admissionv1.DomainInfo, e
 }
 
 // fleetViews asks every replica registered under prefix for its domains, all
-// at once. A replica that does not answer has its error in its view.
-func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string) ([]replicaView, error) {
-	members, _, err := etcdmembers.List(ctx, cli, prefix)
+// at once. A replica that does not answer has its error in its view. A
+// member entry that is not a member is skipped, with a warning on errw.
+func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string, errw io.Writer) ([]replicaView, error) {
+	members, bad, err := etcdmembers.List(ctx, cli, prefix)
 	if err != nil {
 		return nil, err
+	}
+	for _, err := range bad {
+		fmt.Fprintf(errw, "sluicectl: warning: skipping a registered replica: %v\n", err)
 	}
 	views := make([]replicaView, len(members))
 	var wg sync.WaitGroup

@@ -14,9 +14,9 @@ import (
 type command struct {
 	name    string
 	summary string
-	// run parses args (everything after the subcommand name) and writes
-	// its output to out.
-	run func(args []string, out io.Writer) error
+	// run parses args (everything after the subcommand name), writes its
+	// output to out and warnings to errw.
+	run func(args []string, out, errw io.Writer) error
 }
 
 var commands = map[string]command{}
@@ -48,7 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if err := c.run(args[1:], stdout); err != nil {
+	if err := c.run(args[1:], stdout, stderr); err != nil {
 		fmt.Fprintf(stderr, "sluicectl %s: %v\n", c.name, err)
 		return 1
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
@@ -16,7 +15,7 @@ func init() {
 	register(command{
 		name:    "topology",
 		summary: "discover and print this node's topology (NVML, a file, or simulated)",
-		run:     func(args []string, out io.Writer) error { return runTopology(args, out, os.Stderr) },
+		run:     runTopology,
 	})
 }
 

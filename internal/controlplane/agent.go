@@ -278,7 +278,11 @@ func publish(ctx context.Context, opts AgentOptions, key string, nd topology.Nod
 	}
 	onPut()
 	opts.Logger.Info("published node", "key", key, "domain", nd.Domain, "gpus", len(nd.GPUs))
-	ka, err := cli.KeepAlive(ctx, lease.ID)
+	// The keepalive ends with publish, whichever way it returns: a lease
+	// this agent no longer uses is not kept alive while ctx lives.
+	kaCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ka, err := cli.KeepAlive(kaCtx, lease.ID)
 	if err != nil {
 		return fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
 	}
@@ -355,30 +359,4 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	case <-t.C:
 	case <-ctx.Done():
 	}
-}
-
-// NodeFromCluster returns what node would discover about itself in cluster
-// c: its GPUs, and its domain's id unless the node is a domain by itself
-// named as the node (an HGX board's island, which topology.Merge rebuilds
-// from an empty Domain). It lets an agent publish a node of a topology file
-// or of the simulated cluster where NVML is not available.
-func NodeFromCluster(c topology.Cluster, node string) (topology.NodeDiscovery, error) {
-	var names []string
-	for _, d := range c.Domains {
-		for _, nd := range d.Nodes {
-			if nd.Name != node {
-				names = append(names, nd.Name)
-				continue
-			}
-			out := topology.NodeDiscovery{Node: node, Domain: d.ID, GPUs: slices.Clone(nd.GPUs)}
-			if len(d.Nodes) == 1 && d.ID == node {
-				out.Domain = ""
-			}
-			return out, nil
-		}
-	}
-	if len(names) > 8 {
-		names = append(names[:8], "…")
-	}
-	return topology.NodeDiscovery{}, fmt.Errorf("node %q is not in the topology (nodes: %s)", node, strings.Join(names, ", "))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 
 // A record is one JSON value: anything after it is refused.
 func TestDecodeAgentRefusesTrailingData(t *testing.T) {
-	nd, err := NodeFromCluster(topology.Simulated(), "hgx-h200-1")
+	nd, err := topology.Simulated().NodeDiscovery("hgx-h200-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func TestAgentDuplicateNodeName(t *testing.T) {
 
 	err := RunAgent(ctxT(t), AgentOptions{Client: etcd.Client(t), TTL: time.Second, Logger: testLogger(),
 		Discover: func(context.Context) (topology.NodeDiscovery, error) {
-			return NodeFromCluster(topology.Simulated(), "hgx-h200-1")
+			return topology.Simulated().NodeDiscovery("hgx-h200-1")
 		}})
 	if err == nil || !strings.Contains(err.Error(), AgentKey(DefaultPrefix, "hgx-h200-1")) || !strings.Contains(err.Error(), "same --node") {
 		t.Fatalf("a second agent for the node: %v; want an error naming the key", err)
@@ -77,7 +78,7 @@ func TestAgentDuplicateNodeName(t *testing.T) {
 	put(t, cli, AgentKey(DefaultPrefix, "hgx-h200-2"), "{}")
 	err = RunAgent(ctxT(t), AgentOptions{Client: cli, TTL: time.Second, Logger: testLogger(),
 		Discover: func(context.Context) (topology.NodeDiscovery, error) {
-			return NodeFromCluster(topology.Simulated(), "hgx-h200-2")
+			return topology.Simulated().NodeDiscovery("hgx-h200-2")
 		}})
 	if err == nil || !strings.Contains(err.Error(), "without a lease") {
 		t.Fatalf("an agent whose key exists without a lease: %v", err)
@@ -115,7 +116,7 @@ func TestAgentRepublishesChanges(t *testing.T) {
 		done <- RunAgent(ctx, AgentOptions{Client: etcd.Client(t), TTL: time.Second, Logger: testLogger(),
 			RediscoverEvery: 20 * time.Millisecond,
 			Discover: func(context.Context) (topology.NodeDiscovery, error) {
-				nd, err := NodeFromCluster(topology.Simulated(), "hgx-h200-1")
+				nd, err := topology.Simulated().NodeDiscovery("hgx-h200-1")
 				if err == nil && sick.Load() {
 					nd.GPUs[3].Healthy, nd.GPUs[3].Problem = false, "XID 79"
 				}
@@ -143,5 +144,65 @@ func TestAgentRepublishesChanges(t *testing.T) {
 	eventually(t, "GPU 3 republished unhealthy", func() bool { r, _ := record(); return !r.GPUs[3].Healthy })
 	if r, now := record(); now != lease || r.GPUs[3].Problem != "XID 79" {
 		t.Fatalf("republished under lease %x (was %x): %+v", now, lease, r.GPUs[3])
+	}
+}
+
+// keepAliveSpy records the contexts KeepAlive was called with.
+type keepAliveSpy struct {
+	clientv3.Lease
+	mu   sync.Mutex
+	ctxs []context.Context
+}
+
+func (s *keepAliveSpy) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	s.mu.Lock()
+	s.ctxs = append(s.ctxs, ctx)
+	s.mu.Unlock()
+	return s.Lease.KeepAlive(ctx, id)
+}
+
+// A publication that ends because its key left its lease (another writer
+// took the key) stops keeping that lease alive, although the agent's
+// context lives on: the keepalive is scoped to the publication, not left to
+// the revoke (which fails while etcd is unreachable).
+func TestPublishEndsItsKeepAlive(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := newClient(t, etcd)
+	spy := &keepAliveSpy{Lease: cli.Lease}
+	cli.Lease = spy
+	var sick, published atomic.Bool
+	discover := func(context.Context) (topology.NodeDiscovery, error) {
+		nd, err := topology.Simulated().NodeDiscovery("hgx-h200-1")
+		if err == nil && sick.Load() {
+			nd.GPUs[0].Healthy, nd.GPUs[0].Problem = false, "XID 79"
+		}
+		return nd, err
+	}
+	nd, err := discover(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := AgentKey(DefaultPrefix, "hgx-h200-1")
+	done := make(chan error, 1)
+	go func() {
+		done <- publish(ctx, AgentOptions{Client: cli, TTL: time.Second, Logger: testLogger(),
+			RediscoverEvery: 20 * time.Millisecond, Discover: discover}, key, nd, func() { published.Store(true) })
+	}()
+	eventually(t, "published", published.Load)
+	put(t, etcd.Client(t), key, "{}") // another writer takes the key, without a lease
+	sick.Store(true)                  // the next rediscovery rewrites the record, on condition
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "no longer under lease") {
+		t.Fatalf("publish: %v; want it to end, the key no longer under its lease", err)
+	}
+	spy.mu.Lock()
+	defer spy.mu.Unlock()
+	if len(spy.ctxs) != 1 {
+		t.Fatalf("%d KeepAlive calls, want 1", len(spy.ctxs))
+	}
+	if ctx.Err() != nil || spy.ctxs[0].Err() == nil {
+		t.Fatalf("after publish returned: the agent's context ended: %v; the keepalive's: %v; want only the keepalive's ended",
+			ctx.Err(), spy.ctxs[0].Err())
 	}
 }

@@ -129,14 +129,23 @@ type ApplyResult struct {
 // (floors must fit).
 //
 // The write is a read-modify-write guarded against other writers: the first
-// transaction commits only if no config document was created, changed or
-// deleted since the read (a revision guard on the policy key and the tenants
-// directory); otherwise nothing is written and the apply reads and tries
-// again, up to 5 times, then fails saying so. Up to 128 changes go in that one
-// transaction, which every replica sees as one step. A larger change is
-// written in several; the later ones are not guarded, so a concurrent writer
-// and this apply are last-writer-wins per document, and replicas may refuse
-// (and log) an intermediate state before the last write lands.
+// transaction commits only if, since the read, no config document was
+// created or changed and the policy document was neither deleted nor
+// recreated (revision compares on the policy key and the tenants directory);
+// otherwise nothing is written and the apply reads and tries again. A tenant
+// document deleted since the read leaves no revision to compare (etcd has no
+// count compare, and a marker key would not see other clients' deletions),
+// so the guard cannot refuse it: the transaction reads the tenant count as it
+// commits, and a count other than the one read shows the deletion after the
+// first transaction's writes have landed; the apply then reads and writes
+// again, restoring what the file says. After 5 attempts it fails, saying
+// another writer is active and whether writes of this apply landed (etcd then
+// holds a mix of the file and the other writer's documents; apply again).
+// Up to 128 changes go in the first transaction, which every replica sees as
+// one step. A larger change is written in several; the later ones are not
+// guarded, so a concurrent writer and this apply are last-writer-wins per
+// document, and replicas may refuse (and log) an intermediate state before
+// the last write lands.
 func ApplyConfig(ctx context.Context, cli *clientv3.Client, prefix, name string, data []byte) (ApplyResult, error) {
 	if _, err := config.Parse(name, data); err != nil {
 		return ApplyResult{}, err
@@ -170,7 +179,13 @@ func ApplyConfig(ctx context.Context, cli *clientv3.Client, prefix, name string,
 		}
 		// A writer raced the read: read again and write what still differs.
 	}
-	return res, fmt.Errorf("write config under %s: another writer changed the config documents during each of %d attempts; try again when it is done", prefix, applyAttempts)
+	if res.Transactions > 0 {
+		return res, fmt.Errorf("write config under %s: another writer changed the config documents during each of %d attempts; "+
+			"writes of this apply landed (%d transactions, last at revision %d: %d tenant documents written, %d deleted, policy document written: %t) "+
+			"before a tenant document's deletion by the other writer was seen, so etcd holds a mix of this file and the other writer's documents; apply again when it is done",
+			prefix, applyAttempts, res.Transactions, res.Revision, res.TenantsWritten, res.TenantsDeleted, !res.PolicyUnchanged)
+	}
+	return res, fmt.Errorf("write config under %s: another writer changed the config documents during each of %d attempts; nothing was written; try again when it is done", prefix, applyAttempts)
 }
 
 // documents are the config documents under a prefix as read at one revision.
@@ -227,8 +242,9 @@ func (d documents) diff(prefix string, base []byte, tenants map[string][]byte, r
 // writeGuarded writes ops: the first transaction only if the documents are
 // still as read (cur), the rest after it. It reports done when every op was
 // written and no deletion raced the read; false with a nil error when the
-// caller must read again (the guard failed and nothing was written, or a
-// tenant document was deleted in the window, which the guard cannot see).
+// caller must read again: the guard failed and nothing was written, or a
+// tenant document was deleted in the window, which the guard cannot see and
+// which is found only after every op was written.
 func writeGuarded(ctx context.Context, cli *clientv3.Client, prefix string, cur documents, ops []clientv3.Op, res *ApplyResult) (bool, error) {
 	// The revision guard: nothing created or changed since the read, and
 	// the policy document neither deleted nor recreated. A deleted tenant

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -371,9 +372,9 @@ func TestApplyConfigGuardsReadModifyWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
-	if err == nil || !strings.Contains(err.Error(), "another writer") {
-		t.Fatalf("apply raced on every attempt: %v; want an error naming another writer", err)
+	_, applyErr := ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
+	if applyErr == nil || !strings.Contains(applyErr.Error(), "another writer") || !strings.Contains(applyErr.Error(), "nothing was written") {
+		t.Fatalf("apply raced on every attempt: %v; want an error naming another writer, saying nothing was written", applyErr)
 	}
 	after, err := cli.Get(ctxT(t), ConfigKey(DefaultPrefix))
 	if err != nil {
@@ -381,5 +382,29 @@ func TestApplyConfigGuardsReadModifyWrite(t *testing.T) {
 	}
 	if writes := after.Header.Revision - before.Header.Revision; writes != applyAttempts {
 		t.Fatalf("%d writes during the failed apply, want only the racing writer's %d", writes, applyAttempts)
+	}
+
+	// A tenant deleted in the window every time: the guard cannot see a
+	// deletion, so each attempt's writes land before the count shows it,
+	// and the error says so.
+	put(t, cli, TenantKey(DefaultPrefix, "hooli"), `{"tier": "premium"}`)
+	victims := []string{"acme", "globex"}
+	n := 0
+	race(applyAttempts, func() {
+		if _, err := cli.Delete(ctxT(t), TenantKey(DefaultPrefix, victims[n%2])); err != nil {
+			t.Error(err)
+		}
+		n++
+	})
+	res, err = ApplyConfig(ctxT(t), cli, DefaultPrefix, "edit.yaml", file)
+	if err == nil || !strings.Contains(err.Error(), "another writer") || !strings.Contains(err.Error(), "landed") {
+		t.Fatalf("apply raced by a deletion on every attempt: %+v, %v; want an error saying its writes landed", res, err)
+	}
+	if res.Transactions != applyAttempts || !strings.Contains(err.Error(), fmt.Sprintf("last at revision %d", res.Revision)) {
+		t.Fatalf("apply raced by a deletion on every attempt: %+v, %v; want one transaction per attempt, the last named", res, err)
+	}
+	last := victims[(applyAttempts-1)%2]
+	if _, got, _, err := ReadDocuments(ctxT(t), cli, DefaultPrefix); err != nil || string(got["hooli"]) != string(want["hooli"]) || got[last] != nil {
+		t.Fatalf("documents after the failed apply: %v, %v; want the file's hooli written and the last deletion (%s) standing", got, err, last)
 	}
 }

@@ -104,13 +104,16 @@ type state struct {
 	// with the documents' own revisions it makes the config's fingerprint.
 	cfgDeleteRev int64
 	cfgSeen      int64 // config fingerprint last applied or refused
-	// cfgRefused is set when the engine refused the last config (floors
-	// too large for the cluster, say): a topology change retries it.
-	cfgRefused bool
-	// drained holds the marks this controller applied (domain → reason,
-	// drained now or from the moment the domain appears); only these are
-	// undrained when their mark goes, never a drain of the Operator RPC.
-	drained     map[string]string
+	// cfgRefusal is the engine's refusal of the last config (floors too
+	// large for the cluster, say), "" when the last config was applied or
+	// refused before the engine saw it: a topology change retries only an
+	// engine refusal, and a retry refused for the same reason is not
+	// recorded again.
+	cfgRefusal string
+	// drained holds the marks this controller applied (drained now or
+	// from the moment the domain appears), by domain; when a mark goes,
+	// its domain is undrained only if the mark's drain was the first.
+	drained     map[string]markDrain
 	unknownMark map[string]bool        // marks for domains the engine lacks, logged once
 	agentsSeen  bool                   // some agent has published since start
 	agentsGone  bool                   // every agent left; the serving cluster is lastCluster, all unhealthy
@@ -119,6 +122,17 @@ type state struct {
 	lastCluster topology.Cluster       // the last cluster the agents built
 	replicas    int                    // last count passed to OnReplicas
 	badKeys     map[string]string      // key → why it was skipped, to log each problem once
+}
+
+// markDrain is a drain mark the controller applied.
+type markDrain struct {
+	reason string // the mark's Describe, as last applied
+	// before is set when the engine already drained the domain when the
+	// mark first came (the Operator RPC did): the mark does not own the
+	// drain, and its removal gives the domain back its earlier reason
+	// instead of undraining it. priorReason is that reason.
+	before      bool
+	priorReason string
 }
 
 // entry is one key's value, the revision that wrote it, and the name after
@@ -177,7 +191,7 @@ func New(opts Options) (*Controller, error) {
 		}
 	}
 	c := &Controller{opts: opts, prefix: NormalizePrefix(opts.Prefix)}
-	c.st = state{kvs: keys{}, drained: map[string]string{}, unknownMark: map[string]bool{}, badKeys: map[string]string{}}
+	c.st = state{kvs: keys{}, drained: map[string]markDrain{}, unknownMark: map[string]bool{}, badKeys: map[string]string{}}
 	return c, nil
 }
 
@@ -374,12 +388,9 @@ func (c *Controller) reconcile(rev int64, t touched) {
 	if t.agents {
 		topoChanged = c.reconcileTopology()
 	}
-	if topoChanged && c.st.cfgRefused {
-		c.st.cfgSeen = -1 // no fingerprint matches: attempt it again
-		t.config = true
-	}
-	if t.config {
-		if c.reconcileConfig() && c.st.topoRefused {
+	retry := topoChanged && c.st.cfgRefusal != ""
+	if t.config || retry {
+		if c.reconcileConfig(retry) && c.st.topoRefused {
 			// The new config may fit the cluster the old one did not.
 			topoChanged = c.reconcileTopology() || topoChanged
 		}
@@ -407,8 +418,11 @@ func (c *Controller) warnOnce(key, msg string, err error) {
 }
 
 // reconcileConfig builds the config from the documents and applies it when
-// it changed since the last attempt. It reports whether a config was applied.
-func (c *Controller) reconcileConfig() bool {
+// it changed since the last attempt, or when retry is set (the topology
+// changed after the engine refused it). A retry the engine refuses for the
+// reason it gave last time is logged at debug level only: the refusal was
+// recorded and counted once. It reports whether a config was applied.
+func (c *Controller) reconcileConfig(retry bool) bool {
 	base, hasBase := c.st.kvs[kindConfig][ConfigKey(c.prefix)]
 	tenants := make(map[string][]byte, len(c.st.kvs[kindTenant]))
 	fp := max(base.modRev, c.st.cfgDeleteRev)
@@ -416,10 +430,12 @@ func (c *Controller) reconcileConfig() bool {
 		tenants[e.name] = e.value
 		fp = max(fp, e.modRev)
 	}
-	if fp == c.st.cfgSeen {
+	retry = retry && fp == c.st.cfgSeen
+	if fp == c.st.cfgSeen && !retry {
 		return false
 	}
-	c.st.cfgSeen = fp
+	lastRefusal := c.st.cfgRefusal
+	c.st.cfgSeen, c.st.cfgRefusal = fp, "" // only an engine refusal below sets it again
 	if !hasBase {
 		if fp == 0 {
 			return false // etcd holds no config: the local one serves
@@ -434,11 +450,16 @@ func (c *Controller) reconcileConfig() bool {
 		return false
 	}
 	if err := c.opts.Engine.Apply(cfg); err != nil {
-		c.st.cfgRefused = true
-		c.refuse(fp, attribute(c.prefix, tenants, config.Wrap(ConfigKey(c.prefix), err)))
+		err = attribute(c.prefix, tenants, config.Wrap(ConfigKey(c.prefix), err))
+		c.st.cfgRefusal = err.Error()
+		if retry && c.st.cfgRefusal == lastRefusal {
+			c.opts.Logger.Debug("config in etcd retried after a topology change; still refused for the same reason",
+				"key", ConfigKey(c.prefix), "revision", fp, "err", err)
+			return false
+		}
+		c.refuse(fp, err)
 		return false
 	}
-	c.st.cfgRefused = false
 	c.opts.Status.Applied(SourceEtcd, fp, c.opts.Now())
 	c.opts.Logger.Info("config applied from etcd", "key", ConfigKey(c.prefix), "revision", fp,
 		"tenants", len(cfg.Tenants), "tenant_documents", len(tenants))
@@ -540,9 +561,13 @@ func recordsEqual(a, b AgentRecord) bool {
 
 // reconcileDrains applies the drain marks with the engine's DrainAhead: a
 // marked domain is drained now if the engine has it, or from the moment it
-// appears. A mark is applied when it is new or changed, and the domains this
-// controller drained are undrained when their mark goes; a drain of the
-// Operator RPC (no mark) is left alone.
+// appears. Marks are authoritative for the domains they name: every mark is
+// applied again at each reconcile of the drains (DrainAhead is idempotent),
+// so that an Operator RPC undrain of a marked domain lasts only until the
+// next change to the marks. When a mark goes, its domain is undrained
+// unless the engine had it drained before the mark came (an Operator RPC
+// drain): that domain keeps its drain, with its earlier reason. Domains no
+// mark names are left alone.
 func (c *Controller) reconcileDrains() {
 	want := make(map[string]string)
 	for k, e := range c.st.kvs[kindDrain] {
@@ -555,16 +580,44 @@ func (c *Controller) reconcileDrains() {
 		}
 		want[domain] = m.Describe()
 	}
+	var engine map[string]admission.DomainInfo // read once, when a mark comes or goes
+	engineDomains := func() map[string]admission.DomainInfo {
+		if engine == nil {
+			engine = make(map[string]admission.DomainInfo)
+			for _, d := range c.opts.Engine.Domains() {
+				engine[d.ID] = d
+			}
+		}
+		return engine
+	}
 	for _, d := range slices.Sorted(maps.Keys(want)) {
-		if was, ok := c.st.drained[d]; ok && was == want[d] {
-			continue
+		md, ok := c.st.drained[d]
+		if !ok {
+			if info, has := engineDomains()[d]; has && info.Draining {
+				md.before, md.priorReason = true, info.DrainReason
+			}
 		}
 		c.opts.Engine.DrainAhead(d, want[d])
-		c.st.drained[d] = want[d]
-		c.opts.Logger.Info("drain mark applied", "domain", d, "reason", want[d])
+		if !ok || md.reason != want[d] {
+			c.opts.Logger.Info("drain mark applied", "domain", d, "reason", want[d], "drained_before", md.before)
+		}
+		md.reason = want[d]
+		c.st.drained[d] = md
 	}
 	for _, d := range slices.Sorted(maps.Keys(c.st.drained)) {
 		if _, ok := want[d]; ok {
+			continue
+		}
+		md := c.st.drained[d]
+		if md.before {
+			// Give it back the drain it had before the mark, unless the
+			// Operator RPC undrained it since. (An absent domain's drain
+			// is pending: the mark's, re-applied at every reconcile.)
+			if info, has := engineDomains()[d]; !has || info.Draining {
+				c.opts.Engine.DrainAhead(d, md.priorReason)
+			}
+			delete(c.st.drained, d)
+			c.opts.Logger.Info("drain mark removed; the domain stays drained, as it was before the mark", "domain", d, "reason", md.priorReason)
 			continue
 		}
 		if err := c.opts.Engine.Undrain(d); err != nil && !errors.Is(err, admission.ErrUnknownDomain) {

@@ -369,7 +369,7 @@ func startAgent(t *testing.T, etcd *etcdtest.Server, node string) *testAgent {
 	go func() {
 		a.done <- RunAgent(ctx, AgentOptions{Client: a.cli, TTL: time.Second, Logger: testLogger(),
 			Discover: func(context.Context) (topology.NodeDiscovery, error) {
-				return NodeFromCluster(topology.Simulated(), node)
+				return topology.Simulated().NodeDiscovery(node)
 			}})
 	}()
 	t.Cleanup(func() { a.stop() })
@@ -493,8 +493,10 @@ func TestAgentsMakeTheCluster(t *testing.T) {
 	})
 }
 
-// recordingEngine is an engine that logs the controller's topology and drain
-// calls in order, and refuses every config with applyErr when it is set.
+// recordingEngine is an engine that logs the controller's config, topology
+// and drain calls in order, and refuses every config with applyErr when it
+// is set (a test that changes applyErr drives the controller with Sync, on
+// its own goroutine).
 type recordingEngine struct {
 	*admission.Engine
 	applyErr error
@@ -512,6 +514,7 @@ func (e *recordingEngine) log() []string {
 }
 
 func (e *recordingEngine) Apply(cfg admission.Config) error {
+	e.record("apply")
 	if e.applyErr != nil {
 		return e.applyErr
 	}
@@ -543,7 +546,7 @@ func putRecords(t *testing.T, cli *clientv3.Client, nodes ...string) int64 {
 	t.Helper()
 	var ops []clientv3.Op
 	for _, n := range nodes {
-		nd, err := NodeFromCluster(topology.Simulated(), n)
+		nd, err := topology.Simulated().NodeDiscovery(n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -604,7 +607,7 @@ func TestDrainOrderAndOperatorDrains(t *testing.T) {
 	eventually(t, "hgx-h200-2 gone", func() bool { return slices.Equal(domainIDs(eng.Engine), []string{"hgx-h200-1"}) })
 
 	// One write brings hgx-h200-2 back and marks it.
-	nd, err := NodeFromCluster(topology.Simulated(), "hgx-h200-2")
+	nd, err := topology.Simulated().NodeDiscovery("hgx-h200-2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -726,4 +729,160 @@ func TestApplyRefusalAttributed(t *testing.T) {
 	if ref == nil || ref.Source != TenantKey(DefaultPrefix, "a.b") || ref.Key != "tenants.a.b.floor" || ref.Revision != rev {
 		t.Fatalf("refusal %+v; want it on %s, key tenants.a.b.floor, revision %d", ref, TenantKey(DefaultPrefix, "a.b"), rev)
 	}
+}
+
+// count returns how many times call is in the engine's log.
+func (e *recordingEngine) count(call string) int {
+	n := 0
+	for _, c := range e.log() {
+		if c == call {
+			n++
+		}
+	}
+	return n
+}
+
+// A config the engine refuses is tried again at each topology change, but
+// its refusal is recorded (log line, status, sluice_config_refusals_total)
+// once per reason: topology changes that do not change the reason count
+// nothing. A config refused before the engine saw it (a document that does
+// not parse, no policy document) is not retried at all, even after an
+// engine refusal of the config before it.
+func TestRefusalsNotRecountedOnTopologyChanges(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	if _, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", configDefault(t)); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	metrics, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &recordingEngine{Engine: newEngine(t),
+		applyErr: &admission.ConfigError{Key: "tiers.premium.floor", Reason: "floors need 40 GPUs; the cluster has 8"}}
+	ctl, err := New(Options{Client: cli, Engine: eng, Metrics: metrics, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// step writes nothing or the agent records of nodes, syncs, and checks
+	// the engine's Apply calls and the refusals counted so far.
+	step := func(what string, applies int, refusals float64, nodes ...string) {
+		t.Helper()
+		if len(nodes) > 0 {
+			putRecords(t, cli, nodes...)
+		}
+		if err := ctl.Sync(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		if n := eng.count("apply"); n != applies {
+			t.Fatalf("%s: %d Apply calls, want %d", what, n, applies)
+		}
+		if n := gauge(t, reg, "sluice_config_refusals_total", "source", SourceEtcd); n != refusals {
+			t.Fatalf("%s: sluice_config_refusals_total{source=etcd} = %v, want %v", what, n, refusals)
+		}
+	}
+	step("the first read", 1, 1)
+	step("a read with nothing new", 1, 1)
+	step("a topology change", 2, 1, "hgx-h200-1")
+	step("another topology change", 3, 1, "hgx-h200-2")
+	if r := ctl.Status().View().LastRefusal; r == nil || !strings.Contains(r.Reason, "the cluster has 8") {
+		t.Fatalf("last refusal %+v; want the engine's", r)
+	}
+
+	eng.applyErr = &admission.ConfigError{Key: "tiers.premium.floor", Reason: "floors need 40 GPUs; the cluster has 24"}
+	step("a topology change with a new reason", 4, 2, "hgx-h200-3")
+	if r := ctl.Status().View().LastRefusal; r == nil || !strings.Contains(r.Reason, "the cluster has 24") {
+		t.Fatalf("last refusal %+v; want the new reason", r)
+	}
+
+	put(t, cli, ConfigKey(DefaultPrefix), "tiers: [")
+	step("a policy document that does not parse", 4, 3)
+	step("a topology change after it", 4, 3, "hgx-h200-4")
+	if _, err := cli.Delete(ctxT(t), ConfigKey(DefaultPrefix)); err != nil {
+		t.Fatal(err)
+	}
+	step("the policy document deleted", 4, 4)
+	step("a topology change after that", 4, 4, "hgx-h200-1", "hgx-h200-2")
+	if r := ctl.Status().View().LastRefusal; r == nil || !strings.Contains(r.Reason, "no policy document") {
+		t.Fatalf("last refusal %+v; want the missing policy document", r)
+	}
+}
+
+// Drain marks are authoritative for the domains they name, and a drain
+// that predates its mark is left as it was: a mark on a domain the Operator
+// RPC drained takes it over while it lasts, and its removal gives the
+// domain back the Operator's drain (unless the Operator undrained it
+// meanwhile); an Operator undrain of a domain a mark drained lasts until
+// the marks next change, when every mark is applied again; a domain the
+// mark drained is undrained when it goes.
+func TestDrainMarksOverOperatorDrains(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	r := startReplica(t, cli, Options{})
+	eventually(t, "synced", r.ctl.Synced)
+	rev := putRecords(t, cli, "hgx-h200-1", "hgx-h200-2", "hgx-h200-3")
+	eventually(t, "the agents' cluster", func() bool { return r.ctl.Revision() >= rev && len(r.eng.Domains()) == 3 })
+	applied := func(rev int64) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("revision %d applied", rev), func() bool { return r.ctl.Revision() >= rev })
+	}
+	mark := func(domain, by string) {
+		t.Helper()
+		rev, err := PutDrain(ctxT(t), cli, DefaultPrefix, DrainMark{Domain: domain, By: by})
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied(rev)
+	}
+	unmark := func(domain string) {
+		t.Helper()
+		if _, err := DeleteDrain(ctxT(t), cli, DefaultPrefix, domain); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := cli.Get(ctxT(t), DrainKey(DefaultPrefix, domain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		applied(resp.Header.Revision)
+	}
+	expect := func(what, domain string, draining bool, reason string) {
+		t.Helper()
+		info, ok := domainInfo(r.eng, domain)
+		if !ok || info.Draining != draining || !strings.Contains(info.DrainReason, reason) {
+			t.Fatalf("%s: %s is %+v; want draining %t, reason with %q", what, domain, info, draining, reason)
+		}
+	}
+
+	// A mark on a domain the Operator RPC drained, then removed.
+	if err := r.eng.Drain("hgx-h200-1", "fan failure (rpc)"); err != nil {
+		t.Fatal(err)
+	}
+	mark("hgx-h200-1", "dave")
+	expect("marked after an Operator drain", "hgx-h200-1", true, "dave")
+	unmark("hgx-h200-1")
+	expect("its mark removed", "hgx-h200-1", true, "fan failure (rpc)")
+
+	// An Operator undrain of a marked domain holds until the marks change;
+	// then the mark drains it again, and its removal undrains it.
+	mark("hgx-h200-2", "erin")
+	expect("marked", "hgx-h200-2", true, "erin")
+	if err := r.eng.Undrain("hgx-h200-2"); err != nil {
+		t.Fatal(err)
+	}
+	mark("hgx-h200-3", "frank")
+	expect("another mark written after an Operator undrain", "hgx-h200-2", true, "erin")
+	unmark("hgx-h200-2")
+	expect("its mark removed", "hgx-h200-2", false, "")
+	expect("the other mark", "hgx-h200-3", true, "frank")
+
+	// The Operator undrains a domain it had drained before its mark: the
+	// mark's removal leaves it undrained.
+	mark("hgx-h200-1", "grace")
+	expect("marked again", "hgx-h200-1", true, "grace")
+	if err := r.eng.Undrain("hgx-h200-1"); err != nil {
+		t.Fatal(err)
+	}
+	unmark("hgx-h200-1")
+	expect("its mark removed after an Operator undrain", "hgx-h200-1", false, "")
 }

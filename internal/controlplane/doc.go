@@ -43,14 +43,20 @@
 // gone it keeps the last cluster the agents built (an engine cannot serve an
 // empty cluster) with every GPU unhealthy, so that nothing new is placed,
 // and says so in its log. A config the engine refused is tried again after
-// each topology change.
+// each topology change; a retry refused for the same reason is not recorded
+// again, and a config refused before the engine saw it is not retried.
 //
 // A drain mark drains its domain on every replica as soon as the watch event
 // arrives (the engine's DrainAhead); deleting it undrains. A mark for a
 // domain the cluster does not have holds from the moment the domain appears:
-// drains are applied before the topology of the same update. Only domains
-// the marks drained are undrained, never a drain of the Operator RPC; an
-// unreadable mark still drains.
+// drains are applied before the topology of the same update. Marks are
+// authoritative for the domains they name: every mark is applied again
+// whenever the marks change, so that an Operator RPC undrain of a marked
+// domain lasts until then. When a mark goes its domain is undrained, unless
+// the engine had it drained (by the Operator RPC) before the mark came: it
+// keeps that drain and its reason, unless the Operator RPC undrained it
+// meanwhile. Domains no mark names are left alone; an unreadable mark still
+// drains.
 //
 // # Outages
 //

@@ -71,7 +71,9 @@
 //
 // nvml.Init without the library returns ERROR_LIBRARY_NOT_FOUND, and any
 // other NVML call after a failed Init may kill the process; after a failed
-// Init nothing else is called, not even Shutdown or ErrorString. go-nvml
+// Init nothing else is called, not even Shutdown or ErrorString (a return
+// code is named from a table, returnName, in every error and Problem, so
+// the text is the same on a real driver and on the mocks). go-nvml
 // binds functions lazily, so calling one the installed driver lacks aborts
 // the process too: every call newer than R384 (fabric info, bus width, core
 // count, attributes, compute capability) is made only where
@@ -96,7 +98,12 @@
 // under auto too: a GPU machine must not silently schedule onto a
 // simulated cluster. Loaded.Discovered says whether NVML gave the cluster.
 //
-// A node agent uses NodeLoader instead: the same setting, resolved to its
-// own node's discovery (from NVML, or its entry in the fallback), again at
-// every publication, with the auto fallback logged once rather than at each.
+// A node agent uses NodeLoader instead: the same setting, resolved by the
+// same code to its own node's discovery (from NVML, or its entry in the
+// fallback), again at every publication, with the auto fallback logged
+// once rather than at each. Once NVML has answered a NodeLoader no longer
+// falls back: NVML becoming unavailable later gives its last discovery
+// with every GPU unhealthy (Problem: the reason), logged at Warn once per
+// reason, so that a node whose driver went away leaves capacity rather
+// than being republished healthy from the fallback.
 package nvml

@@ -54,7 +54,7 @@ func TestLoadSpecs(t *testing.T) {
 		{"/nonexistent.yaml", fakeNode, "", "open /nonexistent.yaml", ""},
 	} {
 		var logs bytes.Buffer
-		l, err := load(tc.spec, slog.New(slog.NewTextHandler(&logs, nil)), tc.discover, func() string { return "n1" })
+		l, err := load(tc.spec, tc.discover, "n1", fallbackLog(slog.New(slog.NewTextHandler(&logs, nil)), tc.spec))
 		switch {
 		case tc.source == "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 			t.Errorf("%q: err = %v, want one containing %q", tc.spec, err, tc.err)
@@ -71,7 +71,7 @@ func TestLoadSpecs(t *testing.T) {
 }
 
 func TestLoadNVMLBuildsOneNodesCluster(t *testing.T) {
-	l, err := load("nvml", nil, fakeNode, func() string { return "h1" })
+	l, err := load("nvml", fakeNode, "h1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestLoadNVMLBuildsOneNodesCluster(t *testing.T) {
 
 func TestLoadWithoutLogger(t *testing.T) {
 	// nil logger: the fallback still happens, silently.
-	l, err := load("auto", nil, failWith(&unavailableError{reason: "x"}), hostname)
+	l, err := load("auto", failWith(&unavailableError{reason: "x"}), hostname(), fallbackLog(nil, "auto"))
 	if err != nil || !strings.HasPrefix(l.Source, "simulated") {
 		t.Errorf("got %q, %v", l.Source, err)
 	}
@@ -148,7 +148,7 @@ func TestLoadedSaysWhetherNVMLDiscoveredIt(t *testing.T) {
 		{"simulated", fakeNode, false},
 		{"../testdata/cluster.yaml", fakeNode, false},
 	} {
-		l, err := load(tc.spec, nil, tc.discover, func() string { return "n1" })
+		l, err := load(tc.spec, tc.discover, "n1", nil)
 		if err != nil || l.Discovered != tc.want {
 			t.Errorf("%s: discovered %v, %v; want %v", tc.spec, l.Discovered, err, tc.want)
 		}
@@ -170,40 +170,113 @@ func (c *countingDiscover) discover(node string) (topology.NodeDiscovery, error)
 	return fakeNode(node)
 }
 
-// An agent discovers its node again and again; the auto fallback is logged
-// once, at Load's level, and again only when something changed.
+// An agent discovers its node again and again; while NVML has never
+// answered, the auto fallback is logged once, at Load's level, and again
+// only when its reason changes.
 func TestNodeLoaderLogsTheFallbackOnce(t *testing.T) {
 	var logs bytes.Buffer
 	d := &countingDiscover{err: &unavailableError{reason: "driver not loaded"}}
-	l := NewNodeLoader("auto", "nvl72-a-tray03", slog.New(slog.NewTextHandler(&logs, nil)))
-	l.discover = d.discover
-	for range 3 {
-		nd, err := l.Load(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if nd.Node != "nvl72-a-tray03" || nd.Domain != "nvl72-a" || len(nd.GPUs) != 4 {
-			t.Fatalf("fallback node = %+v, want the simulated tray", nd)
+	l := NewNodeLoaderWith("auto", "nvl72-a-tray03", slog.New(slog.NewTextHandler(&logs, nil)), d.discover)
+	load := func(n int) {
+		t.Helper()
+		for range n {
+			nd, err := l.Load(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if nd.Node != "nvl72-a-tray03" || nd.Domain != "nvl72-a" || len(nd.GPUs) != 4 || !nd.GPUs[0].Healthy {
+				t.Fatalf("fallback node = %+v, want the simulated tray", nd)
+			}
 		}
 	}
+	load(3)
 	if d.calls != 3 {
 		t.Errorf("NVML tried %d times, want every time (3)", d.calls)
 	}
 	if got := logs.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "level=WARN") || !strings.Contains(got, "driver not loaded") {
 		t.Errorf("log = %q, want one WARN line", got)
 	}
-	// NVML comes back: its node, no log; then it goes again: logged again.
+	// Another reason: logged once more, at its own level.
 	logs.Reset()
-	d.err = nil
-	if nd, err := l.Load(context.Background()); err != nil || len(nd.GPUs) != 8 {
-		t.Errorf("NVML back: %+v, %v", nd, err)
-	}
 	d.err = &unavailableError{reason: "no library", expected: true}
+	load(2)
+	if got := logs.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "level=INFO") || !strings.Contains(got, "no library") {
+		t.Errorf("log = %q, want one INFO line for the new fallback", got)
+	}
+}
+
+// Once NVML has answered, its loss is no reason to fall back: the file or
+// the simulated cluster would publish healthy GPUs the node may no longer
+// have. The node is NVML's last discovery with every GPU unhealthy, under
+// auto and nvml alike; the loss is logged at Warn once per reason, and NVML
+// answering again ends it.
+func TestNodeLoaderMarksTheNodeUnhealthyWhenNVMLGoes(t *testing.T) {
+	driver := &unavailableError{reason: "nvml.Init: ERROR_DRIVER_NOT_LOADED"}
+	noGPU := &unavailableError{reason: "no GPU on this node"}
+	noLib := &unavailableError{reason: "nvml.Init: ERROR_LIBRARY_NOT_FOUND", expected: true}
+	steps := []struct {
+		err     error  // what NVML says; nil: it answers
+		problem string // every GPU's; "" wants NVML's healthy node
+		log     string // the one log line's level and reason; "" wants none
+	}{
+		{nil, "", ""},
+		{driver, driver.Error(), "level=WARN msg=\"NVML stopped working; the node's GPUs are reported unhealthy, not taken from the fallback topology\""},
+		{driver, driver.Error(), ""},
+		{noGPU, noGPU.Error(), "level=WARN"},
+		{nil, "", ""},
+		{noGPU, noGPU.Error(), "level=WARN"}, // news again: NVML answered in between
+		{noLib, noLib.Error(), "level=WARN"}, // expected on a CPU host, not on one whose NVML answered
+		{noLib, noLib.Error(), ""},
+	}
+	for _, spec := range []string{"auto", "auto:../testdata/cluster.yaml", "nvml"} {
+		var logs bytes.Buffer
+		d := &countingDiscover{}
+		l := NewNodeLoaderWith(spec, "nvl72-a-tray03", slog.New(slog.NewTextHandler(&logs, nil)), d.discover)
+		want, _ := fakeNode("nvl72-a-tray03")
+		for i, step := range steps {
+			logs.Reset()
+			d.err = step.err
+			nd, err := l.Load(context.Background())
+			if err != nil {
+				t.Fatalf("%s step %d: %v", spec, i, err)
+			}
+			if nd.Node != want.Node || nd.Domain != want.Domain || len(nd.GPUs) != len(want.GPUs) {
+				t.Fatalf("%s step %d: node %s domain %q with %d GPUs, want NVML's %s with %d", spec, i, nd.Node, nd.Domain, len(nd.GPUs), want.Node, len(want.GPUs))
+			}
+			for j, g := range nd.GPUs {
+				w := want.GPUs[j]
+				w.Healthy, w.Problem = step.problem == "", step.problem
+				if g != w {
+					t.Errorf("%s step %d: gpu %d = %+v\nwant %+v", spec, i, j, g, w)
+				}
+			}
+			got := logs.String()
+			if step.log == "" && got != "" || step.log != "" && (strings.Count(got, "\n") != 1 || !strings.Contains(got, step.log) ||
+				!strings.Contains(got, "reason=\""+step.problem+"\"")) {
+				t.Errorf("%s step %d: log %q, want one line with %q and the reason (none when empty)", spec, i, got, step.log)
+			}
+			// What Load returned is the caller's: marking it does not
+			// change the next loss's node.
+			for j := range nd.GPUs {
+				nd.GPUs[j].Name = "scribbled"
+			}
+		}
+	}
+	// A failing call on a node whose NVML answered before also makes its
+	// GPUs unhealthy; on a node where NVML never answered it is an error.
+	d := &countingDiscover{}
+	l := NewNodeLoaderWith("auto", "n1", nil, d.discover)
 	if _, err := l.Load(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := logs.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "level=INFO") {
-		t.Errorf("log = %q, want one INFO line for the new fallback", got)
+	d.err = errors.New("nvml: DeviceGetCount: ERROR_UNKNOWN")
+	nd, err := l.Load(context.Background())
+	if err != nil || len(nd.GPUs) == 0 || nd.GPUs[0].Healthy || nd.GPUs[0].Problem != d.err.Error() {
+		t.Errorf("after a failing call: %v %+v, want the GPUs unhealthy with the failure as their problem", err, nd.GPUs)
+	}
+	fresh := NewNodeLoaderWith("auto", "n1", nil, d.discover)
+	if _, err := fresh.Load(context.Background()); err == nil || err.Error() != "topology auto: nvml: DeviceGetCount: ERROR_UNKNOWN" {
+		t.Errorf("err = %v, want the DeviceGetCount failure", err)
 	}
 }
 
@@ -229,8 +302,7 @@ func TestNodeLoaderSpecs(t *testing.T) {
 		{"simulated", "nope", failWith(errors.New("must not be called")), 0, `topology simulated: node "nope" is not in the topology`},
 		{file, inFile, failWith(errors.New("must not be called")), len(c.Domains[0].Nodes[0].GPUs), ""},
 	} {
-		l := NewNodeLoader(tc.spec, tc.node, nil)
-		l.discover = tc.discover
+		l := NewNodeLoaderWith(tc.spec, tc.node, nil, tc.discover)
 		nd, err := l.Load(context.Background())
 		switch {
 		case tc.gpus == 0 && (err == nil || !strings.Contains(err.Error(), tc.err)):

@@ -37,11 +37,11 @@ const (
 // deviceAPI is what this library lets discovery ask a device, decided once
 // per discovery from the symbols it has.
 type deviceAPI struct {
-	fabric     fabricReader
-	busWidth   bool // GetMemoryBusWidth
-	numCores   bool // GetNumGpuCores
-	attributes bool // GetAttributes
-	computeCap bool // GetCudaComputeCapability
+	fabric     fabricReader // nil: no fabric API
+	busWidth   bool         // GetMemoryBusWidth
+	numCores   bool         // GetNumGpuCores
+	attributes bool         // GetAttributes
+	computeCap bool         // GetCudaComputeCapability
 }
 
 // apiOf looks up the guarded symbols of lib.
@@ -85,7 +85,7 @@ func DiscoverWith(lib gonvml.Interface, node string) (topology.NodeDiscovery, er
 	n, ret := lib.DeviceGetCount()
 	switch {
 	case ret != gonvml.SUCCESS:
-		return topology.NodeDiscovery{}, fmt.Errorf("nvml: DeviceGetCount: %w", ret)
+		return topology.NodeDiscovery{}, fmt.Errorf("nvml: DeviceGetCount: %s", returnName(ret))
 	case n <= 0:
 		return topology.NodeDiscovery{}, &unavailableError{reason: "no GPU on this node"}
 	case n > maxGPUs:
@@ -96,7 +96,7 @@ func DiscoverWith(lib gonvml.Interface, node string) (topology.NodeDiscovery, er
 	for i := range n {
 		dev, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
-			gpus = append(gpus, nodeGPU{gpu: standIn(i, "", fmt.Sprintf("DeviceGetHandleByIndex: %v", ret))})
+			gpus = append(gpus, nodeGPU{gpu: standIn(i, "", "DeviceGetHandleByIndex: "+returnName(ret))})
 			continue
 		}
 		gpus = append(gpus, readGPU(dev, i, api))
@@ -104,25 +104,67 @@ func DiscoverWith(lib gonvml.Interface, node string) (topology.NodeDiscovery, er
 	return resolveNode(node, gpus), nil
 }
 
-// initErrorName names a failed Init's code without asking the library
-// (Return.Error may call nvmlErrorString, and nothing may be called after a
-// failed Init).
+// initErrorName names a failed Init's code (returnName), with what it
+// means where that helps an operator.
 func initErrorName(ret gonvml.Return) string {
 	switch ret {
 	case gonvml.ERROR_LIBRARY_NOT_FOUND:
-		return "ERROR_LIBRARY_NOT_FOUND (libnvidia-ml.so.1 is not installed)"
+		return returnName(ret) + " (libnvidia-ml.so.1 is not installed)"
 	case gonvml.ERROR_DRIVER_NOT_LOADED:
-		return "ERROR_DRIVER_NOT_LOADED (the NVIDIA kernel driver is not running)"
-	case gonvml.ERROR_NO_PERMISSION:
-		return "ERROR_NO_PERMISSION"
+		return returnName(ret) + " (the NVIDIA kernel driver is not running)"
 	case gonvml.ERROR_LIB_RM_VERSION_MISMATCH:
-		return "ERROR_LIB_RM_VERSION_MISMATCH (NVML library and kernel driver versions differ)"
-	case gonvml.ERROR_FUNCTION_NOT_FOUND:
-		return "ERROR_FUNCTION_NOT_FOUND"
-	case gonvml.ERROR_UNKNOWN:
-		return "ERROR_UNKNOWN"
+		return returnName(ret) + " (NVML library and kernel driver versions differ)"
+	}
+	return returnName(ret)
+}
+
+// returnName names an NVML return code as nvml.h does, less its NVML_
+// prefix ("ERROR_GPU_IS_LOST"); a code it does not know is "NVML error
+// <n>". Every Return in a Problem or an error is named here, never by
+// Return.Error: once go-nvml has loaded the library that calls
+// nvmlErrorString, whose prose ("GPU is lost") would differ from the
+// mocks' names, and which nothing may call after a failed Init.
+func returnName(ret gonvml.Return) string {
+	if name, ok := returnNames[ret]; ok {
+		return name
 	}
 	return fmt.Sprintf("NVML error %d", int32(ret))
+}
+
+// returnNames are the codes of nvml.h (go-nvml v0.13), by name.
+var returnNames = map[gonvml.Return]string{
+	gonvml.SUCCESS:                         "SUCCESS",
+	gonvml.ERROR_UNINITIALIZED:             "ERROR_UNINITIALIZED",
+	gonvml.ERROR_INVALID_ARGUMENT:          "ERROR_INVALID_ARGUMENT",
+	gonvml.ERROR_NOT_SUPPORTED:             "ERROR_NOT_SUPPORTED",
+	gonvml.ERROR_NO_PERMISSION:             "ERROR_NO_PERMISSION",
+	gonvml.ERROR_ALREADY_INITIALIZED:       "ERROR_ALREADY_INITIALIZED",
+	gonvml.ERROR_NOT_FOUND:                 "ERROR_NOT_FOUND",
+	gonvml.ERROR_INSUFFICIENT_SIZE:         "ERROR_INSUFFICIENT_SIZE",
+	gonvml.ERROR_INSUFFICIENT_POWER:        "ERROR_INSUFFICIENT_POWER",
+	gonvml.ERROR_DRIVER_NOT_LOADED:         "ERROR_DRIVER_NOT_LOADED",
+	gonvml.ERROR_TIMEOUT:                   "ERROR_TIMEOUT",
+	gonvml.ERROR_IRQ_ISSUE:                 "ERROR_IRQ_ISSUE",
+	gonvml.ERROR_LIBRARY_NOT_FOUND:         "ERROR_LIBRARY_NOT_FOUND",
+	gonvml.ERROR_FUNCTION_NOT_FOUND:        "ERROR_FUNCTION_NOT_FOUND",
+	gonvml.ERROR_CORRUPTED_INFOROM:         "ERROR_CORRUPTED_INFOROM",
+	gonvml.ERROR_GPU_IS_LOST:               "ERROR_GPU_IS_LOST",
+	gonvml.ERROR_RESET_REQUIRED:            "ERROR_RESET_REQUIRED",
+	gonvml.ERROR_OPERATING_SYSTEM:          "ERROR_OPERATING_SYSTEM",
+	gonvml.ERROR_LIB_RM_VERSION_MISMATCH:   "ERROR_LIB_RM_VERSION_MISMATCH",
+	gonvml.ERROR_IN_USE:                    "ERROR_IN_USE",
+	gonvml.ERROR_MEMORY:                    "ERROR_MEMORY",
+	gonvml.ERROR_NO_DATA:                   "ERROR_NO_DATA",
+	gonvml.ERROR_VGPU_ECC_NOT_SUPPORTED:    "ERROR_VGPU_ECC_NOT_SUPPORTED",
+	gonvml.ERROR_INSUFFICIENT_RESOURCES:    "ERROR_INSUFFICIENT_RESOURCES",
+	gonvml.ERROR_FREQ_NOT_SUPPORTED:        "ERROR_FREQ_NOT_SUPPORTED",
+	gonvml.ERROR_ARGUMENT_VERSION_MISMATCH: "ERROR_ARGUMENT_VERSION_MISMATCH",
+	gonvml.ERROR_DEPRECATED:                "ERROR_DEPRECATED",
+	gonvml.ERROR_NOT_READY:                 "ERROR_NOT_READY",
+	gonvml.ERROR_GPU_NOT_FOUND:             "ERROR_GPU_NOT_FOUND",
+	gonvml.ERROR_INVALID_STATE:             "ERROR_INVALID_STATE",
+	gonvml.ERROR_RESET_TYPE_NOT_SUPPORTED:  "ERROR_RESET_TYPE_NOT_SUPPORTED",
+	gonvml.ERROR_UNKNOWN:                   "ERROR_UNKNOWN",
 }
 
 // fabricInfo is what the fabric API said about a GPU, in either version.
@@ -140,7 +182,7 @@ type fabricReader func(gonvml.Device) (info fabricInfo, ok bool, err error)
 
 // fabricReaderFor picks the newest fabric API the library has (has says
 // whether it has a symbol): GetGpuFabricInfo_v4 (with health), else
-// GetGpuFabricInfo, else none.
+// GetGpuFabricInfo, else none (nil).
 func fabricReaderFor(has func(sym string) bool) fabricReader {
 	switch {
 	case has(symFabricInfoV4):
@@ -172,7 +214,7 @@ func fabricReaderFor(has func(sym string) bool) fabricReader {
 			}, true, nil
 		}
 	}
-	return func(gonvml.Device) (fabricInfo, bool, error) { return fabricInfo{}, false, nil }
+	return nil
 }
 
 // fabricRet sorts a fabric call's return: answered, not supported (no
@@ -184,7 +226,7 @@ func fabricRet(call string, ret gonvml.Return) (ok bool, err error) {
 	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
 		return false, nil
 	}
-	return false, fmt.Errorf("%s: %w", call, ret)
+	return false, fmt.Errorf("%s: %s", call, returnName(ret))
 }
 
 // unicastClique is v4's equivalent of the v1 CliqueId: the id of the first
@@ -225,11 +267,11 @@ func standIn(index int, uuid, problem string) topology.GPU {
 func readGPU(dev gonvml.Device, index int, api deviceAPI) nodeGPU {
 	uuid, ret := dev.GetUUID()
 	if ret != gonvml.SUCCESS {
-		return nodeGPU{gpu: standIn(index, "", fmt.Sprintf("GetUUID: %v", ret))}
+		return nodeGPU{gpu: standIn(index, "", "GetUUID: "+returnName(ret))}
 	}
 	name, ret := dev.GetName()
 	if ret != gonvml.SUCCESS {
-		return nodeGPU{gpu: standIn(index, uuid, fmt.Sprintf("GetName: %v", ret))}
+		return nodeGPU{gpu: standIn(index, uuid, "GetName: "+returnName(ret))}
 	}
 	g := topology.GPU{Index: index, UUID: uuid, Name: name, Healthy: true}
 	if pci, ret := dev.GetPciInfo(); ret == gonvml.SUCCESS {
@@ -273,7 +315,8 @@ func readGPU(dev gonvml.Device, index int, api deviceAPI) nodeGPU {
 	return nodeGPU{gpu: g, clique: clique}
 }
 
-// fabric reads a GPU's fabric info with the reader api chose.
+// fabric reads a GPU's fabric info with the reader api chose; ok is false
+// where the library has no fabric API.
 func fabric(api deviceAPI, dev gonvml.Device) (fabricInfo, bool, error) {
 	if api.fabric == nil {
 		return fabricInfo{}, false, nil
@@ -339,7 +382,7 @@ func judgeFabric(f fabricInfo) (clique, problem string) {
 		return "", fmt.Sprintf("fabric state %d unknown", f.state)
 	}
 	if f.status != gonvml.SUCCESS {
-		return "", "fabric registration failed: " + f.status.Error()
+		return "", "fabric registration failed: " + returnName(f.status)
 	}
 	if f.clusterUUID == ([16]uint8{}) {
 		// Registered without a cluster: a single-node NVSwitch fabric

@@ -336,11 +336,11 @@ func TestFabricJudgement(t *testing.T) {
 		{"not started", with(func(f *fabricInfo) { f.state = gonvml.GPU_FABRIC_STATE_NOT_STARTED }), "", "fabric registration not started"},
 		{"in progress", with(func(f *fabricInfo) { f.state = gonvml.GPU_FABRIC_STATE_IN_PROGRESS }), "", "fabric registration in progress"},
 		{"unknown state", with(func(f *fabricInfo) { f.state = 9 }), "", "fabric state 9 unknown"},
-		{"probe failed", with(func(f *fabricInfo) { f.status = gonvml.ERROR_TIMEOUT }), "", "fabric registration failed: "},
+		{"probe failed", with(func(f *fabricInfo) { f.status = gonvml.ERROR_TIMEOUT }), "", "fabric registration failed: ERROR_TIMEOUT"},
 		{"no cluster", with(func(f *fabricInfo) { f.clusterUUID = [16]uint8{} }), "", ""},
 	} {
 		clique, issue := judgeFabric(tc.info)
-		if clique != tc.clique || !strings.HasPrefix(issue, tc.issue) || (tc.issue == "") != (issue == "") {
+		if clique != tc.clique || issue != tc.issue {
 			t.Errorf("%s: clique %q problem %q, want %q %q", tc.name, clique, issue, tc.clique, tc.issue)
 		}
 	}
@@ -432,7 +432,7 @@ func TestFailedInitFallsBackAndCallsNothingElse(t *testing.T) {
 	disc := func(node string) (topology.NodeDiscovery, error) { return DiscoverWith(lib, node) }
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	l, err := load("auto", log, disc, func() string { return "n" })
+	l, err := load("auto", disc, "n", fallbackLog(log, "auto"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +442,7 @@ func TestFailedInitFallsBackAndCallsNothingElse(t *testing.T) {
 	if lines := strings.Count(logs.String(), "\n"); lines != 1 || !strings.Contains(logs.String(), "level=INFO") {
 		t.Errorf("log = %q, want one INFO line", logs.String())
 	}
-	if _, err := load("nvml", log, disc, func() string { return "n" }); err == nil || !strings.Contains(err.Error(), "topology nvml: NVML unavailable: nvml.Init: ERROR_LIBRARY_NOT_FOUND") {
+	if _, err := load("nvml", disc, "n", fallbackLog(log, "nvml")); err == nil || !strings.Contains(err.Error(), "topology nvml: NVML unavailable: nvml.Init: ERROR_LIBRARY_NOT_FOUND") {
 		t.Errorf("nvml: err = %v, want the Init failure", err)
 	}
 	if got := calls(lib); !reflect.DeepEqual(got, map[string]int{"Init": 3}) {
@@ -453,8 +453,8 @@ func TestFailedInitFallsBackAndCallsNothingElse(t *testing.T) {
 func TestDriverNotLoadedWarns(t *testing.T) {
 	lib := &mock.Interface{InitFunc: func() gonvml.Return { return gonvml.ERROR_DRIVER_NOT_LOADED }}
 	var logs bytes.Buffer
-	l, err := load("auto", slog.New(slog.NewTextHandler(&logs, nil)),
-		func(node string) (topology.NodeDiscovery, error) { return DiscoverWith(lib, node) }, func() string { return "n" })
+	l, err := load("auto", func(node string) (topology.NodeDiscovery, error) { return DiscoverWith(lib, node) }, "n",
+		fallbackLog(slog.New(slog.NewTextHandler(&logs, nil)), "auto"))
 	if err != nil || !strings.HasPrefix(l.Source, "simulated") {
 		t.Fatalf("auto: %q, %v; want the simulated fallback", l.Source, err)
 	}
@@ -483,7 +483,7 @@ func TestNoGPUIsUnavailableButABrokenCountIsNot(t *testing.T) {
 	broken.DeviceGetCountFunc = func() (int, gonvml.Return) { return 0, gonvml.ERROR_UNKNOWN }
 	disc := func(node string) (topology.NodeDiscovery, error) { return DiscoverWith(broken, node) }
 	// NVML works but fails: auto must not quietly simulate a GPU machine.
-	if _, err := load("auto", nil, disc, func() string { return "n" }); err == nil || errors.Is(err, ErrUnavailable) {
+	if _, err := load("auto", disc, "n", nil); err == nil || errors.Is(err, ErrUnavailable) {
 		t.Errorf("auto over a failing DeviceGetCount: err = %v, want an error that is not a fallback", err)
 	}
 }
@@ -681,6 +681,31 @@ func TestLinksAbove18AreCounted(t *testing.T) {
 	}
 	if n := len(d.GetNvLinkStateCalls()); n != gonvml.NVLINK_MAX_LINKS {
 		t.Errorf("GetNvLinkState called %d times, want %d", n, gonvml.NVLINK_MAX_LINKS)
+	}
+}
+
+// Every return code go-nvml knows has its name in returnNames, spelled as
+// go-nvml's own table spells it (what Return.Error gives while no library
+// is loaded, as in these tests; a loaded one gives nvmlErrorString's prose
+// instead, which is why Problems and errors never use it).
+func TestReturnNames(t *testing.T) {
+	named := 0
+	for code := range 1000 {
+		ret := gonvml.Return(code)
+		goName := ret.Error()
+		if strings.HasPrefix(goName, "unknown return value") {
+			if got, want := returnName(ret), fmt.Sprintf("NVML error %d", code); got != want {
+				t.Errorf("returnName(%d) = %q, want %q", code, got, want)
+			}
+			continue
+		}
+		named++
+		if got := returnName(ret); got != goName {
+			t.Errorf("returnName(%d) = %q, want %q", code, got, goName)
+		}
+	}
+	if named != len(returnNames) || named < 30 {
+		t.Errorf("go-nvml names %d codes, returnNames %d", named, len(returnNames))
 	}
 }
 
