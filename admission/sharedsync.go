@@ -204,13 +204,7 @@ func (e *Engine) runShared(ctx context.Context) {
 			cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 			err := s.store.Ping(cctx)
 			cancel()
-			e.mu.Lock()
-			if err != nil {
-				e.storeFailedLocked()
-			} else {
-				e.storeOKLocked()
-			}
-			e.mu.Unlock()
+			e.storeAnswered(err)
 		}
 	}
 }
@@ -253,6 +247,17 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 }
 
 var errBreakerOpen = errors.New("shared state: breaker open")
+
+// storeAnswered counts the outcome of a store call made outside the lock.
+func (e *Engine) storeAnswered(err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		e.storeFailedLocked()
+	} else {
+		e.storeOKLocked()
+	}
+}
 
 // storeFailedLocked counts a failed store call; the breaker may open.
 func (e *Engine) storeFailedLocked() {

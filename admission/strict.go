@@ -217,11 +217,5 @@ func (e *Engine) settleStrict(ctx context.Context, st *StrictSettle, pending <-c
 	err := s.store.Settle(cctx, st)
 	cancel()
 	s.calls.Add(1)
-	e.mu.Lock()
-	if err != nil {
-		e.storeFailedLocked()
-	} else {
-		e.storeOKLocked()
-	}
-	e.mu.Unlock()
+	e.storeAnswered(err)
 }
