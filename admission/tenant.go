@@ -131,6 +131,7 @@ func (e *Engine) refreshTenantsLocked(now int64) {
 		t.setPolicy(p, now, false)
 		if s := e.shared; s != nil && (s.opts.Mode == SharedBatched || s.down) {
 			s.sliceTenant(t, now, true) // until the next reconcile grants the new limits
+			t.sharedFrozen = false      // an idle tenant freezes again at the next round
 		}
 	}
 }
