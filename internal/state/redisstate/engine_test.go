@@ -430,7 +430,6 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 	}
 }
 
-
 // Strict mode with Redis killed and restarted: every request is answered;
 // once the breaker opens, the fail-closed tier is refused with
 // STATE_UNAVAILABLE and the fail-open tier admits from a 1/N slice of its
