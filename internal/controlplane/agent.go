@@ -39,6 +39,12 @@ type AgentGPU struct {
 	Healthy       bool       `json:"healthy"`
 	Problem       string     `json:"problem,omitempty"`
 	Peaks         AgentPeaks `json:"peaks"`
+	// NVML's raw readings (zero where not read), so that sluicectl
+	// topology on any replica shows what the node's driver reported.
+	MemoryBytes        int64 `json:"memory_bytes,omitempty"`
+	MaxSMClockMHz      int   `json:"max_sm_clock_mhz,omitempty"`
+	MaxMemClockMHz     int   `json:"max_mem_clock_mhz,omitempty"`
+	MemoryBusWidthBits int   `json:"memory_bus_width_bits,omitempty"`
 }
 
 // AgentPeaks are a GPU's peaks as the agent found them.
@@ -48,6 +54,9 @@ type AgentPeaks struct {
 	HBMBandwidth float64 `json:"hbm_bandwidth"`
 	HBMBytes     int64   `json:"hbm_bytes"`
 	Source       string  `json:"source,omitempty"`
+	// Figures says where each figure came from where it differs from
+	// Source (an NVML estimate mixes readings and derivations).
+	Figures *topology.PeakSources `json:"figures,omitempty"`
 }
 
 // RecordOf renders a node's discovery for publishing.
@@ -59,6 +68,12 @@ func RecordOf(nd topology.NodeDiscovery) AgentRecord {
 			ActiveNVLinks: g.ActiveNVLinks, Healthy: g.Healthy, Problem: g.Problem,
 			Peaks: AgentPeaks{SMs: g.Peaks.SMs, FLOPS: g.Peaks.FLOPS, HBMBandwidth: g.Peaks.HBMBandwidth,
 				HBMBytes: g.Peaks.HBMBytes, Source: g.Peaks.Source},
+			MemoryBytes: g.MemoryBytes, MaxSMClockMHz: g.MaxSMClockMHz, MaxMemClockMHz: g.MaxMemClockMHz,
+			MemoryBusWidthBits: g.MemoryBusWidthBits,
+		}
+		if g.Peaks.Figures != (topology.PeakSources{}) {
+			f := g.Peaks.Figures
+			r.GPUs[i].Peaks.Figures = &f
 		}
 	}
 	return r
@@ -73,6 +88,11 @@ func (r AgentRecord) Discovery() topology.NodeDiscovery {
 			ActiveNVLinks: g.ActiveNVLinks, Healthy: g.Healthy, Problem: g.Problem,
 			Peaks: topology.Peaks{SMs: g.Peaks.SMs, FLOPS: g.Peaks.FLOPS, HBMBandwidth: g.Peaks.HBMBandwidth,
 				HBMBytes: g.Peaks.HBMBytes, Source: g.Peaks.Source},
+			MemoryBytes: g.MemoryBytes, MaxSMClockMHz: g.MaxSMClockMHz, MaxMemClockMHz: g.MaxMemClockMHz,
+			MemoryBusWidthBits: g.MemoryBusWidthBits,
+		}
+		if g.Peaks.Figures != nil {
+			nd.GPUs[i].Peaks.Figures = *g.Peaks.Figures
 		}
 	}
 	return nd

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -204,5 +205,30 @@ func TestPublishEndsItsKeepAlive(t *testing.T) {
 	if ctx.Err() != nil || spy.ctxs[0].Err() == nil {
 		t.Fatalf("after publish returned: the agent's context ended: %v; the keepalive's: %v; want only the keepalive's ended",
 			ctx.Err(), spy.ctxs[0].Err())
+	}
+}
+
+// What an agent discovers reaches the replicas whole: NVML's readings and
+// each peak figure's source survive the record's round trip.
+func TestAgentRecordRoundTrip(t *testing.T) {
+	nd, err := topology.Simulated().NodeDiscovery("hgx-h200-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &nd.GPUs[0]
+	g.MemoryBytes, g.MaxSMClockMHz, g.MaxMemClockMHz, g.MemoryBusWidthBits = 150_000_000_000, 1980, 3201, 6144
+	g.Peaks.Source = topology.SourceNVMLEstimate
+	g.Peaks.Figures = topology.PeakSources{HBMBytes: topology.SourceNVML, SMs: topology.SourceNVML}
+	b, err := json.Marshal(RecordOf(nd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := decodeAgent(nd.Node, b)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	got := r.Discovery()
+	if !reflect.DeepEqual(got, nd) {
+		t.Errorf("round trip changed the discovery:\n got %+v\nwant %+v", got.GPUs[0], nd.GPUs[0])
 	}
 }
