@@ -25,21 +25,14 @@ import (
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology"
 )
 
 // eventually polls cond until it holds, for up to 30 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after 30s", what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, 30*time.Second, what, cond)
 }
 
 // replica is a sluiced in miniature: an engine served over gRPC on

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/server"
+	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
 // startSluiced runs a sluiced in-process on loopback, following etcd at
@@ -50,15 +51,7 @@ func sluicectl(args ...string) (int, string, string) {
 // eventually polls cond until it holds, for up to 30 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after 30s", what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, 30*time.Second, what, cond)
 }
 
 // drain and undrain write and delete the mark (with $USER and --reason);

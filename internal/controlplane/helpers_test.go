@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -24,15 +25,7 @@ const waitFor = 30 * time.Second
 // eventually polls cond until it holds or waitFor passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: still not %s", waitFor, what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, waitFor, what, cond)
 }
 
 // testLogger discards unless SLUICE_TEST_LOG is set.

@@ -20,6 +20,7 @@ import (
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
 // start runs a sluiced in-process on loopback and returns a client for it.
@@ -183,13 +184,7 @@ func TestReloadRefusesBadConfigAndKeepsServing(t *testing.T) {
 // not a timing assertion.
 func eventually(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, 10*time.Second, "the condition", cond)
 }
 
 func TestTopologyErrorNamesTheTopologyFile(t *testing.T) {

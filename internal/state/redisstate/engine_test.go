@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -419,15 +420,7 @@ func waitFor(d time.Duration) { <-time.After(d) }
 
 func eventually(t *testing.T, within time.Duration, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		<-tick.C
-	}
+	testwait.Until(t, within, what, cond)
 }
 
 // Strict mode with Redis killed and restarted: every request is answered;
