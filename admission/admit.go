@@ -7,8 +7,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
-	"github.com/sluice-sched/sluice/pd"
-	"github.com/sluice-sched/sluice/wfq"
 )
 
 // maxLowerTiers bounds accept_downgrade; catalogs are a few tiers deep.
@@ -17,9 +15,9 @@ const maxLowerTiers = 7
 // maxNameLen bounds tenant, model and request id names, which errors echo.
 const maxNameLen = 128
 
-// pending is one request on its way through the engine.
+// pending is one request on its way through the engine, and its charge.
 type pending struct {
-	tenant   *tenantState
+	charge
 	tierBuf  [maxLowerTiers + 1]*modelState // requested model first, then accepted lower tiers in chain order
 	ntiers   int
 	prompt   int64
@@ -27,29 +25,12 @@ type pending struct {
 	weighted int64
 	price    int64 // micro-USD at the requested model, charged to the budget
 	critical bool
-	gates    gateCharge
 }
 
 // tiers returns the models to try, requested first. (An index, not a slice
 // into tierBuf, so that a pending on the stack does not point into itself
 // and escape.)
 func (r *pending) tiers() []*modelState { return r.tierBuf[:r.ntiers] }
-
-// waiter is a request waiting in the fair queue.
-type waiter struct {
-	p         pending
-	requestID string
-	item      wfq.Item
-	enqueued  int64
-	deadline  int64
-	heapIdx   int
-	estimate  [2]int64 // backlog contribution: prefill FLOPs, decode bytes
-	pl        placement
-	queued    bool
-	refs      int           // callers waiting on it: the first plus idempotent duplicates
-	done      chan struct{} // closed once decision is set
-	decision  Decision
-}
 
 // Admit decides one request: admitted now (on the requested model or a lower
 // tier it accepts), queued until capacity frees and then admitted, or
@@ -67,12 +48,7 @@ func (e *Engine) Admit(ctx context.Context, req Request) (Decision, error) {
 	if w != nil {
 		d = e.wait(ctx, w)
 	}
-	if e.shared != nil {
-		e.shared.decisions.Add(1)
-		if e.shared.opts.Mode == SharedStrict {
-			d = e.commitStrict(ctx, req.RequestID, d)
-		}
-	}
+	e.shared.decided(ctx, req.RequestID, &d)
 	if e.observer != nil {
 		e.observer.ObserveDecision(req, d)
 	}
@@ -109,8 +85,25 @@ func validateRequest(r *Request) error {
 	return nil
 }
 
+// validateLimits checks the token counts against the config's limits.
+func validateLimits(req *Request, lim *RequestLimits) error {
+	if req.PromptTokens > lim.MaxPromptTokens {
+		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.PromptTokens, lim.MaxPromptTokens)}
+	}
+	if req.MaxOutputTokens > lim.MaxOutputTokens {
+		return &InvalidArgumentError{Field: "max_output_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.MaxOutputTokens, lim.MaxOutputTokens)}
+	}
+	return nil
+}
+
 func rejected(reason Reason, retry time.Duration) Decision {
 	return Decision{Outcome: Rejected, Reason: reason, RetryAfter: durationUntil(retry)}
+}
+
+// durationUntil converts a wait into a Retry-After in [0, 24h], so that
+// "never" stays a usable number on the wire.
+func durationUntil(d time.Duration) time.Duration {
+	return min(max(d, 0), 24*time.Hour)
 }
 
 // admit runs steps 2–6 of the data flow under the lock. It returns either a
@@ -120,154 +113,100 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	e.mu.Lock()
 	now := int64(wall.Sub(e.base))
 	var r pending
-	if err := e.resolveLocked(req, &r); err != nil {
+	if err := e.mu.place.resolve(req, &r); err != nil {
 		e.mu.Unlock()
 		return Decision{}, nil, err
 	}
 	// A request id seen before gets its answer even while shutting down: a
 	// retry after a lost answer must find its lease, not be sent elsewhere.
 	if req.RequestID != "" {
-		if ent, ok := e.mu.idem[req.RequestID]; ok {
-			if ent.w != nil && ent.tenant == req.Tenant {
-				ent.w.refs++
-			}
-			e.mu.Unlock()
-			if ent.tenant != req.Tenant {
+		if rec, ok := e.mu.room.idem.lookup(req.RequestID); ok {
+			if rec.tenant != req.Tenant {
+				e.mu.Unlock()
 				return Decision{}, nil, &InvalidArgumentError{Field: "request_id", Reason: "already used by another tenant"}
 			}
-			return ent.decision, ent.w, nil
-		}
-	}
-	if e.mu.closed {
-		e.mu.Unlock()
-		return rejected(ReasonShuttingDown, time.Second), nil, nil
-	}
-	t := e.tenantLocked(req.Tenant, now)
-	if t == nil {
-		e.mu.Unlock()
-		return rejected(ReasonUnknownTenant, 0), nil, nil
-	}
-	r.tenant = t
-	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
-	r.price = e.mu.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
-
-	critical, reason, retry := e.checkGatesLocked(t, now, wall, r.weighted, r.price, req.Priority == PriorityCritical)
-	if reason != ReasonNone {
-		d := e.rejectWithTrace(reason, retry, t, &r, now)
-		e.mu.Unlock()
-		return d, nil, nil
-	}
-	r.critical = critical
-
-	// Within the floor: reserved capacity, no queue.
-	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		if pl, ok := e.placeLocked(now, t, &r, true); ok {
-			d := e.admitNowLocked(now, req, &r, pl)
+			if rec.w != nil {
+				rec.w.refs++
+			}
 			e.mu.Unlock()
-			return d, nil, nil
+			return rec.decision, rec.w, nil
 		}
 	}
-	// Shared capacity, unless others in the same band are already waiting for it.
-	waiting := e.mu.queue.Len()
-	if critical {
-		waiting = e.mu.queue.CriticalLen()
-	}
-	// With others waiting, the requested tier is theirs first; a request
-	// that accepts lower tiers is degraded at once rather than wait (the
-	// point of degradation under saturation).
-	first := 0
-	if waiting > 0 {
-		first = 1
-	}
-	if first < r.ntiers {
-		if pl, ok := e.placeFromLocked(now, t, &r, false, first); ok {
-			d := e.admitNowLocked(now, req, &r, pl)
-			e.mu.Unlock()
-			return d, nil, nil
-		}
-	}
-	d, w := e.enqueueLocked(ctx, now, wall, req, &r)
+	d, w := e.decideLocked(ctx, now, wall, req, &r)
 	var answered []*waiter
 	if w != nil {
 		answered = e.dispatchLocked(now, nil)
 	}
 	e.mu.Unlock()
-	e.finish(answered)
+	finish(answered)
 	return d, w, nil
 }
 
-// resolveLocked looks up the model and accepted lower tiers.
-func (e *Engine) resolveLocked(req *Request, r *pending) error {
-	m, ok := e.mu.models[req.Model]
+// decideLocked runs a new request through the tenant gates and placement:
+// within the floor (reserved capacity, no queue), on shared capacity, or
+// into the waiting room.
+func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (Decision, *waiter) {
+	if e.mu.closed {
+		return rejected(ReasonShuttingDown, time.Second), nil
+	}
+	t, fresh := e.mu.gates.lookupLocked(req.Tenant, now, e.mu.place.modelList)
+	if t == nil {
+		return rejected(ReasonUnknownTenant, 0), nil
+	}
+	if fresh {
+		e.shared.tenantReadyLocked(t, now, false)
+	}
+	r.tenant = t
+	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
+	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
+
+	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t))
+	if why.reason == ReasonQuotaExceeded {
+		why.retry = e.shared.quotaRefusedLocked(t, why.retry)
+	}
+	if why.refused() {
+		return rejectWithTrace(why, r, now), nil
+	}
+	r.critical = critical
+	place := &e.mu.place
+	pl, ok := placement{}, false
+	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
+		pl, ok = place.find(now, r, true, 0)
+	}
+	// Shared capacity, unless others in the same band are already waiting
+	// for it: then the requested tier is theirs first, and a request that
+	// accepts lower tiers is degraded at once rather than wait (the point
+	// of degradation under saturation).
+	waiting := e.mu.room.queue.Len()
+	if critical {
+		waiting = e.mu.room.queue.CriticalLen()
+	}
 	if !ok {
-		return &InvalidArgumentError{Field: "model", Reason: fmt.Sprintf("unknown model %q (known: %v)", req.Model, e.mu.cat.Names())}
-	}
-	lim := &e.mu.cfg.Limits
-	if req.PromptTokens > lim.MaxPromptTokens {
-		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.PromptTokens, lim.MaxPromptTokens)}
-	}
-	if req.MaxOutputTokens > lim.MaxOutputTokens {
-		return &InvalidArgumentError{Field: "max_output_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.MaxOutputTokens, lim.MaxOutputTokens)}
-	}
-	r.prompt, r.output = req.PromptTokens, req.MaxOutputTokens
-	r.tierBuf[0] = m
-	n := 1
-	for i, name := range req.AcceptDowngrade {
-		lower, ok := e.mu.models[name]
-		if !ok {
-			return &InvalidArgumentError{Field: fmt.Sprintf("accept_downgrade[%d]", i), Reason: fmt.Sprintf("unknown model %q", name)}
+		first := 0
+		if waiting > 0 {
+			first = 1
 		}
-		if !contains(m.chain, lower.idx) {
-			return &InvalidArgumentError{Field: fmt.Sprintf("accept_downgrade[%d]", i), Reason: fmt.Sprintf("%q is not a lower tier of %q", name, m.name)}
-		}
+		pl, ok = place.find(now, r, false, first)
 	}
-	// Keep chain order whatever order the caller listed them in.
-	for _, li := range m.chain {
-		for _, name := range req.AcceptDowngrade {
-			if e.mu.modelList[li].name == name && !containsModel(r.tierBuf[:n], li) {
-				r.tierBuf[n] = e.mu.modelList[li]
-				n++
-			}
-		}
+	if !ok {
+		o := place.outlook(now, r)
+		return e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue)
 	}
-	r.ntiers = n
-	return nil
+	r.chargeGates(now, t, r.weighted, r.price, critical)
+	return e.grantLocked(now, req.RequestID, r, pl, 0), nil
 }
 
-func contains(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
-
-func containsModel(ms []*modelState, idx int) bool {
-	for _, m := range ms {
-		if m.idx == idx {
-			return true
-		}
-	}
-	return false
-}
-
-// admitNowLocked charges the gates and the placement and answers.
-func (e *Engine) admitNowLocked(now int64, req *Request, r *pending, pl placement) Decision {
-	r.gates = e.chargeGatesLocked(r.tenant, now, r.weighted, r.price, r.critical)
-	return e.grantLocked(now, req.RequestID, r, pl, 0)
-}
-
-// grantLocked opens the lease for a placement whose gates are charged and
+// grantLocked places a request whose gates are charged, opens its lease and
 // builds the answer (and remembers it under the request id).
 func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placement, queued time.Duration) Decision {
-	t := r.tenant
 	if pl.tier > 0 { // degraded: budget at the granted model's price
-		granted := e.mu.cat.PriceMicros(pl.model.model, r.prompt, r.output)
-		e.adjustSpendLocked(t, r.gates.day, r.gates.month, granted-r.gates.budget)
-		r.gates.budget = granted
+		r.reprice(e.mu.place.cat.PriceMicros(pl.model.model, r.prompt, r.output))
 	}
-	id := e.chargePlacementLocked(now, t, r, pl)
+	r.place(now, pl)
+	id := e.mu.leases.add(lease{
+		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, output: r.output,
+		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
+	})
 	d := Decision{Outcome: Admitted, LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
 	if pl.tier > 0 {
 		d.Outcome = Degraded
@@ -276,22 +215,24 @@ func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placeme
 			d.DowngradePath[i] = r.tierBuf[i].name
 		}
 	}
-	e.fillTenantTrace(&d.Trace, t, r, now)
+	tenantTrace(&d.Trace, r, now)
 	tr := &d.Trace
-	tr.QuotaBefore, tr.QuotaAfter = r.gates.quotaBefore, r.gates.quotaAfter
-	tr.BurstCreditBefore, tr.BurstCreditAfter = r.gates.creditBef, r.gates.creditAft
+	g := &r.gates
+	tr.QuotaBefore, tr.QuotaAfter = g.quotaBefore, g.quotaAfter
+	tr.BurstCreditBefore, tr.BurstCreditAfter = g.creditBef, g.creditAft
 	tr.Floor, tr.Critical = pl.floor, r.critical
 	tr.PrefillLevel, tr.DecodeLevel = pl.dom.cap.Levels(now)
 	tr.KVInUse, tr.KVLimit = pl.dom.cap.KV()
-	tr.EstimatedCostMicros = r.gates.budget
+	tr.EstimatedCostMicros = g.price
 	if requestID != "" {
-		e.rememberLocked(now, requestID, t.name, d)
+		e.mu.room.idem.remember(requestID, r.tenant.name, d, now+int64(e.mu.cfg.Leases.IdempotencyTTL.Duration))
 	}
 	return d
 }
 
-// fillTenantTrace sets the labels known before placement.
-func (e *Engine) fillTenantTrace(tr *Trace, t *tenantState, r *pending, now int64) {
+// tenantTrace sets the labels known before placement.
+func tenantTrace(tr *Trace, r *pending, now int64) {
+	t := r.tenant
 	tr.Tenant, tr.Tier, tr.Model = t.name, t.tier, r.tierBuf[0].name
 	tr.WeightedTokens = r.weighted
 	tr.EstimatedCostMicros = r.price
@@ -301,172 +242,44 @@ func (e *Engine) fillTenantTrace(tr *Trace, t *tenantState, r *pending, now int6
 	tr.BurstCreditBefore, tr.BurstCreditAfter = c, c
 }
 
-// enqueueLocked puts a request that fits nowhere now into the fair queue,
-// or rejects it at once when it never could fit, when its deadline cannot
-// be met or when the queue is full.
-func (e *Engine) enqueueLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (Decision, *waiter) {
-	t := r.tenant
-	ever, drainingOnly, wait, first := e.capacityOutlookLocked(now, r)
-	if !ever {
-		if drainingOnly {
-			return e.rejectWithTrace(ReasonDomainDraining, 0, t, r, now), nil
-		}
-		return e.rejectWithTrace(ReasonCapacityExceeded, 0, t, r, now), nil
-	}
-	estimate := addSat(e.backlogWaitLocked(), wait)
-	// The deadline: the earliest of the caller's (gRPC or request field,
-	// less the answer margin) and the default wait, clamped so that far-off
-	// deadlines cannot overflow.
-	maxWait := e.mu.cfg.Queue.DefaultWait.Duration
-	margin := e.mu.cfg.Queue.DeadlineMargin.Duration
-	if dl, ok := ctx.Deadline(); ok {
-		maxWait = min(maxWait, dl.Sub(wall)-margin)
-	}
-	if !req.Deadline.IsZero() {
-		maxWait = min(maxWait, req.Deadline.Sub(wall)-margin)
-	}
-	deadline := now + int64(maxWait)
-	if estimate > time.Duration(deadline-now) {
-		return e.rejectWithTrace(ReasonDeadlineUnmeetable, estimate, t, r, now), nil
-	}
-	w := &waiter{p: *r, requestID: req.RequestID, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
-	w.item = wfq.Item{
-		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name},
-		Cost:     uint64(r.weighted),
-		Weight:   uint64(t.policy.Weight),
-		Critical: r.critical,
-		Value:    w,
-	}
-	if err := e.mu.queue.Enqueue(&w.item); err != nil {
-		return e.rejectWithTrace(ReasonQueueFull, estimate, t, r, now), nil
-	}
-	w.queued = true
-	w.p.gates = e.chargeGatesLocked(t, now, r.weighted, r.price, r.critical)
-	t.queued++
-	w.estimate = [2]int64{first.PrefillFLOP, first.DecodeBytes}
-	e.mu.backlogPrefill += first.PrefillFLOP
-	e.mu.backlogDecode += first.DecodeBytes
-	e.mu.deadlines.push(w)
-	if req.RequestID != "" {
-		e.mu.idem[req.RequestID] = idemEntry{tenant: t.name, w: w, expires: deadline}
-	}
-	e.wakeDispatcher()
-	return Decision{}, w
-}
-
-func (e *Engine) rejectWithTrace(reason Reason, retry time.Duration, t *tenantState, r *pending, now int64) Decision {
-	d := rejected(reason, retry)
-	e.fillTenantTrace(&d.Trace, t, r, now)
+func rejectWithTrace(why refusal, r *pending, now int64) Decision {
+	d := rejected(why.reason, why.retry)
+	tenantTrace(&d.Trace, r, now)
 	return d
 }
 
-// backlogWaitLocked estimates how long the queued work takes to drain at the
-// eligible domains' combined soft capacity.
-func (e *Engine) backlogWaitLocked() time.Duration {
-	var prefillRate, decodeRate int64
-	for _, d := range e.mu.domains {
-		if d.eligible() {
-			prefillRate += d.cap.PrefillRate()
-			decodeRate += d.cap.DecodeRate()
-		}
-	}
-	if prefillRate <= 0 || decodeRate <= 0 {
+// addSat adds two non-negative durations, saturating at tokenbucket.Never.
+func addSat(a, b time.Duration) time.Duration {
+	if a > tokenbucket.Never-b {
 		return tokenbucket.Never
 	}
-	p := float64(e.mu.backlogPrefill) / float64(prefillRate)
-	d := float64(e.mu.backlogDecode) / float64(decodeRate)
-	return time.Duration(max(p, d) * float64(time.Second))
+	return a + b
 }
 
 // dispatchLocked admits queued requests, smallest finish tag first among
 // those that fit somewhere (critical band first), until none fits.
 func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
-	if e.mu.queue.Len() == 0 {
+	room, place := &e.mu.room, &e.mu.place
+	if room.queue.Len() == 0 {
 		return answered
 	}
-	// A head that does not fit reserves the domain it waits for: requests
-	// behind it (larger finish tags) may be placed only elsewhere. Without
-	// this, small requests would take every refill and starve a large one
-	// at the head; with it, one domain serves strictly in tag order and
-	// several domains backfill around the waiting head (EASY backfilling).
-	fits := func(it *wfq.Item) bool {
-		w := it.Value.(*waiter)
-		pl, ok := e.placeLocked(now, w.p.tenant, &w.p, false)
-		if !ok {
-			if d := e.reservedDomainLocked(now, w); d != nil {
-				e.mu.blocked = append(e.mu.blocked, d)
-			}
-			return false
-		}
-		w.pl = pl
-		return true
-	}
-	defer func() { e.mu.blocked = e.mu.blocked[:0] }()
+	defer func() { place.blocked = place.blocked[:0] }()
+	fits := func(w *waiter) bool { return place.fitsQueued(now, w) }
 	for {
-		e.mu.blocked = e.mu.blocked[:0]
-		it := e.mu.queue.Dequeue(fits, 8)
-		if it == nil {
+		place.blocked = place.blocked[:0]
+		w := room.next(fits)
+		if w == nil {
 			return answered
 		}
-		w := it.Value.(*waiter)
-		e.unqueueLocked(w)
 		w.decision = e.grantLocked(now, w.requestID, &w.p, w.pl, time.Duration(now-w.enqueued))
 		answered = append(answered, w)
 	}
 }
 
-// reservedDomainLocked is the domain a queued request that does not fit
-// waits for: the first in its rendezvous order for its requested model that
-// could ever hold it.
-func (e *Engine) reservedDomainLocked(now int64, w *waiter) *domainState {
-	m := w.p.tierBuf[0]
-	for _, di := range e.orderLocked(w.p.tenant, m) {
-		d := e.mu.domains[di]
-		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {
-			return d
-		}
-	}
-	return nil
-}
-
-// unqueueLocked takes a waiter out of the queue's bookkeeping (the item
-// itself has been dequeued or removed by the caller).
-func (e *Engine) unqueueLocked(w *waiter) {
-	w.queued = false
-	w.p.tenant.queued--
-	e.mu.backlogPrefill -= w.estimate[0]
-	e.mu.backlogDecode -= w.estimate[1]
-	e.mu.deadlines.remove(w)
-}
-
-// rejectQueuedLocked answers a queued request with a rejection and gives
-// back everything its gates took. The caller closes w.done.
-func (e *Engine) rejectQueuedLocked(now int64, w *waiter, reason Reason, retry time.Duration) {
-	e.mu.queue.Remove(&w.item)
-	e.unqueueLocked(w)
-	e.refundGatesLocked(w.p.tenant, now, &w.p.gates)
-	w.decision = rejected(reason, retry)
-	w.decision.Queued = time.Duration(now - w.enqueued)
-	e.fillTenantTrace(&w.decision.Trace, w.p.tenant, &w.p, now)
-	if ent, ok := e.mu.idem[w.requestID]; ok && ent.w == w {
-		delete(e.mu.idem, w.requestID) // rejections are not remembered: a retry decides afresh
-	}
-}
-
-// expireDeadlinesLocked rejects queued requests whose deadline has come.
-func (e *Engine) expireDeadlinesLocked(now int64, answered []*waiter) []*waiter {
-	for len(e.mu.deadlines) > 0 && e.mu.deadlines[0].deadline <= now {
-		w := e.mu.deadlines[0]
-		e.rejectQueuedLocked(now, w, ReasonDeadlineUnmeetable, e.backlogWaitLocked())
-		answered = append(answered, w)
-	}
-	return answered
-}
-
 // wait blocks until the waiter is answered or ctx ends. A caller that gives
-// up takes its request out of the queue (refunded); if it was admitted in
-// the meantime and nobody can learn the lease (no request id), the lease is
-// released at once so that nothing leaks.
+// up takes its request out of the queue (its charge cancelled); if it was
+// admitted in the meantime and nobody can learn the lease (no request id),
+// the admission is revoked so that nothing leaks.
 func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 	select {
 	case <-w.done:
@@ -476,13 +289,14 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 	e.mu.Lock()
 	now := e.nowLocked()
 	w.refs--
+	room := &e.mu.room
 	if w.queued && w.refs > 0 { // an idempotent duplicate still waits for it
-		d := rejected(ReasonDeadlineUnmeetable, e.backlogWaitLocked())
+		d := rejected(ReasonDeadlineUnmeetable, room.backlogWait(e.mu.place.eligibleRates()))
 		e.mu.Unlock()
 		return d
 	}
 	if w.queued {
-		e.rejectQueuedLocked(now, w, ReasonDeadlineUnmeetable, e.backlogWaitLocked())
+		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.backlogWait(e.mu.place.eligibleRates())})
 		e.mu.Unlock()
 		close(w.done)
 		return w.decision
@@ -491,26 +305,29 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 	if d.LeaseID != 0 && w.requestID == "" && w.refs == 0 {
 		// Admitted just as the caller gave up, and nobody can learn the
 		// lease: undo the admission entirely, as if it had been rejected.
-		e.revokeLeaseLocked(now, d.LeaseID)
-		d = rejected(ReasonDeadlineUnmeetable, 0)
-		e.fillTenantTrace(&d.Trace, w.p.tenant, &w.p, now)
+		if l, ok := e.mu.leases.remove(d.LeaseID); ok {
+			l.Cancel(now)
+		}
+		d = rejectWithTrace(refusal{ReasonDeadlineUnmeetable, 0}, &w.p, now)
 	}
 	e.mu.Unlock()
 	<-w.done // answered concurrently; done is closed right after the lock is dropped
 	return d
 }
 
-// revokeLeaseLocked undoes an admission entirely, as if it had been
-// rejected: the domain and the tenant's gates get everything back.
-func (e *Engine) revokeLeaseLocked(now int64, id uint64) {
-	l, ok := e.mu.leases.remove(id)
-	if !ok {
-		return
+// revokeLocked undoes an admission the shared store did not confirm: its
+// charge is cancelled and d becomes the refusal, which its request id now
+// answers too, so that duplicates that waited for the commit agree.
+func (e *Engine) revokeLocked(requestID string, d *Decision, why refusal) {
+	now := e.nowLocked()
+	if l, ok := e.mu.leases.remove(d.LeaseID); ok {
+		l.Cancel(now)
 	}
-	l.dom.cap.Release(now, l.cost, pd.Cost{})
-	e.closeLeaseLocked(&l)
-	if l.floor {
-		l.tenant.floor.Refund(now, l.weighted)
+	out := rejected(why.reason, why.retry)
+	out.Trace = d.Trace
+	*d = out
+	if requestID != "" {
+		e.mu.room.idem.replace(requestID, out)
 	}
-	e.refundGatesLocked(l.tenant, now, &l.gates)
+	finish(e.dispatchLocked(now, nil)) // closing channels never blocks: fine under the lock
 }

@@ -245,12 +245,21 @@ func (c *Config) Policy(tenant string) (TierPolicy, bool) {
 type ConfigError struct {
 	Key    string // e.g. "tenants.acme.weight"
 	Reason string
+	Err    error // the error Reason came from, if any
 }
 
 func (e *ConfigError) Error() string { return e.Key + ": " + e.Reason }
 
+// Unwrap returns the error the refusal came from.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
 func cfgErr(key, format string, args ...any) error {
 	return &ConfigError{Key: key, Reason: fmt.Sprintf(format, args...)}
+}
+
+// cfgWrap refuses the value at key for err, keeping err in the chain.
+func cfgWrap(key string, err error) error {
+	return &ConfigError{Key: key, Reason: err.Error(), Err: err}
 }
 
 // SetDefaults fills every knob left at zero with its default.
@@ -356,10 +365,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	if _, err := pd.NewCatalog(c.Models); err != nil {
-		return cfgErr("models", "%v", err)
+		return cfgWrap("models", err)
 	}
 	if err := c.Capacity.Validate(); err != nil {
-		return cfgErr("capacity", "%v", err)
+		return cfgWrap("capacity", err)
 	}
 	switch {
 	case c.Queue.MaxPerFlow < 1:

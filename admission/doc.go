@@ -3,29 +3,64 @@
 // runs now, where, on which model tier, or waits, or is refused with a
 // precise Retry-After.
 //
+// # Four rooms under one lock
+//
+// The engine's state lives in four components, each owning its fields and
+// its methods, all guarded by Engine.mu (as CockroachDB's admission control
+// splits requesters from granters under one mutex). Engine holds no logic
+// of its own beyond orchestrating a decision across them:
+//
+//   - tenant gates (tenantGates, tenantState; gates.go, tenant.go,
+//     burstcredit.go, budget.go): per tenant, the burst-credit breaker, the
+//     daily and monthly cost budget, the RPS bucket, the token bucket with
+//     its credit, the floor and critical buckets, and the concurrency limit.
+//     Idle tenants live only in the config.
+//   - placement (placer, domainState; placer.go, domain.go, reserves.go,
+//     drain.go): the catalog's models and degrade chains, the NVLink
+//     domains with their soft capacity (package pd), drain marks and health
+//     weights, the floor reserves, and the weighted rendezvous order of
+//     domains per (tenant, model).
+//   - the waiting room (waitingRoom; waitingroom.go, idempotency.go): the
+//     weighted fair queue (package wfq), the deadlines of queued requests,
+//     the estimated work queued, and the idempotency records.
+//   - the lease table (leaseTable; leases.go): admitted requests, by an id
+//     that needs no map, with a heap of expiries.
+//
+// A charge (charge.go) is what one admission took from these rooms: the
+// tenant's gates and, once placed, the domain's capacity. Like
+// x/time/rate's Reservation it knows how to undo itself: every path that
+// takes a decision back — refused after the gates were charged, a deadline
+// passed in the queue, a caller gone, a store refusal — calls Cancel, and
+// Release and lease expiry call Settle.
+//
 // # A decision
 //
-// Admit runs these steps (DESIGN.md, "Data flow"):
+// Admit runs these steps (docs/architecture.md, "One decision"):
 //
 //  1. validate: malformed requests return *InvalidArgumentError naming the
 //     field and change nothing.
 //  2. idempotency: a request id seen before gets the same admission (or
 //     joins the same queued request); rejections are not remembered, since
 //     nothing was charged and a retry should decide afresh.
-//  3. tenant gates, checked all before any is charged: breaker, daily and
-//     monthly budget (priced per model in micro-USD), RPS bucket, token
-//     bucket with burst credit, concurrency (in flight + queued).
+//  3. tenant gates, screened all before any is charged: breaker, the shared
+//     store's fail mode, daily and monthly budget (priced per model in
+//     micro-USD), RPS bucket, token bucket with burst credit, concurrency
+//     (in flight + queued).
 //  4. placement: the domains in weighted rendezvous order for
 //     (tenant, model), weights from domain health, drained domains left out;
 //     the first domain whose prefill bucket, decode bucket and KV gauge all
 //     fit gets the whole request. A request is never split across domains.
-//  5. if nothing fits: the weighted fair queue (package wfq), or REJECTED at
-//     once when it could never fit, its deadline cannot be met or the queue
-//     is full.
-//  6. degradation: a request that accepts lower tiers is tried on them, in
+//  5. degradation: a request that accepts lower tiers is tried on them, in
 //     degrade-chain order, when its own tier does not fit with headroom
 //     h = degrade_headroom · (1 − weight/max_weight) of the domain left over;
 //     so low-weight tenants degrade first and the top weight only when full.
+//     While others wait in the queue, the requested tier is theirs first and
+//     such a request goes straight to its lower tiers.
+//  6. if nothing fits: the waiting room, or REJECTED at once when it could
+//     never fit, its deadline cannot be met or the queue is full. The
+//     dispatcher admits queued requests in fair order as capacity frees; a
+//     head that does not fit reserves the domain it waits for, and later
+//     requests backfill other domains.
 //
 // # Floors
 //
@@ -42,9 +77,9 @@
 //
 // A token bucket may go into debt down to credit = multiple × rate. Debt is
 // repaid by refill; if the bucket is still in debt `window` after it first
-// went negative, the tenant's breaker opens: BURST_CREDIT_EXHAUSTED for
-// `breaker_open`, then half-open (no credit) until the debt is repaid, then
-// closed with credit restored.
+// went negative, the tenant's breaker opens (creditBreakerOpen):
+// BURST_CREDIT_EXHAUSTED for `breaker_open`, then half-open
+// (creditHalfOpen: no credit) until the debt is repaid, then lending again.
 //
 // # Leases
 //
@@ -56,26 +91,53 @@
 // steps after a 30 s cool-down). A lease not released within its TTL
 // expires as if fully used.
 //
+// # Shared state
+//
+// With several replicas, quotas and domain capacity are shared through the
+// SharedState port (internal/state/redisstate on Redis). The engine uses it
+// through an internal strategy with three implementations, called at a few
+// named hooks — a tenant's state built or re-limited, a domain's capacity
+// rebuilt, the store's gate in the screen, a quota refusal, every answer
+// (decided), every release, and a background loop — so that no gate asks
+// which mode it runs in:
+//
+//   - embedded (the default): every hook does nothing; the buckets are whole.
+//   - batched (batched.go): every bucket is this replica's local grant;
+//     decisions never wait for the store. Every interval one Reconcile
+//     call reports what each bucket took (cumulative counters per epoch, so
+//     a repeated report is counted once) and the demand, and brings the
+//     next grants: a max-min fair share of the rate and a share of the
+//     level, negative for an overage (backpressure). A tenant new to the
+//     replica starts from a 1/N slice without refill; one idle for ten
+//     intervals stops being reported and freezes at its level.
+//   - strict (strict.go): the replica decides locally on whole buckets, as
+//     if alone, then confirms every admission with one atomic Commit that
+//     takes the tenant's and the domain's amounts from the shared buckets
+//     or refuses them all; a refusal cancels the local charge and answers
+//     REJECTED with the store's reason and Retry-After. Release settles the
+//     difference with Settle. Duplicates of an admission wait for its one
+//     commit.
+//
+// Both share the store's circuit breaker (storebreaker.go: open after
+// consecutive failures, one probe per cool-down). While it is open,
+// fail-closed tiers are refused with STATE_UNAVAILABLE and fail-open tiers
+// keep deciding locally: batched from their last grants, strict from a 1/N
+// slice of every bucket.
+//
 // # Time and concurrency
 //
 // The engine reads time only from its injected clock; Tick does the timed
 // work (deadlines, lease expiry, health steps, dispatch) and Run calls it
-// in production. All state sits under Engine.mu; methods ending in Locked
-// expect it held.
+// in production, beside the strategy's background loop. Every goroutine
+// the engine starts is owned: Close answers the queue, ends them and waits
+// for them. All state sits under Engine.mu; methods ending in Locked, and
+// every method of the four rooms, expect it held.
 //
 // # Where the adapters plug in
 //
-// The state is in memory (the embedded mode). The control plane reaches the
-// engine through Apply (tiers, tenants, models: validated, swapped without
-// dropping leases or queued work), SetTopology (domains come and go; their
-// leases finish) and Drain/Undrain, which is all an etcd watcher needs.
-// Shared state for several replicas attaches at the two kinds of bucket:
-// the tenant gates (tenantState: RPS, tokens, floor, critical, budget) and
-// the domain capacities (pd.DomainCapacity). Both are lazily refilled
-// integer buckets whose rate, burst and level can be set live
-// (tokenbucket.SetLimits), which is what a batched reconciler needs: it
-// reports what a replica took and sets the replica's grant as the local
-// rate, as CockroachDB's distributed token bucket does. Strict mode replaces
-// checkGatesLocked/chargeGatesLocked and the domain Fits/Charge of one
-// decision with a single atomic script call.
+// The control plane reaches the engine through Apply (tiers, tenants,
+// models: validated, swapped without dropping leases or queued work),
+// SetTopology (domains come and go; their leases finish) and
+// Drain/DrainAhead/Undrain, which is all an etcd watcher needs. Metrics
+// observe every answer and release through an Observer, outside the lock.
 package admission

@@ -254,7 +254,7 @@ func checkInvariants(t *rapid.T, h *harness) {
 		kv[l.dom] += l.cost.KVBytes
 		inFlight[l.dom]++
 	})
-	for _, d := range e.mu.domains {
+	for _, d := range e.mu.place.domains {
 		p, dec := d.cap.Levels(now)
 		if p > d.cap.PrefillBurst() || dec > d.cap.DecodeBurst() {
 			t.Fatalf("%s: bucket above burst: prefill %d/%d decode %d/%d", d.ID(), p, d.cap.PrefillBurst(), dec, d.cap.DecodeBurst())

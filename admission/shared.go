@@ -2,7 +2,6 @@ package admission
 
 import (
 	"context"
-	"errors"
 	"time"
 )
 
@@ -135,97 +134,4 @@ type StrictSettle struct {
 	Refunds []StrictTake
 	KVKey   string
 	Lease   string
-}
-
-// SharedMode selects how decisions use shared state.
-type SharedMode int
-
-// Shared-state modes.
-const (
-	// SharedBatched decides locally from this replica's grants and
-	// reconciles every interval (the default with several replicas).
-	SharedBatched SharedMode = iota + 1
-	// SharedStrict confirms every admission with one atomic store call.
-	SharedStrict
-)
-
-// String names the mode as flags and logs do.
-func (m SharedMode) String() string {
-	switch m {
-	case SharedBatched:
-		return "batched"
-	case SharedStrict:
-		return "strict"
-	}
-	return "embedded"
-}
-
-// SharedOptions configure shared state.
-type SharedOptions struct {
-	Mode     SharedMode
-	Replica  string        // unique per process incarnation
-	Replicas int           // N until membership says otherwise; default 1
-	Interval time.Duration // batched reconcile period; default 100ms
-	Timeout  time.Duration // per store call; default 50ms
-	// The breaker opens after Failures consecutive store errors and probes
-	// again after Cooldown.
-	Failures int           // default 3
-	Cooldown time.Duration // default 1s
-	// OnBreaker, if set, is told when the breaker opens (true) and closes
-	// (false). It is called under the engine's lock: it must only note the
-	// change (a log line, a metric), never call the engine.
-	OnBreaker func(open bool)
-}
-
-func (o *SharedOptions) setDefaults() error {
-	if o.Mode != SharedBatched && o.Mode != SharedStrict {
-		return errors.New("admission: shared state: mode must be batched or strict")
-	}
-	if o.Replica == "" {
-		return errors.New("admission: shared state: replica id must not be empty")
-	}
-	o.Replicas = max(o.Replicas, 1)
-	if o.Interval <= 0 {
-		o.Interval = 100 * time.Millisecond
-	}
-	if o.Timeout <= 0 {
-		o.Timeout = 50 * time.Millisecond
-	}
-	if o.Failures <= 0 {
-		o.Failures = 3
-	}
-	if o.Cooldown <= 0 {
-		o.Cooldown = time.Second
-	}
-	return nil
-}
-
-// WithSharedState makes the engine one of several replicas sharing quotas
-// and domain capacity through store. New fails on invalid options.
-func WithSharedState(store SharedState, o SharedOptions) Option {
-	return func(e *Engine) {
-		if err := o.setDefaults(); err != nil {
-			e.optErr = err
-			return
-		}
-		e.shared = newSharedSync(store, o)
-	}
-}
-
-// SharedStatus describes the shared-state link, for metrics.
-type SharedStatus struct {
-	Mode        SharedMode
-	Replicas    int
-	BreakerOpen bool
-	// FallbackSeconds is the total time the breaker has been open.
-	FallbackSeconds float64
-	// ReconcileLag is how long ago the last successful reconcile (or
-	// strict call) completed.
-	ReconcileLag time.Duration
-	// Overage is the total of units this replica gave up to overages.
-	Overage int64
-	// Calls and Decisions count store calls and decisions, so that
-	// Calls/Decisions is the store calls per decision.
-	Calls, Decisions uint64
-	Failures         uint64
 }

@@ -2,96 +2,219 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/sluice-sched/sluice/pd"
 )
 
-// commitStrict confirms a local admission with the shared store (strict
-// mode): one atomic call takes the tenant's and the domain's amounts or
-// refuses them all. A refusal undoes the local admission and answers
-// REJECTED with the store's reason and Retry-After. When the store cannot
-// be reached, fail-open tiers keep the local admission (decided from the
-// local slice) and fail-closed tiers are refused with STATE_UNAVAILABLE.
-//
-// Callers of the same admission (idempotent duplicates) wait for the one
-// commit and get its outcome. The call runs on its own deadline, not the
-// caller's: a caller giving up must neither leave the store's answer
-// unknown nor count against the store's breaker.
-func (e *Engine) commitStrict(ctx context.Context, requestID string, d Decision) Decision {
-	if d.LeaseID == 0 || (d.Outcome != Admitted && d.Outcome != Degraded) {
-		return d
+// strictState is the strict strategy. The engine decides locally on whole
+// buckets, as if alone, and then confirms every admission with one atomic
+// store call that takes the tenant's and the domain's amounts from the
+// shared buckets or refuses them all; a refusal cancels the local charge
+// and answers REJECTED with the store's reason and Retry-After. Release
+// settles the difference in the store. When the store cannot be reached,
+// fail-open tiers keep the local admission, decided from a 1/N slice of
+// every bucket while the breaker is open, and fail-closed tiers are
+// refused with STATE_UNAVAILABLE.
+type strictState struct {
+	*storeLink
+
+	// Under Engine.mu.
+	commits   map[uint64]chan struct{} // leases whose commit is in flight
+	committed map[uint64]struct{}      // leases the store may hold a charge for
+	lastPrune int64
+}
+
+func newStrictState(link *storeLink) *strictState {
+	s := &strictState{
+		storeLink: link,
+		commits:   make(map[uint64]chan struct{}),
+		committed: make(map[uint64]struct{}),
 	}
-	s := e.shared
-	e.mu.Lock()
-	if pending, ok := e.mu.commits[d.LeaseID]; ok {
-		e.mu.Unlock()
+	link.onDown = s.fallbackLocked
+	return s
+}
+
+// fallbackLocked follows the breaker: the local buckets, whole while the
+// store decides, are cut to a 1/N slice while it cannot, and made whole
+// again when it returns.
+func (s *strictState) fallbackLocked(now int64, down bool) {
+	e := s.e
+	for _, t := range e.mu.gates.tenants {
+		t.setPolicy(t.policy, now, false)
+		if down {
+			s.sliceTenant(t, now, true)
+		}
+	}
+	for _, d := range e.mu.place.domains {
+		if down {
+			s.sliceDomain(d, now)
+		} else {
+			_ = d.cap.Resize(&d.topo) // the same domain: cannot fail
+		}
+	}
+}
+
+func (s *strictState) tenantReadyLocked(t *tenantState, now int64, _ bool) {
+	if s.down {
+		s.sliceTenant(t, now, true)
+	}
+}
+
+func (s *strictState) capacityRebuiltLocked(now int64, d *domainState, old *pd.DomainCapacity) {
+	if s.down {
+		s.keepShare(now, d, old)
+	}
+}
+
+func (s *strictState) quotaRefusedLocked(_ *tenantState, retry time.Duration) time.Duration {
+	return durationUntil(retry)
+}
+
+func (s *strictState) reconcile(context.Context) error { return nil }
+
+// run probes the store while the breaker is open: fail-closed tiers are
+// refused before any store call, so their traffic alone would never find
+// out that the store is back. It also forgets, now and then, the commits
+// of leases that expired.
+func (s *strictState) run(ctx context.Context) {
+	t := time.NewTicker(s.opts.Cooldown)
+	defer t.Stop()
+	for {
 		select {
-		case <-pending:
 		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if ent, ok := e.mu.idem[requestID]; ok && requestID != "" {
-			return ent.decision
+		s.pruneCommitted()
+		now := s.e.clk.Now()
+		if open, _ := s.br.status(now); open && s.br.allow(now) {
+			cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+			err := s.store.Ping(cctx)
+			cancel()
+			s.answered(err)
 		}
-		return d
 	}
-	l, ok := e.mu.leases.get(d.LeaseID)
-	if !ok || l.committed { // released already, or confirmed for an earlier caller
-		e.mu.Unlock()
-		return d
-	}
-	charge, tenantTakes := e.strictChargeLocked(l, d.LeaseID)
-	failClosed := l.tenant.policy.FailMode == FailClosed
-	var v StrictVerdict
-	err := errBreakerOpen
-	if s.br.allow(e.clk.Now()) {
-		// From here the store may hold the charge: Release settles it
-		// (Settle refunds only what the store holds for the lease).
-		l.committed = true
-		done := make(chan struct{})
-		e.mu.commits[d.LeaseID] = done
-		defer func() {
-			e.mu.Lock()
-			delete(e.mu.commits, d.LeaseID)
-			e.mu.Unlock()
-			close(done)
-		}()
-		e.mu.Unlock()
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
-		v, err = s.store.Commit(cctx, charge)
-		cancel()
-		s.calls.Add(1)
-	} else {
-		e.mu.Unlock()
-	}
+}
+
+// pruneCommitted forgets, every pruneEvery, committed leases that are no
+// longer held (expired: the store's hold expires with the same TTL).
+func (s *strictState) pruneCommitted() {
+	e := s.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	now := e.nowLocked()
+	if now-s.lastPrune < int64(pruneEvery) {
+		return
+	}
+	s.lastPrune = now
+	for id := range s.committed {
+		if _, ok := e.mu.leases.get(id); !ok {
+			delete(s.committed, id)
+		}
+	}
+}
+
+// decided confirms an admission with the store. Callers of the same
+// admission (idempotent duplicates) wait for the one commit and get its
+// outcome. The call runs on its own deadline, not the caller's: a caller
+// giving up must neither leave the store's answer unknown nor count
+// against the store's breaker.
+func (s *strictState) decided(ctx context.Context, requestID string, d *Decision) {
+	s.decisions.Add(1)
+	if d.LeaseID == 0 || (d.Outcome != Admitted && d.Outcome != Degraded) {
+		return
+	}
+	e := s.e
+	e.mu.Lock()
+	if pending, ok := s.commits[d.LeaseID]; ok {
+		e.mu.Unlock()
+		s.awaitCommit(ctx, pending, requestID, d)
+		return
+	}
+	l, ok := e.mu.leases.get(d.LeaseID)
+	_, done := s.committed[d.LeaseID]
+	if !ok || done { // released already, or confirmed for an earlier caller
+		e.mu.Unlock()
+		return
+	}
+	c, tenantTakes := s.chargeLocked(l, d.LeaseID)
+	failClosed := l.tenant.policy.FailMode == FailClosed
+	if !s.br.allow(e.clk.Now()) {
+		e.mu.Unlock()
+		s.conclude(requestID, d, StrictVerdict{}, errBreakerOpen, failClosed, c, tenantTakes)
+		return
+	}
+	// From here the store may hold the charge: Release settles it (Settle
+	// refunds only what the store holds for the lease).
+	s.committed[d.LeaseID] = struct{}{}
+	pending := make(chan struct{})
+	s.commits[d.LeaseID] = pending
+	e.mu.Unlock()
+
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
+	v, err := s.store.Commit(cctx, c)
+	cancel()
+	s.calls.Add(1)
+	s.conclude(requestID, d, v, err, failClosed, c, tenantTakes)
+
+	e.mu.Lock()
+	delete(s.commits, d.LeaseID)
+	e.mu.Unlock()
+	close(pending)
+}
+
+// awaitCommit waits for another caller's commit of the same admission and
+// takes its outcome.
+func (s *strictState) awaitCommit(ctx context.Context, pending <-chan struct{}, requestID string, d *Decision) {
+	select {
+	case <-pending:
+	case <-ctx.Done():
+	}
+	e := s.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rec, ok := e.mu.room.idem.lookup(requestID); ok && requestID != "" {
+		*d = rec.decision
+	}
+}
+
+// conclude applies the store's verdict (or error) to an admission.
+func (s *strictState) conclude(requestID string, d *Decision, v StrictVerdict, err error, failClosed bool, c *StrictCharge, tenantTakes int) {
+	e := s.e
+	e.mu.Lock()
+	var refund func(context.Context)
 	switch {
 	case err != nil:
-		if err != errBreakerOpen {
-			e.storeFailedLocked()
+		if !errors.Is(err, errBreakerOpen) {
+			s.failedLocked()
 		}
 		if !failClosed {
-			return d
+			break
 		}
-		if err != errBreakerOpen {
+		if !errors.Is(err, errBreakerOpen) {
 			// The store may have taken it before the error: give it back
 			// (a no-op if it did not).
-			go e.settleStrict(context.Background(), refundAll(charge), nil)
+			refund = s.settler(refundAll(c), nil)
 		}
-		return e.undoStrictLocked(requestID, d, ReasonStateUnavailable, s.opts.Cooldown)
+		delete(s.committed, d.LeaseID)
+		e.revokeLocked(requestID, d, refusal{ReasonStateUnavailable, s.opts.Cooldown})
 	case !v.Admitted:
-		e.storeOKLocked()
+		s.okLocked()
 		reason := ReasonCapacityExceeded
 		if v.Refused < tenantTakes {
 			reason = ReasonQuotaExceeded
 		}
-		return e.undoStrictLocked(requestID, d, reason, v.RetryAfter)
+		delete(s.committed, d.LeaseID)
+		e.revokeLocked(requestID, d, refusal{reason, v.RetryAfter})
+	default:
+		s.okLocked()
 	}
-	e.storeOKLocked()
-	return d
+	e.mu.Unlock()
+	if refund != nil {
+		e.background(func() { refund(context.Background()) })
+	}
 }
 
 // refundAll is the settlement that gives back everything a charge took.
@@ -104,49 +227,33 @@ func refundAll(c *StrictCharge) *StrictSettle {
 	return st
 }
 
-// undoStrictLocked revokes an admission the store did not confirm. Its
-// request id now answers the refusal, so that duplicates that waited for
-// the commit get the same answer as the caller.
-func (e *Engine) undoStrictLocked(requestID string, d Decision, reason Reason, retry time.Duration) Decision {
-	now := e.nowLocked()
-	e.revokeLeaseLocked(now, d.LeaseID)
-	out := rejected(reason, retry)
-	out.Trace = d.Trace
-	if ent, ok := e.mu.idem[requestID]; ok && requestID != "" {
-		ent.decision = out
-		e.mu.idem[requestID] = ent
-	}
-	e.finish(e.dispatchLocked(now, nil)) // closing channels never blocks: fine under the lock
-	return out
-}
-
-// strictChargeLocked lists what a lease takes in the store: the tenant's
-// RPS and token (or critical) bucket, its floor bucket if it was admitted
-// within its floor, the domain's prefill and decode buckets and its KV. It
-// also returns how many of the takes are the tenant's.
-func (e *Engine) strictChargeLocked(l *lease, id uint64) (*StrictCharge, int) {
+// chargeLocked lists what a lease takes in the store: the tenant's RPS and
+// token (or critical) bucket, its floor bucket if it was admitted within
+// its floor, the domain's prefill and decode buckets and its KV. It also
+// returns how many of the takes are the tenant's.
+func (s *strictState) chargeLocked(l *lease, id uint64) (*StrictCharge, int) {
 	t := l.tenant
 	c := &StrictCharge{Takes: make([]StrictTake, 0, 5)}
 	add := func(key string, rate, burst, amount, floor int64) {
 		sc := scaleFor(rate, burst)
 		c.Takes = append(c.Takes, StrictTake{Key: key, Rate: rate / sc, Burst: burst / sc, Amount: ceilDiv(amount, sc), Min: floor / sc})
 	}
-	rate, burst := t.globalLimits(kindRPS)
+	rate, burst := tenantLimits(t, kindRPS)
 	add(tenantKey(t.name, kindRPS), rate, burst, rpsUnit, 0)
 	if l.gates.critical {
-		rate, burst = t.globalLimits(kindCritical)
-		add(tenantKey(t.name, kindCritical), rate, burst, l.weighted, 0)
+		rate, burst = tenantLimits(t, kindCritical)
+		add(tenantKey(t.name, kindCritical), rate, burst, l.gates.weighted, 0)
 	} else {
-		rate, burst = t.globalLimits(kindTokens)
+		rate, burst = tenantLimits(t, kindTokens)
 		credit := int64(0)
-		if t.breaker == breakerClosed {
+		if t.credit.lending() {
 			credit = creditLimit(t.policy)
 		}
-		add(tenantKey(t.name, kindTokens), rate, burst, l.weighted, -credit)
+		add(tenantKey(t.name, kindTokens), rate, burst, l.gates.weighted, -credit)
 	}
 	if l.floor {
-		rate, burst = t.globalLimits(kindFloor)
-		add(tenantKey(t.name, kindFloor), rate, burst, l.weighted, 0)
+		rate, burst = tenantLimits(t, kindFloor)
+		add(tenantKey(t.name, kindFloor), rate, burst, l.gates.weighted, 0)
 	}
 	tenantTakes := len(c.Takes)
 	pr, dr, kvLimit := l.dom.cap.FullLimits()
@@ -154,22 +261,24 @@ func (e *Engine) strictChargeLocked(l *lease, id uint64) (*StrictCharge, int) {
 	add(domainKey(l.dom.ID(), kindDecode), dr, l.dom.cap.DecodeBurst(), l.cost.DecodeBytes, 0)
 	sc := scaleFor(kvLimit, kvLimit)
 	c.KV = KVHold{
-		Key: kvKey(l.dom.ID()), Lease: replicaLease(e.shared.opts.Replica, id),
+		Key: kvKey(l.dom.ID()), Lease: replicaLease(s.opts.Replica, id),
 		Limit: kvLimit / sc, Bytes: ceilDiv(l.cost.KVBytes, sc), TTL: time.Duration(l.expires - l.granted),
 	}
 	return c, tenantTakes
 }
 
-// strictSettleLocked lists what a released lease gives back to the store:
+// releasedLocked lists what a released lease gives back to the store —
 // tokens it did not use (or takes an overrun), the domain's prefill and
-// decode difference, and its KV hold. nil when the lease was never
+// decode difference, and its KV hold — to be sent once the lease's commit,
+// if Release overtook it, has answered. Nothing when the lease was never
 // committed there.
-func (e *Engine) strictSettleLocked(l *lease, id uint64, actualWeighted int64, actual pd.Cost) *StrictSettle {
-	if !l.committed {
+func (s *strictState) releasedLocked(id uint64, l *lease, actualWeighted int64, actual pd.Cost) func(context.Context) {
+	if _, ok := s.committed[id]; !ok {
 		return nil
 	}
+	delete(s.committed, id)
 	t := l.tenant
-	st := &StrictSettle{KVKey: kvKey(l.dom.ID()), Lease: replicaLease(e.shared.opts.Replica, id)}
+	st := &StrictSettle{KVKey: kvKey(l.dom.ID()), Lease: replicaLease(s.opts.Replica, id)}
 	add := func(key string, rate, burst, diff int64) {
 		if diff == 0 {
 			return
@@ -185,37 +294,36 @@ func (e *Engine) strictSettleLocked(l *lease, id uint64, actualWeighted int64, a
 	if l.gates.critical {
 		kind = kindCritical
 	}
-	rate, burst := t.globalLimits(kind)
-	add(tenantKey(t.name, kind), rate, burst, l.weighted-actualWeighted)
-	if l.floor && l.weighted > actualWeighted {
-		rate, burst = t.globalLimits(kindFloor)
-		add(tenantKey(t.name, kindFloor), rate, burst, l.weighted-actualWeighted)
+	unused := l.gates.weighted - actualWeighted
+	rate, burst := tenantLimits(t, kind)
+	add(tenantKey(t.name, kind), rate, burst, unused)
+	if l.floor && unused > 0 {
+		rate, burst = tenantLimits(t, kindFloor)
+		add(tenantKey(t.name, kindFloor), rate, burst, unused)
 	}
 	pr, dr, _ := l.dom.cap.FullLimits()
 	add(domainKey(l.dom.ID(), kindPrefill), pr, l.dom.cap.PrefillBurst(), l.cost.PrefillFLOP-actual.PrefillFLOP)
 	add(domainKey(l.dom.ID(), kindDecode), dr, l.dom.cap.DecodeBurst(), l.cost.DecodeBytes-actual.DecodeBytes)
-	return st
+	return s.settler(st, s.commits[id])
 }
 
-// settleStrict sends a settlement to the store, outside the lock, once the
-// lease's commit (pending, when Release overtook it) has answered. A
-// failure leaves the lease charged in full there (never charged twice:
-// Settle refunds only while the store holds the lease) and its KV hold to
-// expire with the lease TTL.
-func (e *Engine) settleStrict(ctx context.Context, st *StrictSettle, pending <-chan struct{}) {
-	s := e.shared
-	if st == nil {
-		return
+// settler returns the call that sends a settlement to the store, outside
+// the lock, once the lease's commit (pending, if still in flight) has
+// answered. A failure leaves the lease charged in full there (never
+// charged twice: Settle refunds only while the store holds the lease) and
+// its KV hold to expire with the lease TTL.
+func (s *strictState) settler(st *StrictSettle, pending <-chan struct{}) func(context.Context) {
+	return func(ctx context.Context) {
+		if pending != nil {
+			<-pending
+		}
+		if !s.br.allow(s.e.clk.Now()) {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
+		err := s.store.Settle(cctx, st)
+		cancel()
+		s.calls.Add(1)
+		s.answered(err)
 	}
-	if pending != nil {
-		<-pending
-	}
-	if !s.br.allow(e.clk.Now()) {
-		return
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
-	err := s.store.Settle(cctx, st)
-	cancel()
-	s.calls.Add(1)
-	e.storeAnswered(err)
 }

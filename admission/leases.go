@@ -1,5 +1,17 @@
 package admission
 
+// lease is an admitted request holding domain capacity until Release or
+// expiry. Its charge is what Release settles.
+type lease struct {
+	charge
+	modelName string // resolved again at release: the catalog may have been reloaded
+	prompt    int64
+	output    int64 // max output tokens admitted
+	outWeight int64 // output token weight at grant time
+	granted   int64
+	expires   int64
+}
+
 // leaseTable holds live leases in a slab indexed by slot, with a min-heap of
 // slots by expiry. A lease id is (generation << 32 | slot+1): lookups need
 // no map, a reused slot never answers to an old id, and steady-state

@@ -1,0 +1,397 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/pd"
+)
+
+const (
+	// idleRounds is how many reconcile intervals a tenant must be idle
+	// here before it stops being reported.
+	idleRounds = 10
+	// pruneEvery is how often entries of buckets that are gone are forgotten.
+	pruneEvery = time.Minute
+	// staleRounds is how many intervals of silence drop a replica out of
+	// the store's shares.
+	staleRounds = 3
+)
+
+// batchedState is the batched strategy: decisions are taken locally from
+// this replica's grant of every bucket, and every interval one store call
+// reports what was taken and brings the next grants (as CockroachDB's
+// distributed token bucket does).
+type batchedState struct {
+	*storeLink
+	reconciles sync.Mutex // one reconcile at a time
+
+	// Under Engine.mu.
+	entries   map[entryKey]*syncEntry
+	activity  map[string]*tenantActivity
+	round     round
+	lastPrune int64
+	epochs    uint64 // the last epoch handed to an entry
+}
+
+func newBatchedState(link *storeLink) *batchedState {
+	return &batchedState{
+		storeLink: link,
+		entries:   make(map[entryKey]*syncEntry),
+		activity:  make(map[string]*tenantActivity),
+	}
+}
+
+// syncEntry is this replica's reporting state for one shared bucket.
+type syncEntry struct {
+	key       string
+	kind      bucketKind
+	owner     any   // the *tenantState or *pd.DomainCapacity whose bucket was last read
+	lastTaken int64 // the owner's Bucket.Taken at the last report
+	scale     int64
+	rem       int64 // unscaled units taken but not yet reported, |rem| < scale
+	cum       int64 // scaled, modulo CumModulus
+	unacked   int64
+	epoch     uint64
+	started   bool  // the store has acknowledged a report of this epoch
+	lastAt    int64 // engine time of the last report
+	// Set by a report, used by the grant that answers it.
+	snapTaken   int64
+	sentUnacked int64
+}
+
+type entryKey struct {
+	name string
+	kind bucketKind
+}
+
+// tenantActivity is what decides whether a tenant is reported.
+type tenantActivity struct {
+	owner    *tenantState
+	activeAt int64 // the last round with activity
+	frozen   bool  // idle: its buckets stopped refilling at their grant
+	want     bool  // a quota refusal since the last round asks for a grant
+}
+
+// round is one reconcile: each bucket reported, with the index of its
+// report in the request, which is its grant's index in the reply.
+type round struct {
+	tenants []tenantRound
+	domains []domainRound
+}
+
+type tenantRound struct {
+	t    *tenantState
+	b    *tokenbucket.Bucket
+	en   *syncEntry
+	rate int64 // the whole bucket's rate, unscaled
+	at   int
+}
+
+type domainRound struct {
+	d               *domainState
+	cap             *pd.DomainCapacity // d's capacity when reported: a reload may replace it
+	prefill, decode *syncEntry
+	at              int // the prefill bucket's index; the decode bucket's is at+1
+	gauge           int // the KV gauge's index
+}
+
+func (s *batchedState) tenantReadyLocked(t *tenantState, now int64, reloaded bool) {
+	// A new tenant gets no refill until the store has heard of it (unless
+	// the store is down: then the slice is all there is).
+	s.sliceTenant(t, now, reloaded || s.down)
+	if a := s.activity[t.name]; a != nil && reloaded {
+		a.frozen = false // an idle tenant freezes again at the next round
+	}
+}
+
+func (s *batchedState) capacityRebuiltLocked(now int64, d *domainState, old *pd.DomainCapacity) {
+	if old != nil {
+		// What the old capacity took since the last report goes into the next.
+		p, dc := old.Taken()
+		for k, taken := range map[bucketKind]int64{kindPrefill: p, kindDecode: dc} {
+			if en := s.entries[entryKey{d.ID(), k}]; en != nil && en.owner == old {
+				en.rem += taken - en.lastTaken
+				en.owner, en.lastTaken = d.cap, 0 // CopyLevels does not count as taken
+			}
+		}
+	}
+	s.keepShare(now, d, old)
+}
+
+func (s *batchedState) quotaRefusedLocked(t *tenantState, retry time.Duration) time.Duration {
+	s.activityOf(t).want = true
+	// The local grant changes at every reconcile (a new tenant has no
+	// refill until its first), so a longer wait is not known.
+	if retry > s.opts.Interval {
+		return s.opts.Interval
+	}
+	return durationUntil(retry)
+}
+
+func (s *batchedState) decided(context.Context, string, *Decision) { s.decisions.Add(1) }
+
+func (s *batchedState) releasedLocked(uint64, *lease, int64, pd.Cost) func(context.Context) {
+	return nil
+}
+
+// run reconciles every interval until ctx ends; failures feed the breaker
+// and the metrics.
+func (s *batchedState) run(ctx context.Context) {
+	t := time.NewTicker(s.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = s.reconcile(ctx)
+		}
+	}
+}
+
+func (s *batchedState) reconcile(ctx context.Context) error {
+	s.reconciles.Lock()
+	defer s.reconciles.Unlock()
+	e := s.e
+	if !s.br.allow(e.clk.Now()) {
+		return errBreakerOpen
+	}
+	e.mu.Lock()
+	req := s.reportLocked(e.nowLocked())
+	e.mu.Unlock()
+
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	rep, err := s.store.Reconcile(cctx, req)
+	cancel()
+	s.calls.Add(1)
+	if err == nil && (len(rep.Buckets) != len(req.Buckets) || len(rep.Gauges) != len(req.Gauges)) {
+		err = fmt.Errorf("reply has %d buckets and %d gauges for %d and %d", len(rep.Buckets), len(rep.Gauges), len(req.Buckets), len(req.Gauges))
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err != nil {
+		s.failedLocked()
+		return fmt.Errorf("shared state: reconcile: %w", err)
+	}
+	s.okLocked()
+	s.applyGrantsLocked(e.nowLocked(), rep)
+	return nil
+}
+
+// reportLocked builds this round's report: every active tenant's buckets
+// and every domain's buckets and KV gauge.
+func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
+	e := s.e
+	s.round.tenants, s.round.domains = s.round.tenants[:0], s.round.domains[:0]
+	req := &ReconcileRequest{
+		Replica:  s.opts.Replica,
+		Replicas: s.replicas,
+		Stale:    staleRounds * s.opts.Interval,
+	}
+	for name, t := range e.mu.gates.tenants {
+		if s.idleLocked(now, t) {
+			continue
+		}
+		for k, b := range t.buckets() {
+			rate, burst := tenantLimits(t, bucketKind(k))
+			if rate == 0 && burst == 0 {
+				continue
+			}
+			ek := entryKey{name, bucketKind(k)}
+			s.round.tenants = append(s.round.tenants, tenantRound{t: t, b: b, rate: rate, at: len(req.Buckets)})
+			req.Buckets = append(req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.created))
+			s.round.tenants[len(s.round.tenants)-1].en = s.entries[ek]
+		}
+	}
+	ttl := e.mu.cfg.Leases.TTL.Duration
+	for _, d := range e.mu.place.domains {
+		if d.removed {
+			continue
+		}
+		pr, dr, kvLimit := d.cap.FullLimits()
+		pf, dc := d.cap.Bucket(false), d.cap.Bucket(true) // copies: read only
+		dround := domainRound{d: d, cap: d.cap, at: len(req.Buckets), gauge: len(req.Gauges)}
+		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), kindPrefill}, d.cap, &pf, pr, d.cap.PrefillBurst(), 0))
+		decode := s.report(now, entryKey{d.ID(), kindDecode}, d.cap, &dc, dr, d.cap.DecodeBurst(), 0)
+		req.Buckets = append(req.Buckets, decode)
+		dround.prefill, dround.decode = s.entries[entryKey{d.ID(), kindPrefill}], s.entries[entryKey{d.ID(), kindDecode}]
+		s.round.domains = append(s.round.domains, dround)
+		kvUsed, _ := d.cap.KV()
+		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: ttl})
+	}
+	s.pruneLocked(now)
+	return req
+}
+
+// report reads one bucket into its entry and returns the bucket's report;
+// age is how long the bucket has existed here (0: do not credit it).
+func (s *batchedState) report(now int64, ek entryKey, owner any, b *tokenbucket.Bucket, rate, burst, age int64) BucketReport {
+	en := s.entries[ek]
+	if en == nil {
+		key := tenantKey(ek.name, ek.kind)
+		if ek.kind >= kindPrefill {
+			key = domainKey(ek.name, ek.kind)
+		}
+		s.epochs++
+		en = &syncEntry{key: key, kind: ek.kind, scale: scaleFor(rate, burst), epoch: s.epochs, lastAt: now - int64(s.opts.Interval)}
+		s.entries[ek] = en
+	}
+	if en.owner != owner { // a rebuilt tenant or domain: its bucket counts from 0
+		en.owner, en.lastTaken = owner, 0
+	}
+	taken := b.Taken()
+	en.rem += taken - en.lastTaken
+	en.lastTaken = taken
+	d := en.rem / en.scale
+	en.rem -= d * en.scale
+	en.cum = ((en.cum+d)%CumModulus + CumModulus) % CumModulus
+	en.unacked += d
+
+	// Demand: what it used, more when the bucket ran low (it was held back):
+	// doubling finds a replica's real demand in a few rounds.
+	elapsed := max(now-en.lastAt, int64(time.Millisecond))
+	used := max(d, 0) * int64(time.Second) / elapsed
+	demand := used + used/4
+	if b.Level(now) < b.Burst()/10 {
+		// Held back: it wants at least twice what it has (a blocked
+		// replica uses nothing, which must not read as no demand).
+		demand = max(2*used, 2*b.Rate()/en.scale, 1)
+	}
+	en.lastAt = now
+	en.snapTaken, en.sentUnacked = taken, en.unacked
+	rep := BucketReport{
+		Key: en.key, Rate: rate / en.scale, Burst: burst / en.scale,
+		Cum: en.cum, Unacked: en.unacked, Epoch: en.epoch, Demand: demand,
+	}
+	if !en.started {
+		// Only a bucket this replica is starting is credited for its age; a
+		// store that lost its data (a restart) starts from the burst.
+		rep.Age = time.Duration(age)
+	}
+	return rep
+}
+
+func (s *batchedState) activityOf(t *tenantState) *tenantActivity {
+	a := s.activity[t.name]
+	if a == nil || a.owner != t {
+		a = &tenantActivity{owner: t}
+		s.activity[t.name] = a
+	}
+	return a
+}
+
+// idleLocked reports whether a tenant has been idle here for idleRounds
+// intervals: nothing taken, nothing refused, nothing unacknowledged. An
+// idle tenant is not reported (a round costs the store per bucket, and a
+// replica sees many tenants come and go); its buckets stop refilling at
+// their grant, keeping the level they had, so that a share nobody is
+// accounting for cannot grow. Its next take or refusal makes it active
+// and reported again.
+func (s *batchedState) idleLocked(now int64, t *tenantState) bool {
+	a := s.activityOf(t)
+	active := a.want || now-t.created < idleRounds*int64(s.opts.Interval)
+	a.want = false
+	for k, b := range t.buckets() {
+		if rate, burst := tenantLimits(t, bucketKind(k)); rate == 0 && burst == 0 {
+			continue
+		}
+		en := s.entries[entryKey{t.name, bucketKind(k)}]
+		if en == nil || en.owner != t || !en.started || en.unacked != 0 || en.rem != 0 || b.Taken() != en.lastTaken {
+			active = true
+			break
+		}
+	}
+	if active {
+		a.activeAt, a.frozen = now, false
+		return false
+	}
+	if now-a.activeAt < idleRounds*int64(s.opts.Interval) {
+		return false
+	}
+	if !a.frozen {
+		for _, b := range t.buckets() {
+			b.SetLimits(0, b.Burst(), b.Credit())
+		}
+		a.frozen = true
+	}
+	return true
+}
+
+// pruneLocked forgets, every pruneEvery, the entries whose bucket is gone
+// (a swept or removed tenant, a rebuilt or removed domain) with nothing
+// unacknowledged, and the activity of tenants that are gone. A live bucket
+// keeps its entry: its counter must go on from where the store last saw it.
+func (s *batchedState) pruneLocked(now int64) {
+	if now-s.lastPrune < int64(pruneEvery) {
+		return
+	}
+	s.lastPrune = now
+	e := s.e
+	for k, en := range s.entries {
+		var live bool
+		if k.kind >= kindPrefill {
+			d := e.mu.place.byID[k.name]
+			live = d != nil && d.cap == en.owner
+		} else {
+			live = e.mu.gates.tenants[k.name] == en.owner
+		}
+		if !live && en.unacked == 0 {
+			delete(s.entries, k)
+		}
+	}
+	for name, a := range s.activity {
+		if e.mu.gates.tenants[name] != a.owner {
+			delete(s.activity, name)
+		}
+	}
+}
+
+// applyGrantsLocked installs the grants of the round just reported. A
+// bucket's level becomes its share of the global level less what it took
+// since the report.
+func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
+	for _, tr := range s.round.tenants {
+		g := rep.Buckets[tr.at]
+		s.acked(tr.en, g)
+		rate, level := tr.en.granted(g, tr.b.Taken())
+		credit := int64(0)
+		if tr.en.kind == kindTokens && tr.t.credit.lending() && tr.rate > 0 {
+			credit = mulDiv(creditLimit(tr.t.policy), rate, tr.rate) // the same share of the credit
+		}
+		tr.b.SetLimits(rate, tr.b.Burst(), credit)
+		tr.b.SetLevel(now, level)
+	}
+	for _, dr := range s.round.domains {
+		gp, gd := rep.Buckets[dr.at], rep.Buckets[dr.at+1]
+		s.acked(dr.prefill, gp)
+		s.acked(dr.decode, gd)
+		if dr.d.cap != dr.cap {
+			continue // rebuilt by a reload meanwhile: the next round grants it
+		}
+		p, dc := dr.cap.Taken()
+		var g pd.ShareGrant
+		g.PrefillRate, g.PrefillLevel = dr.prefill.granted(gp, p)
+		g.DecodeRate, g.DecodeLevel = dr.decode.granted(gd, dc)
+		g.KVLimit = rep.Gauges[dr.gauge]
+		dr.d.cap.ApplyShare(now, g)
+	}
+}
+
+// acked records that the store has counted the entry's last report.
+func (s *batchedState) acked(en *syncEntry, g BucketGrant) {
+	en.unacked -= en.sentUnacked
+	en.started = true
+	if g.Level < 0 {
+		s.overage[en.kind].Add(-g.Level * en.scale)
+	}
+}
+
+// granted turns a grant into the local bucket's rate and level, given what
+// the bucket has taken in all (takenNow) since the report.
+func (en *syncEntry) granted(g BucketGrant, takenNow int64) (rate, level int64) {
+	return mulDiv(g.RateMilli, en.scale, 1000), g.Level*en.scale - (takenNow - en.snapTaken)
+}

@@ -1,0 +1,79 @@
+package admission
+
+import "github.com/sluice-sched/sluice/pd"
+
+// charge is what one admission took, in the manner of x/time/rate's
+// Reservation: the tenant's gates and, once placed, the domain's capacity
+// (and the tenant's floor bucket for an admission within its floor). It is
+// the one way a decision is undone or settled: Cancel gives back
+// everything it took (a request refused after its charge, a deadline, a
+// caller gone, a store refusal), Settle moves it to what the request
+// actually used (Release, lease expiry).
+type charge struct {
+	tenant *tenantState
+	gates  gateCharge
+	dom    *domainState // nil until placed
+	cost   pd.Cost      // what the domain was charged
+	floor  bool         // also charged to the tenant's floor bucket
+}
+
+// chargeGates charges the tenant's gates: the first half of a charge.
+func (c *charge) chargeGates(now int64, t *tenantState, weighted, price int64, critical bool) {
+	c.tenant = t
+	c.gates = t.chargeGates(now, weighted, price, critical)
+}
+
+// place charges a placement's domain (and the floor bucket, for a floor
+// placement): the second half. The request is in flight from here.
+func (c *charge) place(now int64, pl placement) {
+	pl.dom.cap.Charge(now, pl.cost)
+	pl.dom.inFlight++
+	c.tenant.inFlight++
+	if pl.floor {
+		c.tenant.floor.Take(now, c.gates.weighted)
+	}
+	c.dom, c.cost, c.floor = pl.dom, pl.cost, pl.floor
+}
+
+// reprice moves the budget charge to another price (a degraded admission
+// pays for the tier it was granted).
+func (c *charge) reprice(price int64) {
+	c.tenant.budget.adjust(c.gates.day, c.gates.month, price-c.gates.price)
+	c.gates.price = price
+}
+
+// Cancel gives back everything the charge took, as if the request had
+// never been admitted.
+func (c *charge) Cancel(now int64) {
+	if c.dom != nil {
+		c.dom.cap.Release(now, c.cost, pd.Cost{})
+		c.endFlight()
+		if c.floor {
+			c.tenant.floor.Refund(now, c.gates.weighted)
+		}
+	}
+	c.tenant.refundGates(now, &c.gates)
+}
+
+// Settle ends a placed charge at what the request used: the domain gets
+// back the capacity it did not use (or is charged an overrun) and frees
+// the KV, the quota and floor buckets and the budget move to the actual
+// weighted tokens and price. It returns the weighted tokens refunded
+// (negative: an overrun charged).
+func (c *charge) Settle(now int64, actual pd.Cost, actualWeighted, actualPrice int64) (refunded int64) {
+	c.dom.cap.Release(now, c.cost, actual)
+	c.endFlight()
+	refunded = c.tenant.settleQuota(now, &c.gates, c.floor, actualWeighted)
+	c.tenant.budget.adjust(c.gates.day, c.gates.month, actualPrice-c.gates.price)
+	return refunded
+}
+
+// expire settles a charge whose lease was never released as fully used.
+func (c *charge) expire(now int64) {
+	c.Settle(now, c.cost, c.gates.weighted, c.gates.price)
+}
+
+func (c *charge) endFlight() {
+	c.dom.inFlight--
+	c.tenant.inFlight--
+}

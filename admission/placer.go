@@ -1,0 +1,337 @@
+package admission
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/rendezvous"
+	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/pd"
+)
+
+// placer is the room that chooses where a request runs. It owns the
+// catalog's models with their degrade chains, the NVLink domains with their
+// capacity, drain marks and health, and the floor reserves spread over
+// them. A placement is one domain and one model tier: a request is never
+// split across domains.
+type placer struct {
+	cfg       *Config
+	cat       *pd.Catalog
+	models    map[string]*modelState
+	modelList []*modelState
+	maxWeight int64 // the highest tenant weight: degradation headroom is relative to it
+
+	domains     []*domainState
+	byID        map[string]*domainState
+	drainedAway map[string]string // drain reasons of domains not in the cluster: drained when they (re)appear
+	gen         uint64            // bumped whenever placement weights or eligibility change
+	floorTotal  int64             // Σ configured floors, weighted tokens/s
+
+	// During dispatch: domains reserved for queued heads that do not fit.
+	blocked []*domainState
+}
+
+// modelState is a catalog model with its degrade chain resolved to indexes.
+type modelState struct {
+	idx   int
+	name  string
+	model *pd.Model
+	chain []int // lower tiers, in degrade order
+}
+
+// placement is where a request goes: one domain, one model, its cost there.
+type placement struct {
+	dom   *domainState
+	model *modelState
+	cost  pd.Cost
+	tier  int // 0: the requested model; i: the i-th accepted lower tier
+	floor bool
+}
+
+// orderCache holds one tenant's rendezvous order of domains per model
+// index, valid while the placer's generation stays the same.
+type orderCache struct {
+	keyHash []uint64
+	orders  [][]int
+	gen     []uint64
+}
+
+// reset sizes the cache for a catalog and empties it.
+func (c *orderCache) reset(tenant string, models []*modelState) {
+	n := len(models)
+	c.keyHash = make([]uint64, n)
+	c.orders = make([][]int, n)
+	c.gen = make([]uint64, n)
+	for i, m := range models {
+		c.keyHash[i] = rendezvous.Hash(tenant + "/" + m.name)
+	}
+}
+
+func (p *placer) rebuildModels() {
+	names := p.cat.Names()
+	p.models = make(map[string]*modelState, len(names))
+	p.modelList = make([]*modelState, len(names))
+	for i, n := range names {
+		m, _ := p.cat.Get(n)
+		ms := &modelState{idx: i, name: n, model: m}
+		p.models[n] = ms
+		p.modelList[i] = ms
+	}
+	for _, ms := range p.modelList {
+		for _, lower := range p.cat.DegradeChain(ms.name) {
+			ms.chain = append(ms.chain, p.models[lower].idx)
+		}
+	}
+}
+
+// resolve checks a request against the catalog and the config's limits
+// and fills r's tokens and tiers: its model, then the lower tiers it
+// accepts in degrade-chain order, whatever order it listed them in.
+func (p *placer) resolve(req *Request, r *pending) error {
+	m, ok := p.models[req.Model]
+	if !ok {
+		return &InvalidArgumentError{Field: "model", Reason: fmt.Sprintf("unknown model %q (known: %v)", req.Model, p.cat.Names())}
+	}
+	if err := validateLimits(req, &p.cfg.Limits); err != nil {
+		return err
+	}
+	r.prompt, r.output = req.PromptTokens, req.MaxOutputTokens
+	r.tierBuf[0] = m
+	for i, name := range req.AcceptDowngrade {
+		lower, ok := p.models[name]
+		if !ok {
+			return &InvalidArgumentError{Field: fmt.Sprintf("accept_downgrade[%d]", i), Reason: fmt.Sprintf("unknown model %q", name)}
+		}
+		if !contains(m.chain, lower.idx) {
+			return &InvalidArgumentError{Field: fmt.Sprintf("accept_downgrade[%d]", i), Reason: fmt.Sprintf("%q is not a lower tier of %q", name, m.name)}
+		}
+	}
+	n := 1
+	for _, li := range m.chain {
+		for _, name := range req.AcceptDowngrade {
+			if p.modelList[li].name == name && !containsModel(r.tierBuf[:n], li) {
+				r.tierBuf[n] = p.modelList[li]
+				n++
+			}
+		}
+	}
+	r.ntiers = n
+	return nil
+}
+
+// reresolve points a queued request at the current catalog's models after
+// a reload; lower tiers that are gone or no longer in the chain are
+// dropped. It reports false when the requested model itself is gone.
+func (p *placer) reresolve(r *pending) bool {
+	m, ok := p.models[r.tierBuf[0].name]
+	if !ok {
+		return false
+	}
+	old := r.tierBuf
+	r.tierBuf[0] = m
+	n := 1
+	for _, li := range m.chain {
+		for _, o := range old[1:r.ntiers] {
+			if p.modelList[li].name == o.name {
+				r.tierBuf[n] = p.modelList[li]
+				n++
+			}
+		}
+	}
+	r.ntiers = n
+	return true
+}
+
+func contains(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func containsModel(ms []*modelState, idx int) bool {
+	for _, m := range ms {
+		if m.idx == idx {
+			return true
+		}
+	}
+	return false
+}
+
+// order returns the rendezvous order of eligible domains for (tenant,
+// model), weighted by domain health; cached until placement changes.
+func (p *placer) order(t *tenantState, m *modelState) []int {
+	c := &t.orders
+	if c.gen[m.idx] == p.gen && c.orders[m.idx] != nil {
+		return c.orders[m.idx]
+	}
+	nodes := make([]rendezvous.Node, 0, len(p.domains))
+	idx := make([]int, 0, len(p.domains))
+	for i, d := range p.domains {
+		if d.eligible() {
+			nodes = append(nodes, rendezvous.Node{ID: d.ID(), Weight: d.health.weight})
+			idx = append(idx, i)
+		}
+	}
+	order := rendezvous.Order(c.keyHash[m.idx], nodes, make([]int, 0, len(nodes)))
+	for i, o := range order {
+		order[i] = idx[o]
+	}
+	c.orders[m.idx], c.gen[m.idx] = order, p.gen
+	return order
+}
+
+// find returns the first domain, in rendezvous order, whose prefill bucket,
+// decode bucket and KV gauge all fit the request, trying its tiers from the
+// first-th on (0: the requested model, then each accepted lower tier;
+// floor: from the floor reserve). A request that accepts lower tiers must
+// leave headroom on its requested tier, more for low-weight tenants, so
+// that low-weight tenants degrade first.
+func (p *placer) find(now int64, r *pending, floor bool, first int) (placement, bool) {
+	t := r.tenant
+	for ti := first; ti < r.ntiers; ti++ {
+		m := r.tierBuf[ti]
+		var headroom float64
+		if ti == 0 && r.ntiers > 1 {
+			headroom = *p.cfg.DegradeHeadroom * (1 - float64(t.policy.Weight)/float64(p.maxWeight))
+		}
+		for _, di := range p.order(t, m) {
+			d := p.domains[di]
+			if p.isBlocked(d) {
+				continue
+			}
+			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
+			if err != nil {
+				continue
+			}
+			need := cost
+			if headroom > 0 {
+				need.PrefillFLOP += int64(headroom * float64(d.cap.PrefillBurst()))
+				need.DecodeBytes += int64(headroom * float64(d.cap.DecodeBurst()))
+				_, kvLimit := d.cap.KV()
+				need.KVBytes += int64(headroom * float64(kvLimit))
+			}
+			if d.cap.Fits(now, need, floor) {
+				return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
+			}
+		}
+	}
+	return placement{}, false
+}
+
+// outlook is what placement can say of a request that fits nowhere now.
+type outlook struct {
+	ever         bool          // some eligible domain's shared part could hold one of its tiers
+	drainingOnly bool          // if not: only draining domains could
+	wait         time.Duration // the shortest wait until one of its tiers fits on its own
+	first        pd.Cost       // the requested tier's cost on the first domain that could hold it
+}
+
+// outlook looks at every domain for a request that fits nowhere now.
+func (p *placer) outlook(now int64, r *pending) outlook {
+	o := outlook{wait: tokenbucket.Never}
+	for ti, m := range r.tiers() {
+		for _, d := range p.domains {
+			if d.removed {
+				continue
+			}
+			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
+			if err != nil || !d.cap.CanEverFit(cost) {
+				continue
+			}
+			if !d.eligible() {
+				o.drainingOnly = true
+				continue
+			}
+			w := d.cap.RetryAfter(now, cost, false)
+			if w == tokenbucket.Never { // only the floor reserve could hold it
+				continue
+			}
+			if !o.ever && ti == 0 {
+				o.first = cost
+			}
+			o.ever = true
+			o.wait = min(o.wait, w)
+		}
+	}
+	if o.ever {
+		o.drainingOnly = false
+	}
+	return o
+}
+
+// fitsQueued tries to place a queued request for the dispatcher. A head
+// that does not fit reserves the domain it waits for: requests behind it
+// (larger finish tags) may be placed only elsewhere. Without this, small
+// requests would take every refill and starve a large one at the head;
+// with it, one domain serves strictly in tag order and several domains
+// backfill around the waiting head (EASY backfilling).
+func (p *placer) fitsQueued(now int64, w *waiter) bool {
+	pl, ok := p.find(now, &w.p, false, 0)
+	if !ok {
+		if d := p.reservedFor(now, w); d != nil {
+			p.blocked = append(p.blocked, d)
+		}
+		return false
+	}
+	w.pl = pl
+	return true
+}
+
+// reservedFor is the domain a queued request that does not fit waits for:
+// the first in its rendezvous order for its requested model that could
+// ever hold it.
+func (p *placer) reservedFor(now int64, w *waiter) *domainState {
+	m := w.p.tierBuf[0]
+	for _, di := range p.order(w.p.tenant, m) {
+		d := p.domains[di]
+		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {
+			return d
+		}
+	}
+	return nil
+}
+
+// isBlocked reports whether the dispatcher has reserved d for a queued
+// request ahead of the one being placed.
+func (p *placer) isBlocked(d *domainState) bool {
+	for _, b := range p.blocked {
+		if b == d {
+			return true
+		}
+	}
+	return false
+}
+
+// eligibleRates sums the soft-capacity rates of the domains open to new
+// placements.
+func (p *placer) eligibleRates() (prefill, decode float64) {
+	for _, d := range p.domains {
+		if d.eligible() {
+			prefill += float64(d.cap.PrefillRate())
+			decode += float64(d.cap.DecodeRate())
+		}
+	}
+	return prefill, decode
+}
+
+// stepHealth moves cut weights back up, one step per StepEvery after the
+// cool-down.
+func (p *placer) stepHealth(now int64) {
+	changed := false
+	for _, d := range p.domains {
+		changed = d.health.step(&p.cfg.Health, now) || changed
+	}
+	if changed {
+		p.gen++
+	}
+}
+
+// recordOutcome feeds a Release outcome into the domain's health.
+func (p *placer) recordOutcome(d *domainState, now int64, failed bool) {
+	if d.health.record(&p.cfg.Health, now, failed) {
+		p.changed()
+	}
+}

@@ -1,0 +1,87 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluice-sched/sluice/pd"
+)
+
+// Release ends a lease: the domain gets back what was charged for output
+// never generated (and is charged for any overrun), the KV is freed, the
+// tenant's token bucket and budget are settled to the actual tokens, and the
+// outcome feeds the domain's health. Releasing twice returns ErrLeaseNotFound
+// and changes nothing.
+func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error) {
+	if err := validateRelease(&rel); err != nil {
+		return ReleaseResult{}, err
+	}
+	e.mu.Lock()
+	// Counts past the request limits are charged at the limit: the lease
+	// must still be settled, and the limits keep the arithmetic bounded.
+	lim := &e.mu.cfg.Limits
+	rel.PromptTokens = min(rel.PromptTokens, lim.MaxPromptTokens)
+	rel.OutputTokens = min(rel.OutputTokens, lim.MaxOutputTokens)
+	l, ok := e.mu.leases.remove(rel.LeaseID)
+	if !ok {
+		e.mu.Unlock()
+		return ReleaseResult{}, ErrLeaseNotFound
+	}
+	now := e.nowLocked()
+	res, weighted, actual := l.settle(now, e.base.Add(time.Duration(now)), rel, &e.mu.place)
+	storeWork := e.shared.releasedLocked(rel.LeaseID, &l, weighted, actual)
+	answered := e.dispatchLocked(now, nil)
+	e.mu.Unlock()
+	finish(answered)
+	if storeWork != nil {
+		storeWork(ctx)
+	}
+	if e.observer != nil {
+		e.observer.ObserveRelease(rel, res)
+	}
+	return res, nil
+}
+
+func validateRelease(rel *Release) error {
+	switch {
+	case rel.LeaseID == 0:
+		return &InvalidArgumentError{Field: "lease_id", Reason: "must not be empty"}
+	case rel.PromptTokens < 0:
+		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.PromptTokens)}
+	case rel.OutputTokens < 0:
+		return &InvalidArgumentError{Field: "output_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.OutputTokens)}
+	case rel.Outcome != 0 && rel.Outcome != ReleaseOK && rel.Outcome != ReleaseError:
+		return &InvalidArgumentError{Field: "outcome", Reason: fmt.Sprintf("unknown outcome %d", rel.Outcome)}
+	}
+	return nil
+}
+
+// settle settles a released lease's charge at its actual tokens, costed
+// and priced with the placer's catalog (a model no longer in it keeps its
+// admitted cost and price), and feeds the outcome to the domain's health.
+// It returns the answer, and the actual weighted tokens and cost.
+func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res ReleaseResult, weighted int64, actual pd.Cost) {
+	prompt := rel.PromptTokens
+	if prompt == 0 {
+		prompt = l.prompt
+	}
+	actual, price := l.cost, l.gates.price
+	if m, known := p.models[l.modelName]; known {
+		if c, err := l.dom.cap.Cost(m.model, prompt, rel.OutputTokens); err == nil {
+			actual = c
+		}
+		price = p.cat.PriceMicros(m.model, prompt, rel.OutputTokens)
+	}
+	weighted = prompt + l.outWeight*rel.OutputTokens
+	l.tenant.budget.roll(wall)
+	refunded := l.Settle(now, actual, weighted, price)
+	p.recordOutcome(l.dom, now, rel.Outcome == ReleaseError)
+	return ReleaseResult{
+		Domain:           l.dom.ID(),
+		Model:            l.modelName,
+		RefundedTokens:   refunded,
+		ActualCostMicros: price,
+		HeldFor:          time.Duration(now - l.granted),
+	}, weighted, actual
+}

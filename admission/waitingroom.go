@@ -1,0 +1,206 @@
+package admission
+
+import (
+	"container/heap"
+	"context"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/wfq"
+)
+
+// dispatchScanLimit is how many heads the dispatcher looks past when the
+// smallest finish tag does not fit anywhere (see wfq.Queue.Dequeue).
+const dispatchScanLimit = 8
+
+// waitingRoom holds the requests that fit nowhere yet: the weighted fair
+// queue (package wfq) in which they wait for capacity, their deadlines,
+// the estimated work queued, and the idempotency records that let a
+// retried request find its answer. The engine's dispatcher takes requests
+// out in fair order as capacity frees.
+type waitingRoom struct {
+	queue     *wfq.Queue
+	deadlines waiterHeap
+	// Σ estimated prefill FLOPs and decode bytes of queued requests.
+	backlogPrefill, backlogDecode int64
+	idem                          idempotency
+	wake                          chan struct{} // nudges the dispatcher loop (Engine.Run)
+}
+
+// waiter is a request waiting in the fair queue.
+type waiter struct {
+	p         pending
+	requestID string
+	item      wfq.Item
+	enqueued  int64
+	deadline  int64
+	heapIdx   int
+	estimate  [2]int64 // backlog contribution: prefill FLOPs, decode bytes
+	pl        placement
+	queued    bool
+	refs      int           // callers waiting on it: the first plus idempotent duplicates
+	done      chan struct{} // closed once decision is set
+	decision  Decision
+}
+
+// enter queues w; it fails when the queue's bounds are reached.
+func (r *waitingRoom) enter(w *waiter) error {
+	if err := r.queue.Enqueue(&w.item); err != nil {
+		return err
+	}
+	w.queued = true
+	w.p.tenant.queued++
+	r.backlogPrefill += w.estimate[0]
+	r.backlogDecode += w.estimate[1]
+	r.deadlines.push(w)
+	r.wakeDispatcher()
+	return nil
+}
+
+// leave takes w out of the room's bookkeeping once the queue no longer holds it.
+func (r *waitingRoom) leave(w *waiter) {
+	w.queued = false
+	w.p.tenant.queued--
+	r.backlogPrefill -= w.estimate[0]
+	r.backlogDecode -= w.estimate[1]
+	r.deadlines.remove(w)
+}
+
+// next takes out the request with the smallest finish tag that fits
+// (critical band first), or returns nil when none does.
+func (r *waitingRoom) next(fits func(*waiter) bool) *waiter {
+	it := r.queue.Dequeue(func(it *wfq.Item) bool { return fits(it.Value.(*waiter)) }, dispatchScanLimit)
+	if it == nil {
+		return nil
+	}
+	w := it.Value.(*waiter)
+	r.leave(w)
+	return w
+}
+
+// reject answers a queued request with a refusal and cancels its charge.
+// The caller closes w.done.
+func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
+	r.queue.Remove(&w.item)
+	r.leave(w)
+	w.p.Cancel(now)
+	w.decision = rejected(why.reason, why.retry)
+	w.decision.Queued = time.Duration(now - w.enqueued)
+	tenantTrace(&w.decision.Trace, &w.p, now)
+	r.idem.forgetQueued(w.requestID, w)
+}
+
+// enqueue puts a request that fits nowhere now into the waiting room, or
+// rejects it at once when it never could fit (o, placement's outlook),
+// when its deadline cannot be met or when the queue is full. rates are the
+// eligible domains' combined rates, which the queued work drains at.
+func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig) (Decision, *waiter) {
+	t := r.tenant
+	if !o.ever {
+		if o.drainingOnly {
+			return rejectWithTrace(refusal{ReasonDomainDraining, 0}, r, now), nil
+		}
+		return rejectWithTrace(refusal{ReasonCapacityExceeded, 0}, r, now), nil
+	}
+	estimate := addSat(room.backlogWait(rates()), o.wait)
+	// The deadline: the earliest of the caller's (gRPC or request field,
+	// less the answer margin) and the default wait, clamped so that far-off
+	// deadlines cannot overflow.
+	maxWait := q.DefaultWait.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		maxWait = min(maxWait, dl.Sub(wall)-q.DeadlineMargin.Duration)
+	}
+	if !req.Deadline.IsZero() {
+		maxWait = min(maxWait, req.Deadline.Sub(wall)-q.DeadlineMargin.Duration)
+	}
+	deadline := now + int64(maxWait)
+	if estimate > time.Duration(deadline-now) {
+		return rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now), nil
+	}
+	w := &waiter{p: *r, requestID: req.RequestID, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
+	w.item = wfq.Item{
+		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name},
+		Cost:     uint64(r.weighted),
+		Weight:   uint64(t.policy.Weight),
+		Critical: r.critical,
+		Value:    w,
+	}
+	w.estimate = [2]int64{o.first.PrefillFLOP, o.first.DecodeBytes}
+	if err := room.enter(w); err != nil {
+		return rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now), nil
+	}
+	w.p.chargeGates(now, t, r.weighted, r.price, r.critical)
+	if req.RequestID != "" {
+		room.idem.rememberQueued(req.RequestID, t.name, w, deadline)
+	}
+	return Decision{}, w
+}
+
+// overdue returns a queued request whose deadline has come, if any.
+func (r *waitingRoom) overdue(now int64) *waiter {
+	if len(r.deadlines) > 0 && r.deadlines[0].deadline <= now {
+		return r.deadlines[0]
+	}
+	return nil
+}
+
+// waiters returns every queued request.
+func (r *waitingRoom) waiters() []*waiter {
+	var ws []*waiter
+	r.queue.Each(func(it *wfq.Item) { ws = append(ws, it.Value.(*waiter)) })
+	return ws
+}
+
+// backlogWait estimates how long the queued work takes to drain at the
+// given rates (the eligible domains' combined soft capacity).
+func (r *waitingRoom) backlogWait(prefillRate, decodeRate float64) time.Duration {
+	if prefillRate <= 0 || decodeRate <= 0 {
+		return tokenbucket.Never
+	}
+	p := float64(r.backlogPrefill) / prefillRate
+	d := float64(r.backlogDecode) / decodeRate
+	return time.Duration(max(p, d) * float64(time.Second))
+}
+
+// wakeDispatcher nudges Run without blocking.
+func (r *waitingRoom) wakeDispatcher() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// waiterHeap orders queued requests by deadline (container/heap).
+type waiterHeap []*waiter
+
+func (h waiterHeap) Len() int           { return len(h) }
+func (h waiterHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
+func (h waiterHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+
+// Push implements heap.Interface.
+func (h *waiterHeap) Push(x any) {
+	w := x.(*waiter)
+	w.heapIdx = len(*h)
+	*h = append(*h, w)
+}
+
+// Pop implements heap.Interface.
+func (h *waiterHeap) Pop() any {
+	s := *h
+	w := s[len(s)-1]
+	s[len(s)-1] = nil
+	*h = s[:len(s)-1]
+	w.heapIdx = -1
+	return w
+}
+
+func (h *waiterHeap) push(w *waiter) { heap.Push(h, w) }
+
+func (h *waiterHeap) remove(w *waiter) {
+	if w.heapIdx >= 0 && w.heapIdx < len(*h) && (*h)[w.heapIdx] == w {
+		heap.Remove(h, w.heapIdx)
+	}
+}
