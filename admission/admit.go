@@ -48,7 +48,9 @@ func (e *Engine) Admit(ctx context.Context, req Request) (Decision, error) {
 	if w != nil {
 		d = e.wait(ctx, w)
 	}
-	e.shared.decided(ctx, req.RequestID, &d)
+	if why := e.shared.decided(ctx, req.RequestID, d.LeaseID); why.refused() {
+		d = refused(d, why)
+	}
 	if e.observer != nil {
 		e.observer.ObserveDecision(req, d)
 	}
@@ -132,7 +134,8 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 			return rec.decision, rec.w, nil
 		}
 	}
-	d, w := e.decideLocked(ctx, now, wall, req, &r)
+	var d Decision
+	w := e.decideLocked(ctx, now, wall, req, &r, &d)
 	var answered []*waiter
 	if w != nil {
 		answered = e.dispatchLocked(now, nil)
@@ -144,14 +147,17 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 
 // decideLocked runs a new request through the tenant gates and placement:
 // within the floor (reserved capacity, no queue), on shared capacity, or
-// into the waiting room.
-func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (Decision, *waiter) {
+// into the waiting room. The answer goes to d (an out parameter: a
+// Decision is large, and this is the hot path) unless it is queued.
+func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, d *Decision) *waiter {
 	if e.mu.closed {
-		return rejected(ReasonShuttingDown, time.Second), nil
+		*d = rejected(ReasonShuttingDown, time.Second)
+		return nil
 	}
 	t, fresh := e.mu.gates.lookupLocked(req.Tenant, now, e.mu.place.modelList)
 	if t == nil {
-		return rejected(ReasonUnknownTenant, 0), nil
+		*d = rejected(ReasonUnknownTenant, 0)
+		return nil
 	}
 	if fresh {
 		e.shared.tenantReadyLocked(t, now, false)
@@ -165,7 +171,8 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 		why.retry = e.shared.quotaRefusedLocked(t, why.retry)
 	}
 	if why.refused() {
-		return rejectWithTrace(why, r, now), nil
+		*d = rejectWithTrace(why, r, now)
+		return nil
 	}
 	r.critical = critical
 	place := &e.mu.place
@@ -190,15 +197,18 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	}
 	if !ok {
 		o := place.outlook(now, r)
-		return e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue)
+		var w *waiter
+		*d, w = e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue)
+		return w
 	}
 	r.chargeGates(now, t, r.weighted, r.price, critical)
-	return e.grantLocked(now, req.RequestID, r, pl, 0), nil
+	e.grantLocked(now, req.RequestID, r, pl, 0, d)
+	return nil
 }
 
 // grantLocked places a request whose gates are charged, opens its lease and
-// builds the answer (and remembers it under the request id).
-func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placement, queued time.Duration) Decision {
+// builds the answer in d (and remembers it under the request id).
+func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placement, queued time.Duration, d *Decision) {
 	if pl.tier > 0 { // degraded: budget at the granted model's price
 		r.reprice(e.mu.place.cat.PriceMicros(pl.model.model, r.prompt, r.output))
 	}
@@ -207,7 +217,7 @@ func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placeme
 		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, output: r.output,
 		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
 	})
-	d := Decision{Outcome: Admitted, LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
+	*d = Decision{Outcome: Admitted, LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
 	if pl.tier > 0 {
 		d.Outcome = Degraded
 		d.DowngradePath = make([]string, pl.tier+1)
@@ -225,9 +235,8 @@ func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placeme
 	tr.KVInUse, tr.KVLimit = pl.dom.cap.KV()
 	tr.EstimatedCostMicros = g.price
 	if requestID != "" {
-		e.mu.room.idem.remember(requestID, r.tenant.name, d, now+int64(e.mu.cfg.Leases.IdempotencyTTL.Duration))
+		e.mu.room.idem.remember(requestID, r.tenant.name, *d, now+int64(e.mu.cfg.Leases.IdempotencyTTL.Duration))
 	}
-	return d
 }
 
 // tenantTrace sets the labels known before placement.
@@ -271,7 +280,7 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		if w == nil {
 			return answered
 		}
-		w.decision = e.grantLocked(now, w.requestID, &w.p, w.pl, time.Duration(now-w.enqueued))
+		e.grantLocked(now, w.requestID, &w.p, w.pl, time.Duration(now-w.enqueued), &w.decision)
 		answered = append(answered, w)
 	}
 }
@@ -316,18 +325,22 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 }
 
 // revokeLocked undoes an admission the shared store did not confirm: its
-// charge is cancelled and d becomes the refusal, which its request id now
-// answers too, so that duplicates that waited for the commit agree.
-func (e *Engine) revokeLocked(requestID string, d *Decision, why refusal) {
+// charge is cancelled, and its request id now answers the refusal, so that
+// duplicates that waited for the commit agree.
+func (e *Engine) revokeLocked(requestID string, leaseID uint64, why refusal) {
 	now := e.nowLocked()
-	if l, ok := e.mu.leases.remove(d.LeaseID); ok {
+	if l, ok := e.mu.leases.remove(leaseID); ok {
 		l.Cancel(now)
 	}
-	out := rejected(why.reason, why.retry)
-	out.Trace = d.Trace
-	*d = out
-	if requestID != "" {
-		e.mu.room.idem.replace(requestID, out)
+	if rec, ok := e.mu.room.idem.lookup(requestID); ok && requestID != "" {
+		e.mu.room.idem.replace(requestID, refused(rec.decision, why))
 	}
 	finish(e.dispatchLocked(now, nil)) // closing channels never blocks: fine under the lock
+}
+
+// refused turns an admission into a refusal, keeping its trace.
+func refused(d Decision, why refusal) Decision {
+	out := rejected(why.reason, why.retry)
+	out.Trace = d.Trace
+	return out
 }

@@ -132,9 +132,12 @@ func (s *batchedState) quotaRefusedLocked(t *tenantState, retry time.Duration) t
 	return durationUntil(retry)
 }
 
-func (s *batchedState) decided(context.Context, string, *Decision) { s.decisions.Add(1) }
+func (s *batchedState) decided(context.Context, string, uint64) refusal {
+	s.decisions.Add(1)
+	return refusal{}
+}
 
-func (s *batchedState) releasedLocked(uint64, *lease, int64, pd.Cost) func(context.Context) {
+func (s *batchedState) releasedLocked(uint64, lease, int64, pd.Cost) func(context.Context) {
 	return nil
 }
 

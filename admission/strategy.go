@@ -119,12 +119,16 @@ type sharedStrategy interface {
 	// quotaRefusedLocked follows a quota refusal and returns the
 	// Retry-After to answer for the bucket's own estimate.
 	quotaRefusedLocked(t *tenantState, retry time.Duration) time.Duration
-	// decided sees every answer before it is returned, outside the lock;
-	// it may replace an admission by a refusal (a store that refused it).
-	decided(ctx context.Context, requestID string, d *Decision)
+	// decided sees every answer before it is returned, outside the lock
+	// (leaseID 0: not an admission). A refusal it returns turns the
+	// admission into that refusal: a store that refused it. (Not the
+	// Decision itself: through an interface, a pointer would move every
+	// answer to the heap, and a copy costs more than the rest of the hook.)
+	decided(ctx context.Context, requestID string, leaseID uint64) refusal
 	// releasedLocked follows a settled lease and returns the store work to
-	// do outside the lock, or nil.
-	releasedLocked(id uint64, l *lease, actualWeighted int64, actual pd.Cost) func(context.Context)
+	// do outside the lock, or nil. (The lease by value: a pointer through
+	// the interface would move every released lease to the heap.)
+	releasedLocked(id uint64, l lease, actualWeighted int64, actual pd.Cost) func(context.Context)
 	// run is the background work (reconciling, probing an open breaker)
 	// until ctx ends.
 	run(ctx context.Context)
@@ -153,8 +157,8 @@ func (embedded) gateLocked(*tenantState) refusal                               {
 func (embedded) quotaRefusedLocked(_ *tenantState, retry time.Duration) time.Duration {
 	return durationUntil(retry)
 }
-func (embedded) decided(context.Context, string, *Decision) {}
-func (embedded) releasedLocked(uint64, *lease, int64, pd.Cost) func(context.Context) {
+func (embedded) decided(context.Context, string, uint64) refusal { return refusal{} }
+func (embedded) releasedLocked(uint64, lease, int64, pd.Cost) func(context.Context) {
 	return nil
 }
 func (embedded) run(context.Context)                  {}

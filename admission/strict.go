@@ -121,53 +121,52 @@ func (s *strictState) pruneCommitted() {
 // outcome. The call runs on its own deadline, not the caller's: a caller
 // giving up must neither leave the store's answer unknown nor count
 // against the store's breaker.
-func (s *strictState) decided(ctx context.Context, requestID string, d *Decision) {
+func (s *strictState) decided(ctx context.Context, requestID string, leaseID uint64) refusal {
 	s.decisions.Add(1)
-	if d.LeaseID == 0 || (d.Outcome != Admitted && d.Outcome != Degraded) {
-		return
+	if leaseID == 0 {
+		return refusal{}
 	}
 	e := s.e
 	e.mu.Lock()
-	if pending, ok := s.commits[d.LeaseID]; ok {
+	if pending, ok := s.commits[leaseID]; ok {
 		e.mu.Unlock()
-		s.awaitCommit(ctx, pending, requestID, d)
-		return
+		return s.awaitCommit(ctx, pending, requestID)
 	}
-	l, ok := e.mu.leases.get(d.LeaseID)
-	_, done := s.committed[d.LeaseID]
+	l, ok := e.mu.leases.get(leaseID)
+	_, done := s.committed[leaseID]
 	if !ok || done { // released already, or confirmed for an earlier caller
 		e.mu.Unlock()
-		return
+		return refusal{}
 	}
-	c, tenantTakes := s.chargeLocked(l, d.LeaseID)
+	c, tenantTakes := s.chargeLocked(l, leaseID)
 	failClosed := l.tenant.policy.FailMode == FailClosed
 	if !s.br.allow(e.clk.Now()) {
 		e.mu.Unlock()
-		s.conclude(requestID, d, StrictVerdict{}, errBreakerOpen, failClosed, c, tenantTakes)
-		return
+		return s.conclude(requestID, leaseID, StrictVerdict{}, errBreakerOpen, failClosed, c, tenantTakes)
 	}
 	// From here the store may hold the charge: Release settles it (Settle
 	// refunds only what the store holds for the lease).
-	s.committed[d.LeaseID] = struct{}{}
+	s.committed[leaseID] = struct{}{}
 	pending := make(chan struct{})
-	s.commits[d.LeaseID] = pending
+	s.commits[leaseID] = pending
 	e.mu.Unlock()
 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
 	v, err := s.store.Commit(cctx, c)
 	cancel()
 	s.calls.Add(1)
-	s.conclude(requestID, d, v, err, failClosed, c, tenantTakes)
+	why := s.conclude(requestID, leaseID, v, err, failClosed, c, tenantTakes)
 
 	e.mu.Lock()
-	delete(s.commits, d.LeaseID)
+	delete(s.commits, leaseID)
 	e.mu.Unlock()
 	close(pending)
+	return why
 }
 
 // awaitCommit waits for another caller's commit of the same admission and
-// takes its outcome.
-func (s *strictState) awaitCommit(ctx context.Context, pending <-chan struct{}, requestID string, d *Decision) {
+// takes its outcome, which the request id answers.
+func (s *strictState) awaitCommit(ctx context.Context, pending <-chan struct{}, requestID string) refusal {
 	select {
 	case <-pending:
 	case <-ctx.Done():
@@ -175,13 +174,15 @@ func (s *strictState) awaitCommit(ctx context.Context, pending <-chan struct{}, 
 	e := s.e
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if rec, ok := e.mu.room.idem.lookup(requestID); ok && requestID != "" {
-		*d = rec.decision
+	if rec, ok := e.mu.room.idem.lookup(requestID); ok && requestID != "" && rec.decision.Outcome == Rejected {
+		return refusal{rec.decision.Reason, rec.decision.RetryAfter}
 	}
+	return refusal{}
 }
 
-// conclude applies the store's verdict (or error) to an admission.
-func (s *strictState) conclude(requestID string, d *Decision, v StrictVerdict, err error, failClosed bool, c *StrictCharge, tenantTakes int) {
+// conclude applies the store's verdict (or error) to an admission and
+// returns the refusal it turns into, if any.
+func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict, err error, failClosed bool, c *StrictCharge, tenantTakes int) (why refusal) {
 	e := s.e
 	e.mu.Lock()
 	var refund func(context.Context)
@@ -198,23 +199,25 @@ func (s *strictState) conclude(requestID string, d *Decision, v StrictVerdict, e
 			// (a no-op if it did not).
 			refund = s.settler(refundAll(c), nil)
 		}
-		delete(s.committed, d.LeaseID)
-		e.revokeLocked(requestID, d, refusal{ReasonStateUnavailable, s.opts.Cooldown})
+		why = refusal{ReasonStateUnavailable, s.opts.Cooldown}
 	case !v.Admitted:
 		s.okLocked()
-		reason := ReasonCapacityExceeded
+		why = refusal{ReasonCapacityExceeded, v.RetryAfter}
 		if v.Refused < tenantTakes {
-			reason = ReasonQuotaExceeded
+			why.reason = ReasonQuotaExceeded
 		}
-		delete(s.committed, d.LeaseID)
-		e.revokeLocked(requestID, d, refusal{reason, v.RetryAfter})
 	default:
 		s.okLocked()
+	}
+	if why.refused() {
+		delete(s.committed, leaseID)
+		e.revokeLocked(requestID, leaseID, why)
 	}
 	e.mu.Unlock()
 	if refund != nil {
 		e.background(func() { refund(context.Background()) })
 	}
+	return why
 }
 
 // refundAll is the settlement that gives back everything a charge took.
@@ -272,7 +275,7 @@ func (s *strictState) chargeLocked(l *lease, id uint64) (*StrictCharge, int) {
 // decode difference, and its KV hold — to be sent once the lease's commit,
 // if Release overtook it, has answered. Nothing when the lease was never
 // committed there.
-func (s *strictState) releasedLocked(id uint64, l *lease, actualWeighted int64, actual pd.Cost) func(context.Context) {
+func (s *strictState) releasedLocked(id uint64, l lease, actualWeighted int64, actual pd.Cost) func(context.Context) {
 	if _, ok := s.committed[id]; !ok {
 		return nil
 	}
