@@ -77,6 +77,29 @@ func Parse(name string, data []byte) (admission.Config, error) {
 	return cfg, nil
 }
 
+// DecodeStrict decodes YAML or JSON data into v, a non-nil pointer, as
+// strictly as Parse decodes a config: a duplicate key, an unknown key (keys
+// match json tags case-sensitively) or a value of the wrong type is an
+// *Error naming the file and the full key path. Other files Sluice reads
+// (the auth file) share it so that every file refuses the same mistakes
+// with the same words.
+func DecodeStrict(name string, data []byte, v any) error {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return fmt.Errorf("config.DecodeStrict: want a non-nil pointer, got %T", v)
+	}
+	js, err := strictJSON(data, rv.Type().Elem())
+	if err != nil {
+		return Wrap(name, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &Error{File: name, Reason: err.Error()}
+	}
+	return nil
+}
+
 // Wrap names the file in a validation error from the admission package
 // (such as the engine refusing floors larger than the cluster); nil stays nil.
 func Wrap(name string, err error) error {
