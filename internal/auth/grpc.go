@@ -37,19 +37,19 @@ const (
 // methodAccess is who may call each method sluiced serves. A method missing
 // here is refused to everybody: a new RPC is closed until it is added.
 var methodAccess = map[string]access{
-	admissionv1.Admission_Admit_FullMethodName:            accessRouter,
-	admissionv1.Admission_Release_FullMethodName:          accessRouter,
-	admissionv1.Operator_ListDomains_FullMethodName:       accessViewer,
-	admissionv1.Operator_ListTenants_FullMethodName:       accessViewer,
-	admissionv1.Operator_GetTenant_FullMethodName:         accessViewer,
-	admissionv1.Operator_GetConfigStatus_FullMethodName:   accessViewer,
-	admissionv1.Operator_DrainDomain_FullMethodName:       accessOperator,
-	admissionv1.Operator_UndrainDomain_FullMethodName:     accessOperator,
-	healthpb.Health_Check_FullMethodName:                  accessOpen,
-	healthpb.Health_Watch_FullMethodName:                  accessOpen,
-	healthpb.Health_List_FullMethodName:                   accessOpen,
-	reflectionV1:                                          accessAuthenticated,
-	reflectionV1Alpha:                                     accessAuthenticated,
+	admissionv1.Admission_Admit_FullMethodName:          accessRouter,
+	admissionv1.Admission_Release_FullMethodName:        accessRouter,
+	admissionv1.Operator_ListDomains_FullMethodName:     accessViewer,
+	admissionv1.Operator_ListTenants_FullMethodName:     accessViewer,
+	admissionv1.Operator_GetTenant_FullMethodName:       accessViewer,
+	admissionv1.Operator_GetConfigStatus_FullMethodName: accessViewer,
+	admissionv1.Operator_DrainDomain_FullMethodName:     accessOperator,
+	admissionv1.Operator_UndrainDomain_FullMethodName:   accessOperator,
+	healthpb.Health_Check_FullMethodName:                accessOpen,
+	healthpb.Health_Watch_FullMethodName:                accessOpen,
+	healthpb.Health_List_FullMethodName:                 accessOpen,
+	reflectionV1:                                        accessAuthenticated,
+	reflectionV1Alpha:                                   accessAuthenticated,
 }
 
 // operatorService prefixes the Operator's methods: every refused call to
