@@ -92,3 +92,33 @@ func (a *Auditor) Record(ctx context.Context, e Event) {
 	}
 	a.log.LogAttrs(ctx, level, "audit", attrs...)
 }
+
+// AuditCount returns sluice_audit_actions_total{action,outcome} as gathered
+// from g; 0 when it has not been counted. Tests and tools read it without a
+// Prometheus server.
+func AuditCount(g prometheus.Gatherer, action, outcome string) float64 {
+	mfs, err := g.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_audit_actions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var a, o string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "action":
+					a = l.GetValue()
+				case "outcome":
+					o = l.GetValue()
+				}
+			}
+			if a == action && o == outcome {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
