@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -143,6 +144,9 @@ func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
+		// Accept errors, failed handshakes and handler panics go to the
+		// server's log rather than the process's stderr.
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	if s.sec.tls != nil {
 		hs.TLSConfig = s.sec.tls.Config("h2", "http/1.1")
