@@ -299,4 +299,3 @@ func TestClip(t *testing.T) {
 		t.Errorf("%q", got)
 	}
 }
-
