@@ -13,7 +13,10 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth/authtest"
 )
 
@@ -297,5 +300,34 @@ func TestClip(t *testing.T) {
 	}
 	if got := clip("short", 128); got != "short" {
 		t.Errorf("%q", got)
+	}
+}
+
+// Every method sluiced serves is in the access table, so that none is
+// closed by accident; and the table names no method that does not exist.
+func TestEveryMethodHasAnAccessRule(t *testing.T) {
+	known := map[string]bool{reflectionV1: true, reflectionV1Alpha: true}
+	for _, sd := range []grpc.ServiceDesc{admissionv1.Admission_ServiceDesc, admissionv1.Operator_ServiceDesc, healthpb.Health_ServiceDesc} {
+		for _, m := range sd.Methods {
+			known["/"+sd.ServiceName+"/"+m.MethodName] = true
+		}
+		for _, m := range sd.Streams {
+			known["/"+sd.ServiceName+"/"+m.StreamName] = true
+		}
+	}
+	for m := range known {
+		if _, ok := methodAccess[m]; !ok {
+			t.Errorf("%s has no access rule", m)
+		}
+	}
+	for m := range methodAccess {
+		if !known[m] {
+			t.Errorf("the access table names %s, which no service has", m)
+		}
+	}
+	for m := range auditedWrites {
+		if methodAccess[m] != accessOperator {
+			t.Errorf("audited write %s is not operator-only", m)
+		}
 	}
 }

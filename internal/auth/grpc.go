@@ -54,7 +54,7 @@ var methodAccess = map[string]access{
 
 // operatorService prefixes the Operator's methods: every refused call to
 // one is audited, and so is every write (auditedWrites).
-const operatorService = "/" + "sluice.admission.v1.Operator" + "/"
+var operatorService = "/" + admissionv1.Operator_ServiceDesc.ServiceName + "/"
 
 // auditedWrites are the methods audited whatever their outcome.
 var auditedWrites = map[string]bool{

@@ -114,7 +114,9 @@ func (s *ServerTLS) reload(force bool) error {
 	}
 	s.cur.Store(st)
 	s.loaded, s.lastBad = sum, [sha256.Size]byte{}
-	s.log.Info("TLS certificate reloaded", "file", s.certFile, "subject", st.cert.Leaf.Subject.String(), "not_after", st.cert.Leaf.NotAfter)
+	if leaf := st.cert.Leaf; leaf != nil { // nil only under GODEBUG x509keypairleaf=0
+		s.log.Info("TLS certificate reloaded", "file", s.certFile, "subject", leaf.Subject.String(), "not_after", leaf.NotAfter)
+	}
 	s.audit.Record(context.Background(), Event{Principal: "sluiced", Action: ActionTLSReload, Target: s.certFile, Outcome: OutcomeOK})
 	return nil
 }
