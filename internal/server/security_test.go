@@ -27,6 +27,7 @@ import (
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth"
 	"github.com/sluice-sched/sluice/internal/auth/authtest"
+	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
@@ -558,5 +559,23 @@ func TestConnectionsFor(t *testing.T) {
 	}
 	if n := defaultMaxConnections(); n < minMaxConnections || n > maxMaxConnections {
 		t.Errorf("defaultMaxConnections() = %d", n)
+	}
+}
+
+// A config reload (SIGHUP) is audited with its outcome.
+func TestConfigReloadIsAudited(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	authtest.WriteFile(t, path, config.DefaultYAML())
+	srv, _, _, _ := start(t, Options{ConfigPath: path})
+	if err := srv.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	authtest.WriteFile(t, path, []byte(strings.Replace(string(config.DefaultYAML()), "weight: 8", "weight: 0", 1)))
+	if err := srv.Reload(); err == nil || !strings.Contains(err.Error(), "tiers.enterprise.weight") {
+		t.Fatalf("a zero weight: %v", err)
+	}
+	reg := srv.metrics.Registry
+	if ok, failed := auth.AuditCount(reg, auth.ActionConfigReload, auth.OutcomeOK), auth.AuditCount(reg, auth.ActionConfigReload, auth.OutcomeFailed); ok != 1 || failed != 1 {
+		t.Errorf("config_reload audited ok %v, failed %v; want 1 and 1", ok, failed)
 	}
 }
