@@ -262,82 +262,111 @@ func cfgWrap(key string, err error) error {
 	return &ConfigError{Key: key, Reason: err.Error(), Err: err}
 }
 
-// SetDefaults fills every knob left at zero with its default.
-func (c *Config) SetDefaults() {
+// SetDefaults fills every knob left at zero with its default. It cannot
+// tell a key written as 0 from one omitted; a config read from a file goes
+// through ApplyDefaults instead, which can.
+func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
+
+// ApplyDefaults fills every knob the document omitted with its default and
+// refuses, with its key path, one written as zero: for every defaulted knob
+// 0 would mean something the engine cannot serve (a weight of 0, no queue
+// bound, a zero TTL, a zero soft capacity), and silently serving the default
+// instead would say something the file does not. present reports whether a
+// key path ("queue.max_total", "tiers.free.weight") holds a value in the
+// document (a null counts as omitted); nil means nothing was written, so
+// every zero takes its default. The defaults:
+//
+//	capacity: soft_fraction 0.70, mfu 0.5, burst_seconds 2, weight_copies 1
+//	queue: max_per_flow 1000, max_total 100000, max_critical 1000, default_wait 30s, deadline_margin 5ms
+//	leases: ttl 10m, idempotency_ttl 10m
+//	health: error_rate 0.20, min_samples 20, window 10s, cut_weight 0.05, cooldown 30s, step 0.1, step_every 5s
+//	limits: max_prompt_tokens 1048576, max_output_tokens 262144
+//	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
+//	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
+//	models: the built-in catalog (pd.DefaultModels)
+func (c *Config) ApplyDefaults(present func(key string) bool) error {
+	if present == nil {
+		present = func(string) bool { return false }
+	}
+	var err error
+	// fill reports whether a knob that isZero takes its default, and
+	// records the first one written as 0.
+	fill := func(key string, isZero bool, def any) bool {
+		if !isZero {
+			return false
+		}
+		if present(key) {
+			if err == nil {
+				err = cfgErr(key, "must not be 0 (omit the key for the default, %v)", def)
+			}
+			return false
+		}
+		return true
+	}
+	fillInt := func(key string, p *int, def int) {
+		if fill(key, *p == 0, def) {
+			*p = def
+		}
+	}
+	fillInt64 := func(key string, p *int64, def int64) {
+		if fill(key, *p == 0, def) {
+			*p = def
+		}
+	}
+	fillFloat := func(key string, p *float64, def float64) {
+		if fill(key, *p == 0, def) {
+			*p = def
+		}
+	}
+	fillDur := func(key string, p *Duration, def time.Duration) {
+		if fill(key, p.Duration == 0, def) {
+			p.Duration = def
+		}
+	}
 	if c.Models == nil {
 		c.Models = pd.DefaultModels()
 	}
 	d := pd.DefaultConfig()
-	if c.Capacity.SoftFraction == 0 {
-		c.Capacity.SoftFraction = d.SoftFraction
-	}
-	if c.Capacity.MFU == 0 {
-		c.Capacity.MFU = d.MFU
-	}
-	if c.Capacity.BurstSeconds == 0 {
-		c.Capacity.BurstSeconds = d.BurstSeconds
-	}
-	if c.Capacity.WeightCopies == 0 {
-		c.Capacity.WeightCopies = d.WeightCopies
-	}
-	setInt(&c.Queue.MaxPerFlow, 1000)
-	setInt(&c.Queue.MaxTotal, 100000)
-	setInt(&c.Queue.MaxCritical, 1000)
-	setDur(&c.Queue.DefaultWait, 30*time.Second)
-	setDur(&c.Queue.DeadlineMargin, 5*time.Millisecond)
-	setDur(&c.Leases.TTL, 10*time.Minute)
-	setDur(&c.Leases.IdempotencyTTL, 10*time.Minute)
-	setFloat(&c.Health.ErrorRate, 0.20)
-	if c.Health.MinSamples == 0 {
-		c.Health.MinSamples = 20
-	}
-	setDur(&c.Health.Window, 10*time.Second)
-	setFloat(&c.Health.CutWeight, 0.05)
-	setDur(&c.Health.Cooldown, 30*time.Second)
-	setFloat(&c.Health.Step, 0.1)
-	setDur(&c.Health.StepEvery, 5*time.Second)
-	if c.Limits.MaxPromptTokens == 0 {
-		c.Limits.MaxPromptTokens = 1 << 20
-	}
-	if c.Limits.MaxOutputTokens == 0 {
-		c.Limits.MaxOutputTokens = 1 << 18
-	}
-	if c.OutputTokenWeight == 0 {
-		c.OutputTokenWeight = 4
-	}
+	fillFloat("capacity.soft_fraction", &c.Capacity.SoftFraction, d.SoftFraction)
+	fillFloat("capacity.mfu", &c.Capacity.MFU, d.MFU)
+	fillFloat("capacity.burst_seconds", &c.Capacity.BurstSeconds, d.BurstSeconds)
+	fillInt("capacity.weight_copies", &c.Capacity.WeightCopies, d.WeightCopies)
+	fillInt("queue.max_per_flow", &c.Queue.MaxPerFlow, 1000)
+	fillInt("queue.max_total", &c.Queue.MaxTotal, 100000)
+	fillInt("queue.max_critical", &c.Queue.MaxCritical, 1000)
+	fillDur("queue.default_wait", &c.Queue.DefaultWait, 30*time.Second)
+	fillDur("queue.deadline_margin", &c.Queue.DeadlineMargin, 5*time.Millisecond)
+	fillDur("leases.ttl", &c.Leases.TTL, 10*time.Minute)
+	fillDur("leases.idempotency_ttl", &c.Leases.IdempotencyTTL, 10*time.Minute)
+	fillFloat("health.error_rate", &c.Health.ErrorRate, 0.20)
+	fillInt64("health.min_samples", &c.Health.MinSamples, 20)
+	fillDur("health.window", &c.Health.Window, 10*time.Second)
+	fillFloat("health.cut_weight", &c.Health.CutWeight, 0.05)
+	fillDur("health.cooldown", &c.Health.Cooldown, 30*time.Second)
+	fillFloat("health.step", &c.Health.Step, 0.1)
+	fillDur("health.step_every", &c.Health.StepEvery, 5*time.Second)
+	fillInt64("limits.max_prompt_tokens", &c.Limits.MaxPromptTokens, 1<<20)
+	fillInt64("limits.max_output_tokens", &c.Limits.MaxOutputTokens, 1<<18)
+	fillInt64("output_token_weight", &c.OutputTokenWeight, 4)
 	if c.DegradeHeadroom == nil {
 		h := 0.1
 		c.DegradeHeadroom = &h
 	}
-	for name, t := range c.Tiers {
-		setDur(&t.BurstCredit.BreakerOpen, 60*time.Second)
+	for _, name := range sortedKeys(c.Tiers) {
+		t, key := c.Tiers[name], "tiers."+name
+		fillDur(key+".burst_credit.breaker_open", &t.BurstCredit.BreakerOpen, 60*time.Second)
 		if t.BurstCredit.Multiple > 0 {
-			setDur(&t.BurstCredit.Window, 10*time.Second)
+			fillDur(key+".burst_credit.window", &t.BurstCredit.Window, 10*time.Second)
 		}
-		if t.Weight == 0 {
-			t.Weight = 1
-		}
+		fillInt64(key+".weight", &t.Weight, 1)
 		c.Tiers[name] = t
 	}
+	return err
 }
 
-func setInt(p *int, v int) {
-	if *p == 0 {
-		*p = v
-	}
-}
-
-func setFloat(p *float64, v float64) {
-	if *p == 0 {
-		*p = v
-	}
-}
-
-func setDur(p *Duration, v time.Duration) {
-	if p.Duration == 0 {
-		p.Duration = v
-	}
-}
+// minDuration is the shortest lifetime or period the engine's timers are
+// given: below it (a TTL of 1e-10 s, say) they would fire at once.
+const minDuration = time.Millisecond
 
 // Validate checks the config on its own (not against a cluster); the first
 // problem is returned as a *ConfigError naming its key.
@@ -367,6 +396,16 @@ func (c *Config) Validate() error {
 	if _, err := pd.NewCatalog(c.Models); err != nil {
 		return cfgWrap("models", err)
 	}
+	switch cp := c.Capacity; {
+	case !(cp.SoftFraction > 0 && cp.SoftFraction <= 1):
+		return cfgErr("capacity.soft_fraction", "must be in (0, 1], got %g", cp.SoftFraction)
+	case !(cp.MFU > 0 && cp.MFU <= 1):
+		return cfgErr("capacity.mfu", "must be in (0, 1], got %g", cp.MFU)
+	case !(cp.BurstSeconds > 0 && cp.BurstSeconds <= 3600):
+		return cfgErr("capacity.burst_seconds", "must be in (0, 3600], got %g", cp.BurstSeconds)
+	case cp.WeightCopies < 1:
+		return cfgErr("capacity.weight_copies", "must be ≥ 1, got %d", cp.WeightCopies)
+	}
 	if err := c.Capacity.Validate(); err != nil {
 		return cfgWrap("capacity", err)
 	}
@@ -375,8 +414,8 @@ func (c *Config) Validate() error {
 		return cfgErr("queue.max_per_flow", "must be ≥ 1")
 	case c.Queue.MaxTotal < c.Queue.MaxPerFlow:
 		return cfgErr("queue.max_total", "must be ≥ queue.max_per_flow")
-	case c.Queue.MaxCritical < 0:
-		return cfgErr("queue.max_critical", "must be ≥ 0")
+	case c.Queue.MaxCritical < 1:
+		return cfgErr("queue.max_critical", "must be ≥ 1")
 	case c.Queue.DefaultWait.Duration <= 0:
 		return cfgErr("queue.default_wait", "must be positive")
 	case c.Queue.DeadlineMargin.Duration < 0:
@@ -404,13 +443,20 @@ func (c *Config) Validate() error {
 	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
 		return cfgErr("degrade_headroom", "must be in [0, 1)")
 	}
-	for key, d := range map[string]Duration{
+	durations := map[string]Duration{
 		"queue.default_wait": c.Queue.DefaultWait, "queue.deadline_margin": c.Queue.DeadlineMargin,
 		"leases.ttl": c.Leases.TTL, "leases.idempotency_ttl": c.Leases.IdempotencyTTL,
 		"health.window": c.Health.Window, "health.cooldown": c.Health.Cooldown, "health.step_every": c.Health.StepEvery,
-	} {
-		if d.Duration > maxDuration {
+	}
+	for _, key := range sortedKeys(durations) {
+		if d := durations[key]; d.Duration > maxDuration {
 			return cfgErr(key, "must be at most %v", maxDuration)
+		}
+	}
+	// Lifetimes and periods the engine arms timers with.
+	for _, key := range []string{"queue.default_wait", "leases.ttl", "leases.idempotency_ttl", "health.window", "health.step_every"} {
+		if d := durations[key]; d.Duration < minDuration {
+			return cfgErr(key, "must be at least %v, got %v", minDuration, d.Duration)
 		}
 	}
 	return nil

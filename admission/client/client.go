@@ -20,6 +20,10 @@
 // (rendezvous hashing over the live members, so that the tenant's flow lives
 // in one fair queue) and follows membership changes; package etcdmembers
 // supplies the members from the etcd control plane.
+//
+// A sluiced that serves TLS or requires a principal (--auth) is dialled with
+// a Security: TLS files and a bearer token, sent on every call as
+// "authorization: Bearer <token>" (Dial, or Security.Dialer for a Router).
 package client
 
 import (

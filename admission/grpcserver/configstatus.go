@@ -44,12 +44,26 @@ type RegisterOption func(*registerOptions)
 
 type registerOptions struct {
 	configStatus ConfigStatusSource
+	tenantGuard  TenantGuard
 }
 
 // WithConfigStatus makes the Operator's GetConfigStatus answer from src.
 // Without it GetConfigStatus is UNIMPLEMENTED.
 func WithConfigStatus(src ConfigStatusSource) RegisterOption {
 	return func(o *registerOptions) { o.configStatus = src }
+}
+
+// TenantGuard decides whether the caller in ctx may act for tenant: nil to
+// go on, or a status error (PERMISSION_DENIED) to refuse. The auth
+// interceptors check Admit's tenant before the handler runs; a Release names
+// only a lease, whose tenant the handler must learn first, so the handler
+// asks the guard itself (see admissionServer.Release).
+type TenantGuard func(ctx context.Context, tenant string) error
+
+// WithTenantGuard makes Release check its lease's tenant with guard (in
+// sluiced, auth.CheckTenant). Without it every caller may release any lease.
+func WithTenantGuard(guard TenantGuard) RegisterOption {
+	return func(o *registerOptions) { o.tenantGuard = guard }
 }
 
 // GetConfigStatus implements admissionv1.OperatorServer.

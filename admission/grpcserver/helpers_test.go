@@ -107,9 +107,9 @@ type testServer struct {
 // startServer serves eng on 127.0.0.1:0 with the recovery interceptor
 // logging to logw (discarded when nil) and returns a client connection; the
 // server stops when the test ends.
-func startServer(tb testing.TB, eng Engine, logw io.Writer) *testServer {
+func startServer(tb testing.TB, eng Engine, logw io.Writer, opts ...RegisterOption) *testServer {
 	tb.Helper()
-	ts, stop, err := serveLoopback(eng, logw)
+	ts, stop, err := serveLoopback(eng, logw, opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func startServer(tb testing.TB, eng Engine, logw io.Writer) *testServer {
 
 // serveLoopback serves eng on 127.0.0.1:0 as startServer does; stop closes
 // the connection, stops the server and returns Serve's error, if any.
-func serveLoopback(eng Engine, logw io.Writer) (ts *testServer, stop func() error, err error) {
+func serveLoopback(eng Engine, logw io.Writer, opts ...RegisterOption) (ts *testServer, stop func() error, err error) {
 	if logw == nil {
 		logw = io.Discard
 	}
@@ -133,7 +133,7 @@ func serveLoopback(eng Engine, logw io.Writer) (ts *testServer, stop func() erro
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		RecoveryUnaryInterceptor(slog.New(slog.NewTextHandler(logw, nil)))))
-	hs := Register(srv, eng)
+	hs := Register(srv, eng, opts...)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

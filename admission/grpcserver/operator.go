@@ -2,6 +2,7 @@ package grpcserver
 
 import (
 	"context"
+	"strconv"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,6 +19,28 @@ type operatorServer struct {
 	configStatus ConfigStatusSource // nil: GetConfigStatus is UNIMPLEMENTED
 }
 
+// Bounds on what the Operator API accepts and echoes.
+const (
+	// maxReasonLen bounds a drain reason: it is stored with the drain and
+	// served on every ListDomains and /v1/domains read.
+	maxReasonLen = 1024
+	// maxNameLen bounds the names the Operator API is sent (a domain, a
+	// tenant), as the engine bounds Admit's, so that no error echoes more.
+	maxNameLen = 128
+)
+
+// checkName refuses an empty or overlong name in field, so that neither the
+// engine's errors nor ours echo more than maxNameLen bytes of it.
+func checkName(field, name string) error {
+	switch {
+	case name == "":
+		return invalidArgument(field, "required")
+	case len(name) > maxNameLen:
+		return invalidArgument(field, "must be at most "+strconv.Itoa(maxNameLen)+" bytes")
+	}
+	return nil
+}
+
 // ListDomains implements admissionv1.OperatorServer.
 func (s *operatorServer) ListDomains(context.Context, *admissionv1.ListDomainsRequest) (*admissionv1.ListDomainsResponse, error) {
 	ds := s.eng.Domains()
@@ -30,8 +53,11 @@ func (s *operatorServer) ListDomains(context.Context, *admissionv1.ListDomainsRe
 
 // DrainDomain implements admissionv1.OperatorServer.
 func (s *operatorServer) DrainDomain(_ context.Context, in *admissionv1.DrainDomainRequest) (*admissionv1.DrainDomainResponse, error) {
-	if in.GetDomain() == "" {
-		return nil, invalidArgument("domain", "required")
+	if err := checkName("domain", in.GetDomain()); err != nil {
+		return nil, err
+	}
+	if len(in.GetReason()) > maxReasonLen {
+		return nil, invalidArgument("reason", "must be at most "+strconv.Itoa(maxReasonLen)+" bytes")
 	}
 	if err := s.eng.Drain(in.GetDomain(), in.GetReason()); err != nil {
 		return nil, statusFromError(err)
@@ -41,8 +67,8 @@ func (s *operatorServer) DrainDomain(_ context.Context, in *admissionv1.DrainDom
 
 // UndrainDomain implements admissionv1.OperatorServer.
 func (s *operatorServer) UndrainDomain(_ context.Context, in *admissionv1.UndrainDomainRequest) (*admissionv1.UndrainDomainResponse, error) {
-	if in.GetDomain() == "" {
-		return nil, invalidArgument("domain", "required")
+	if err := checkName("domain", in.GetDomain()); err != nil {
+		return nil, err
 	}
 	if err := s.eng.Undrain(in.GetDomain()); err != nil {
 		return nil, statusFromError(err)
@@ -62,8 +88,8 @@ func (s *operatorServer) ListTenants(context.Context, *admissionv1.ListTenantsRe
 
 // GetTenant implements admissionv1.OperatorServer.
 func (s *operatorServer) GetTenant(_ context.Context, in *admissionv1.GetTenantRequest) (*admissionv1.GetTenantResponse, error) {
-	if in.GetName() == "" {
-		return nil, invalidArgument("name", "required")
+	if err := checkName("name", in.GetName()); err != nil {
+		return nil, err
 	}
 	t, ok := s.eng.Tenant(in.GetName())
 	if !ok {

@@ -265,3 +265,22 @@ func TestAgentMarksItsGPUsUnhealthyWhenNVMLGoes(t *testing.T) {
 		t.Errorf("the agent fell back after NVML had answered\n%s", got)
 	}
 }
+
+// The agent's etcd TLS flags reach the etcd client: a client certificate
+// without its key, or a CA file that does not exist, stops it at start.
+func TestAgentUsesItsEtcdTLSFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--etcd-cert", "/nonexistent/client.pem"}, "--etcd-cert and --etcd-key go together"},
+		{[]string{"--etcd-ca", "/nonexistent/ca.pem"}, "/nonexistent/ca.pem"},
+	} {
+		var logs syncBuffer
+		args := append([]string{"--etcd", "https://127.0.0.1:1", "--node", "nvl72-a-tray03", "--topology", "simulated"}, c.args...)
+		err := run(context.Background(), args, &logs, noNVML(t))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}

@@ -12,8 +12,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluice-sched/sluice/admission/client"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
@@ -72,9 +72,27 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// serverFlags reach sluiced's gRPC API: TLS files and a bearer token. The
+// token and the CA default to SLUICE_TOKEN and SLUICE_TLS_CA; the client
+// certificate has no variable, so that a shell set up for sluiced (whose
+// SLUICE_TLS_CERT is the server's certificate) does not send it.
+type serverFlags struct {
+	sec client.Security
+}
+
+// register adds the flags to fs.
+func (f *serverFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.sec.CAFile, "tls-ca", os.Getenv("SLUICE_TLS_CA"), "CA bundle (PEM) sluiced's certificate is verified against; turns TLS on (env SLUICE_TLS_CA)")
+	fs.StringVar(&f.sec.CertFile, "tls-cert", "", "client certificate (PEM) for mTLS; turns TLS on")
+	fs.StringVar(&f.sec.KeyFile, "tls-key", "", "the client certificate's key (PEM)")
+	fs.StringVar(&f.sec.ServerName, "tls-server-name", "", "the name sluiced's certificate must hold (default: the --server host); turns TLS on")
+	fs.BoolVar(&f.sec.TLS, "tls", false, "TLS with the system roots")
+	fs.StringVar(&f.sec.Token, "token", os.Getenv("SLUICE_TOKEN"), "bearer token (env SLUICE_TOKEN, which keeps it out of ps); sent over plaintext only to loopback")
+}
+
 // dialServer connects to a sluiced's gRPC address.
-func dialServer(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func dialServer(addr string, sec client.Security) (*grpc.ClientConn, error) {
+	conn, err := client.Dial(addr, sec)
 	if err != nil {
 		return nil, fmt.Errorf("server %s: %w", addr, err)
 	}
@@ -98,10 +116,12 @@ func runConfig(args []string, out io.Writer) error {
 	case "status":
 		server := fs.String("server", "localhost:7070", "sluiced gRPC address")
 		timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the server")
+		var sf serverFlags
+		sf.register(fs)
 		if err := parseNoArgs(fs, args[1:]); err != nil {
 			return err
 		}
-		return configStatus(*server, *timeout, out)
+		return configStatus(*server, sf.sec, *timeout, out)
 	default:
 		return fmt.Errorf("unknown subcommand %q; %s", args[0], usage)
 	}
@@ -171,8 +191,8 @@ func parseNoArgs(fs *flag.FlagSet, args []string) error {
 }
 
 // configStatus prints a server's GetConfigStatus.
-func configStatus(server string, timeout time.Duration, out io.Writer) error {
-	conn, err := dialServer(server)
+func configStatus(server string, sec client.Security, timeout time.Duration, out io.Writer) error {
+	conn, err := dialServer(server, sec)
 	if err != nil {
 		return err
 	}

@@ -65,6 +65,8 @@ func runDomains(args []string, out, errw io.Writer) error {
 	fs.SetOutput(out)
 	var ef etcdFlags
 	ef.register(fs)
+	var sf serverFlags
+	sf.register(fs)
 	server := fs.String("server", "", `one sluiced's gRPC address (default: every replica registered in etcd with --etcd, else localhost:7070; "" with --etcd: the drain marks only)`)
 	format := fs.String("o", "table", "output format: table or json")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -88,7 +90,7 @@ func runDomains(args []string, out, errw io.Writer) error {
 	rows := map[string]*domainRow{}
 	var views []replicaView
 	if *server != "" {
-		doms, err := listDomains(ctx, *server)
+		doms, err := listDomains(ctx, *server, sf.sec)
 		if err != nil {
 			return err
 		}
@@ -103,7 +105,7 @@ func runDomains(args []string, out, errw io.Writer) error {
 		defer cli.Close()
 		prefix := controlplane.NormalizePrefix(ef.prefix)
 		if fleet {
-			if views, err = fleetViews(ctx, cli, prefix, errw); err != nil {
+			if views, err = fleetViews(ctx, cli, prefix, sf.sec, errw); err != nil {
 				return err
 			}
 			for _, v := range views {

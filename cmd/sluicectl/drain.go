@@ -44,6 +44,8 @@ func runDrain(args []string, out, errw io.Writer, drain bool) error {
 	fs.SetOutput(out)
 	var ef etcdFlags
 	ef.register(fs)
+	var sf serverFlags
+	sf.register(fs)
 	server := fs.String("server", "", "without --etcd: the one sluiced to drain directly (gRPC address); with --etcd: the replica that checks the domain exists")
 	var reason, by *string
 	var force *bool
@@ -64,7 +66,7 @@ func runDrain(args []string, out, errw io.Writer, drain bool) error {
 	defer cancel()
 	if ef.endpoints == "" {
 		if *server != "" {
-			return drainOne(ctx, *server, domain, drain, reason, by, out)
+			return drainOne(ctx, *server, sf.sec, domain, drain, reason, by, out)
 		}
 		return errors.New("--etcd (or SLUICE_ETCD) is required (or --server to act on one replica only)")
 	}
@@ -87,7 +89,7 @@ func runDrain(args []string, out, errw io.Writer, drain bool) error {
 		return nil
 	}
 	if !*force {
-		if err := checkDomain(ctx, cli, prefix, *server, domain, errw); err != nil {
+		if err := checkDomain(ctx, cli, prefix, *server, sf.sec, domain, errw); err != nil {
 			return err
 		}
 	}
@@ -101,8 +103,8 @@ func runDrain(args []string, out, errw io.Writer, drain bool) error {
 }
 
 // drainOne drains or undrains a domain on one server through the Operator RPC.
-func drainOne(ctx context.Context, server, domain string, drain bool, reason, by *string, out io.Writer) error {
-	conn, err := dialServer(server)
+func drainOne(ctx context.Context, server string, sec client.Security, domain string, drain bool, reason, by *string, out io.Writer) error {
+	conn, err := dialServer(server, sec)
 	if err != nil {
 		return err
 	}
@@ -127,7 +129,7 @@ func drainOne(ctx context.Context, server, domain string, drain bool, reason, by
 // agents' records, or of the replica at server, or (server "") of any replica
 // registered under prefix that answers. Member entries that are not members
 // are warned about on errw.
-func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server, domain string, errw io.Writer) error {
+func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server string, sec client.Security, domain string, errw io.Writer) error {
 	agents, err := controlplane.AgentDomains(ctx, cli, prefix)
 	if err != nil {
 		return err
@@ -138,9 +140,9 @@ func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server, doma
 	known := slices.Clone(agents)
 	var views []replicaView
 	if server != "" {
-		doms, err := listDomains(ctx, server)
+		doms, err := listDomains(ctx, server, sec)
 		views = []replicaView{{Member: client.Member{ID: server, Addr: server}, domains: doms, err: err}}
-	} else if views, err = fleetViews(ctx, cli, prefix, errw); err != nil {
+	} else if views, err = fleetViews(ctx, cli, prefix, sec, errw); err != nil {
 		return err
 	}
 	answered := 0

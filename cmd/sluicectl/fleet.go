@@ -21,8 +21,8 @@ type replicaView struct {
 }
 
 // listDomains asks the sluiced at addr for its domains.
-func listDomains(ctx context.Context, addr string) ([]*admissionv1.DomainInfo, error) {
-	conn, err := dialServer(addr)
+func listDomains(ctx context.Context, addr string, sec client.Security) ([]*admissionv1.DomainInfo, error) {
+	conn, err := dialServer(addr, sec)
 	if err != nil {
 		return nil, err
 	}
@@ -35,9 +35,9 @@ func listDomains(ctx context.Context, addr string) ([]*admissionv1.DomainInfo, e
 }
 
 // fleetViews asks every replica registered under prefix for its domains, all
-// at once. A replica that does not answer has its error in its view. A
+// at once, each dialled with sec. A replica that does not answer has its error in its view. A
 // member entry that is not a member is skipped, with a warning on errw.
-func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string, errw io.Writer) ([]replicaView, error) {
+func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string, sec client.Security, errw io.Writer) ([]replicaView, error) {
 	members, bad, err := etcdmembers.List(ctx, cli, prefix)
 	if err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string, errw i
 	var wg sync.WaitGroup
 	for i, m := range members {
 		views[i].Member = m
-		wg.Go(func() { views[i].domains, views[i].err = listDomains(ctx, m.Addr) })
+		wg.Go(func() { views[i].domains, views[i].err = listDomains(ctx, m.Addr, sec) })
 	}
 	wg.Wait()
 	return views, nil

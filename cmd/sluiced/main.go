@@ -1,11 +1,12 @@
 // Command sluiced is the Sluice admission server: gRPC on :7070 (Admission,
-// Operator, health, reflection) and HTTP on :7071 (/healthz, /metrics).
-// With no flags it serves the embedded default config on the simulated
-// cluster, with no external service.
+// Operator, health, reflection) and HTTP on :7071 (/healthz, /metrics,
+// /v1/domains). With no flags it serves the embedded default config on the
+// simulated cluster, with no external service, on loopback only: serving
+// beyond it needs --auth (principals and roles) or --insecure.
 //
 // Every flag can also be set from the environment: --grpc-addr is
 // SLUICE_GRPC_ADDR, and so on (upper case, dashes as underscores). SIGHUP
-// reloads --config; SIGINT/SIGTERM shut down gracefully, answering every
+// reloads --config, --auth and the TLS files; SIGINT/SIGTERM shut down gracefully, answering every
 // queued request first.
 package main
 
@@ -42,8 +43,8 @@ func run(args []string, stdout io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
 	var opts server.Options
-	fs.StringVar(&opts.GRPCAddr, "grpc-addr", ":7070", "gRPC listen address")
-	fs.StringVar(&opts.HTTPAddr, "http-addr", ":7071", "HTTP listen address (/healthz, /metrics)")
+	fs.StringVar(&opts.GRPCAddr, "grpc-addr", "", "gRPC listen address (default 127.0.0.1:7070 without --auth, :7070 with it)")
+	fs.StringVar(&opts.HTTPAddr, "http-addr", "", "HTTP listen address: /healthz, /metrics, /v1/domains (default 127.0.0.1:7071 without --auth, :7071 with it)")
 	fs.StringVar(&opts.ConfigPath, "config", "", "config file (YAML or JSON); empty serves the embedded default")
 	fs.StringVar(&opts.Topology, "topology", nvml.SpecAuto, `topology source: "auto" (NVML, else simulated), "auto:<file>" (NVML, else the file), "nvml", "simulated" or a topology file path`)
 	printTopology := fs.Bool("print-topology", false, "print the topology --topology resolves to (domains, nodes, GPUs, links, peaks) and exit")
@@ -68,6 +69,14 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Etcd.AdvertiseAddr, "advertise-addr", "", "gRPC address routers dial, registered in etcd (default: host name and --grpc-addr's port)")
 	fs.StringVar(&opts.Etcd.ReplicaID, "replica-id", "", "this replica's member id in etcd (default: the advertise address)")
 	fs.DurationVar(&opts.Etcd.MemberTTL, "member-ttl", 10*time.Second, "TTL of the membership lease: a dead replica leaves the count this long after its last keepalive")
+	// Security: who may call, over what.
+	fs.StringVar(&opts.Security.AuthFile, "auth", "", "auth file (YAML): principals, their bearer-token digests or mTLS SANs, roles and tenants; re-read when it changes and on SIGHUP. Without it sluiced serves loopback only")
+	fs.StringVar(&opts.Security.TLSCert, "tls-cert", "", "server certificate (PEM) for gRPC and HTTP; re-read when it changes")
+	fs.StringVar(&opts.Security.TLSKey, "tls-key", "", "the server certificate's key (PEM)")
+	fs.StringVar(&opts.Security.ClientCA, "client-ca", "", "CA bundle (PEM) that client certificates are verified against (mTLS); needs --tls-cert")
+	fs.BoolVar(&opts.Security.Insecure, "insecure", false, "allow listening beyond loopback without --auth: anybody who can reach sluiced may call every RPC")
+	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
+	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}
@@ -101,7 +110,12 @@ func run(args []string, stdout io.Writer) error {
 	defer stop()
 	go func() {
 		for range hup {
-			_ = srv.Reload() // logged; a bad file leaves the last good config serving
+			// Each is logged and audited; a bad file leaves the last good
+			// one serving.
+			_ = srv.ReloadSecurity()
+			if opts.ConfigPath != "" {
+				_ = srv.Reload()
+			}
 		}
 	}()
 	return srv.Serve(ctx)

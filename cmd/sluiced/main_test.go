@@ -61,3 +61,22 @@ func TestPrintTopology(t *testing.T) {
 		t.Errorf("bad format: %v", err)
 	}
 }
+
+// Without --auth sluiced refuses to listen beyond loopback unless
+// --insecure; the security flags' mistakes are refused at start.
+func TestSecurityFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--grpc-addr", ":0", "--http-addr", "127.0.0.1:0"}, "--insecure"},
+		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--auth", "/nonexistent/auth.yaml"}, "/nonexistent/auth.yaml"},
+		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--client-ca", "ca.pem"}, "--tls-cert"},
+		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-auth"}, "--auth"},
+		{[]string{"--max-connections", "many"}, "max-connections"},
+	} {
+		if err := run(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
+		}
+	}
+}

@@ -54,13 +54,15 @@ func (e *Error) Error() string {
 }
 
 // Parse decodes YAML or JSON, fills defaults and validates. name is used in
-// errors. Decoding is strict: a duplicate key, an unknown key (keys are
+// errors. A key omitted takes its default (admission.Config.ApplyDefaults
+// lists them); a defaulted key written as 0 is refused with its key path,
+// since 0 would not mean what it says. Decoding is strict: a duplicate key, an unknown key (keys are
 // case-sensitive, exactly as written in admission.Config's json tags) or a
 // value of the wrong type is an *Error whose Key is the full path of the
 // value, such as "tiers.enterprise.weight" or "models[2].decode_batch".
 // Integer values may be whole numbers written with an exponent (405e9).
 func Parse(name string, data []byte) (admission.Config, error) {
-	js, err := strictJSON(data, reflect.TypeFor[admission.Config]())
+	js, doc, err := strictJSON(data, reflect.TypeFor[admission.Config]())
 	if err != nil {
 		return admission.Config{}, Wrap(name, err)
 	}
@@ -70,11 +72,36 @@ func Parse(name string, data []byte) (admission.Config, error) {
 	if err := dec.Decode(&cfg); err != nil {
 		return admission.Config{}, &Error{File: name, Reason: err.Error()}
 	}
-	cfg.SetDefaults()
+	if err := cfg.ApplyDefaults(func(key string) bool { return present(doc, key) }); err != nil {
+		return admission.Config{}, Wrap(name, err)
+	}
 	if err := cfg.Validate(); err != nil {
 		return admission.Config{}, Wrap(name, err)
 	}
 	return cfg, nil
+}
+
+// DecodeStrict decodes YAML or JSON data into v, a non-nil pointer, as
+// strictly as Parse decodes a config: a duplicate key, an unknown key (keys
+// match json tags case-sensitively) or a value of the wrong type is an
+// *Error naming the file and the full key path. Other files Sluice reads
+// (the auth file) share it so that every file refuses the same mistakes
+// with the same words.
+func DecodeStrict(name string, data []byte, v any) error {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return fmt.Errorf("config.DecodeStrict: want a non-nil pointer, got %T", v)
+	}
+	js, _, err := strictJSON(data, rv.Type().Elem())
+	if err != nil {
+		return Wrap(name, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return &Error{File: name, Reason: err.Error()}
+	}
+	return nil
 }
 
 // Wrap names the file in a validation error from the admission package

@@ -74,7 +74,23 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"negative weight", edit("weight: 8", "weight: -1"), "tiers.enterprise.weight", "must be in"},
 		{"unknown tier", edit("acme: {tier: enterprise}", "acme: {tier: platinum}"), "tenants.acme.tier", "unknown tier"},
 		{"floor above rate", edit("floor: 4000", "floor: 400000"), "tiers.standard.floor", "exceeds"},
-		{"bad soft fraction", edit("soft_fraction: 0.70", "soft_fraction: 1.5"), "capacity", "soft_fraction"},
+		{"bad soft fraction", edit("soft_fraction: 0.70", "soft_fraction: 1.5"), "capacity.soft_fraction", "must be in (0, 1]"},
+		// A defaulted key written as 0 is refused, not silently defaulted.
+		{"zero tier weight", edit("weight: 8", "weight: 0"), "tiers.enterprise.weight", "must not be 0 (omit the key for the default, 1)"},
+		{"zero queue bound", edit("max_total: 100000", "max_total: 0"), "queue.max_total", "must not be 0"},
+		{"zero critical bound", edit("max_critical: 1000", "max_critical: 0"), "queue.max_critical", "must not be 0"},
+		{"zero soft fraction", edit("soft_fraction: 0.70", "soft_fraction: 0"), "capacity.soft_fraction", "must not be 0 (omit the key for the default, 0.7)"},
+		{"zero mfu", edit("mfu: 0.5", "mfu: 0.0"), "capacity.mfu", "must not be 0"},
+		{"zero weight copies", edit("weight_copies: 1", "weight_copies: 0"), "capacity.weight_copies", "must not be 0"},
+		{"ttl rounding to zero", edit("ttl: 10m", "ttl: 1e-10"), "leases.ttl", "must not be 0"},
+		{"ttl below a millisecond", edit("ttl: 10m", "ttl: 500us"), "leases.ttl", "must be at least 1ms"},
+		{"zero idempotency ttl", edit("idempotency_ttl: 10m", `idempotency_ttl: "0s"`), "leases.idempotency_ttl", "must not be 0"},
+		{"zero error rate", edit("error_rate: 0.20", "error_rate: 0"), "health.error_rate", "must not be 0"},
+		{"zero cooldown", edit("cooldown: 30s", "cooldown: 0"), "health.cooldown", "must not be 0"},
+		{"zero output weight", edit("output_token_weight: 4", "output_token_weight: 0"), "output_token_weight", "must not be 0"},
+		{"zero prompt limit", edit("max_prompt_tokens: 1048576", "max_prompt_tokens: 0"), "limits.max_prompt_tokens", "must not be 0"},
+		{"zero breaker", edit("breaker_open: 60s}\n    budget: {daily_usd: 5000", "breaker_open: 0}\n    budget: {daily_usd: 5000"), "tiers.enterprise.burst_credit.breaker_open", "must not be 0"},
+		{"zero credit window", edit("window: 30s", "window: 0s"), "tiers.enterprise.burst_credit.window", "must not be 0"},
 		{"no tiers", "tenants: {}\n", "tiers", "at least one"},
 	}
 	for _, c := range cases {
@@ -92,6 +108,41 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 				t.Fatalf("got %q (file %q key %q), want file %s, key %q, reason containing %q", err, ce.File, ce.Key, path, c.key, c.reason)
 			}
 		})
+	}
+}
+
+// Omitted keys take their defaults; null counts as omitted; a tier whose
+// name holds a dot is still found.
+func TestOmittedKeysTakeDefaults(t *testing.T) {
+	cfg, err := Parse("omitted.yaml", []byte(`
+queue: {max_total: null}
+tiers:
+  gpu.large: {rps: {rate: 1, burst: 1}, tokens: {rate: 10, burst: 10}}
+  zero.weight: {rps: {rate: 1, burst: 1}, tokens: {rate: 10, burst: 10}, weight: 2}
+tenants: {a: {tier: gpu.large}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := admission.Config{}
+	want.SetDefaults()
+	if cfg.Queue != want.Queue || cfg.Leases != want.Leases || cfg.Health != want.Health || cfg.Limits != want.Limits ||
+		cfg.Capacity != want.Capacity || cfg.OutputTokenWeight != 4 || *cfg.DegradeHeadroom != 0.1 {
+		t.Errorf("defaults: got %+v %+v %+v %+v %+v", cfg.Queue, cfg.Leases, cfg.Health, cfg.Limits, cfg.Capacity)
+	}
+	if w := cfg.Tiers["gpu.large"].Weight; w != 1 {
+		t.Errorf("omitted tier weight: %d, want 1", w)
+	}
+	if b := cfg.Tiers["gpu.large"].BurstCredit.BreakerOpen.Duration; b != 60*time.Second {
+		t.Errorf("omitted breaker_open: %v, want 60s", b)
+	}
+	_, err = Parse("dotted.yaml", []byte(`
+tiers:
+  gpu.large: {rps: {rate: 1, burst: 1}, tokens: {rate: 10, burst: 10}, weight: 0}
+`))
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Key != "tiers.gpu.large.weight" {
+		t.Fatalf("a dotted tier's zero weight: %v, want key tiers.gpu.large.weight", err)
 	}
 }
 

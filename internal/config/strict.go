@@ -40,23 +40,50 @@ func refuse(key, format string, args ...any) error {
 // keys matched exactly (case-sensitively) to json tags. It returns the JSON
 // to decode into target: the same document, with integers written with an
 // exponent (405e9) rewritten as plain integers so that encoding/json reads
-// them.
-func strictJSON(data []byte, target reflect.Type) ([]byte, error) {
+// them; and the checked document itself, so that the caller can tell a key
+// written as 0 from one omitted.
+func strictJSON(data []byte, target reflect.Type) ([]byte, any, error) {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
-		return nil, &keyError{reason: err.Error()}
+		return nil, nil, &keyError{reason: err.Error()}
 	}
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.UseNumber()
 	var doc any
 	if err := dec.Decode(&doc); err != nil {
-		return nil, &keyError{reason: err.Error()}
+		return nil, nil, &keyError{reason: err.Error()}
 	}
 	doc, err = check("", target, doc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return json.Marshal(doc)
+	js, err = json.Marshal(doc)
+	return js, doc, err
+}
+
+// present reports whether key, a dotted key path, holds a non-null value in
+// doc, a document strictJSON checked. A map key may itself hold dots (a
+// tier named "gpu.large"), so each step tries the longest key first.
+func present(doc any, key string) bool {
+	if key == "" {
+		return doc != nil
+	}
+	m, ok := doc.(map[string]any)
+	if !ok {
+		return false
+	}
+	for i := len(key); i > 0; i = strings.LastIndexByte(key[:i], '.') {
+		if child, ok := m[key[:i]]; ok {
+			rest := ""
+			if i < len(key) {
+				rest = key[i+1:]
+			}
+			if present(child, rest) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 var (

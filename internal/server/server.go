@@ -33,8 +33,8 @@ import (
 
 // Options configure a Server.
 type Options struct {
-	GRPCAddr   string // default ":7070"
-	HTTPAddr   string // default ":7071"
+	GRPCAddr   string // default "127.0.0.1:7070" without Security.AuthFile, ":7070" with it
+	HTTPAddr   string // default "127.0.0.1:7071" without Security.AuthFile, ":7071" with it
 	ConfigPath string // "" serves the embedded default
 	Topology   string // "simulated" (default here; sluiced's flag defaults to "auto"), "auto", "auto:<file>", "nvml" or a file path
 	Logger     *slog.Logger
@@ -42,6 +42,9 @@ type Options struct {
 	Grace      time.Duration // how long shutdown waits for in-flight RPCs; default 10s
 	Etcd       EtcdOptions   // the etcd control plane (controlplane.go); zero: none
 	Shared     SharedOptions // shared state on Redis (sharedstate.go); zero: embedded
+	// Security: TLS, principals and roles, connection limits (security.go);
+	// zero: everybody, on loopback only.
+	Security SecurityOptions
 }
 
 // Server is a running sluiced.
@@ -59,16 +62,12 @@ type Server struct {
 	reloadMu sync.Mutex
 	redis    redis.UniversalClient // nil when embedded
 	cp       controlPlane          // config status and the etcd control plane (controlplane.go)
+	sec      security              // auth, audit and TLS (security.go)
 }
 
 // New loads config and topology, builds the engine and binds both listeners.
 func New(opts Options) (*Server, error) {
-	if opts.GRPCAddr == "" {
-		opts.GRPCAddr = ":7070"
-	}
-	if opts.HTTPAddr == "" {
-		opts.HTTPAddr = ":7071"
-	}
+	defaultAddrs(&opts)
 	if opts.Topology == "" {
 		opts.Topology = "simulated"
 	}
@@ -82,6 +81,9 @@ func New(opts Options) (*Server, error) {
 		opts.Grace = 10 * time.Second
 	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New()}
+	if err := s.setupSecurity(); err != nil {
+		return nil, err
+	}
 
 	cfg, cfgName, err := loadConfig(opts.ConfigPath)
 	if err != nil {
@@ -122,21 +124,12 @@ func New(opts Options) (*Server, error) {
 	// behind; give that back now rather than at the next scavenge.
 	debug.FreeOSMemory()
 
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(grpcserver.RecoveryUnaryInterceptor(s.log)))
-	s.health = grpcserver.Register(s.grpc, s.eng, s.newConfigStatus(cfgName))
+	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
+	s.health = grpcserver.Register(s.grpc, s.eng, append(s.registerOptions(), s.newConfigStatus(cfgName))...)
+	s.http = s.newHTTPServer(s.httpHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", s.serveHealthz)
-	mux.HandleFunc("/v1/domains", s.serveDomains)
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-
-	if s.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
-		return nil, fmt.Errorf("grpc listen %s: %w", opts.GRPCAddr, err)
-	}
-	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
-		s.grpcLis.Close()
-		return nil, fmt.Errorf("http listen %s: %w", opts.HTTPAddr, err)
+	if err := s.listen(); err != nil {
+		return nil, err
 	}
 	if err := s.startControlPlane(); err != nil {
 		s.grpcLis.Close()
@@ -172,6 +165,13 @@ func (s *Server) HTTPAddr() net.Addr { return s.httpLis.Addr() }
 func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
+	err := s.reloadConfig()
+	s.auditConfigReload(err)
+	return err
+}
+
+// reloadConfig is Reload's work, under reloadMu.
+func (s *Server) reloadConfig() error {
 	if s.opts.ConfigPath == "" {
 		return errors.New("reload: serving the embedded default; start with --config to reload a file")
 	}
@@ -198,12 +198,13 @@ func (s *Server) Serve(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	go s.eng.Run(runCtx)
+	go s.watchSecurity(runCtx)
 	s.runControlPlane()
 
 	errc := make(chan error, 2)
 	go func() { errc <- s.grpc.Serve(s.grpcLis) }()
 	go func() {
-		if err := s.http.Serve(s.httpLis); !errors.Is(err, http.ErrServerClosed) {
+		if err := s.serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
 		}
 	}()

@@ -1,0 +1,262 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+)
+
+// access is what a method asks of its caller.
+type access int
+
+const (
+	accessDenied        access = iota // no role grants it (a method the table does not know)
+	accessOpen                        // anybody, unauthenticated (health)
+	accessAuthenticated               // any principal (reflection)
+	accessRouter                      // the router role, bound to the request's tenant
+	accessViewer                      // the viewer role (or operator)
+	accessOperator                    // the operator role
+)
+
+// Method names of the services that are not Sluice's.
+const (
+	reflectionV1      = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+	reflectionV1Alpha = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+)
+
+// methodAccess is who may call each method sluiced serves. A method missing
+// here is refused to everybody: a new RPC is closed until it is added.
+var methodAccess = map[string]access{
+	admissionv1.Admission_Admit_FullMethodName:          accessRouter,
+	admissionv1.Admission_Release_FullMethodName:        accessRouter,
+	admissionv1.Operator_ListDomains_FullMethodName:     accessViewer,
+	admissionv1.Operator_ListTenants_FullMethodName:     accessViewer,
+	admissionv1.Operator_GetTenant_FullMethodName:       accessViewer,
+	admissionv1.Operator_GetConfigStatus_FullMethodName: accessViewer,
+	admissionv1.Operator_DrainDomain_FullMethodName:     accessOperator,
+	admissionv1.Operator_UndrainDomain_FullMethodName:   accessOperator,
+	healthpb.Health_Check_FullMethodName:                accessOpen,
+	healthpb.Health_Watch_FullMethodName:                accessOpen,
+	healthpb.Health_List_FullMethodName:                 accessOpen,
+	reflectionV1:                                        accessAuthenticated,
+	reflectionV1Alpha:                                   accessAuthenticated,
+}
+
+// operatorService prefixes the Operator's methods: every refused call to
+// one is audited, and so is every write (auditedWrites).
+var operatorService = "/" + admissionv1.Operator_ServiceDesc.ServiceName + "/"
+
+// auditedWrites are the methods audited whatever their outcome.
+var auditedWrites = map[string]bool{
+	admissionv1.Operator_DrainDomain_FullMethodName:   true,
+	admissionv1.Operator_UndrainDomain_FullMethodName: true,
+}
+
+// principalKey keys the caller's principal in a context.
+type principalKey struct{}
+
+// NewContext returns ctx carrying p, as the interceptors pass the caller to
+// handlers.
+func NewContext(ctx context.Context, p *Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// FromContext returns the principal the interceptors identified; false when
+// there is none (no auth file: every caller is allowed).
+func FromContext(ctx context.Context) (*Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(*Principal)
+	return p, ok && p != nil
+}
+
+// CheckTenant is the check a handler makes when it learns a tenant the
+// interceptor could not see (the tenant of a lease being released): nil when
+// the caller in ctx may act for tenant, or when no auth file is in use;
+// otherwise a PERMISSION_DENIED status. grpcserver.WithTenantGuard takes it.
+func CheckTenant(ctx context.Context, tenant string) error {
+	p, ok := FromContext(ctx)
+	if !ok {
+		if _, authed := ctx.Value(authedKey{}).(bool); authed {
+			// An authenticated server with no principal in the context:
+			// the handler was reached some way the interceptor did not
+			// see. Refuse rather than allow.
+			return status.Error(codes.PermissionDenied, "no principal for this call")
+		}
+		return nil
+	}
+	if !p.MayServe(tenant) {
+		return status.Errorf(codes.PermissionDenied, "principal %q is not bound to tenant %q", p.Name, clip(tenant, 128))
+	}
+	return nil
+}
+
+// authedKey marks a context as served by an Authenticator with an auth file.
+type authedKey struct{}
+
+// grpcCredentials reads what the caller presented on this RPC.
+func grpcCredentials(ctx context.Context) (Credentials, string) {
+	var c Credentials
+	var peerAddr string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if vs := md.Get("authorization"); len(vs) > 0 {
+			c.HasAuthorization = true
+			c.Bearer = parseBearer(vs[0])
+		}
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		c.Loopback = isLoopback(p.Addr)
+		if p.Addr != nil {
+			peerAddr = p.Addr.String()
+		}
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			c.TLS = true
+			if chains := ti.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
+				c.Cert = chains[0][0]
+			}
+		}
+	}
+	return c, peerAddr
+}
+
+// authorize decides one call; it returns the caller (nil when open) and a
+// status error when the call is refused.
+func (a *Authenticator) authorize(ctx context.Context, method string, req any) (*Principal, string, error) {
+	acc := methodAccess[method]
+	creds, peerAddr := grpcCredentials(ctx)
+	if acc == accessOpen || a.Open() {
+		return nil, peerAddr, nil
+	}
+	p, err := a.Identify(creds)
+	if err != nil {
+		return nil, peerAddr, status.Error(codes.Unauthenticated, err.Error())
+	}
+	switch acc {
+	case accessAuthenticated:
+		return p, peerAddr, nil
+	case accessRouter:
+		if !p.Has(RoleRouter) {
+			return p, peerAddr, denied(p, method, RoleRouter)
+		}
+		// Admit names its tenant; Release's lease names one only the engine
+		// knows, so the Release handler calls CheckTenant itself.
+		if t, ok := req.(interface{ GetTenant() string }); ok && !p.MayServe(t.GetTenant()) {
+			return p, peerAddr, status.Errorf(codes.PermissionDenied, "principal %q is not bound to tenant %q", p.Name, clip(t.GetTenant(), 128))
+		}
+		return p, peerAddr, nil
+	case accessViewer:
+		if !p.Has(RoleViewer) {
+			return p, peerAddr, denied(p, method, RoleViewer)
+		}
+		return p, peerAddr, nil
+	case accessOperator:
+		if !p.Has(RoleOperator) {
+			return p, peerAddr, denied(p, method, RoleOperator)
+		}
+		return p, peerAddr, nil
+	}
+	return p, peerAddr, status.Errorf(codes.PermissionDenied, "%s is open to no role", method)
+}
+
+// denied is the PERMISSION_DENIED answer to p calling method without role.
+func denied(p *Principal, method string, role Role) error {
+	return status.Errorf(codes.PermissionDenied, "principal %q may not call %s: it needs the %s role", p.Name, method, role)
+}
+
+// UnaryServerInterceptor returns the interceptor that authorises every unary
+// call, passes the caller to the handler (FromContext) and audits operator
+// actions. Put it before any interceptor that acts on the request.
+func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		p, peerAddr, err := a.authorize(ctx, info.FullMethod, req)
+		operator := strings.HasPrefix(info.FullMethod, operatorService)
+		if err != nil {
+			if operator {
+				a.auditCall(ctx, info.FullMethod, p, peerAddr, req, err)
+			}
+			return nil, err
+		}
+		if !a.Open() {
+			ctx = context.WithValue(ctx, authedKey{}, true)
+		}
+		if p != nil {
+			ctx = NewContext(ctx, p)
+		}
+		resp, err := handler(ctx, req)
+		if auditedWrites[info.FullMethod] {
+			a.auditCall(ctx, info.FullMethod, p, peerAddr, req, err)
+		}
+		return resp, err
+	}
+}
+
+// StreamServerInterceptor returns the interceptor that authorises every
+// streaming call (health Watch, reflection); Sluice's own services have no
+// streams, so no request is inspected.
+func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		p, peerAddr, err := a.authorize(ss.Context(), info.FullMethod, nil)
+		if err != nil {
+			if strings.HasPrefix(info.FullMethod, operatorService) {
+				a.auditCall(ss.Context(), info.FullMethod, p, peerAddr, nil, err)
+			}
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// auditCall records one Operator call: its principal, the domain or tenant
+// it named, the reason it gave, and how it ended.
+func (a *Authenticator) auditCall(ctx context.Context, method string, p *Principal, peerAddr string, req any, err error) {
+	if a.audit == nil {
+		return
+	}
+	e := Event{Principal: principalName(p, a.Open()), Peer: peerAddr, Action: method[strings.LastIndexByte(method, '/')+1:], Err: err}
+	if r, ok := req.(interface{ GetDomain() string }); ok {
+		e.Target = r.GetDomain()
+	} else if r, ok := req.(interface{ GetName() string }); ok {
+		e.Target = r.GetName()
+	}
+	if r, ok := req.(interface{ GetReason() string }); ok {
+		e.Reason = r.GetReason()
+	}
+	e.Outcome = outcomeOf(err)
+	a.audit.Record(ctx, e)
+}
+
+// principalName names p in an audit line.
+func principalName(p *Principal, open bool) string {
+	switch {
+	case p != nil:
+		return p.Name
+	case open:
+		return "anonymous"
+	}
+	return "unauthenticated"
+}
+
+// outcomeOf maps a call's error to an audit outcome.
+func outcomeOf(err error) string {
+	if err == nil {
+		return OutcomeOK
+	}
+	switch status.Code(err) {
+	case codes.Unauthenticated:
+		return OutcomeUnauthenticated
+	case codes.PermissionDenied:
+		return OutcomeDenied
+	}
+	if errors.Is(err, ErrUnauthenticated) {
+		return OutcomeUnauthenticated
+	}
+	return OutcomeFailed
+}
