@@ -130,9 +130,9 @@ func (h *harness) tenant(name string) TenantInfo {
 	return ti
 }
 
-// fillShared admits requests of the given shape for tenant until one does
-// not fit at once; it returns the admitted decisions and the last answer
-// (queued requests are taken back out of the queue).
+// saturate admits requests of the given shape for tenant until one does
+// not fit at once and returns the admitted decisions; a request queued at
+// the end is taken back out of the queue, as a caller giving up would.
 func (h *harness) saturate(tenant, model string, prompt, output int64) []Decision {
 	h.t.Helper()
 	var out []Decision

@@ -1,0 +1,193 @@
+// Package admissiontest holds fakes of admission.SharedState for tests:
+// a store that can be taken down (Flaky), one that holds commits until the
+// test lets them through (Gated), and one that counts the calls and
+// reports that reach it (Counting). Each wraps another SharedState (in
+// tests, usually internal/state/memstate) and stacks with the others.
+package admissiontest
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sluice-sched/sluice/admission"
+)
+
+// ErrDown is what a Flaky store's calls fail with while it is down.
+var ErrDown = errors.New("admissiontest: store down")
+
+// Flaky is a store that can be taken down: while it is down every call
+// fails with ErrDown without reaching the store it wraps; once up again
+// calls pass through. It is safe for concurrent use.
+type Flaky struct {
+	admission.SharedState
+	down atomic.Bool
+}
+
+// NewFlaky returns an up store in front of s.
+func NewFlaky(s admission.SharedState) *Flaky { return &Flaky{SharedState: s} }
+
+// SetDown takes the store down (true) or brings it back up (false).
+func (f *Flaky) SetDown(down bool) { f.down.Store(down) }
+
+// Down reports whether the store is down.
+func (f *Flaky) Down() bool { return f.down.Load() }
+
+// Reconcile implements admission.SharedState.
+func (f *Flaky) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+	if f.Down() {
+		return nil, ErrDown
+	}
+	return f.SharedState.Reconcile(ctx, r)
+}
+
+// Commit implements admission.SharedState.
+func (f *Flaky) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+	if f.Down() {
+		return admission.StrictVerdict{}, ErrDown
+	}
+	return f.SharedState.Commit(ctx, c)
+}
+
+// Settle implements admission.SharedState.
+func (f *Flaky) Settle(ctx context.Context, s *admission.StrictSettle) error {
+	if f.Down() {
+		return ErrDown
+	}
+	return f.SharedState.Settle(ctx, s)
+}
+
+// Ping implements admission.SharedState.
+func (f *Flaky) Ping(ctx context.Context) error {
+	if f.Down() {
+		return ErrDown
+	}
+	return f.SharedState.Ping(ctx)
+}
+
+// Gated holds every Commit until the test decides it: each arriving
+// commit is announced on Entered and then waits for Pass (the wrapped
+// store decides it) or Refuse (refused without reaching the store), or
+// for its context to end. Reconcile, Settle and Ping pass through.
+type Gated struct {
+	admission.SharedState
+	entered chan struct{}
+	gate    chan func(context.Context, *admission.StrictCharge) (admission.StrictVerdict, error)
+}
+
+// NewGated returns a gate in front of s. Up to buffer commits may be
+// announced on Entered before anyone receives them.
+func NewGated(s admission.SharedState, buffer int) *Gated {
+	return &Gated{
+		SharedState: s,
+		entered:     make(chan struct{}, buffer),
+		gate:        make(chan func(context.Context, *admission.StrictCharge) (admission.StrictVerdict, error)),
+	}
+}
+
+// Entered receives once for every commit that arrives at the gate.
+func (g *Gated) Entered() <-chan struct{} { return g.entered }
+
+// Pass lets one held commit through to the wrapped store; it blocks
+// until a commit takes it.
+func (g *Gated) Pass() {
+	g.gate <- g.SharedState.Commit
+}
+
+// Refuse answers one held commit with v, a refusal (v.Admitted is
+// ignored): v.Refused is the index of the refusing take, len(Takes) for
+// the KV gauge. It blocks until a commit takes it.
+func (g *Gated) Refuse(v admission.StrictVerdict) {
+	v.Admitted = false
+	g.gate <- func(context.Context, *admission.StrictCharge) (admission.StrictVerdict, error) { return v, nil }
+}
+
+// Commit implements admission.SharedState: it announces itself and waits
+// for the test's decision.
+func (g *Gated) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+	g.entered <- struct{}{}
+	select {
+	case decide := <-g.gate:
+		return decide(ctx, c)
+	case <-ctx.Done():
+		return admission.StrictVerdict{}, ctx.Err()
+	}
+}
+
+// Report is what one Reconcile call reported.
+type Report struct {
+	TenantBuckets int // buckets of tenants ("t/…" keys)
+	DomainBuckets int // buckets of domains ("d/…" keys)
+	Gauges        int
+}
+
+// Counting counts the calls that reach it and what each reconcile
+// reports, then passes them to the store it wraps. It is safe for
+// concurrent use.
+type Counting struct {
+	admission.SharedState
+	mu      sync.Mutex
+	reports []Report
+	commits int
+	settles int
+}
+
+// NewCounting returns a counter in front of s.
+func NewCounting(s admission.SharedState) *Counting { return &Counting{SharedState: s} }
+
+// Reconcile implements admission.SharedState.
+func (c *Counting) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+	var rep Report
+	for _, b := range r.Buckets {
+		switch {
+		case strings.HasPrefix(b.Key, "t/"):
+			rep.TenantBuckets++
+		case strings.HasPrefix(b.Key, "d/"):
+			rep.DomainBuckets++
+		}
+	}
+	rep.Gauges = len(r.Gauges)
+	c.mu.Lock()
+	c.reports = append(c.reports, rep)
+	c.mu.Unlock()
+	return c.SharedState.Reconcile(ctx, r)
+}
+
+// Commit implements admission.SharedState.
+func (c *Counting) Commit(ctx context.Context, ch *admission.StrictCharge) (admission.StrictVerdict, error) {
+	c.mu.Lock()
+	c.commits++
+	c.mu.Unlock()
+	return c.SharedState.Commit(ctx, ch)
+}
+
+// Settle implements admission.SharedState.
+func (c *Counting) Settle(ctx context.Context, s *admission.StrictSettle) error {
+	c.mu.Lock()
+	c.settles++
+	c.mu.Unlock()
+	return c.SharedState.Settle(ctx, s)
+}
+
+// Reports returns what every reconcile so far reported, in call order.
+func (c *Counting) Reports() []Report {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Report(nil), c.reports...)
+}
+
+// Commits returns how many Commit calls arrived.
+func (c *Counting) Commits() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.commits
+}
+
+// Settles returns how many Settle calls arrived.
+func (c *Counting) Settles() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.settles
+}
