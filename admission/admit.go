@@ -25,6 +25,10 @@ type pending struct {
 	weighted int64
 	price    int64 // micro-USD at the requested model, charged to the budget
 	critical bool
+	// With a request id: its idempotency key and the hash of its body.
+	hasID    bool
+	idem     idemKey
+	idemBody uint32
 }
 
 // tiers returns the models to try, requested first. (An index, not a slice
@@ -122,16 +126,11 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	// A request id seen before gets its answer even while shutting down: a
 	// retry after a lost answer must find its lease, not be sent elsewhere.
 	if req.RequestID != "" {
-		if rec, ok := e.mu.room.idem.lookup(req.RequestID); ok {
-			if rec.tenant != req.Tenant {
-				e.mu.Unlock()
-				return Decision{}, nil, &InvalidArgumentError{Field: "request_id", Reason: "already used by another tenant"}
-			}
-			if rec.w != nil {
-				rec.w.refs++
-			}
+		idem := &e.mu.room.idem
+		r.hasID, r.idem, r.idemBody = true, idem.key(req.Tenant, req.RequestID), idem.bodyHash(req)
+		if d, w, err, seen := e.repeatLocked(now, &r); seen {
 			e.mu.Unlock()
-			return rec.decision, rec.w, nil
+			return d, w, err
 		}
 	}
 	var d Decision
@@ -144,6 +143,37 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	finish(answered)
 	return d, w, nil
 }
+
+// repeatLocked answers a request id seen before (seen true): the queued
+// request it joins, or the live lease it was admitted with, rebuilt as an
+// answer. An id reused with another body is invalid; one whose lease has
+// ended is ErrLeaseEnded, never a dead lease for free.
+func (e *Engine) repeatLocked(now int64, r *pending) (d Decision, w *waiter, err error, seen bool) {
+	idem := &e.mu.room.idem
+	body := r.idemBody
+	if w := idem.queued[r.idem]; w != nil {
+		if w.p.idemBody != body {
+			return Decision{}, nil, errReusedID, true
+		}
+		w.refs++
+		return Decision{}, w, nil, true
+	}
+	rec, ok := idem.lookup(r.idem, now)
+	if !ok {
+		return Decision{}, nil, nil, false
+	}
+	if rec.body != body {
+		return Decision{}, nil, errReusedID, true
+	}
+	l, ok := e.mu.leases.get(rec.lease)
+	if !ok {
+		return Decision{}, nil, ErrLeaseEnded, true
+	}
+	l.answer(&d, rec.lease, r, now)
+	return d, nil, nil, true
+}
+
+var errReusedID = &InvalidArgumentError{Field: "request_id", Reason: "already used with a different request"}
 
 // decideLocked runs a new request through the tenant gates and placement:
 // within the floor (reserved capacity, no queue), on shared capacity, or
@@ -202,13 +232,13 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 		return w
 	}
 	r.chargeGates(now, t, r.weighted, r.price, critical)
-	e.grantLocked(now, req.RequestID, r, pl, 0, d)
+	e.grantLocked(now, r, pl, 0, d)
 	return nil
 }
 
 // grantLocked places a request whose gates are charged, opens its lease and
 // builds the answer in d (and remembers it under the request id).
-func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placement, queued time.Duration, d *Decision) {
+func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Duration, d *Decision) {
 	if pl.tier > 0 { // degraded: budget at the granted model's price
 		r.reprice(e.mu.place.cat.PriceMicros(pl.model.model, r.prompt, r.output))
 	}
@@ -234,8 +264,8 @@ func (e *Engine) grantLocked(now int64, requestID string, r *pending, pl placeme
 	tr.PrefillLevel, tr.DecodeLevel = pl.dom.cap.Levels(now)
 	tr.KVInUse, tr.KVLimit = pl.dom.cap.KV()
 	tr.EstimatedCostMicros = g.price
-	if requestID != "" {
-		e.mu.room.idem.remember(requestID, r.tenant.name, *d, now+int64(e.mu.cfg.Leases.IdempotencyTTL.Duration))
+	if r.hasID {
+		e.mu.room.idem.remember(r.idem, id, r.idemBody, now, now+int64(e.mu.cfg.Leases.IdempotencyTTL.Duration))
 	}
 }
 
@@ -280,7 +310,7 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		if w == nil {
 			return answered
 		}
-		e.grantLocked(now, w.requestID, &w.p, w.pl, time.Duration(now-w.enqueued), &w.decision)
+		e.grantLocked(now, &w.p, w.pl, time.Duration(now-w.enqueued), &w.decision)
 		answered = append(answered, w)
 	}
 }
@@ -311,7 +341,7 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 		return w.decision
 	}
 	d := w.decision
-	if d.LeaseID != 0 && w.requestID == "" && w.refs == 0 {
+	if d.LeaseID != 0 && !w.p.hasID && w.refs == 0 {
 		// Admitted just as the caller gave up, and nobody can learn the
 		// lease: undo the admission entirely, as if it had been rejected.
 		if l, ok := e.mu.leases.remove(d.LeaseID); ok {
@@ -325,15 +355,18 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 }
 
 // revokeLocked undoes an admission the shared store did not confirm: its
-// charge is cancelled, and its request id now answers the refusal, so that
-// duplicates that waited for the commit agree.
-func (e *Engine) revokeLocked(requestID string, leaseID uint64, why refusal) {
+// charge is cancelled and its request id forgotten (a refusal is not
+// remembered: a retry decides afresh).
+func (e *Engine) revokeLocked(requestID string, leaseID uint64) {
 	now := e.nowLocked()
-	if l, ok := e.mu.leases.remove(leaseID); ok {
-		l.Cancel(now)
+	l, ok := e.mu.leases.remove(leaseID)
+	if !ok {
+		return
 	}
-	if rec, ok := e.mu.room.idem.lookup(requestID); ok && requestID != "" {
-		e.mu.room.idem.replace(requestID, refused(rec.decision, why))
+	l.Cancel(now)
+	if requestID != "" {
+		idem := &e.mu.room.idem
+		idem.forget(idem.key(l.tenant.name, requestID))
 	}
 	finish(e.dispatchLocked(now, nil)) // closing channels never blocks: fine under the lock
 }

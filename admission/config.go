@@ -105,6 +105,9 @@ type QueueConfig struct {
 type LeaseConfig struct {
 	TTL            Duration `json:"ttl"`             // a lease not released by then expires and frees its KV
 	IdempotencyTTL Duration `json:"idempotency_ttl"` // how long a request id's admission is remembered
+	// MaxIdempotencyRecords bounds the request ids remembered (about 70
+	// bytes each); beyond it the oldest are forgotten first.
+	MaxIdempotencyRecords int `json:"max_idempotency_records"`
 }
 
 // HealthConfig sets how Release outcomes move a domain's placement weight.
@@ -278,7 +281,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //
 //	capacity: soft_fraction 0.70, mfu 0.5, burst_seconds 2, weight_copies 1
 //	queue: max_per_flow 1000, max_total 100000, max_critical 1000, default_wait 30s, deadline_margin 5ms
-//	leases: ttl 10m, idempotency_ttl 10m
+//	leases: ttl 10m, idempotency_ttl 10m, max_idempotency_records 1000000
 //	health: error_rate 0.20, min_samples 20, window 10s, cut_weight 0.05, cooldown 30s, step 0.1, step_every 5s
 //	limits: max_prompt_tokens 1048576, max_output_tokens 262144
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
@@ -338,6 +341,7 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	fillDur("queue.deadline_margin", &c.Queue.DeadlineMargin, 5*time.Millisecond)
 	fillDur("leases.ttl", &c.Leases.TTL, 10*time.Minute)
 	fillDur("leases.idempotency_ttl", &c.Leases.IdempotencyTTL, 10*time.Minute)
+	fillInt("leases.max_idempotency_records", &c.Leases.MaxIdempotencyRecords, 1_000_000)
 	fillFloat("health.error_rate", &c.Health.ErrorRate, 0.20)
 	fillInt64("health.min_samples", &c.Health.MinSamples, 20)
 	fillDur("health.window", &c.Health.Window, 10*time.Second)
@@ -424,6 +428,8 @@ func (c *Config) Validate() error {
 		return cfgErr("leases.ttl", "must be positive")
 	case c.Leases.IdempotencyTTL.Duration <= 0:
 		return cfgErr("leases.idempotency_ttl", "must be positive")
+	case c.Leases.MaxIdempotencyRecords < 1:
+		return cfgErr("leases.max_idempotency_records", "must be ≥ 1")
 	case !(c.Health.ErrorRate > 0 && c.Health.ErrorRate < 1):
 		return cfgErr("health.error_rate", "must be in (0, 1)")
 	case c.Health.MinSamples < 1:

@@ -23,8 +23,8 @@
 //   - the waiting room (waitingRoom; waitingroom.go, idempotency.go): the
 //     weighted fair queue (package wfq), the deadlines of queued requests,
 //     the estimated work queued, and the idempotency records.
-//   - the lease table (leaseTable; leases.go): admitted requests, by an id
-//     that needs no map, with a heap of expiries.
+//   - the lease table (leaseTable; leases.go): admitted requests in a slab,
+//     found by a random 64-bit id, with a heap of expiries.
 //
 // A charge (charge.go) is what one admission took from these rooms: the
 // tenant's gates and, once placed, the domain's capacity. Like
@@ -39,9 +39,12 @@
 //
 //  1. validate: malformed requests return *InvalidArgumentError naming the
 //     field and change nothing.
-//  2. idempotency: a request id seen before gets the same admission (or
-//     joins the same queued request); rejections are not remembered, since
-//     nothing was charged and a retry should decide afresh.
+//  2. idempotency: a request id seen before (scoped to its tenant, with
+//     the same body) gets the same lease or joins the same queued request;
+//     one whose lease has ended is ErrLeaseEnded. Rejections are not
+//     remembered, since nothing was charged and a retry should decide
+//     afresh. Records are 32 bytes, bounded in count, and dropped by
+//     generation after the TTL.
 //  3. tenant gates, screened all before any is charged: breaker, the shared
 //     store's fail mode, daily and monthly budget (priced per model in
 //     micro-USD), RPS bucket, token bucket with burst credit, concurrency

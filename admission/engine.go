@@ -83,6 +83,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	e.mu.place.drainedAway = make(map[string]string)
 	e.mu.room.idem = newIdempotency()
 	e.mu.room.wake = make(chan struct{}, 1)
+	e.mu.leases = newLeaseTable()
 	if err := cluster.Validate(); err != nil {
 		return nil, fmt.Errorf("topology: %w", err)
 	}
@@ -153,7 +154,7 @@ func (e *Engine) Tick() time.Duration {
 	for l, ok := e.mu.leases.popExpired(now); ok; l, ok = e.mu.leases.popExpired(now) {
 		l.expire(now)
 	}
-	room.idem.expire(now)
+	room.idem.expire(now, e.mu.cfg.Leases.IdempotencyTTL.Duration)
 	e.mu.place.stepHealth(now)
 	answered = e.dispatchLocked(now, answered)
 	if now-e.mu.lastSweep >= int64(sweepEvery) {
@@ -261,6 +262,14 @@ func (e *Engine) QueueLen() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.mu.room.queue.Len()
+}
+
+// IdempotencyRecords returns how many request ids are remembered and how
+// many the bound on their count has forgotten before their TTL.
+func (e *Engine) IdempotencyRecords() (records int, evicted uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mu.room.idem.records(), e.mu.room.idem.evicted
 }
 
 // LeaseCount returns how many leases are held.

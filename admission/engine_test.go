@@ -3,6 +3,8 @@ package admission
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/bits"
 	"reflect"
 	"testing"
 	"time"
@@ -75,7 +77,10 @@ func TestRepeatedRequestIDIsChargedOnce(t *testing.T) {
 	level := h.tenant("a").TokenLevel
 	kv := h.domain(first.Domain).KVInUse
 	second := h.admit(r)
-	if !reflect.DeepEqual(first, second) {
+	// The same admission: lease, domain, model, path (the trace's levels
+	// are read at the repeat).
+	if second.Outcome != first.Outcome || second.LeaseID != first.LeaseID || second.Domain != first.Domain ||
+		second.Model != first.Model || !reflect.DeepEqual(second.DowngradePath, first.DowngradePath) || second.Trace.Tenant != "a" {
 		t.Fatalf("same request id, different answers:\n%+v\n%+v", first, second)
 	}
 	if got := h.tenant("a").TokenLevel; got != level {
@@ -84,10 +89,34 @@ func TestRepeatedRequestIDIsChargedOnce(t *testing.T) {
 	if got := h.domain(first.Domain).KVInUse; got != kv {
 		t.Fatalf("KV charged twice: %d → %d", kv, got)
 	}
+	// Ids are scoped per tenant: another tenant's same id is its own request.
 	other := r
 	other.Tenant = "b"
-	if _, err := h.e.Admit(context.Background(), other); !isInvalid(err, "request_id") {
-		t.Fatalf("another tenant reusing the id: %v, want invalid request_id", err)
+	if d := h.admit(other); d.Outcome != Admitted || d.LeaseID == first.LeaseID {
+		t.Fatalf("another tenant with the same id: %+v, want an admission of its own", d)
+	}
+	// The same id with another body is refused, and changes nothing.
+	changed := r
+	changed.MaxOutputTokens++
+	if _, err := h.e.Admit(context.Background(), changed); !isInvalid(err, "request_id") {
+		t.Fatalf("the id with a different body: %v, want invalid request_id", err)
+	}
+	if got := h.tenant("a").TokenLevel; got != level {
+		t.Fatalf("a refused repeat charged: tokens %d → %d", level, got)
+	}
+	// Once its lease has ended, a repeat gets no dead lease for free.
+	h.release(first.LeaseID, 500, 100)
+	after := h.tenant("a").TokenLevel
+	if _, err := h.e.Admit(context.Background(), r); !errors.Is(err, ErrLeaseEnded) {
+		t.Fatalf("repeat after release: %v, want ErrLeaseEnded", err)
+	}
+	if got := h.tenant("a").TokenLevel; got != after {
+		t.Fatalf("a repeat after release charged: tokens %d → %d", after, got)
+	}
+	// Past its TTL the id is forgotten and decides afresh.
+	h.advance(h.e.Config().Leases.IdempotencyTTL.Duration + time.Minute)
+	if d := h.admit(r); d.Outcome != Admitted || d.LeaseID == first.LeaseID {
+		t.Fatalf("the id after its TTL: %+v, want a new admission", d)
 	}
 }
 
@@ -491,5 +520,92 @@ func TestCloseAnswersEveryQueuedRequest(t *testing.T) {
 	}
 	if got := h.tenant("b"); got.Queued != 0 {
 		t.Fatalf("queued after close: %d", got.Queued)
+	}
+}
+
+// A Release whose Authorize refuses the lease's tenant changes nothing and
+// says why; an id nobody was given is not found.
+func TestReleaseOfAnotherTenantsLeaseChangesNothing(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	d := h.admit(req("a", "medium", 1000, 500))
+	tokens, dom := h.tenant("a").TokenLevel, h.domain(d.Domain)
+	onlyB := func(tenant string) error {
+		if tenant != "b" {
+			return fmt.Errorf("not bound to %s", tenant)
+		}
+		return nil
+	}
+	_, err := h.e.Release(context.Background(), Release{LeaseID: d.LeaseID, OutputTokens: 1 << 30, Outcome: ReleaseError, Authorize: onlyB})
+	if !errors.Is(err, ErrNotYourLease) {
+		t.Fatalf("release of a's lease for a caller serving b: %v, want ErrNotYourLease", err)
+	}
+	if got := h.tenant("a").TokenLevel; got != tokens {
+		t.Errorf("tokens %d → %d after a refused release", tokens, got)
+	}
+	if got := h.domain(d.Domain); got.KVInUse != dom.KVInUse || got.InFlight != dom.InFlight || got.HealthWeight != dom.HealthWeight {
+		t.Errorf("domain %+v → %+v after a refused release", dom, got)
+	}
+	if _, err := h.e.Release(context.Background(), Release{LeaseID: d.LeaseID ^ 1}); !errors.Is(err, ErrLeaseNotFound) {
+		t.Errorf("a forged id: %v, want ErrLeaseNotFound", err)
+	}
+	if _, err := h.e.Release(context.Background(), Release{LeaseID: d.LeaseID, Authorize: func(string) error { return nil }}); err != nil {
+		t.Errorf("release by an allowed caller: %v", err)
+	}
+}
+
+// Lease ids carry 64 random bits: neither sequential nor guessable from
+// one another.
+func TestLeaseIDsAreRandom(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	seen := map[uint64]bool{}
+	var prev uint64
+	ones := 0
+	const n = 1000
+	for i := 0; i < n; i++ {
+		d := h.admit(req("a", "small", 10, 10))
+		if seen[d.LeaseID] || d.LeaseID == 0 {
+			t.Fatalf("lease id %d repeated or zero", d.LeaseID)
+		}
+		seen[d.LeaseID] = true
+		if diff := d.LeaseID - prev; diff < 1<<20 || -diff < 1<<20 {
+			t.Fatalf("ids %d then %d: close enough to guess", prev, d.LeaseID)
+		}
+		prev = d.LeaseID
+		ones += bits.OnesCount64(d.LeaseID)
+		h.release(d.LeaseID, 10, 10)
+	}
+	if avg := float64(ones) / n; avg < 30 || avg > 34 {
+		t.Errorf("%.1f bits set per id on average, want about 32 of 64", avg)
+	}
+}
+
+// The count of remembered request ids is bounded: past the bound the
+// oldest are forgotten first (and counted), the newest still answer.
+func TestIdempotencyRecordsAreBounded(t *testing.T) {
+	cfg := testConfig()
+	cfg.Leases.MaxIdempotencyRecords = 100
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	ids := make([]Decision, 0, 300)
+	for i := 0; i < 300; i++ {
+		r := req("a", "small", 10, 10)
+		r.RequestID = fmt.Sprintf("id-%d", i)
+		ids = append(ids, h.admit(r))
+		if records, _ := h.e.IdempotencyRecords(); records > 100 {
+			t.Fatalf("%d records after %d ids, bound 100", records, i+1)
+		}
+	}
+	records, evicted := h.e.IdempotencyRecords()
+	if records+int(evicted) != 300 || evicted < 200 {
+		t.Fatalf("%d records, %d evicted of 300 ids", records, evicted)
+	}
+	// The newest is still a repeat (charged once); the oldest is decided afresh.
+	r := req("a", "small", 10, 10)
+	r.RequestID = "id-299"
+	if d := h.admit(r); d.LeaseID != ids[299].LeaseID {
+		t.Errorf("the newest id: lease %d, want %d", d.LeaseID, ids[299].LeaseID)
+	}
+	r.RequestID = "id-0"
+	if d := h.admit(r); d.LeaseID == ids[0].LeaseID {
+		t.Error("the oldest id still answered after the bound evicted it")
 	}
 }

@@ -71,17 +71,29 @@ func (e *Engine) Await(ctx context.Context, tk *Ticket) Decision {
 	return d
 }
 
-// LeaseSlot returns the id of the latest lease whose low half (the slot
-// number scenarios print) is n — released or not — or 0 when no lease has
-// used that slot.
+// LeaseNumber is the number scenarios print for a live lease: its slot + 1
+// (ids are random; slot numbers read as the order leases were taken, and
+// a slot is reused once its lease ends). 0 when the lease is not held.
+func (e *Engine) LeaseNumber(id uint64) uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	slot, ok := e.mu.leases.byID[id]
+	if !ok {
+		return 0
+	}
+	return slot + 1
+}
+
+// LeaseSlot returns the id of the lease held in the slot numbered n, or an
+// id no lease has (its lease ended: a release answers NOT_FOUND).
 func (e *Engine) LeaseSlot(n uint32) uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	slot := n - 1
-	if n == 0 || int(slot) >= len(e.mu.leases.slots) {
-		return 0
+	if n == 0 || int(slot) >= len(e.mu.leases.slots) || e.mu.leases.slots[slot].id == 0 {
+		return ^uint64(0)
 	}
-	return uint64(e.mu.leases.slots[slot].gen)<<32 | uint64(n)
+	return e.mu.leases.slots[slot].id
 }
 
 // WaitBackground waits for the store calls the engine runs in the

@@ -1,82 +1,160 @@
 package admission
 
-// idempotency remembers answers by request id, so that a retried request
-// gets the same answer and is charged once: an admission for the
-// idempotency TTL, a queued request until it is answered. Rejections are
-// not remembered (nothing was charged; a retry decides afresh).
+import (
+	"hash/maphash"
+	"strconv"
+	"time"
+)
+
+// idemGenerations is how many generations of records the TTL (or the bound
+// on their count) spans: a generation is dropped once its newest record
+// has expired, and eviction by count drops the oldest generation, about a
+// quarter of the bound.
+const idemGenerations = 4
+
+// idempotency remembers admissions by request id so that a retried request
+// gets the same lease and is charged once. The id is scoped to its tenant
+// (two tenants may use the same id without seeing each other) and bound to
+// the request's body: the same id with a different body is refused.
+// Rejections are not remembered (nothing was charged; a retry decides
+// afresh). A queued request is found through the queue until it is
+// answered.
+//
+// A record is 16 bytes beside its 16-byte key: the lease it answers, a
+// hash of the body and its expiry; the answer itself is rebuilt from the
+// live lease. Records live in generations, each a map covering a slice of
+// the TTL; a generation whose every record has expired is dropped whole,
+// so memory comes back after the TTL without a pause to rebuild a map (Go
+// maps never shrink), and at most max records are kept: beyond that the
+// oldest generation goes first.
 type idempotency struct {
-	records map[string]idemRecord
-	expiry  []idemExpiry // admissions in the order they expire (the TTL is one constant)
-	off     int          // expiry[:off] are done
+	seeds  [2]maphash.Seed
+	queued map[idemKey]*waiter
+	gens   []idemGeneration // oldest first; the last one takes new records
+	count  int              // records in gens
+	max    int
+	span   int64 // engine nanoseconds one generation covers
+	genCap int   // records one generation takes before the next starts
+	// evicted counts records dropped by the bound before their TTL.
+	evicted uint64
 }
 
-// idemRecord is what a request id answers.
+// idemKey identifies (tenant, request id) by a 128-bit hash: a collision
+// between two pairs is as unlikely as guessing a random 128-bit value.
+type idemKey [2]uint64
+
+// idemRecord is what a request id answers: an admission's lease, while it
+// lives.
 type idemRecord struct {
-	tenant   string
-	decision Decision
-	w        *waiter // non-nil while the request is queued
-	expires  int64
+	lease   uint64
+	body    uint32 // hash of the request's body
+	expires uint32 // engine seconds, rounded up
 }
 
-type idemExpiry struct {
-	id string
-	at int64
+type idemGeneration struct {
+	start, newest int64 // engine times of its first and latest records
+	records       map[idemKey]idemRecord
 }
-
-// compactAfter is how many expired entries the expiry queue keeps in front
-// before it is compacted (and only once they are half of it).
-const compactAfter = 1024
 
 func newIdempotency() idempotency {
-	return idempotency{records: make(map[string]idemRecord)}
-}
-
-func (m *idempotency) lookup(id string) (idemRecord, bool) {
-	rec, ok := m.records[id]
-	return rec, ok
-}
-
-// rememberQueued makes id answer the queued request w until it is answered.
-func (m *idempotency) rememberQueued(id, tenant string, w *waiter, deadline int64) {
-	m.records[id] = idemRecord{tenant: tenant, w: w, expires: deadline}
-}
-
-// remember makes id answer d until expires.
-func (m *idempotency) remember(id, tenant string, d Decision, expires int64) {
-	m.records[id] = idemRecord{tenant: tenant, decision: d, expires: expires}
-	m.expiry = append(m.expiry, idemExpiry{id: id, at: expires})
-}
-
-// forgetQueued forgets id if it still answers the queued request w.
-func (m *idempotency) forgetQueued(id string, w *waiter) {
-	if rec, ok := m.records[id]; ok && rec.w == w {
-		delete(m.records, id)
+	return idempotency{
+		seeds:  [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		queued: make(map[idemKey]*waiter),
 	}
 }
 
-// replace makes a remembered id answer d instead (an admission the store
-// refused: duplicates get the refusal too).
-func (m *idempotency) replace(id string, d Decision) {
-	if rec, ok := m.records[id]; ok {
-		rec.decision = d
-		m.records[id] = rec
-	}
+// configure sets the TTL and the bound of a new config.
+func (m *idempotency) configure(ttl time.Duration, maxRecords int) {
+	m.span = max(int64(ttl)/idemGenerations, 1)
+	m.max = maxRecords
+	m.genCap = max(maxRecords/idemGenerations, 1)
 }
 
-// expire forgets admissions older than the TTL.
-func (m *idempotency) expire(now int64) {
-	q := m.expiry
-	i := m.off
-	for ; i < len(q) && q[i].at <= now; i++ {
-		if rec, ok := m.records[q[i].id]; ok && rec.w == nil && rec.expires <= now {
-			delete(m.records, q[i].id)
+// key returns the key of a tenant's request id.
+func (m *idempotency) key(tenant, requestID string) idemKey {
+	var k idemKey
+	for i := range k {
+		var h maphash.Hash
+		h.SetSeed(m.seeds[i])
+		h.WriteString(tenant)
+		h.WriteByte(0)
+		h.WriteString(requestID)
+		k[i] = h.Sum64()
+	}
+	return k
+}
+
+// bodyHash hashes what a retried request must repeat: everything but the
+// ids and the deadline (a retry recomputes its deadline).
+func (m *idempotency) bodyHash(r *Request) uint32 {
+	var h maphash.Hash
+	h.SetSeed(m.seeds[0])
+	h.WriteString(r.Model)
+	h.WriteByte(0)
+	var buf [3 * 20]byte
+	b := strconv.AppendInt(buf[:0], r.PromptTokens, 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, r.MaxOutputTokens, 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(r.Priority), 10)
+	h.Write(b)
+	for _, name := range r.AcceptDowngrade {
+		h.WriteByte(0)
+		h.WriteString(name)
+	}
+	return uint32(h.Sum64())
+}
+
+// lookup returns the live record of key at now.
+func (m *idempotency) lookup(key idemKey, now int64) (idemRecord, bool) {
+	for i := len(m.gens) - 1; i >= 0; i-- {
+		if rec, ok := m.gens[i].records[key]; ok {
+			return rec, int64(rec.expires)*int64(time.Second) > now
 		}
-		q[i] = idemExpiry{}
 	}
-	m.off = i
-	if i > compactAfter && i > len(q)/2 {
-		n := copy(q, q[i:])
-		m.expiry = q[:n]
-		m.off = 0
+	return idemRecord{}, false
+}
+
+// remember records that key was admitted with lease until expires.
+func (m *idempotency) remember(key idemKey, lease uint64, body uint32, now, expires int64) {
+	if n := len(m.gens); n == 0 || now-m.gens[n-1].start >= m.span || len(m.gens[n-1].records) >= m.genCap {
+		m.gens = append(m.gens, idemGeneration{start: now, records: make(map[idemKey]idemRecord)})
+	}
+	g := &m.gens[len(m.gens)-1]
+	g.newest = now
+	if _, ok := g.records[key]; !ok {
+		m.count++
+	}
+	secs := (expires + int64(time.Second) - 1) / int64(time.Second)
+	g.records[key] = idemRecord{lease: lease, body: body, expires: uint32(min(secs, 1<<32-1))}
+	for m.count > m.max && len(m.gens) > 1 {
+		m.evicted += uint64(len(m.gens[0].records))
+		m.dropOldest()
 	}
 }
+
+// forget drops key (an admission the store refused: a retry decides afresh).
+func (m *idempotency) forget(key idemKey) {
+	for i := range m.gens {
+		if _, ok := m.gens[i].records[key]; ok {
+			delete(m.gens[i].records, key)
+			m.count--
+		}
+	}
+}
+
+// expire drops the generations whose every record has expired at now.
+func (m *idempotency) expire(now int64, ttl time.Duration) {
+	for len(m.gens) > 0 && m.gens[0].newest+int64(ttl)+int64(time.Second) <= now {
+		m.dropOldest()
+	}
+}
+
+func (m *idempotency) dropOldest() {
+	m.count -= len(m.gens[0].records)
+	m.gens[0] = idemGeneration{}
+	m.gens = m.gens[1:]
+}
+
+// records returns how many records are kept.
+func (m *idempotency) records() int { return m.count }

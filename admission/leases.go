@@ -1,5 +1,11 @@
 package admission
 
+import (
+	cryptorand "crypto/rand"
+	"fmt"
+	"math/rand/v2"
+)
+
 // lease is an admitted request holding domain capacity until Release or
 // expiry. Its charge is what Release settles.
 type lease struct {
@@ -13,21 +19,33 @@ type lease struct {
 }
 
 // leaseTable holds live leases in a slab indexed by slot, with a min-heap of
-// slots by expiry. A lease id is (generation << 32 | slot+1): lookups need
-// no map, a reused slot never answers to an old id, and steady-state
+// slots by expiry, and finds a slot by its lease's id. A lease id is 64
+// random bits from a ChaCha8 stream seeded by crypto/rand, so that an id
+// cannot be guessed from another: a lease can be released only by a caller
+// that was told its id. The slab keeps leases out of the garbage
+// collector's way (no pointer per lease in a map), and steady-state
 // admission and release allocate nothing. The heap holds live leases only
 // (release removes its entry), so it is bounded by what is in flight.
 type leaseTable struct {
 	slots []leaseSlot
-	free  []uint32 // vacant slots
-	heap  []uint32 // slots of live leases, by expires
+	free  []uint32          // vacant slots
+	heap  []uint32          // slots of live leases, by expires
+	byID  map[uint64]uint32 // live lease id → slot
+	ids   *rand.ChaCha8
 }
 
 type leaseSlot struct {
 	lease
-	gen     uint32
-	live    bool
+	id      uint64 // 0 while vacant
 	heapIdx int
+}
+
+func newLeaseTable() leaseTable {
+	var seed [32]byte
+	if _, err := cryptorand.Read(seed[:]); err != nil {
+		panic(fmt.Sprintf("admission: no randomness for lease ids: %v", err)) // crypto/rand does not fail on supported platforms
+	}
+	return leaseTable{byID: make(map[uint64]uint32), ids: rand.NewChaCha8(seed)}
 }
 
 // add stores l and returns its id.
@@ -40,26 +58,26 @@ func (t *leaseTable) add(l lease) uint64 {
 		t.slots = append(t.slots, leaseSlot{})
 		slot = uint32(len(t.slots) - 1)
 	}
+	id := t.ids.Uint64()
+	for _, taken := t.byID[id]; id == 0 || taken; _, taken = t.byID[id] {
+		id = t.ids.Uint64()
+	}
+	t.byID[id] = slot
 	s := &t.slots[slot]
-	s.lease, s.live = l, true
-	s.gen++
+	s.lease, s.id = l, id
 	s.heapIdx = len(t.heap)
 	t.heap = append(t.heap, slot)
 	t.up(s.heapIdx)
-	return uint64(s.gen)<<32 | uint64(slot+1)
+	return id
 }
 
 // get returns the live lease with id.
 func (t *leaseTable) get(id uint64) (*lease, bool) {
-	slot := uint32(id) - 1
-	if uint32(id) == 0 || int(slot) >= len(t.slots) {
+	slot, ok := t.byID[id]
+	if !ok {
 		return nil, false
 	}
-	s := &t.slots[slot]
-	if !s.live || s.gen != uint32(id>>32) {
-		return nil, false
-	}
-	return &s.lease, true
+	return &t.slots[slot].lease, true
 }
 
 // remove deletes the live lease with id and returns it.
@@ -69,7 +87,7 @@ func (t *leaseTable) remove(id uint64) (lease, bool) {
 		return lease{}, false
 	}
 	out := *l
-	t.removeSlot(uint32(id) - 1)
+	t.removeSlot(t.byID[id])
 	return out, true
 }
 
@@ -85,7 +103,8 @@ func (t *leaseTable) removeSlot(slot uint32) {
 		t.down(i)
 		t.up(i)
 	}
-	s.lease, s.live = lease{}, false
+	delete(t.byID, s.id)
+	s.lease, s.id = lease{}, 0
 	t.free = append(t.free, slot)
 }
 
@@ -149,4 +168,27 @@ func (t *leaseTable) down(i int) {
 		t.swap(i, m)
 		i = m
 	}
+}
+
+// answer rebuilds the answer a live lease was granted with, for a repeat of
+// its request (r, resolved again from the repeat): the same lease, domain,
+// model and downgrade path; the trace's levels are read now.
+func (l *lease) answer(d *Decision, id uint64, r *pending, now int64) {
+	*d = Decision{Outcome: Admitted, LeaseID: id, Domain: l.dom.ID(), Model: l.modelName}
+	for i, m := range r.tiers() {
+		if i > 0 && m.name == l.modelName {
+			d.Outcome = Degraded
+			d.DowngradePath = make([]string, i+1)
+			for j := range d.DowngradePath {
+				d.DowngradePath[j] = r.tierBuf[j].name
+			}
+			break
+		}
+	}
+	r.tenant, r.weighted, r.price = l.tenant, l.gates.weighted, l.gates.price
+	tenantTrace(&d.Trace, r, now)
+	tr := &d.Trace
+	tr.Floor, tr.Critical = l.floor, l.gates.critical
+	tr.PrefillLevel, tr.DecodeLevel = l.dom.cap.Levels(now)
+	tr.KVInUse, tr.KVLimit = l.dom.cap.KV()
 }

@@ -23,11 +23,18 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 	lim := &e.mu.cfg.Limits
 	rel.PromptTokens = min(rel.PromptTokens, lim.MaxPromptTokens)
 	rel.OutputTokens = min(rel.OutputTokens, lim.MaxOutputTokens)
-	l, ok := e.mu.leases.remove(rel.LeaseID)
+	held, ok := e.mu.leases.get(rel.LeaseID)
 	if !ok {
 		e.mu.Unlock()
 		return ReleaseResult{}, ErrLeaseNotFound
 	}
+	if rel.Authorize != nil {
+		if err := rel.Authorize(held.tenant.name); err != nil {
+			e.mu.Unlock()
+			return ReleaseResult{}, fmt.Errorf("%w: %w", ErrNotYourLease, err)
+		}
+	}
+	l, _ := e.mu.leases.remove(rel.LeaseID)
 	now := e.nowLocked()
 	res, weighted, actual := l.settle(now, e.base.Add(time.Duration(now)), rel, &e.mu.place)
 	storeWork := e.shared.releasedLocked(rel.LeaseID, l, weighted, actual)

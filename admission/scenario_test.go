@@ -434,7 +434,7 @@ func (s *scenario) submit(r *replica, req admission.Request) string {
 	if tk != nil {
 		return "QUEUED #" + strconv.Itoa(s.enqueue(r, tk))
 	}
-	return formatDecision(d)
+	return formatDecision(r.e, d)
 }
 
 func (s *scenario) enqueue(r *replica, tk *admission.Ticket) int {
@@ -480,9 +480,9 @@ func (s *scenario) saturate(t *testing.T, d *datadriven.TestData) string {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			got := r.e.Await(ctx, tk)
-			return fmt.Sprintf("ADMITTED=%d, then QUEUED and given up: %s", admitted, formatDecision(got))
+			return fmt.Sprintf("ADMITTED=%d, then QUEUED and given up: %s", admitted, formatDecision(r.e, got))
 		case dec.Outcome == admission.Rejected:
-			return fmt.Sprintf("ADMITTED=%d, then %s", admitted, formatDecision(dec))
+			return fmt.Sprintf("ADMITTED=%d, then %s", admitted, formatDecision(r.e, dec))
 		}
 		admitted++
 	}
@@ -510,7 +510,7 @@ func (s *scenario) advance(t *testing.T, d *datadriven.TestData) string {
 		if dec.LeaseID != 0 {
 			q.r.leases = append(q.r.leases, dec.LeaseID)
 		}
-		fmt.Fprintf(&b, "#%d %s\n", q.num, formatDecision(dec))
+		fmt.Fprintf(&b, "#%d %s\n", q.num, formatDecision(q.r.e, dec))
 	}
 	s.queued = still
 	return b.String()
@@ -528,7 +528,7 @@ func (s *scenario) cancel(t *testing.T, d *datadriven.TestData) string {
 		s.queued = append(s.queued[:i], s.queued[i+1:]...)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		return fmt.Sprintf("#%d %s", num, formatDecision(q.r.e.Await(ctx, q.tk)))
+		return fmt.Sprintf("#%d %s", num, formatDecision(q.r.e, q.r.e.Await(ctx, q.tk)))
 	}
 	t.Fatalf("cancel #%d: no such queued request", num)
 	return ""
@@ -566,10 +566,10 @@ func (s *scenario) release(t *testing.T, d *datadriven.TestData) string {
 	return fmt.Sprintf("released from %s: refunded %d tokens, cost %d µ$", res.Domain, res.RefundedTokens, res.ActualCostMicros)
 }
 
-func formatDecision(d admission.Decision) string {
+func formatDecision(e *admission.Engine, d admission.Decision) string {
 	switch d.Outcome {
 	case admission.Admitted, admission.Degraded:
-		out := fmt.Sprintf("%s lease=%d domain=%s model=%s", d.Outcome, uint32(d.LeaseID), d.Domain, d.Model)
+		out := fmt.Sprintf("%s lease=%d domain=%s model=%s", d.Outcome, e.LeaseNumber(d.LeaseID), d.Domain, d.Model)
 		if d.Outcome == admission.Degraded {
 			out += " path=" + strings.Join(d.DowngradePath, ">")
 		}

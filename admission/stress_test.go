@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand"
 	"sync"
@@ -34,16 +35,24 @@ func TestConcurrentStress(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewSource(int64(g)))
 			for i := 0; i < 400; i++ {
-				r := req([]string{"a", "b", "c"}[rng.Intn(3)], []string{"large", "medium", "small"}[rng.Intn(3)], 4000, int64(1+rng.Intn(200)))
+				tenant, id := []string{"a", "b", "c"}[rng.Intn(3)], ""
+				body := rng // a request id is a retry: the same body
 				if rng.Intn(3) == 0 {
-					r.RequestID = fmt.Sprintf("%s-%d", r.Tenant, rng.Intn(50)) // ids are scoped to a tenant
+					n := rng.Intn(50)
+					id = fmt.Sprintf("%s-%d", tenant, n)
+					body = rand.New(rand.NewSource(int64(n)))
 				}
-				if r.Model != "small" && rng.Intn(2) == 0 {
+				r := req(tenant, []string{"large", "medium", "small"}[body.Intn(3)], 4000, int64(1+body.Intn(200)))
+				r.RequestID = id
+				if r.Model != "small" && body.Intn(2) == 0 {
 					r.AcceptDowngrade = []string{"small"}
 				}
 				c, cancel := context.WithTimeout(context.Background(), time.Duration(rng.Intn(30))*time.Millisecond)
 				d, err := e.Admit(c, r)
 				cancel()
+				if errors.Is(err, ErrLeaseEnded) {
+					continue // a retry of a request whose lease was released
+				}
 				if err != nil {
 					t.Errorf("Admit(%+v): %v", r, err)
 					return

@@ -21,15 +21,15 @@ type strictState struct {
 	*storeLink
 
 	// Under Engine.mu.
-	commits   map[uint64]chan struct{} // leases whose commit is in flight
-	committed map[uint64]struct{}      // leases the store may hold a charge for
+	commits   map[uint64]*pendingCommit // leases whose commit is in flight
+	committed map[uint64]struct{}       // leases the store may hold a charge for
 	lastPrune int64
 }
 
 func newStrictState(link *storeLink) *strictState {
 	s := &strictState{
 		storeLink: link,
-		commits:   make(map[uint64]chan struct{}),
+		commits:   make(map[uint64]*pendingCommit),
 		committed: make(map[uint64]struct{}),
 	}
 	link.onDown = s.fallbackLocked
@@ -130,7 +130,12 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 	e.mu.Lock()
 	if pending, ok := s.commits[leaseID]; ok {
 		e.mu.Unlock()
-		return s.awaitCommit(ctx, pending, requestID)
+		select {
+		case <-pending.done:
+			return pending.why
+		case <-ctx.Done():
+			return refusal{} // gone: the answer no longer matters
+		}
 	}
 	l, ok := e.mu.leases.get(leaseID)
 	_, done := s.committed[leaseID]
@@ -147,7 +152,7 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 	// From here the store may hold the charge: Release settles it (Settle
 	// refunds only what the store holds for the lease).
 	s.committed[leaseID] = struct{}{}
-	pending := make(chan struct{})
+	pending := &pendingCommit{done: make(chan struct{})}
 	s.commits[leaseID] = pending
 	e.mu.Unlock()
 
@@ -155,29 +160,20 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 	v, err := s.store.Commit(cctx, c)
 	cancel()
 	s.calls.Add(1)
-	why := s.conclude(requestID, leaseID, v, err, failClosed, c, tenantTakes)
+	pending.why = s.conclude(requestID, leaseID, v, err, failClosed, c, tenantTakes)
 
 	e.mu.Lock()
 	delete(s.commits, leaseID)
 	e.mu.Unlock()
-	close(pending)
-	return why
+	close(pending.done)
+	return pending.why
 }
 
-// awaitCommit waits for another caller's commit of the same admission and
-// takes its outcome, which the request id answers.
-func (s *strictState) awaitCommit(ctx context.Context, pending <-chan struct{}, requestID string) refusal {
-	select {
-	case <-pending:
-	case <-ctx.Done():
-	}
-	e := s.e
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if rec, ok := e.mu.room.idem.lookup(requestID); ok && requestID != "" && rec.decision.Outcome == Rejected {
-		return refusal{rec.decision.Reason, rec.decision.RetryAfter}
-	}
-	return refusal{}
+// pendingCommit is a commit in flight; duplicates of its admission wait
+// for done and take why.
+type pendingCommit struct {
+	done chan struct{}
+	why  refusal // set before done is closed
 }
 
 // conclude applies the store's verdict (or error) to an admission and
@@ -211,7 +207,7 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 	}
 	if why.refused() {
 		delete(s.committed, leaseID)
-		e.revokeLocked(requestID, leaseID, why)
+		e.revokeLocked(requestID, leaseID)
 	}
 	e.mu.Unlock()
 	if refund != nil {
@@ -307,7 +303,11 @@ func (s *strictState) releasedLocked(id uint64, l lease, actualWeighted int64, a
 	pr, dr, _ := l.dom.cap.FullLimits()
 	add(domainKey(l.dom.ID(), kindPrefill), pr, l.dom.cap.PrefillBurst(), l.cost.PrefillFLOP-actual.PrefillFLOP)
 	add(domainKey(l.dom.ID(), kindDecode), dr, l.dom.cap.DecodeBurst(), l.cost.DecodeBytes-actual.DecodeBytes)
-	return s.settler(st, s.commits[id])
+	var pending <-chan struct{}
+	if p := s.commits[id]; p != nil {
+		pending = p.done
+	}
+	return s.settler(st, pending)
 }
 
 // settler returns the call that sends a settlement to the store, outside

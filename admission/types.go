@@ -140,6 +140,11 @@ type Release struct {
 	PromptTokens int64 // actual prompt tokens (0: as admitted)
 	OutputTokens int64 // actual output tokens generated
 	Outcome      ReleaseOutcome
+	// Authorize, if set, is asked under the engine's lock whether the
+	// caller may release a lease of this tenant; an error refuses the
+	// release (wrapped in ErrNotYourLease) and nothing changes. It must be
+	// quick and must not call the engine.
+	Authorize func(tenant string) error
 }
 
 // ReleaseResult says what Release did to the tenant's and domain's accounts.
@@ -164,7 +169,16 @@ func (e *InvalidArgumentError) Error() string {
 
 // ErrLeaseNotFound is returned by Release for a lease that is unknown,
 // already released or expired.
-var ErrLeaseNotFound = fmt.Errorf("lease not found (unknown, already released or expired)")
+var ErrLeaseNotFound = errors.New("lease not found (unknown, already released or expired)")
+
+// ErrNotYourLease is returned by Release when Authorize refuses the
+// lease's tenant.
+var ErrNotYourLease = errors.New("the lease belongs to a tenant the caller does not serve")
+
+// ErrLeaseEnded is returned by Admit for a request id that was admitted
+// before and whose lease has since been released or has expired: a repeat
+// gets no dead lease for free, and a new request needs a new id.
+var ErrLeaseEnded = errors.New("request_id was admitted before and its lease has ended")
 
 // DomainInfo describes one domain for operators.
 type DomainInfo struct {

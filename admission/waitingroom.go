@@ -29,18 +29,17 @@ type waitingRoom struct {
 
 // waiter is a request waiting in the fair queue.
 type waiter struct {
-	p         pending
-	requestID string
-	item      wfq.Item
-	enqueued  int64
-	deadline  int64
-	heapIdx   int
-	estimate  [2]int64 // backlog contribution: prefill FLOPs, decode bytes
-	pl        placement
-	queued    bool
-	refs      int           // callers waiting on it: the first plus idempotent duplicates
-	done      chan struct{} // closed once decision is set
-	decision  Decision
+	p        pending
+	item     wfq.Item
+	enqueued int64
+	deadline int64
+	heapIdx  int
+	estimate [2]int64 // backlog contribution: prefill FLOPs, decode bytes
+	pl       placement
+	queued   bool
+	refs     int           // callers waiting on it: the first plus idempotent duplicates
+	done     chan struct{} // closed once decision is set
+	decision Decision
 }
 
 // enter queues w; it fails when the queue's bounds are reached.
@@ -57,8 +56,13 @@ func (r *waitingRoom) enter(w *waiter) error {
 	return nil
 }
 
-// leave takes w out of the room's bookkeeping once the queue no longer holds it.
+// leave takes w out of the room's bookkeeping once the queue no longer
+// holds it. Its request id, if any, stops finding it: an admission is
+// remembered by its lease from here, a rejection not at all.
 func (r *waitingRoom) leave(w *waiter) {
+	if w.p.hasID && r.idem.queued[w.p.idem] == w {
+		delete(r.idem.queued, w.p.idem)
+	}
 	w.queued = false
 	w.p.tenant.queued--
 	r.backlogPrefill -= w.estimate[0]
@@ -87,7 +91,7 @@ func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
 	w.decision = rejected(why.reason, why.retry)
 	w.decision.Queued = time.Duration(now - w.enqueued)
 	tenantTrace(&w.decision.Trace, &w.p, now)
-	r.idem.forgetQueued(w.requestID, w)
+
 }
 
 // enqueue puts a request that fits nowhere now into the waiting room, or
@@ -117,7 +121,7 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	if estimate > time.Duration(deadline-now) {
 		return rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now), nil
 	}
-	w := &waiter{p: *r, requestID: req.RequestID, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
+	w := &waiter{p: *r, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
 	w.item = wfq.Item{
 		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name},
 		Cost:     uint64(r.weighted),
@@ -130,8 +134,8 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 		return rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now), nil
 	}
 	w.p.chargeGates(now, t, r.weighted, r.price, r.critical)
-	if req.RequestID != "" {
-		room.idem.rememberQueued(req.RequestID, t.name, w, deadline)
+	if r.hasID {
+		room.idem.queued[r.idem] = w
 	}
 	return Decision{}, w
 }

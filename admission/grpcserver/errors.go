@@ -40,6 +40,10 @@ func statusFromError(err error) error {
 		return invalidArgument(ia.Field, ia.Reason)
 	case errors.Is(err, admission.ErrLeaseNotFound), errors.Is(err, admission.ErrUnknownDomain):
 		return status.Error(codes.NotFound, errorText(err))
+	case errors.Is(err, admission.ErrLeaseEnded):
+		return status.Error(codes.FailedPrecondition, errorText(err))
+	case errors.Is(err, admission.ErrNotYourLease):
+		return status.Error(codes.PermissionDenied, errorText(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, errorText(err))
 	case errors.Is(err, context.Canceled):

@@ -11,6 +11,8 @@
 //	*admission.InvalidArgumentError   INVALID_ARGUMENT, with a google.rpc.BadRequest detail naming the field
 //	admission.ErrLeaseNotFound        NOT_FOUND
 //	admission.ErrUnknownDomain        NOT_FOUND
+//	admission.ErrNotYourLease         PERMISSION_DENIED (Release of a lease of a tenant the caller does not serve)
+//	admission.ErrLeaseEnded           FAILED_PRECONDITION (a request_id repeated after its lease ended)
 //	context.DeadlineExceeded          DEADLINE_EXCEEDED
 //	context.Canceled                  CANCELED
 //	anything else                     INTERNAL
@@ -27,11 +29,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-sched/sluice/admission"
@@ -93,16 +93,6 @@ type admissionServer struct {
 	guard TenantGuard // nil: no ownership check (no auth)
 }
 
-// LeaseTenants is the optional port through which Release learns the tenant
-// of a lease before releasing it, so that a router may release only its own
-// tenants' leases. The engine does not implement it yet; Release checks
-// ownership as soon as it does (see checkLeaseOwner).
-type LeaseTenants interface {
-	// LeaseTenant returns the tenant holding lease id; false when no such
-	// lease is held (unknown, forged, released or expired).
-	LeaseTenant(id uint64) (string, bool)
-}
-
 // admitAnswer holds an AdmitResponse and the messages it points to, so that
 // building an answer costs one allocation instead of four.
 type admitAnswer struct {
@@ -147,15 +137,18 @@ func (s *admissionServer) Release(ctx context.Context, in *admissionv1.ReleaseRe
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkLeaseOwner(ctx, id); err != nil {
-		return nil, err
-	}
-	res, err := s.eng.Release(ctx, admission.Release{
+	rel := admission.Release{
 		LeaseID:      id,
 		PromptTokens: in.GetPromptTokens(),
 		OutputTokens: in.GetOutputTokens(),
 		Outcome:      outcome,
-	})
+	}
+	if s.guard != nil {
+		// A router releases only its own tenants' leases: the engine asks
+		// the guard about the lease's tenant before anything changes.
+		rel.Authorize = func(tenant string) error { return s.guard(ctx, tenant) }
+	}
+	res, err := s.eng.Release(ctx, rel)
 	if err != nil {
 		return nil, statusFromError(err)
 	}
@@ -172,38 +165,6 @@ func (s *admissionServer) Release(ctx context.Context, in *admissionv1.ReleaseRe
 		a.resp.HeldFor = &a.heldFor
 	}
 	return &a.resp, nil
-}
-
-// checkLeaseOwner refuses a Release by a caller not bound to the lease's
-// tenant (PERMISSION_DENIED), before anything is released; an unknown lease
-// is NOT_FOUND, as the engine would answer.
-//
-// TODO(lease-tenant): the engine (package admission) does not expose a
-// lease's tenant yet, so until *admission.Engine implements LeaseTenants
-// this check passes every Release and a router can release another
-// tenant's lease. The engine work fills the hook by adding
-//
-//	func (e *Engine) LeaseTenant(id uint64) (string, bool)
-//
-// (nothing here changes). A LeaseTenant-then-Release pair leaves a window in
-// which the lease may end between the two calls; that is harmless (the
-// Release then answers NOT_FOUND), but a Release variant that checks the
-// owner under the engine's lock would close it:
-//
-//	func (e *Engine) ReleaseOwned(ctx context.Context, rel Release, mayServe func(tenant string) bool) (ReleaseResult, error)
-func (s *admissionServer) checkLeaseOwner(ctx context.Context, id uint64) error {
-	if s.guard == nil {
-		return nil
-	}
-	lt, ok := s.eng.(LeaseTenants)
-	if !ok {
-		return nil // TODO(lease-tenant): see above
-	}
-	tenant, held := lt.LeaseTenant(id)
-	if !held {
-		return status.Error(codes.NotFound, admission.ErrLeaseNotFound.Error())
-	}
-	return s.guard(ctx, tenant)
 }
 
 // priorityFromProto checks p and maps PRIORITY_UNSPECIFIED to normal.

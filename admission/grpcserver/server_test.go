@@ -267,7 +267,11 @@ func TestRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (admission.Release{LeaseID: 42, PromptTokens: 900, OutputTokens: 150, Outcome: admission.ReleaseError}); got != want {
+	if got.Authorize != nil {
+		t.Error("a Release without a tenant guard carries an Authorize")
+	}
+	if want := (admission.Release{LeaseID: 42, PromptTokens: 900, OutputTokens: 150, Outcome: admission.ReleaseError}); got.LeaseID != want.LeaseID ||
+		got.PromptTokens != want.PromptTokens || got.OutputTokens != want.OutputTokens || got.Outcome != want.Outcome {
 		t.Errorf("engine got %+v, want %+v", got, want)
 	}
 	want := &admissionv1.ReleaseResponse{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: durationpb.New(2 * time.Second)}

@@ -103,6 +103,7 @@ type Views interface {
 	Domains() []admission.DomainInfo
 	QueueLen() int
 	LeaseCount() int
+	IdempotencyRecords() (records int, evicted uint64)
 }
 
 // RegisterState adds gauges read from the engine at each scrape.
@@ -127,12 +128,16 @@ var (
 		"Requests waiting in the fair queue.", nil, nil)
 	descLeases = prometheus.NewDesc("sluice_leases",
 		"Leases held across all domains.", nil, nil)
+	descIdemRecords = prometheus.NewDesc("sluice_idempotency_records",
+		"Request ids remembered for idempotency.", nil, nil)
+	descIdemEvicted = prometheus.NewDesc("sluice_idempotency_evicted_total",
+		"Request ids forgotten before their TTL because leases.max_idempotency_records was reached.", nil, nil)
 )
 
 type stateCollector struct{ v Views }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases} {
+	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases, descIdemRecords, descIdemEvicted} {
 		ch <- d
 	}
 }
@@ -153,6 +158,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(c.v.QueueLen()))
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(c.v.LeaseCount()))
+	records, evicted := c.v.IdempotencyRecords()
+	ch <- prometheus.MustNewConstMetric(descIdemRecords, prometheus.GaugeValue, float64(records))
+	ch <- prometheus.MustNewConstMetric(descIdemEvicted, prometheus.CounterValue, float64(evicted))
 }
 
 func ratio(level, burst int64) float64 {

@@ -282,6 +282,26 @@ func TestRolesOverEveryRPC(t *testing.T) {
 	if f.srv.Engine().LeaseCount() != before {
 		t.Error("a refused Admit took a lease")
 	}
+	// Nor release globex's lease, even knowing its id: PERMISSION_DENIED,
+	// and the lease and globex's quota are as they were. A forged id is
+	// NOT_FOUND. (Tokens only refill meanwhile: the real clock runs.)
+	eng := f.srv.Engine()
+	theirs, err := eng.Admit(ctx, admission.Request{Tenant: "globex", Model: "small", PromptTokens: 10, MaxOutputTokens: 10})
+	if err != nil || theirs.LeaseID == 0 {
+		t.Fatalf("admit for globex: %+v %v", theirs, err)
+	}
+	quota, _ := eng.Tenant("globex")
+	routerAcme := admissionv1.NewAdmissionClient(f.dial(t, f.caller("router-acme")))
+	_, err = routerAcme.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: fmt.Sprintf("l-%d", theirs.LeaseID), OutputTokens: 1 << 30, Outcome: admissionv1.Outcome_OUTCOME_ERROR})
+	if status.Code(err) != denied {
+		t.Errorf("router-acme releasing globex's lease: %v, want PERMISSION_DENIED", err)
+	}
+	if after, _ := eng.Tenant("globex"); after.InFlight != 1 || after.TokenLevel < quota.TokenLevel {
+		t.Errorf("a refused release changed globex: in flight %d, tokens %d → %d", after.InFlight, quota.TokenLevel, after.TokenLevel)
+	}
+	if _, err := routerAcme.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: fmt.Sprintf("l-%d", theirs.LeaseID^1)}); status.Code(err) != codes.NotFound {
+		t.Errorf("a forged lease id: %v, want NOT_FOUND", err)
+	}
 	// Health stays open: load balancers probe it without credentials.
 	if _, err := healthpb.NewHealthClient(f.dial(t, f.caller("anonymous"))).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("health without credentials: %v", err)
