@@ -52,13 +52,57 @@ func (e *Engine) Admit(ctx context.Context, req Request) (Decision, error) {
 	if w != nil {
 		d = e.wait(ctx, w)
 	}
+	e.answer(ctx, &req, &d)
+	return d, nil
+}
+
+// Ticket is a request Submit left waiting in the fair queue.
+type Ticket struct {
+	w   *waiter
+	req Request
+}
+
+// Done is closed once the request has its answer (Await then returns it
+// at once).
+func (tk *Ticket) Done() <-chan struct{} { return tk.w.done }
+
+// Submit decides a request as Admit does without waiting in the queue: it
+// returns the answer, or a Ticket when the request was queued, which Await
+// answers. It is how a caller that drives the clock itself (a replay on a
+// manual clock) admits without a goroutine per queued request.
+func (e *Engine) Submit(ctx context.Context, req Request) (Decision, *Ticket, error) {
+	if err := validateRequest(&req); err != nil {
+		return Decision{}, nil, err
+	}
+	d, w, err := e.admit(ctx, &req)
+	if err != nil {
+		return Decision{}, nil, err
+	}
+	if w != nil {
+		return Decision{}, &Ticket{w: w, req: req}, nil
+	}
+	e.answer(ctx, &req, &d)
+	return d, nil, nil
+}
+
+// Await waits for a queued request's answer, or for ctx to end: then the
+// caller gives up and the request leaves the queue, its charge cancelled.
+func (e *Engine) Await(ctx context.Context, tk *Ticket) Decision {
+	d := e.wait(ctx, tk.w)
+	e.answer(ctx, &tk.req, &d)
+	return d
+}
+
+// answer is the way out of every decision: the shared strategy confirms an
+// admission (or turns it into the store's refusal), then the observer
+// sees it.
+func (e *Engine) answer(ctx context.Context, req *Request, d *Decision) {
 	if why := e.shared.decided(ctx, req.RequestID, d.LeaseID); why.refused() {
-		d = refused(d, why)
+		*d = refused(*d, why)
 	}
 	if e.observer != nil {
-		e.observer.ObserveDecision(req, d)
+		e.observer.ObserveDecision(*req, *d)
 	}
-	return d, nil
 }
 
 // validateRequest checks what needs no state.
