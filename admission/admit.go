@@ -252,22 +252,27 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	place := &e.mu.place
 	pl, ok := placement{}, false
 	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		pl, ok = place.find(now, r, true, 0)
+		pl, ok = place.find(now, r, true, r.ntiers)
 	}
 	// Shared capacity, unless others in the same band are already waiting
-	// for it: then the requested tier is theirs first, and a request that
-	// accepts lower tiers is degraded at once rather than wait (the point
-	// of degradation under saturation).
+	// for it: then the request takes its place in the fair order, and the
+	// dispatcher gives the head of that order the best tier that fits. So
+	// under saturation each tenant's share of a tier follows its weight, and
+	// low weights degrade first (they wait longer, and the headroom a
+	// degradable request must leave on its requested tier is larger for
+	// them), rather than whoever arrives when capacity frees.
 	waiting := e.mu.room.queue.Len()
 	if critical {
 		waiting = e.mu.room.queue.CriticalLen()
 	}
-	if !ok {
-		first := 0
-		if waiting > 0 {
-			first = 1
+	if !ok && waiting == 0 {
+		// Lower tiers at once only if the config says so: otherwise a
+		// request that does not fit its tier waits for it (degrade_after).
+		upto := 1
+		if e.mu.cfg.Queue.DegradeAfter.Duration == 0 {
+			upto = r.ntiers
 		}
-		pl, ok = place.find(now, r, false, first)
+		pl, ok = place.find(now, r, false, upto)
 	}
 	if !ok {
 		o := place.outlook(now, r)
@@ -374,12 +379,12 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 	w.refs--
 	room := &e.mu.room
 	if w.queued && w.refs > 0 { // an idempotent duplicate still waits for it
-		d := rejected(ReasonDeadlineUnmeetable, room.backlogWait(e.mu.place.eligibleRates()))
+		d := rejected(ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates))
 		e.mu.Unlock()
 		return d
 	}
 	if w.queued {
-		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.backlogWait(e.mu.place.eligibleRates())})
+		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates)})
 		e.mu.Unlock()
 		close(w.done)
 		return w.decision

@@ -99,6 +99,12 @@ type QueueConfig struct {
 	// DeadlineMargin is answered before the caller's deadline so that a
 	// rejection still reaches it.
 	DeadlineMargin Duration `json:"deadline_margin"`
+	// DegradeAfter is how long a request that accepts lower tiers waits in
+	// the fair order for its requested tier before it may take a lower one
+	// (nil: 100ms; 0: at once). While it waits, whoever is at the head of
+	// the fair order when the tier frees gets it, so each tenant's share of
+	// a saturated tier follows its weight.
+	DegradeAfter *Duration `json:"degrade_after,omitempty"`
 }
 
 // LeaseConfig sets lease and idempotency lifetimes.
@@ -182,6 +188,7 @@ func (c *Config) clone() Config {
 		h := *c.DegradeHeadroom
 		out.DegradeHeadroom = &h
 	}
+	out.Queue.DegradeAfter = clonePtr(c.Queue.DegradeAfter)
 	return out
 }
 
@@ -285,6 +292,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	health: error_rate 0.20, min_samples 20, window 10s, cut_weight 0.05, cooldown 30s, step 0.1, step_every 5s
 //	limits: max_prompt_tokens 1048576, max_output_tokens 262144
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
+//	queue.degrade_after 100ms (0 is allowed: degrade at once)
 //	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
 //	models: the built-in catalog (pd.DefaultModels)
 func (c *Config) ApplyDefaults(present func(key string) bool) error {
@@ -355,6 +363,9 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	if c.DegradeHeadroom == nil {
 		h := 0.1
 		c.DegradeHeadroom = &h
+	}
+	if c.Queue.DegradeAfter == nil {
+		c.Queue.DegradeAfter = &Duration{100 * time.Millisecond}
 	}
 	for _, name := range sortedKeys(c.Tiers) {
 		t, key := c.Tiers[name], "tiers."+name
@@ -448,6 +459,8 @@ func (c *Config) Validate() error {
 		return cfgErr("output_token_weight", "must be in [1, 1000]")
 	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
 		return cfgErr("degrade_headroom", "must be in [0, 1)")
+	case c.Queue.DegradeAfter != nil && (c.Queue.DegradeAfter.Duration < 0 || c.Queue.DegradeAfter.Duration > maxDuration):
+		return cfgErr("queue.degrade_after", "must be in [0, %v]", maxDuration)
 	}
 	durations := map[string]Duration{
 		"queue.default_wait": c.Queue.DefaultWait, "queue.deadline_margin": c.Queue.DeadlineMargin,

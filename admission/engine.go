@@ -148,7 +148,7 @@ func (e *Engine) Tick() time.Duration {
 	now := e.nowLocked()
 	room := &e.mu.room
 	for w := room.overdue(now); w != nil; w = room.overdue(now) {
-		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.backlogWait(e.mu.place.eligibleRates())})
+		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates)})
 		answered = append(answered, w)
 	}
 	for l, ok := e.mu.leases.popExpired(now); ok; l, ok = e.mu.leases.popExpired(now) {

@@ -284,6 +284,7 @@ func TestConcurrencyLimit(t *testing.T) {
 func TestDegradationGrantsAcceptedLowerTier(t *testing.T) {
 	cfg := testConfig()
 	cfg.DegradeHeadroom = ptr(0.0001)
+	cfg.Queue.DegradeAfter = &Duration{0} // at once, not after waiting for large
 	h := newHarness(t, cfg, hgxCluster(t, 1))
 	if got := h.saturate("a", "large", 4000, 10); len(got) == 0 {
 		t.Fatal("nothing admitted while saturating")
@@ -308,6 +309,7 @@ func TestDegradationGrantsAcceptedLowerTier(t *testing.T) {
 func TestLowWeightTenantsDegradeFirst(t *testing.T) {
 	cfg := testConfig()
 	cfg.DegradeHeadroom = ptr(0.5)
+	cfg.Queue.DegradeAfter = &Duration{0} // at once: the headroom alone decides
 	h := newHarness(t, cfg, hgxCluster(t, 1))
 	// Take the large tier to about 30% free.
 	dom := h.domain("d1")

@@ -184,14 +184,14 @@ func (p *placer) order(t *tenantState, m *modelState) []int {
 }
 
 // find returns the first domain, in rendezvous order, whose prefill bucket,
-// decode bucket and KV gauge all fit the request, trying its tiers from the
-// first-th on (0: the requested model, then each accepted lower tier;
-// floor: from the floor reserve). A request that accepts lower tiers must
-// leave headroom on its requested tier, more for low-weight tenants, so
-// that low-weight tenants degrade first.
-func (p *placer) find(now int64, r *pending, floor bool, first int) (placement, bool) {
+// decode bucket and KV gauge all fit the request, trying its tiers up to
+// the upto-th (1: the requested model only; r.ntiers: every accepted lower
+// tier too; floor: from the floor reserve). A request that accepts lower
+// tiers must leave headroom on its requested tier, more for low-weight
+// tenants, so that low-weight tenants degrade first.
+func (p *placer) find(now int64, r *pending, floor bool, upto int) (placement, bool) {
 	t := r.tenant
-	for ti := first; ti < r.ntiers; ti++ {
+	for ti := 0; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
 		var headroom float64
 		if ti == 0 && r.ntiers > 1 {
@@ -268,8 +268,16 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 // requests would take every refill and starve a large one at the head;
 // with it, one domain serves strictly in tag order and several domains
 // backfill around the waiting head (EASY backfilling).
+//
+// A queued request that accepts lower tiers is offered them only from its
+// degradeAt on: until then it waits in the fair order for its requested
+// tier, which goes to whoever is at the head when it frees.
 func (p *placer) fitsQueued(now int64, w *waiter) bool {
-	pl, ok := p.find(now, &w.p, false, 0)
+	upto := 1
+	if now >= w.degradeAt {
+		upto = w.p.ntiers
+	}
+	pl, ok := p.find(now, &w.p, false, upto)
 	if !ok {
 		if d := p.reservedFor(now, w); d != nil {
 			p.blocked = append(p.blocked, d)

@@ -21,10 +21,12 @@ const dispatchScanLimit = 8
 type waitingRoom struct {
 	queue     *wfq.Queue
 	deadlines waiterHeap
-	// Σ estimated prefill FLOPs and decode bytes of queued requests.
-	backlogPrefill, backlogDecode int64
-	idem                          idempotency
-	wake                          chan struct{} // nudges the dispatcher loop (Engine.Run)
+	// Σ estimated prefill FLOPs, decode bytes and weighted tokens of the
+	// queued requests: the fair queue counts positions in weighted tokens,
+	// these turn them into time.
+	backlogPrefill, backlogDecode, backlogTokens int64
+	idem                                         idempotency
+	wake                                         chan struct{} // nudges the dispatcher loop (Engine.Run)
 }
 
 // waiter is a request waiting in the fair queue.
@@ -34,12 +36,14 @@ type waiter struct {
 	enqueued int64
 	deadline int64
 	heapIdx  int
-	estimate [2]int64 // backlog contribution: prefill FLOPs, decode bytes
-	pl       placement
-	queued   bool
-	refs     int           // callers waiting on it: the first plus idempotent duplicates
-	done     chan struct{} // closed once decision is set
-	decision Decision
+	// degradeAt: from then on it may take a lower tier it accepts.
+	degradeAt int64
+	estimate  [2]int64 // backlog contribution: prefill FLOPs, decode bytes
+	pl        placement
+	queued    bool
+	refs      int           // callers waiting on it: the first plus idempotent duplicates
+	done      chan struct{} // closed once decision is set
+	decision  Decision
 }
 
 // enter queues w; it fails when the queue's bounds are reached.
@@ -51,6 +55,7 @@ func (r *waitingRoom) enter(w *waiter) error {
 	w.p.tenant.queued++
 	r.backlogPrefill += w.estimate[0]
 	r.backlogDecode += w.estimate[1]
+	r.backlogTokens += w.p.weighted
 	r.deadlines.push(w)
 	r.wakeDispatcher()
 	return nil
@@ -67,6 +72,7 @@ func (r *waitingRoom) leave(w *waiter) {
 	w.p.tenant.queued--
 	r.backlogPrefill -= w.estimate[0]
 	r.backlogDecode -= w.estimate[1]
+	r.backlogTokens -= w.p.weighted
 	r.deadlines.remove(w)
 }
 
@@ -106,7 +112,10 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 		}
 		return rejectWithTrace(refusal{ReasonCapacityExceeded, 0}, r, now), nil
 	}
-	estimate := addSat(room.backlogWait(rates()), o.wait)
+	// Its wait: the queued work the fair queue serves before it, at the
+	// eligible domains' rates, then its own refill time.
+	ahead := room.queue.WorkAhead(wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name}, uint64(r.weighted), uint64(t.policy.Weight), r.critical)
+	estimate := addSat(room.workWait(ahead, rates), o.wait)
 	// The deadline: the earliest of the caller's (gRPC or request field,
 	// less the answer margin) and the default wait, clamped so that far-off
 	// deadlines cannot overflow.
@@ -122,6 +131,7 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 		return rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now), nil
 	}
 	w := &waiter{p: *r, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
+	w.degradeAt = min(now+int64(q.DegradeAfter.Duration), deadline)
 	w.item = wfq.Item{
 		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name},
 		Cost:     uint64(r.weighted),
@@ -155,15 +165,29 @@ func (r *waitingRoom) waiters() []*waiter {
 	return ws
 }
 
-// backlogWait estimates how long the queued work takes to drain at the
-// given rates (the eligible domains' combined soft capacity).
-func (r *waitingRoom) backlogWait(prefillRate, decodeRate float64) time.Duration {
+// workWait estimates how long the fair queue takes to serve work weighted
+// tokens of what is queued, at rates (the eligible domains' combined soft
+// capacity): the work's share of the queued prefill FLOPs and decode bytes,
+// at their rates.
+func (r *waitingRoom) workWait(work uint64, rates func() (prefill, decode float64)) time.Duration {
+	if work == 0 || r.backlogTokens <= 0 {
+		return 0
+	}
+	prefillRate, decodeRate := rates()
 	if prefillRate <= 0 || decodeRate <= 0 {
 		return tokenbucket.Never
 	}
-	p := float64(r.backlogPrefill) / prefillRate
-	d := float64(r.backlogDecode) / decodeRate
-	return time.Duration(max(p, d) * float64(time.Second))
+	share := min(float64(work)/float64(r.backlogTokens), 1)
+	secs := share * max(float64(r.backlogPrefill)/prefillRate, float64(r.backlogDecode)/decodeRate)
+	if secs*float64(time.Second) >= float64(tokenbucket.Never) {
+		return tokenbucket.Never
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
+// positionWait is workWait for a queued request: the work tagged before it.
+func (r *waitingRoom) positionWait(w *waiter, rates func() (prefill, decode float64)) time.Duration {
+	return r.workWait(r.queue.WorkBefore(w.item.FinishTag(), w.item.Critical), rates)
 }
 
 // wakeDispatcher nudges Run without blocking.

@@ -39,9 +39,12 @@
 // for it: its first tag starts from V_b, not from where it left off.
 //
 // Removal. Remove takes an item out (a deadline expired, a client went
-// away) without advancing V. If it was its flow's last item, the next item
-// is tagged from the new last item (or from V), so an abandoned request
-// costs its flow nothing later; items behind a removed one keep their tags.
+// away) without advancing V, and the items behind it in its lane move up by
+// its increment ⌈cᵢ · 2¹⁶ / wᵢ⌉, as if it had never come: a request that
+// leaves unserved costs its flow no virtual time. (Were the tags to stay,
+// every expiry would push the flow's later requests back, more of them
+// would expire, and the flow would fall below its share.) Remove is
+// O(log flows + items behind it in its lane).
 //
 // Forgetting. A flow with no queued item in either band is deleted: each of
 // its dequeued tags is ≤ V_b, so max(F_last, V_b) = V_b and remembering it
@@ -49,7 +52,7 @@
 //
 // # Costs
 //
-// Enqueue, Dequeue (when the first head examined fits) and Remove are
+// Enqueue and Dequeue (when the first head examined fits) are
 // O(log flows): the heap holds one entry per non-empty (flow, band), 4-ary,
 // keyed by the head's (F, s); an entry carries its key, so sifting reads no
 // item. A Dequeue that passes over k heads costs O(k log k) more. Enqueue
@@ -59,6 +62,21 @@
 // Memory is laid out for the cache: each item carries its successor's key, so
 // a Dequeue loads only the item it returns, and a Flow's hot fields share one
 // cache line.
+//
+// # Position
+//
+// WorkAhead estimates the work served before an item that would enter now,
+// without a scan of items: a lane l of weight w_l with tail tag T_l holds
+// about w_l·(T_l − V_b) of work tagged after V_b, so the work tagged before
+// the new item's F is
+//
+//	Σ_l w_l · (min(T_l, F) − V_b)⁺   (+ the whole critical band, for a normal item)
+//
+// in O(lanes). A light flow behind a neighbour's burst has only the burst's
+// weighted share of its own span ahead of it, not the burst: this is what
+// lets the engine refuse a request for its deadline only when its own place
+// in the fair order cannot be served in time. The estimate is off by at
+// most one item per lane (a head partly served, an item straddling F).
 //
 // # Bounds
 //

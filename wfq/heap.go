@@ -57,11 +57,11 @@ func (h heap) up(i int) {
 			break
 		}
 		h[i] = h[p]
-		h[i].l.idx = i
+		h[i].l.idx = int32(i)
 		i = p
 	}
 	h[i] = e
-	e.l.idx = i
+	e.l.idx = int32(i)
 }
 
 func (h heap) down(i int) {
@@ -91,11 +91,11 @@ func (h heap) down(i int) {
 			break
 		}
 		h[i] = h[m]
-		h[i].l.idx = i
+		h[i].l.idx = int32(i)
 		i = m
 	}
 	h[i] = e
-	e.l.idx = i
+	e.l.idx = int32(i)
 }
 
 // before returns 1 if a's key is below b's, else 0, without a branch: the

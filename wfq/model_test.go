@@ -80,11 +80,9 @@ func (m *refQueue) enqueue(it *Item) (uint64, error) {
 	if its := m.lanes[l]; len(its) > 0 {
 		start = max(start, its[len(its)-1].tag)
 	}
-	// ⌈cost·2¹⁶/max(weight,1)⌉, start + that, saturating at 2⁶⁴−1.
-	w := new(big.Int).SetUint64(max(it.Weight, 1))
-	inc := new(big.Int).Lsh(new(big.Int).SetUint64(it.Cost), 16)
-	inc.Add(inc, w).Sub(inc, big.NewInt(1)).Quo(inc, w)
-	tag := inc.Add(inc, new(big.Int).SetUint64(start))
+	// start + ⌈cost·2¹⁶/max(weight,1)⌉, saturating at 2⁶⁴−1.
+	tag := refIncrementBig(it)
+	tag.Add(tag, new(big.Int).SetUint64(start))
 	if tag.Cmp(new(big.Int).SetUint64(math.MaxUint64)) > 0 {
 		tag.SetUint64(math.MaxUint64)
 	}
@@ -92,6 +90,22 @@ func (m *refQueue) enqueue(it *Item) (uint64, error) {
 	m.seq++
 	m.lanes[l] = append(m.lanes[l], r)
 	return r.tag, nil
+}
+
+// refIncrementBig is ⌈cost·2¹⁶/max(weight,1)⌉ in a big integer.
+func refIncrementBig(it *Item) *big.Int {
+	w := new(big.Int).SetUint64(max(it.Weight, 1))
+	inc := new(big.Int).Lsh(new(big.Int).SetUint64(it.Cost), 16)
+	return inc.Add(inc, w).Sub(inc, big.NewInt(1)).Quo(inc, w)
+}
+
+// refIncrement is refIncrementBig saturated to 2⁶⁴−1.
+func refIncrement(it *Item) uint64 {
+	inc := refIncrementBig(it)
+	if inc.Cmp(new(big.Int).SetUint64(math.MaxUint64)) > 0 {
+		return math.MaxUint64
+	}
+	return inc.Uint64()
 }
 
 func (m *refQueue) heads(band int) []*refItem {
@@ -137,7 +151,7 @@ func (m *refQueue) dequeue(fits func(*Item) bool, maxScan int) *Item {
 				break
 			}
 			if fits == nil || fits(h.it) {
-				m.remove(h.it)
+				m.take(h.it, false)
 				m.v[b] = max(m.v[b], h.tag)
 				return h.it
 			}
@@ -146,10 +160,27 @@ func (m *refQueue) dequeue(fits func(*Item) bool, maxScan int) *Item {
 	return nil
 }
 
-func (m *refQueue) remove(it *Item) bool {
+// remove takes out an item that leaves unserved: the items behind it move
+// up by its increment.
+func (m *refQueue) remove(it *Item) bool { return m.take(it, true) }
+
+// take deletes it from its lane, moving the items behind it up by its
+// increment when it leaves unserved (shift).
+func (m *refQueue) take(it *Item, shift bool) bool {
 	for l, its := range m.lanes {
 		for i, r := range its {
 			if r.it == it {
+				d := uint64(0)
+				if shift {
+					d = refIncrement(it)
+				}
+				for _, later := range its[i+1:] {
+					if later.tag < d {
+						later.tag = 0
+					} else {
+						later.tag -= d
+					}
+				}
 				m.lanes[l] = slices.Delete(its, i, i+1)
 				if len(m.lanes[l]) == 0 {
 					delete(m.lanes, l)
@@ -273,7 +304,7 @@ func checkInvariants(t *rapid.T, q *Queue) {
 				t.Fatalf("band %d: heap order broken at %d", b, i)
 			}
 			l := e.l
-			if l.idx != i || l.n == 0 || l.head.tag != e.tag || l.head.seq != e.seq {
+			if int(l.idx) != i || l.n == 0 || l.head.tag != e.tag || l.head.seq != e.seq {
 				t.Fatalf("band %d: entry %d out of step with its lane", b, i)
 			}
 			if f := q.flows[l.flow.key]; f != l.flow {

@@ -85,7 +85,8 @@ type lane struct {
 	tailTag    uint64 // tail.tag, kept here so Enqueue need not load tail
 	n          int32
 	band       int32
-	idx        int // index of the lane's entry in its band's heap, while n > 0
+	idx        int32  // index of the lane's entry in its band's heap, while n > 0
+	weight     uint32 // the weight of the tail item (for WorkAhead), at most MaxUint32
 	flow       *Flow
 }
 
@@ -282,10 +283,70 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 		t.next, t.nextTag, t.nextSeq = it, it.tag, it.seq
 	}
 	l.tail, l.tailTag = it, it.tag
+	l.weight = uint32(min(max(it.Weight, 1), math.MaxUint32))
 	l.n++
 	bd.n++
 	q.n++
 	return nil
+}
+
+// WorkAhead estimates the queued work, in cost units, that the queue serves
+// before an item of flow k with this cost, weight and band, were it
+// enqueued now: the items with a smaller finish tag than the item's own
+// F = max(F_last(k), V) + ⌈cost·TagUnit/weight⌉. A normal item has the whole
+// critical band ahead of it as well. A lane l of weight w_l whose tail tag
+// is T_l holds about w_l·(T_l − V) of work tagged after V (a backlogged
+// lane's tags run on from about V), of which
+//
+//	w_l · (min(T_l, F) − V)
+//
+// is tagged before F: a light flow is served ahead of a neighbour's burst,
+// which contributes only its weight's share of the span up to F. Flow k's
+// own queued items count in full. WorkAhead reads the heap entries and the
+// lanes, no item, in O(lanes in the bands it sums); it changes nothing.
+func (q *Queue) WorkAhead(k FlowKey, cost, weight uint64, crit bool) uint64 {
+	b := normal
+	if crit {
+		b = critical
+	}
+	f := q.bands[b].v
+	if fl := q.flows[k]; fl != nil {
+		if l := fl.lane(b); l.n > 0 && l.tailTag > f {
+			f = l.tailTag
+		}
+	}
+	return q.WorkBefore(satAdd(f, increment(cost, weight)), crit)
+}
+
+// WorkBefore estimates the queued work, in cost units, tagged before tag
+// in the critical band (crit) or the normal band, which has the whole
+// critical band before it too: a queued item's position is
+// WorkBefore(it.FinishTag(), it.Critical). See WorkAhead.
+func (q *Queue) WorkBefore(tag uint64, crit bool) uint64 {
+	if crit {
+		return q.bandWork(critical, tag)
+	}
+	return satAdd(q.bandWork(normal, tag), q.bandWork(critical, math.MaxUint64))
+}
+
+// bandWork sums, over band b's lanes, the work tagged between V and upTo.
+func (q *Queue) bandWork(b int, upTo uint64) uint64 {
+	bd := &q.bands[b]
+	var sum uint64
+	for _, e := range bd.heap {
+		l := e.l
+		span := min(l.tailTag, upTo)
+		if span <= bd.v {
+			continue
+		}
+		hi, lo := bits.Mul64(span-bd.v, uint64(l.weight))
+		if hi >= TagUnit {
+			return math.MaxUint64
+		}
+		work, _ := bits.Div64(hi, lo, TagUnit)
+		sum = satAdd(sum, work)
+	}
+	return sum
 }
 
 // increment returns ⌈cost·TagUnit / weight⌉, saturating at MaxUint64.
@@ -440,16 +501,36 @@ func (q *Queue) unlink(it *Item) {
 	l.n--
 	bd.n--
 	q.n--
+	if next != nil {
+		// The items behind move up by the removed item's increment, as if
+		// it had never come: a request that leaves unserved costs its flow
+		// no virtual time.
+		d := increment(it.Cost, it.Weight)
+		for x := next; x != nil; x = x.next {
+			x.tag = satSub(x.tag, d)
+			if x.prev != nil {
+				x.prev.nextTag = x.tag
+			}
+		}
+		l.tailTag = l.tail.tag
+	}
 	switch {
 	case l.n == 0:
-		bd.heap.remove(l.idx)
+		bd.heap.remove(int(l.idx))
 		q.forgetIfEmpty(l.flow)
 	case prev == nil:
 		// The head left: re-key the lane's entry by the new head.
-		e := &bd.heap[l.idx]
-		e.tag, e.seq = it.nextTag, it.nextSeq
-		bd.heap.fix(l.idx)
+		e := &bd.heap[int(l.idx)]
+		e.tag, e.seq = l.head.tag, l.head.seq
+		bd.heap.fix(int(l.idx))
 	}
+}
+
+func satSub(a, b uint64) uint64 {
+	if a < b {
+		return 0
+	}
+	return a - b
 }
 
 // forgetIfEmpty deletes f if it has no queued item in either band. Its

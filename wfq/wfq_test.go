@@ -255,11 +255,12 @@ func TestRemove(t *testing.T) {
 	a1, a2, a3, b1 := item(fa, 10, 1), item(fa, 10, 1), item(fa, 10, 1), item(fb, 15, 1)
 	mustEnqueue(t, q, a1, a2, a3, b1)
 
-	// Head: the flow's entry is re-keyed by a2 (tag 20), so b1 (15) is first.
+	// Head: a2 and a3 move up by its 10 (to 10 and 20), as if it had never
+	// come, and the flow is re-keyed by a2: first again, before b1 (15).
 	if !q.Remove(a1) || a1.Queued() {
 		t.Fatal("Remove(head) failed")
 	}
-	if q.Peek() != b1 || q.Len() != 3 || q.FlowLen(fa) != 2 {
+	if q.Peek() != a2 || a2.tag != 10*TagUnit || a3.tag != 20*TagUnit || q.Len() != 3 || q.FlowLen(fa) != 2 {
 		t.Fatalf("after removing the head: peek %+v len %d", q.Peek(), q.Len())
 	}
 	if q.Remove(a1) {
@@ -268,27 +269,27 @@ func TestRemove(t *testing.T) {
 	if q.VirtualTime() != 0 {
 		t.Fatal("Remove moved V")
 	}
-	// Middle: the FIFO closes up; later tags stay as they were.
-	mustEnqueue(t, q, a1) // a1 again, now the tail: tag 40
+	// Middle: the FIFO closes up and the items behind move up.
+	mustEnqueue(t, q, a1) // a1 again, now the tail: tag 30
 	if !q.Remove(a3) {
 		t.Fatal("Remove(middle) failed")
 	}
-	for i, want := range []*Item{b1, a2, a1} {
+	for i, want := range []*Item{a2, b1, a1} {
 		if got := q.Dequeue(nil, 1); got != want {
 			t.Fatalf("dequeue %d after removes: %+v (tag %d), want %+v", i, got, got.tag, want)
 		}
 	}
-	if a1.tag != 40*TagUnit || q.Flows() != 0 {
+	if a1.tag != 20*TagUnit || q.Flows() != 0 {
 		t.Fatalf("a1 tag %d, flows %d", a1.tag, q.Flows())
 	}
 
 	// Tail: the next item is tagged from the new tail, as if the removed
 	// one had never come.
-	mustEnqueue(t, q, a1, a2) // V = 40: tags 50, 60
+	mustEnqueue(t, q, a1, a2) // V = 20: tags 30, 40
 	q.Remove(a2)
 	mustEnqueue(t, q, a3)
-	if a3.tag != 60*TagUnit {
-		t.Fatalf("after removing the tail, next tag %d, want 60", a3.tag/TagUnit)
+	if a3.tag != 40*TagUnit {
+		t.Fatalf("after removing the tail, next tag %d, want 40", a3.tag/TagUnit)
 	}
 	// Last item: the flow is forgotten and the next one starts from V.
 	q.Remove(a1)
@@ -297,8 +298,8 @@ func TestRemove(t *testing.T) {
 		t.Fatalf("flows %d len %d after removing everything", q.Flows(), q.Len())
 	}
 	mustEnqueue(t, q, a1)
-	if a1.tag != 50*TagUnit {
-		t.Fatalf("tag %d, want V+10 = 50", a1.tag/TagUnit)
+	if a1.tag != 30*TagUnit {
+		t.Fatalf("tag %d, want V+10 = 30", a1.tag/TagUnit)
 	}
 	if New(Config{}).Remove(a1) {
 		t.Fatal("another queue removed the item")
