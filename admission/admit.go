@@ -360,6 +360,7 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 			return answered
 		}
 		e.grantLocked(now, &w.p, w.pl, time.Duration(now-w.enqueued), &w.decision)
+		w.decision.Trace.EstimatedWait = w.wait
 		answered = append(answered, w)
 	}
 }

@@ -19,6 +19,14 @@ import (
 // once, and returns each tenant's admitted weighted tokens counted while
 // every tenant still had requests waiting.
 func backlogShares(t *testing.T, cfg Config, prompts map[string]int64, n int) map[string]int64 {
+	share, _ := backlogService(t, cfg, prompts, n)
+	return share
+}
+
+// backlogService is backlogShares that also returns the largest difference
+// between any two tenants' admitted weighted tokens, each divided by its
+// weight, at any moment while every tenant was backlogged.
+func backlogService(t *testing.T, cfg Config, prompts map[string]int64, n int) (map[string]int64, float64) {
 	h := newHarness(t, cfg, hgxCluster(t, 1))
 	h.saturate("c", "medium", 1000, 10)
 	var waiters []*waiter
@@ -33,6 +41,8 @@ func backlogShares(t *testing.T, cfg Config, prompts map[string]int64, n int) ma
 	}
 	share := map[string]int64{}
 	seen := map[*waiter]bool{}
+	var maxDiff float64
+	weight := func(tenant string) float64 { p, _ := cfg.Policy(tenant); return float64(p.Weight) }
 	for step := 0; step < 100000; step++ {
 		h.advance(20 * time.Millisecond)
 		backlogged := true
@@ -55,22 +65,33 @@ func backlogShares(t *testing.T, cfg Config, prompts map[string]int64, n int) ma
 			h.release(w.decision.LeaseID, w.p.prompt, 10)
 		}
 		if !backlogged {
-			return share
+			return share, maxDiff
+		}
+		for _, a := range sortedKeys(prompts) {
+			for _, b := range sortedKeys(prompts) {
+				maxDiff = max(maxDiff, float64(share[a])/weight(a)-float64(share[b])/weight(b))
+			}
 		}
 	}
 	t.Fatal("backlog never drained")
-	return nil
+	return nil, 0
 }
 
 func TestFairnessEqualWeights(t *testing.T) {
 	cfg := testConfig()
 	cfg.Queue.DefaultWait = Duration{time.Hour}
 	// b and c have equal weights; b's requests are three times c's size.
-	share := backlogShares(t, cfg, map[string]int64{"b": 3000, "c": 1000}, 300)
+	share, diff := backlogService(t, cfg, map[string]int64{"b": 3000, "c": 1000}, 300)
 	ratio := float64(share["b"]) / float64(share["c"])
-	t.Logf("admitted while backlogged: %v (ratio %.4f)", share, ratio)
+	t.Logf("admitted while backlogged: %v (ratio %.4f), largest service difference %.0f", share, ratio, diff)
 	if math.Abs(ratio-1) > 0.02 {
 		t.Fatalf("equal weights: admitted %v, ratio %.4f, want within 2%% of 1", share, ratio)
+	}
+	// VTC's bound (Sheng et al., OSDI 2024): two backlogged equal-weight
+	// tenants' service never differs by more than twice the largest
+	// request's cost (b's: 3000 prompt + 4 × 10 output).
+	if largest := float64(3000 + 4*10); diff > 2*largest {
+		t.Fatalf("service difference reached %.0f weighted tokens, above VTC's bound of %.0f", diff, 2*largest)
 	}
 }
 

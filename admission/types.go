@@ -123,6 +123,9 @@ type Trace struct {
 	KVLimit             int64  // the KV gauge's limit (bytes)
 	WeightedTokens      int64  // prompt + output weight × max output
 	EstimatedCostMicros int64  // estimated price in micro-USD charged to the budget
+	// EstimatedWait is the wait the request's place in the fair order
+	// predicted when it reached the queue (0 if it never did).
+	EstimatedWait time.Duration
 }
 
 // ReleaseOutcome is what a router reports when a leased request finishes.

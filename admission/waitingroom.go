@@ -38,7 +38,8 @@ type waiter struct {
 	heapIdx  int
 	// degradeAt: from then on it may take a lower tier it accepts.
 	degradeAt int64
-	estimate  [2]int64 // backlog contribution: prefill FLOPs, decode bytes
+	wait      time.Duration // the wait its position predicted at enqueue
+	estimate  [2]int64      // backlog contribution: prefill FLOPs, decode bytes
 	pl        placement
 	queued    bool
 	refs      int           // callers waiting on it: the first plus idempotent duplicates
@@ -97,6 +98,7 @@ func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
 	w.decision = rejected(why.reason, why.retry)
 	w.decision.Queued = time.Duration(now - w.enqueued)
 	tenantTrace(&w.decision.Trace, &w.p, now)
+	w.decision.Trace.EstimatedWait = w.wait
 
 }
 
@@ -128,7 +130,9 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	}
 	deadline := now + int64(maxWait)
 	if estimate > time.Duration(deadline-now) {
-		return rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now), nil
+		d := rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now)
+		d.Trace.EstimatedWait = estimate
+		return d, nil
 	}
 	w := &waiter{p: *r, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
 	w.degradeAt = min(now+int64(q.DegradeAfter.Duration), deadline)
@@ -140,8 +144,11 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 		Value:    w,
 	}
 	w.estimate = [2]int64{o.first.PrefillFLOP, o.first.DecodeBytes}
+	w.wait = estimate
 	if err := room.enter(w); err != nil {
-		return rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now), nil
+		d := rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now)
+		d.Trace.EstimatedWait = estimate
+		return d, nil
 	}
 	w.p.chargeGates(now, t, r.weighted, r.price, r.critical)
 	if r.hasID {

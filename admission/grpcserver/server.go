@@ -100,6 +100,7 @@ type admitAnswer struct {
 	trace      admissionv1.Trace
 	retryAfter durationpb.Duration
 	queued     durationpb.Duration
+	wait       durationpb.Duration
 }
 
 // Admit implements admissionv1.AdmissionServer.
@@ -225,6 +226,10 @@ func decisionToProto(d *admission.Decision) *admissionv1.AdmitResponse {
 	t.KvLimit = tr.KVLimit
 	t.WeightedTokens = tr.WeightedTokens
 	t.EstimatedCostMicros = tr.EstimatedCostMicros
+	if tr.EstimatedWait > 0 {
+		setDuration(&a.wait, tr.EstimatedWait)
+		t.EstimatedWait = &a.wait
+	}
 	r.Trace = t
 	return r
 }

@@ -46,7 +46,7 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 			QuotaBefore: 10, QuotaAfter: -20, BurstCreditBefore: 30, BurstCreditAfter: 40,
 			Floor: true, Critical: true,
 			PrefillLevel: 50, DecodeLevel: 60, KVInUse: 70, KVLimit: 80,
-			WeightedTokens: 90, EstimatedCostMicros: 100,
+			WeightedTokens: 90, EstimatedCostMicros: 100, EstimatedWait: 1200 * time.Millisecond,
 		},
 	}
 	wantNoZeroFields(t, dec)
@@ -64,7 +64,7 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 			QuotaBefore: 10, QuotaAfter: -20, BurstCreditBefore: 30, BurstCreditAfter: 40,
 			Floor: true, Critical: true,
 			PrefillLevel: 50, DecodeLevel: 60, KvInUse: 70, KvLimit: 80,
-			WeightedTokens: 90, EstimatedCostMicros: 100,
+			WeightedTokens: 90, EstimatedCostMicros: 100, EstimatedWait: durationpb.New(1200 * time.Millisecond),
 		},
 	}
 

@@ -539,8 +539,12 @@ type Trace struct {
 	WeightedTokens int64 `protobuf:"varint,14,opt,name=weighted_tokens,json=weightedTokens,proto3" json:"weighted_tokens,omitempty"`
 	// Estimated price in micro-USD charged to the budget.
 	EstimatedCostMicros int64 `protobuf:"varint,15,opt,name=estimated_cost_micros,json=estimatedCostMicros,proto3" json:"estimated_cost_micros,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The wait the request's place in the fair order predicted when it
+	// reached the queue: what decided DEADLINE_UNMEETABLE, or how long a
+	// queued request expected to wait. Absent if it never reached the queue.
+	EstimatedWait *durationpb.Duration `protobuf:"bytes,16,opt,name=estimated_wait,json=estimatedWait,proto3" json:"estimated_wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Trace) Reset() {
@@ -676,6 +680,13 @@ func (x *Trace) GetEstimatedCostMicros() int64 {
 		return x.EstimatedCostMicros
 	}
 	return 0
+}
+
+func (x *Trace) GetEstimatedWait() *durationpb.Duration {
+	if x != nil {
+		return x.EstimatedWait
+	}
+	return nil
 }
 
 // ReleaseRequest reports the end of a leased request.
@@ -1863,7 +1874,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
 	"\x0edowngrade_path\x18\a \x03(\tR\rdowngradePath\x121\n" +
 	"\x06queued\x18\b \x01(\v2\x19.google.protobuf.DurationR\x06queued\x120\n" +
-	"\x05trace\x18\t \x01(\v2\x1a.sluice.admission.v1.TraceR\x05trace\"\xf9\x03\n" +
+	"\x05trace\x18\t \x01(\v2\x1a.sluice.admission.v1.TraceR\x05trace\"\xbb\x04\n" +
 	"\x05Trace\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -1881,7 +1892,8 @@ const file_admission_proto_rawDesc = "" +
 	"\tkv_in_use\x18\f \x01(\x03R\akvInUse\x12\x19\n" +
 	"\bkv_limit\x18\r \x01(\x03R\akvLimit\x12'\n" +
 	"\x0fweighted_tokens\x18\x0e \x01(\x03R\x0eweightedTokens\x122\n" +
-	"\x15estimated_cost_micros\x18\x0f \x01(\x03R\x13estimatedCostMicros\"\xad\x01\n" +
+	"\x15estimated_cost_micros\x18\x0f \x01(\x03R\x13estimatedCostMicros\x12@\n" +
+	"\x0eestimated_wait\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\restimatedWait\"\xad\x01\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x03R\fpromptTokens\x12#\n" +
@@ -2055,38 +2067,39 @@ var file_admission_proto_depIdxs = []int32{
 	24, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
 	24, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
 	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
-	3,  // 6: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	24, // 7: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	25, // 8: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
-	9,  // 9: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
-	9,  // 10: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	9,  // 11: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	10, // 12: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
-	10, // 13: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	25, // 14: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	25, // 15: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
-	22, // 16: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
-	4,  // 17: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 18: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 19: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	13, // 20: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	15, // 21: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	17, // 22: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	19, // 23: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	21, // 24: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	5,  // 25: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 26: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 27: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	14, // 28: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	16, // 29: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	18, // 30: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	20, // 31: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	23, // 32: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	25, // [25:33] is the sub-list for method output_type
-	17, // [17:25] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	24, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
+	3,  // 7: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
+	24, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	25, // 9: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	9,  // 10: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
+	9,  // 11: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	9,  // 12: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	10, // 13: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
+	10, // 14: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
+	25, // 15: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	25, // 16: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	22, // 17: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
+	4,  // 18: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	7,  // 19: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	11, // 20: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	13, // 21: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	15, // 22: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	17, // 23: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	19, // 24: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	21, // 25: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	5,  // 26: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	8,  // 27: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	12, // 28: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	14, // 29: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	16, // 30: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	18, // 31: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	20, // 32: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	23, // 33: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	26, // [26:34] is the sub-list for method output_type
+	18, // [18:26] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
