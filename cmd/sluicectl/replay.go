@@ -62,6 +62,9 @@ func (f *traceFlags) load() ([]replay.Row, error) {
 	if f.path == "" {
 		return nil, errors.New("--trace is required")
 	}
+	if !(f.speed > 0) {
+		return nil, fmt.Errorf("--speed %g: must be a positive number", f.speed)
+	}
 	var mix []replay.MixEntry
 	if f.mix != "" {
 		m, err := replay.ParseMix(f.mix)

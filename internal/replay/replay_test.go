@@ -210,8 +210,8 @@ func TestBadTraceRowsNameTheLine(t *testing.T) {
 	mix, _ := ParseMix("a:large:1")
 	for _, c := range []struct {
 		name, format, body string
-		mix               []MixEntry
-		want              string
+		mix                []MixEntry
+		want               string
 	}{
 		{"azure.csv", "", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,1\n2023-11-16 18:17:04,abc,1\n", mix, "line 3: ContextTokens \"abc\""},
 		{"azure.csv", "", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,10,1\n", mix, "line 2: TIMESTAMP \"yesterday\""},

@@ -55,11 +55,11 @@ func (c *Comparison) WriteTable(w io.Writer) error {
 	for _, r := range c.Reports {
 		fmt.Fprintf(tw, "\npolicy %s: %.0f s simulated, %d requests, spanning two domains: %d, Jain %.4f, max service diff %.0f (VTC bound %.0f)\n",
 			r.Policy, r.Seconds, r.Requests, r.Spanning, r.Jain, r.MaxServiceDiff, r.VTCBound)
-		fmt.Fprintln(tw, "tenant\tweight\tfloor\trequests\tadmitted\tdegraded\trefused\twait p50 ms\tp95 ms\tp99 ms\tfloor viol s\tW2 tok/s\trefusals")
+		fmt.Fprintln(tw, "tenant\tweight\tfloor\trequests\tadmitted\tdegraded\trefused\trefused %\twait p50 ms\tp95 ms\tp99 ms\tfloor viol s\tW2 tok/s\trefusals")
 		for i := range r.Tenants {
 			t := &r.Tenants[i]
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%d\t%.0f\t%s\n",
-				t.Name, t.Weight, t.Floor, t.Requests, t.Admitted, t.Degraded, t.Refused(),
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.0f\t%s\n",
+				t.Name, t.Weight, t.Floor, t.Requests, t.Admitted, t.Degraded, t.Refused(), 100*float64(t.Refused())/float64(max(t.Requests, 1)),
 				t.WaitP50, t.WaitP95, t.WaitP99, t.FloorViolations, t.Wasserstein2, reasonsOf(t))
 		}
 		fmt.Fprintln(tw, "domain\tadmitted\tprefill util\tdecode util")
