@@ -160,6 +160,7 @@ type htmlPolicy struct {
 	R       *Report
 	Table   string
 	Tenants []template.HTML
+	Waits   template.HTML
 	Util    template.HTML
 }
 
@@ -175,17 +176,18 @@ svg.chart{margin:4px;border:1px solid #ddd}section{margin-bottom:2em}</style></h
 {{.Floors}}
 {{range .P}}<section><h2>Policy {{.R.Policy}}</h2>
 <pre>{{.Table}}</pre>
-{{range .Tenants}}{{.}}{{end}}
+{{.Waits}}
 {{.Util}}
+{{range .Tenants}}{{.}}{{end}}
 </section>{{end}}
 </body></html>
 `))
 
 // WriteHTML writes c as one self-contained HTML page: the tables, and
 // inline SVG plots (no scripts, no external resources) of each tenant's
-// tokens/s against its fair share and floor, each domain's prefill
-// utilization, and the policies' p99 waits and floor violations side by
-// side.
+// tokens/s against its fair share and floor, the longest wait per second
+// by tenant, each domain's prefill utilization, and the policies' p99
+// waits and floor violations side by side.
 func (c *Comparison) WriteHTML(w io.Writer) error {
 	var labels []string
 	if len(c.Reports) > 0 {
@@ -218,6 +220,11 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 				{Name: "floor", Color: palette[1], Dashed: true, Values: constant(float64(t.Floor), n)},
 			}))
 		}
+		var wsr []series
+		for j, t := range r.Tenants {
+			wsr = append(wsr, series{Name: t.Name, Color: palette[j%len(palette)], Values: t.WaitMaxPerS})
+		}
+		hp.Waits = lineChart(r.Policy+": longest queue wait per second", "ms", wsr)
 		var us []series
 		for j, d := range r.Domains {
 			us = append(us, series{Name: d.ID, Color: palette[j%len(palette)], Values: d.PrefillPerS})

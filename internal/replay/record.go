@@ -62,6 +62,9 @@ type TenantReport struct {
 	Achieved []int64 `json:"achieved_per_s"`
 	Target   []int64 `json:"target_per_s"`
 	Demand   []int64 `json:"demand_per_s"`
+	// WaitMaxPerS is the longest queue wait of the requests admitted in
+	// each second, in ms: the wait curve over time.
+	WaitMaxPerS []float64 `json:"wait_max_ms_per_s"`
 }
 
 // Refused returns the tenant's refusals, all reasons.
@@ -111,6 +114,7 @@ type tenantRec struct {
 	ownRefused    []int64
 	refused       []int64 // all refusals, tokens
 	unmet         []bool
+	waitPerS      []int64 // longest wait admitted per second, ns
 }
 
 func grow[T any](s []T, i int) []T {
@@ -208,6 +212,8 @@ func (r *recorder) answered(q *simReq, model string) {
 		t.waitMax = max(t.waitMax, now-q.arrive)
 		t.achieved = grow(t.achieved, s)
 		t.achieved[s] += q.weighted
+		t.waitPerS = grow(t.waitPerS, s)
+		t.waitPerS[s] = max(t.waitPerS[s], now-q.arrive)
 		t.service += float64(q.weighted) / float64(t.weight)
 	}
 	// A request that waited a second or more left demand unmet in every
@@ -288,6 +294,10 @@ func (r *recorder) report(s *sim) *Report {
 			Name: s.tenants[i], Weight: t.weight, Floor: t.floor, Requests: t.requests,
 			Admitted: t.admitted, Degraded: t.degraded, Rejected: map[string]int{},
 			Achieved: t.achieved[:n], Target: target[i], Demand: demand[i],
+		}
+		t.waitPerS = grow(t.waitPerS, n-1)
+		for x := 0; x < n; x++ {
+			tr.WaitMaxPerS = append(tr.WaitMaxPerS, float64(t.waitPerS[x])/1e6)
 		}
 		for reason, c := range t.rejected {
 			tr.Rejected[reason.String()] = c

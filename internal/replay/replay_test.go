@@ -184,9 +184,9 @@ func TestHTMLReportParsesAndHasItsPlots(t *testing.T) {
 		}
 	}
 	walk(doc)
-	// Per policy: a chart per tenant and one of the domains; two bar
-	// charts comparing the policies.
-	if want := 2*(4+1) + 2; counts["svg"] != want {
+	// Per policy: a chart per tenant, one of waits and one of the
+	// domains; two bar charts comparing the policies.
+	if want := 2*(4+2) + 2; counts["svg"] != want {
 		t.Errorf("%d svg plots, want %d: %q", counts["svg"], want, titles)
 	}
 	if counts["polyline"] < 2*(4*3+4) || counts["rect"] == 0 {
@@ -195,7 +195,7 @@ func TestHTMLReportParsesAndHasItsPlots(t *testing.T) {
 	if counts["script"] != 0 || counts["link"] != 0 {
 		t.Errorf("scripts or links in the report: %v", counts)
 	}
-	for _, want := range []string{"sluice: globex tokens/s", "fifo: prefill utilization per domain", "queue wait p99 by tenant"} {
+	for _, want := range []string{"sluice: globex tokens/s", "fifo: prefill utilization per domain", "sluice: longest queue wait per second", "queue wait p99 by tenant"} {
 		found := false
 		for _, ti := range titles {
 			found = found || ti == want
