@@ -374,7 +374,7 @@ func TestRecommend(t *testing.T) {
 	}
 }
 
-// BenchmarkReplayCodeHour replays the whole code trace (one hour, 8,818
+// BenchmarkReplayCodeHour replays the whole code trace (one hour, 8,819
 // requests) under the engine, beside BenchmarkReadCodeTrace, the cost of
 // reading and mixing the trace alone, measured in the same run.
 func BenchmarkReplayCodeHour(b *testing.B) {
