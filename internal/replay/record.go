@@ -126,9 +126,8 @@ func grow[T any](s []T, i int) []T {
 }
 
 // pairRec tracks the service difference of two tenants while both are
-// backlogged.
+// backlogged: the least and the most it has been since both were.
 type pairRec struct {
-	active     bool
 	minD, maxD float64
 }
 
@@ -136,7 +135,8 @@ type pairRec struct {
 type recorder struct {
 	s        *sim
 	t        []*tenantRec
-	pairs    [][]pairRec
+	backlog  []int               // tenants with queued requests
+	pairs    map[[2]int]*pairRec // pairs of backlogged tenants
 	spanning int
 	maxCost  int64
 	maxDiff  float64
@@ -154,10 +154,7 @@ func newRecorder(s *sim) *recorder {
 			wait:     hdrhistogram.New(1, int64(24*time.Hour/time.Microsecond), 3), // µs
 		})
 	}
-	r.pairs = make([][]pairRec, len(s.tenants))
-	for i := range r.pairs {
-		r.pairs[i] = make([]pairRec, len(s.tenants))
-	}
+	r.pairs = map[[2]int]*pairRec{}
 	return r
 }
 
@@ -228,29 +225,45 @@ func (r *recorder) answered(q *simReq, model string) {
 	r.touch(q.tenant)
 }
 
-// touch updates the service differences of tenant i's pairs.
+// touch updates the service differences of tenant i's pairs after an
+// event of i. A request admitted from the queue counts as service while
+// its tenant was backlogged (it was queued until that instant), so the
+// pairs are updated before a tenant whose queue just emptied leaves the
+// backlog. Only pairs of backlogged tenants are kept: the work is
+// O(backlogged tenants) per event and the memory O(their pairs).
 func (r *recorder) touch(i int) {
-	for j := range r.t {
+	at := slices.Index(r.backlog, i)
+	if at < 0 && r.t[i].queued > 0 {
+		r.backlog = append(r.backlog, i)
+		at = len(r.backlog) - 1
+	}
+	if at < 0 {
+		return
+	}
+	for _, j := range r.backlog {
 		if j == i {
 			continue
 		}
-		a, b := min(i, j), max(i, j)
-		p := &r.pairs[a][b]
-		ta, tb := r.t[a], r.t[b]
-		if ta.queued == 0 || tb.queued == 0 {
-			p.active = false
-			continue
-		}
-		lw := float64(min(ta.weight, tb.weight))
-		d := (ta.service - tb.service) * lw
-		if !p.active {
-			p.active, p.minD, p.maxD = true, d, d
+		a, b := r.t[min(i, j)], r.t[max(i, j)]
+		d := (a.service - b.service) * float64(min(a.weight, b.weight))
+		k := pairKey(i, j)
+		p, ok := r.pairs[k]
+		if !ok {
+			r.pairs[k] = &pairRec{minD: d, maxD: d}
 			continue
 		}
 		p.minD, p.maxD = math.Min(p.minD, d), math.Max(p.maxD, d)
 		r.maxDiff = math.Max(r.maxDiff, p.maxD-p.minD)
 	}
+	if r.t[i].queued == 0 {
+		r.backlog = slices.Delete(r.backlog, at, at+1)
+		for _, j := range r.backlog {
+			delete(r.pairs, pairKey(i, j))
+		}
+	}
 }
+
+func pairKey(i, j int) [2]int { return [2]int{min(i, j), max(i, j)} }
 
 func (r *recorder) end(now int64) { r.endAt = now }
 

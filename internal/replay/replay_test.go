@@ -270,6 +270,19 @@ func TestBadFlagValues(t *testing.T) {
 			_, err := ReadTrace(strings.NewReader("at,tenant,model,prompt_tokens,output_tokens\n0,a,large,1,1\n"), "t", TraceOptions{From: time.Minute})
 			return err
 		}, "no rows between --from 1m0s"},
+		{func() error { _, err := ParseBurst("acme:5000x:1s-2s"); return err }, "from 1 to 1000"},
+		{func() error {
+			_, err := ReadTrace(strings.NewReader("at,tenant,model,prompt_tokens,output_tokens\n0,a,large,1,1\n"), "t", TraceOptions{Bursts: []Burst{{Tenant: "b", Factor: 2, To: time.Second}}})
+			return err
+		}, `--burst b:2x:0s-1s: trace t has no rows of tenant "b"`},
+		{func() error {
+			_, err := ReadTrace(strings.NewReader("at,tenant,model,prompt_tokens,output_tokens\n0,a,large,1,1\n1000000,a,large,1,1\n"), "t", TraceOptions{})
+			return err
+		}, "line 3 arrives 277h46m40s after the replay's start"},
+		{func() error {
+			_, err := ReadTrace(strings.NewReader("at,tenant,model,prompt_tokens,output_tokens\n0,a,large,1,1\n100,a,large,1,1\n"), "t", TraceOptions{Speed: 1e-9})
+			return err
+		}, "at --speed 1e-09"},
 		{func() error { _, _, err := Setup("no-such.yaml", "simulated", nil); return err }, "no-such.yaml"},
 		{func() error { _, _, err := Setup(testConfig, "no-such-cluster.yaml", nil); return err }, "no-such-cluster.yaml"},
 	} {

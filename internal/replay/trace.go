@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,10 +70,23 @@ func ParseMix(s string) ([]MixEntry, error) {
 
 // Burst multiplies one tenant's arrivals by Factor inside [From, To) of
 // trace time (offsets from the trace's first row, before --speed).
+// String gives it back in --burst form.
 type Burst struct {
 	Tenant   string
 	Factor   float64
 	From, To time.Duration
+}
+
+// maxBurstFactor bounds a burst's factor: every copy is a row in memory.
+const maxBurstFactor = 1000
+
+// MaxSpan is the longest a replay may run in simulated time: the report
+// keeps per-second series, and a trace whose rows are years apart (or a
+// tiny --speed) would otherwise ask for billions of seconds.
+const MaxSpan = 7 * 24 * time.Hour
+
+func (b Burst) String() string {
+	return fmt.Sprintf("%s:%gx:%v-%v", b.Tenant, b.Factor, b.From, b.To)
 }
 
 // ParseBurst reads a --burst value, "tenant:15x:120s-180s".
@@ -82,8 +96,8 @@ func ParseBurst(s string) (Burst, error) {
 		return Burst{}, fmt.Errorf("--burst %q: want tenant:FACTORx:FROM-TO, e.g. acme:15x:120s-180s", s)
 	}
 	factor, err := strconv.ParseFloat(strings.TrimSuffix(f[1], "x"), 64)
-	if err != nil || !strings.HasSuffix(f[1], "x") || !(factor >= 1) || math.IsInf(factor, 0) {
-		return Burst{}, fmt.Errorf("--burst %q: factor %q: want a number ≥ 1 followed by x, e.g. 15x", s, f[1])
+	if err != nil || !strings.HasSuffix(f[1], "x") || !(factor >= 1) || factor > maxBurstFactor {
+		return Burst{}, fmt.Errorf("--burst %q: factor %q: want a number from 1 to %d followed by x, e.g. 15x", s, f[1], maxBurstFactor)
 	}
 	from, to, ok := strings.Cut(f[2], "-")
 	if !ok {
@@ -189,13 +203,23 @@ func ReadTrace(r io.Reader, name string, opts TraceOptions) ([]Row, error) {
 	for i := range rows {
 		rows[i].At -= t0
 	}
+	for _, b := range opts.Bursts {
+		if !slices.ContainsFunc(rows, func(r Row) bool { return r.Tenant == b.Tenant }) {
+			return nil, fmt.Errorf("--burst %s: trace %s has no rows of tenant %q", b, name, b.Tenant)
+		}
+	}
 	rows = applyBursts(rows, opts.Bursts, opts.Seed)
 	kept := rows[:0]
 	for _, r := range rows {
 		if r.At < opts.From || opts.To != 0 && r.At >= opts.To {
 			continue
 		}
-		r.At = time.Duration(float64(r.At-opts.From) / opts.Speed)
+		at := float64(r.At-opts.From) / opts.Speed
+		if at > float64(MaxSpan) {
+			return nil, fmt.Errorf("trace %s: line %d arrives %v after the replay's start at --speed %g, beyond the %v a replay may span: replay a window of it (--from/--to) or a higher --speed",
+				name, r.Line, time.Duration(at).Round(time.Second), opts.Speed, MaxSpan)
+		}
+		r.At = time.Duration(at)
 		kept = append(kept, r)
 	}
 	if len(kept) == 0 {
