@@ -48,6 +48,7 @@ func codeRows(t testing.TB, opts TraceOptions) []Row {
 	return rows
 }
 
+// compareJSON returns the JSON and the HTML reports of a comparison.
 func compareJSON(t testing.TB, rows []Row, opts Options, policies ...string) []byte {
 	t.Helper()
 	c, err := Compare("code", 1, rows, opts, policies)
@@ -56,6 +57,9 @@ func compareJSON(t testing.TB, rows []Row, opts Options, policies ...string) []b
 	}
 	var b bytes.Buffer
 	if err := c.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteHTML(&b); err != nil {
 		t.Fatal(err)
 	}
 	return b.Bytes()

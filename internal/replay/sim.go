@@ -100,6 +100,11 @@ func (p *phase) advance(now int64) {
 	if now <= p.last {
 		return
 	}
+	if len(p.reqs) == 0 {
+		// Nothing refers to the attained service: restart it at 0, so that
+		// its float64 keeps its precision over an hour of service.
+		p.s = 0
+	}
 	if n := len(p.reqs); n > 0 && p.rate > 0 {
 		dt := float64(now-p.last) / 1e9
 		p.s += dt * p.rate / float64(n)
