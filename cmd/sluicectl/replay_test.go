@@ -50,6 +50,20 @@ func TestReplayCommand(t *testing.T) {
 	}
 }
 
+// TestReplayCommandDefaults replays on what sluiced serves with no flags:
+// the embedded config on the simulated cluster.
+func TestReplayCommandDefaults(t *testing.T) {
+	var out, errw bytes.Buffer
+	if code := run([]string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "1m"}, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	for _, want := range []string{"policy sluice", "policy fifo", "nvl72-a", "hgx-h200-4"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
 func TestRecommendCommand(t *testing.T) {
 	var out, errw bytes.Buffer
 	if code := run([]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "-o", "json"}, &out, &errw); code != 0 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -352,6 +353,36 @@ func TestTraceTransforms(t *testing.T) {
 	}
 	if x < 70 || x > 130 {
 		t.Errorf("a 1:1 mix gave x %d of 200 rows", x)
+	}
+}
+
+func TestReadJSONLAndCSV(t *testing.T) {
+	jl := `{"at": 0.5, "tenant": "acme", "model": "large", "prompt_tokens": 100, "output_tokens": 10}
+
+{"at": "1.5s", "tenant": "hooli", "model": "small", "prompt_tokens": 7, "output_tokens": 3}
+`
+	rows, err := ReadTrace(strings.NewReader(jl), "t.jsonl", TraceOptions{Format: FormatJSONL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Row{
+		{At: 0, Tenant: "acme", Model: "large", Prompt: 100, Output: 10, Line: 1},
+		{At: time.Second, Tenant: "hooli", Model: "small", Prompt: 7, Output: 3, Line: 3},
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("jsonl rows %+v, want %+v", rows, want)
+	}
+	csv := "tenant,model,at,output_tokens,prompt_tokens\nhooli,small,2m,3,7\nacme,large,60,10,100\n"
+	rows, err = ReadTrace(strings.NewReader(csv), "t.csv", TraceOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = []Row{
+		{At: 0, Tenant: "acme", Model: "large", Prompt: 100, Output: 10, Line: 3},
+		{At: time.Minute, Tenant: "hooli", Model: "small", Prompt: 7, Output: 3, Line: 2},
+	}
+	if !slices.Equal(rows, want) {
+		t.Errorf("csv rows (columns in any order, sorted by arrival) %+v, want %+v", rows, want)
 	}
 }
 
