@@ -93,6 +93,7 @@ func runReplay(args []string, out, errw io.Writer) error {
 	downgrade := fs.Bool("downgrade", false, "requests accept their model's lower tiers (sluice degrades; the baselines do not)")
 	format := fs.String("o", "table", "output format: table, json or html")
 	htmlPath := fs.String("html", "", "also write the HTML report (inline SVG plots, self-contained) to this file")
+	svgDir := fs.String("svg", "", "also write each of the HTML report's plots as its own SVG file in this directory")
 	if err := parseNoArgs(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -124,6 +125,11 @@ func runReplay(args []string, out, errw io.Writer) error {
 	}
 	if *htmlPath != "" {
 		if err := writeFile(*htmlPath, c.WriteHTML); err != nil {
+			return err
+		}
+	}
+	if *svgDir != "" {
+		if _, err := c.WriteSVGs(*svgDir); err != nil {
 			return err
 		}
 	}

@@ -19,10 +19,11 @@ const (
 )
 
 func TestReplayCommand(t *testing.T) {
-	html := filepath.Join(t.TempDir(), "r.html")
+	dir := t.TempDir()
+	html := filepath.Join(dir, "r.html")
 	args := []string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "3m",
 		"--burst", "acme:5x:60s-120s", "--config", replayConfig, "--topology", replayCluster,
-		"--deadline", "2s", "--policy", "all", "-o", "json", "--html", html}
+		"--deadline", "2s", "--policy", "all", "--svg", filepath.Join(dir, "svg"), "-o", "json", "--html", html}
 	var out, errw bytes.Buffer
 	if code := run(args, &out, &errw); code != 0 {
 		t.Fatalf("exit %d: %s", code, errw.String())
@@ -36,6 +37,9 @@ func TestReplayCommand(t *testing.T) {
 	}
 	if b, err := os.ReadFile(html); err != nil || !bytes.Contains(b, []byte("<svg")) {
 		t.Errorf("--html: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "svg", "sluice-longest-queue-wait-per-second.svg")); err != nil || !bytes.HasPrefix(b, []byte("<svg")) {
+		t.Errorf("--svg: %v", err)
 	}
 	// The table, same input: the same figures.
 	out.Reset()

@@ -5,6 +5,8 @@ import (
 	"html/template"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -183,20 +185,49 @@ svg.chart{margin:4px;border:1px solid #ddd}section{margin-bottom:2em}</style></h
 </body></html>
 `))
 
-// WriteHTML writes c as one self-contained HTML page: the tables, and
-// inline SVG plots (no scripts, no external resources) of each tenant's
-// tokens/s against its fair share and floor, the longest wait per second
-// by tenant, each domain's prefill utilization, and the policies' p99
-// waits and floor violations side by side.
-func (c *Comparison) WriteHTML(w io.Writer) error {
+// chart is one plot of a report, with a file name for WriteSVGs.
+type chart struct {
+	file string
+	svg  template.HTML
+}
+
+// plots are the report's charts: the comparisons across policies and each
+// policy's own.
+type plots struct {
+	Waits, Floors template.HTML
+	P             []htmlPolicy
+	all           []chart
+}
+
+// slug makes a file name of a chart's title.
+func slug(s string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(s) {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.TrimSuffix(b.String(), "-") + ".svg"
+}
+
+func (c *Comparison) plots() (*plots, error) {
 	var labels []string
 	if len(c.Reports) > 0 {
 		for _, t := range c.Reports[0].Tenants {
 			labels = append(labels, t.Name)
 		}
 	}
+	pl := &plots{}
+	add := func(title string, svg template.HTML) template.HTML {
+		pl.all = append(pl.all, chart{slug(title), svg})
+		return svg
+	}
 	var waits, floors []series
-	var ps []htmlPolicy
 	for i, r := range c.Reports {
 		col := palette[i%len(palette)]
 		ws := series{Name: r.Policy, Color: col}
@@ -209,36 +240,74 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 		one := &Comparison{Trace: c.Trace, Rows: c.Rows, Seed: c.Seed, Reports: []*Report{r}}
 		var tb strings.Builder
 		if err := one.WriteTable(&tb); err != nil {
-			return err
+			return nil, err
 		}
 		hp := htmlPolicy{R: r, Table: tb.String()}
 		for _, t := range r.Tenants {
 			n := len(t.Achieved)
-			hp.Tenants = append(hp.Tenants, lineChart(fmt.Sprintf("%s: %s tokens/s", r.Policy, t.Name), "tok/s", []series{
+			title := fmt.Sprintf("%s: %s tokens/s", r.Policy, t.Name)
+			hp.Tenants = append(hp.Tenants, add(title, lineChart(title, "tok/s", []series{
 				{Name: "achieved", Color: palette[0], Values: floats(t.Achieved)},
 				{Name: "fair share", Color: palette[2], Dashed: true, Values: floats(t.Target)},
 				{Name: "floor", Color: palette[1], Dashed: true, Values: constant(float64(t.Floor), n)},
-			}))
+			})))
 		}
 		var wsr []series
 		for j, t := range r.Tenants {
 			wsr = append(wsr, series{Name: t.Name, Color: palette[j%len(palette)], Values: t.WaitMaxPerS})
 		}
-		hp.Waits = lineChart(r.Policy+": longest queue wait per second", "ms", wsr)
+		title := r.Policy + ": longest queue wait per second"
+		hp.Waits = add(title, lineChart(title, "ms", wsr))
 		var us []series
 		for j, d := range r.Domains {
 			us = append(us, series{Name: d.ID, Color: palette[j%len(palette)], Values: d.PrefillPerS})
 		}
-		hp.Util = lineChart(r.Policy+": prefill utilization per domain", "", us)
-		ps = append(ps, hp)
+		title = r.Policy + ": prefill utilization per domain"
+		hp.Util = add(title, lineChart(title, "", us))
+		pl.P = append(pl.P, hp)
 	}
-	err := reportTmpl.Execute(w, struct {
-		C             *Comparison
-		Waits, Floors template.HTML
-		P             []htmlPolicy
-	}{c, barChart("queue wait p99 by tenant", "ms", labels, waits), barChart("floor violations by tenant", "s", labels, floors), ps})
+	pl.Waits = add("queue wait p99 by tenant", barChart("queue wait p99 by tenant", "ms", labels, waits))
+	pl.Floors = add("floor violations by tenant", barChart("floor violations by tenant", "s", labels, floors))
+	return pl, nil
+}
+
+// WriteHTML writes c as one self-contained HTML page: the tables, and
+// inline SVG plots (no scripts, no external resources) of each tenant's
+// tokens/s against its fair share and floor, the longest wait per second
+// by tenant, each domain's prefill utilization, and the policies' p99
+// waits and floor violations side by side.
+func (c *Comparison) WriteHTML(w io.Writer) error {
+	pl, err := c.plots()
+	if err != nil {
+		return err
+	}
+	err = reportTmpl.Execute(w, struct {
+		C *Comparison
+		*plots
+	}{c, pl})
 	if err != nil {
 		return fmt.Errorf("html: %w", err)
 	}
 	return nil
+}
+
+// WriteSVGs writes each of the HTML report's plots to its own SVG file in
+// dir (created if missing), named after its title, e.g.
+// sluice-longest-queue-wait-per-second.svg, and returns the file names.
+func (c *Comparison) WriteSVGs(dir string) ([]string, error) {
+	pl, err := c.plots()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("--svg: %w", err)
+	}
+	var names []string
+	for _, ch := range pl.all {
+		if err := os.WriteFile(filepath.Join(dir, ch.file), []byte(string(ch.svg)+"\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("--svg: %w", err)
+		}
+		names = append(names, ch.file)
+	}
+	return names, nil
 }
