@@ -79,7 +79,6 @@ type simReq struct {
 	cost      pd.Cost // in the granted domain, on the granted model
 
 	finish float64 // the phase's attained service at which this request's work is done
-	hidx   int
 }
 
 // phase is one processor-shared resource of a domain (its prefill FLOP/s
@@ -166,8 +165,8 @@ func (h reqHeap) Less(i, j int) bool {
 	}
 	return h[i].id < h[j].id
 }
-func (h reqHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i]; h[i].hidx = i; h[j].hidx = j }
-func (h *reqHeap) Push(x any)   { r := x.(*simReq); r.hidx = len(*h); *h = append(*h, r) }
+func (h reqHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *reqHeap) Push(x any)   { *h = append(*h, x.(*simReq)) }
 func (h *reqHeap) Pop() (x any) { n := len(*h) - 1; x, *h = (*h)[n], (*h)[:n]; return x }
 
 // simDomain is a domain as the simulated hardware: its two phases at the

@@ -70,7 +70,6 @@ func ParseMix(s string) ([]MixEntry, error) {
 
 // Burst multiplies one tenant's arrivals by Factor inside [From, To) of
 // trace time (offsets from the trace's first row, before --speed).
-// String gives it back in --burst form.
 type Burst struct {
 	Tenant   string
 	Factor   float64
@@ -85,6 +84,7 @@ const maxBurstFactor = 1000
 // tiny --speed) would otherwise ask for billions of seconds.
 const MaxSpan = 7 * 24 * time.Hour
 
+// String gives the burst back in --burst form.
 func (b Burst) String() string {
 	return fmt.Sprintf("%s:%gx:%v-%v", b.Tenant, b.Factor, b.From, b.To)
 }
