@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sluice-sched/sluice/internal/replay"
+)
+
+const (
+	replayTrace   = "../../testdata/traces/AzureLLMInferenceTrace_code.csv"
+	replayConfig  = "../../testdata/replay/config.yaml"
+	replayCluster = "../../testdata/replay/cluster.yaml"
+	replayMix     = "acme:large:0.4,globex:medium:0.3,initech:small:0.2,hooli:small:0.1"
+)
+
+func TestReplayCommand(t *testing.T) {
+	dir := t.TempDir()
+	html := filepath.Join(dir, "r.html")
+	args := []string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "3m",
+		"--burst", "acme:5x:60s-120s", "--config", replayConfig, "--topology", replayCluster,
+		"--deadline", "2s", "--policy", "all", "--svg", filepath.Join(dir, "svg"), "-o", "json", "--html", html}
+	var out, errw bytes.Buffer
+	if code := run(args, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	var c replay.Comparison
+	if err := json.Unmarshal(out.Bytes(), &c); err != nil {
+		t.Fatalf("-o json is not JSON: %v", err)
+	}
+	if len(c.Reports) != 4 || c.Reports[0].Policy != "sluice" || c.Seed != 1 || len(c.Reports[0].Tenants) != 4 {
+		t.Errorf("reports: %d, seed %d", len(c.Reports), c.Seed)
+	}
+	if b, err := os.ReadFile(html); err != nil || !bytes.Contains(b, []byte("<svg")) {
+		t.Errorf("--html: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "svg", "sluice-longest-queue-wait-per-second.svg")); err != nil || !bytes.HasPrefix(b, []byte("<svg")) {
+		t.Errorf("--svg: %v", err)
+	}
+	// The table, same input: the same figures.
+	out.Reset()
+	args[len(args)-3] = "table"
+	if code := run(args, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	for _, want := range []string{"policy sluice", "policy tenant-buckets", "wait p50 ms", "hgx-4", "spanning two domains: 0"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestReplayCommandDefaults replays on what sluiced serves with no flags:
+// the embedded config on the simulated cluster.
+func TestReplayCommandDefaults(t *testing.T) {
+	var out, errw bytes.Buffer
+	if code := run([]string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "1m"}, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	for _, want := range []string{"policy sluice", "policy fifo", "nvl72-a", "hgx-h200-4"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestRecommendCommand(t *testing.T) {
+	var out, errw bytes.Buffer
+	if code := run([]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "-o", "json"}, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	var recs []replay.Recommendation
+	if err := json.Unmarshal(out.Bytes(), &recs); err != nil || len(recs) != 4 {
+		t.Fatalf("-o json: %v, %d tenants", err, len(recs))
+	}
+	for _, r := range recs {
+		if r.Rate <= 0 || r.Burst < r.LargestReq || len(r.Sweep) == 0 {
+			t.Errorf("%s: R %d, C %d, largest request %d", r.Tenant, r.Rate, r.Burst, r.LargestReq)
+		}
+	}
+}
+
+func TestReplayCommandErrors(t *testing.T) {
+	base := []string{"--trace", replayTrace, "--mix", replayMix, "--config", replayConfig, "--topology", replayCluster}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay"}, "--trace is required"},
+		{[]string{"replay", "--trace", replayTrace}, "--mix is required"},
+		{append([]string{"replay", "--policy", "lifo"}, base...), `unknown policy "lifo"`},
+		{append([]string{"replay", "--burst", "acme:15:1s-2s"}, base...), `invalid value "acme:15:1s-2s" for flag -burst`},
+		{append(append([]string{"replay"}, base...), "--mix", "acme:large"), `--mix "acme:large"`},
+		{append([]string{"replay", "--speed", "0"}, base...), "--speed 0"},
+		{append([]string{"replay", "-o", "xml"}, base...), `-o "xml"`},
+		{append([]string{"replay", "--deadline", "-1s"}, base...), "--deadline -1s"},
+		{append([]string{"replay", "--config", "nope.yaml"}, base[:4]...), "nope.yaml"},
+		{append([]string{"replay", "extra"}, base...), `unexpected argument "extra"`},
+		{[]string{"replay", "--trace", "nope.csv", "--mix", replayMix}, "nope.csv"},
+		{[]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "--window", "0s"}, "--window 0s"},
+		{[]string{"recommend", "--trace", replayTrace}, "--mix is required"},
+		{[]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "-o", "html"}, `-o "html"`},
+	} {
+		var out, errw bytes.Buffer
+		if code := run(tc.args, &out, &errw); code == 0 || !strings.Contains(errw.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want it to contain %q", tc.args, code, errw.String(), tc.want)
+		}
+	}
+}

@@ -1,0 +1,89 @@
+package replay
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Comparison is a replay of one trace under several policies.
+type Comparison struct {
+	Trace   string    `json:"trace"`
+	Rows    int       `json:"rows"`
+	Seed    uint64    `json:"seed"`
+	Reports []*Report `json:"reports"`
+}
+
+// WriteJSON writes c as indented JSON.
+func (c *Comparison) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(c); err != nil {
+		return fmt.Errorf("json: %w", err)
+	}
+	return nil
+}
+
+// reasonsOf lists the refusal reasons of t, sorted, as "REASON:n,…".
+func reasonsOf(t *TenantReport) string {
+	var rs []string
+	for r := range t.Rejected {
+		rs = append(rs, r)
+	}
+	slices.Sort(rs)
+	var b strings.Builder
+	for i, r := range rs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s:%d", r, t.Rejected[r])
+	}
+	if b.Len() == 0 {
+		return "-"
+	}
+	return b.String()
+}
+
+// WriteTable writes c as text tables: per policy, a line per tenant, the
+// domains' utilization and the fairness figures.
+func (c *Comparison) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "trace %s: %d requests, seed %d\n", c.Trace, c.Rows, c.Seed)
+	for _, r := range c.Reports {
+		fmt.Fprintf(tw, "\npolicy %s: %.0f s simulated, %d requests, spanning two domains: %d, Jain %.4f, max service diff %.0f (VTC bound %.0f)\n",
+			r.Policy, r.Seconds, r.Requests, r.Spanning, r.Jain, r.MaxServiceDiff, r.VTCBound)
+		fmt.Fprintln(tw, "tenant\tweight\tfloor\trequests\tadmitted\tdegraded\trefused\trefused %\twait p50 ms\tp95 ms\tp99 ms\tfloor viol s\tW2 tok/s\trefusals")
+		for i := range r.Tenants {
+			t := &r.Tenants[i]
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.0f\t%s\n",
+				t.Name, t.Weight, t.Floor, t.Requests, t.Admitted, t.Degraded, t.Refused(), 100*float64(t.Refused())/float64(max(t.Requests, 1)),
+				t.WaitP50, t.WaitP95, t.WaitP99, t.FloorViolations, t.Wasserstein2, reasonsOf(t))
+		}
+		fmt.Fprintln(tw, "domain\tadmitted\tprefill util\tdecode util")
+		for _, d := range r.Domains {
+			fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\n", d.ID, d.Admitted, 100*d.PrefillUtil, 100*d.DecodeUtil)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	return nil
+}
+
+// Compare replays rows under each policy on the same cluster and config
+// (opts.Policy is ignored); every policy sees the same arrivals.
+func Compare(trace string, seed uint64, rows []Row, opts Options, policies []string) (*Comparison, error) {
+	c := &Comparison{Trace: trace, Rows: len(rows), Seed: seed}
+	for _, p := range policies {
+		opts.Policy = p
+		r, err := Run(rows, opts)
+		if err != nil {
+			return nil, fmt.Errorf("policy %s: %w", p, err)
+		}
+		c.Reports = append(c.Reports, r)
+	}
+	return c, nil
+}
