@@ -25,17 +25,23 @@ type Traffic struct {
 	mu      sync.RWMutex
 	tenants map[string]*tenantCounters
 
-	sampleMu sync.Mutex // serialises Sample; guards the counters' sample fields
-	last     time.Time
+	sampleMu sync.Mutex // serialises Sample; guards the fields below and the counters' sample fields
+	times    [windowSamples]time.Time // when the last samples were taken, a ring
+	pos      int                      // the ring's slot of the next sample
 	rates    atomic.Pointer[rateTable]
 }
+
+// windowSamples is how many samples a rate spans: 5 × SampleEvery (5 s by
+// default), long enough that a burst shows for a few seconds, short enough
+// that the table follows the load.
+const windowSamples = 5
 
 // tenantCounters are one tenant's cumulative answers; the sample fields are
 // Sample's, under sampleMu.
 type tenantCounters struct {
 	n [numCounts]atomic.Int64
 
-	prev [numCounts]int64
+	hist [windowSamples][numCounts]int64 // the counts at the last samples, a ring indexed as Traffic.times
 	idle int
 }
 
@@ -48,7 +54,8 @@ const (
 	numCounts
 )
 
-// Rates are a tenant's answers per second over the last sample interval.
+// Rates are a tenant's answers per second over the last windowSamples
+// samples.
 type Rates struct {
 	Admitted float64 // ADMITTED per second
 	Degraded float64 // DEGRADED per second
@@ -121,29 +128,29 @@ func (t *Traffic) counters(name string) *tenantCounters {
 	return c
 }
 
-// Sample turns the counts since the previous Sample into rates and drops
-// the counters of tenants idle for idleSamples samples. The first Sample
-// only sets the baseline. An answer counted on counters being dropped at
-// that moment is lost: at most one answer of a tenant idle for a minute.
+// Sample turns the counts into rates over the last windowSamples samples
+// and drops the counters of tenants idle for idleSamples samples. The first
+// Sample only sets the baseline. An answer counted on counters being dropped
+// at that moment is lost: at most one answer of a tenant idle for a minute.
 func (t *Traffic) Sample(now time.Time) {
 	t.sampleMu.Lock()
 	defer t.sampleMu.Unlock()
-	dt := now.Sub(t.last).Seconds()
-	first := t.last.IsZero()
-	t.last = now
+	cur, prev := t.pos, (t.pos+windowSamples-1)%windowSamples
+	oldest := (t.pos + 1) % windowSamples // the slot this sample's successor overwrites
+	if t.times[oldest].IsZero() {
+		oldest = 0 // fewer samples than the window so far: span them all
+	}
+	t.times[cur] = now
+	t.pos = (t.pos + 1) % windowSamples
+	dt := now.Sub(t.times[oldest]).Seconds()
 	var gone []string
 	t.mu.RLock()
 	table := &rateTable{ranked: make([]rankedTenant, 0, len(t.tenants)), byName: make(map[string]Rates, len(t.tenants))}
 	for name, c := range t.tenants {
-		var delta [numCounts]int64
 		moved := false
 		for i := range c.n {
-			v := c.n[i].Load()
-			delta[i], c.prev[i] = v-c.prev[i], v
-			moved = moved || delta[i] != 0
-		}
-		if first || dt <= 0 {
-			continue
+			c.hist[cur][i] = c.n[i].Load()
+			moved = moved || c.hist[cur][i] != c.hist[prev][i]
 		}
 		if moved {
 			c.idle = 0
@@ -151,11 +158,10 @@ func (t *Traffic) Sample(now time.Time) {
 			gone = append(gone, name)
 			continue
 		}
-		r := Rates{
-			Admitted: float64(delta[countAdmitted]) / dt,
-			Degraded: float64(delta[countDegraded]) / dt,
-			Refused:  float64(delta[countRefused]) / dt,
-			Tokens:   float64(delta[countTokens]) / dt,
+		var r Rates
+		if dt > 0 {
+			d := func(i int) float64 { return float64(c.hist[cur][i]-c.hist[oldest][i]) / dt }
+			r = Rates{Admitted: d(countAdmitted), Degraded: d(countDegraded), Refused: d(countRefused), Tokens: d(countTokens)}
 		}
 		table.ranked = append(table.ranked, rankedTenant{name, r})
 		table.byName[name] = r
@@ -188,4 +194,11 @@ func (t *Traffic) Tracked() int {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return len(t.tenants)
+}
+
+// RatesOf returns a tenant's rates as of the last Sample; false when it has
+// no counters.
+func (t *Traffic) RatesOf(name string) (Rates, bool) {
+	r, ok := t.table().byName[name]
+	return r, ok
 }
