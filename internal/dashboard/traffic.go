@@ -25,7 +25,7 @@ type Traffic struct {
 	mu      sync.RWMutex
 	tenants map[string]*tenantCounters
 
-	sampleMu sync.Mutex // serialises Sample; guards the fields below and the counters' sample fields
+	sampleMu sync.Mutex               // serialises Sample; guards the fields below and the counters' sample fields
 	times    [windowSamples]time.Time // when the last samples were taken, a ring
 	pos      int                      // the ring's slot of the next sample
 	rates    atomic.Pointer[rateTable]
