@@ -222,6 +222,10 @@ func (d *Dashboard) serveEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rc := http.NewResponseController(w)
+	// The server's read timeout would end a stream too: net/http cancels a
+	// request whose connection's read deadline passes. A stream reads
+	// nothing more after its request, so it has none.
+	_ = rc.SetReadDeadline(time.Time{})
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
