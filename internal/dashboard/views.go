@@ -258,17 +258,15 @@ func (d *Dashboard) tenantTable(ctx context.Context, q tableQuery) (TenantTable,
 	match := func(name string) bool { return q.q == "" || strings.Contains(name, q.q) }
 	picked := make([]string, 0, q.n)
 	seen := make(map[string]bool, q.n)
-	if q.sort != "name" {
-		for _, r := range rt.ranked {
-			if r.rates.total() <= 0 {
-				break // the rest have no traffic: they come in name order below
-			}
-			tt.Active++
-			if len(picked) < q.n && match(r.name) {
-				if _, ok := slices.BinarySearch(names, r.name); ok { // still configured
-					picked = append(picked, r.name)
-					seen[r.name] = true
-				}
+	for _, r := range rt.ranked {
+		if r.rates.total() <= 0 {
+			break // the rest have no traffic: they come in name order below
+		}
+		tt.Active++
+		if q.sort != "name" && len(picked) < q.n && match(r.name) {
+			if _, ok := slices.BinarySearch(names, r.name); ok { // still configured
+				picked = append(picked, r.name)
+				seen[r.name] = true
 			}
 		}
 	}
