@@ -74,3 +74,16 @@ func TestTrafficObserveAllocatesNothing(t *testing.T) {
 		t.Fatalf("ObserveDecision allocates %v times per answer", n)
 	}
 }
+
+// BenchmarkTrafficObserve is the cost the dashboard adds to every answer
+// (outside the engine's lock), from parallel callers.
+func BenchmarkTrafficObserve(b *testing.B) {
+	tr := dashboard.NewTraffic()
+	req, d := answer("acme", admission.Admitted, admission.ReasonNone, 100)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			tr.ObserveDecision(req, d)
+		}
+	})
+}
