@@ -76,16 +76,6 @@ func (s *operatorServer) UndrainDomain(_ context.Context, in *admissionv1.Undrai
 	return &admissionv1.UndrainDomainResponse{Domain: s.findDomain(in.GetDomain())}, nil
 }
 
-// ListTenants implements admissionv1.OperatorServer.
-func (s *operatorServer) ListTenants(context.Context, *admissionv1.ListTenantsRequest) (*admissionv1.ListTenantsResponse, error) {
-	ts := s.eng.Tenants()
-	out := &admissionv1.ListTenantsResponse{Tenants: make([]*admissionv1.TenantInfo, len(ts))}
-	for i := range ts {
-		out.Tenants[i] = tenantToProto(&ts[i])
-	}
-	return out, nil
-}
-
 // GetTenant implements admissionv1.OperatorServer.
 func (s *operatorServer) GetTenant(_ context.Context, in *admissionv1.GetTenantRequest) (*admissionv1.GetTenantResponse, error) {
 	if err := checkName("name", in.GetName()); err != nil {

@@ -86,6 +86,19 @@ func Register(s *grpc.Server, eng Engine, opts ...RegisterOption) *health.Server
 	return hs
 }
 
+// NewOperator returns the Operator service over eng without a gRPC server:
+// the handlers Register serves, for an adapter that offers the same actions
+// elsewhere (the dashboard's HTTP API), with the same validation, the same
+// answers and the same errors (gRPC status errors). Authorization and audit
+// are the caller's, as the interceptors are on gRPC.
+func NewOperator(eng Engine, opts ...RegisterOption) admissionv1.OperatorServer {
+	var o registerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return &operatorServer{eng: eng, configStatus: o.configStatus}
+}
+
 // admissionServer implements admissionv1.AdmissionServer over an Engine.
 type admissionServer struct {
 	admissionv1.UnimplementedAdmissionServer

@@ -1473,9 +1473,16 @@ func (x *UndrainDomainResponse) GetDomain() *DomainInfo {
 	return nil
 }
 
-// ListTenantsRequest asks for every tenant.
+// ListTenantsRequest asks for one page of the tenants, in name order.
 type ListTenantsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most tenants to return; 0 means the server's default and maximum
+	// (1000), and a larger value is lowered to it. Negative is
+	// INVALID_ARGUMENT.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous page; empty for the first page. The
+	// token is opaque; one the server did not write is INVALID_ARGUMENT.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1510,11 +1517,27 @@ func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
 	return file_admission_proto_rawDescGZIP(), []int{13}
 }
 
-// ListTenantsResponse lists every tenant.
+func (x *ListTenantsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListTenantsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListTenantsResponse lists one page of the tenants, in name order.
 type ListTenantsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The tenants.
-	Tenants       []*TenantInfo `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	Tenants []*TenantInfo `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// Token of the next page; empty when this page is the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1554,6 +1577,13 @@ func (x *ListTenantsResponse) GetTenants() []*TenantInfo {
 		return x.Tenants
 	}
 	return nil
+}
+
+func (x *ListTenantsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // GetTenantRequest asks for one tenant.
@@ -1957,10 +1987,14 @@ const file_admission_proto_rawDesc = "" +
 	"\x14UndrainDomainRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\"P\n" +
 	"\x15UndrainDomainResponse\x127\n" +
-	"\x06domain\x18\x01 \x01(\v2\x1f.sluice.admission.v1.DomainInfoR\x06domain\"\x14\n" +
-	"\x12ListTenantsRequest\"P\n" +
+	"\x06domain\x18\x01 \x01(\v2\x1f.sluice.admission.v1.DomainInfoR\x06domain\"P\n" +
+	"\x12ListTenantsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"x\n" +
 	"\x13ListTenantsResponse\x129\n" +
-	"\atenants\x18\x01 \x03(\v2\x1f.sluice.admission.v1.TenantInfoR\atenants\"&\n" +
+	"\atenants\x18\x01 \x03(\v2\x1f.sluice.admission.v1.TenantInfoR\atenants\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"&\n" +
 	"\x10GetTenantRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"L\n" +
 	"\x11GetTenantResponse\x127\n" +

@@ -210,7 +210,8 @@ type OperatorClient interface {
 	// UndrainDomain lets a drained domain take placements again. An unknown
 	// domain is NOT_FOUND.
 	UndrainDomain(ctx context.Context, in *UndrainDomainRequest, opts ...grpc.CallOption) (*UndrainDomainResponse, error)
-	// ListTenants describes every configured tenant.
+	// ListTenants describes the configured tenants, one page at a time in name
+	// order (page_size, page_token; at most 1000 per page).
 	ListTenants(ctx context.Context, in *ListTenantsRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
 	// GetTenant describes one tenant. An unknown tenant is NOT_FOUND.
 	GetTenant(ctx context.Context, in *GetTenantRequest, opts ...grpc.CallOption) (*GetTenantResponse, error)
@@ -301,7 +302,8 @@ type OperatorServer interface {
 	// UndrainDomain lets a drained domain take placements again. An unknown
 	// domain is NOT_FOUND.
 	UndrainDomain(context.Context, *UndrainDomainRequest) (*UndrainDomainResponse, error)
-	// ListTenants describes every configured tenant.
+	// ListTenants describes the configured tenants, one page at a time in name
+	// order (page_size, page_token; at most 1000 per page).
 	ListTenants(context.Context, *ListTenantsRequest) (*ListTenantsResponse, error)
 	// GetTenant describes one tenant. An unknown tenant is NOT_FOUND.
 	GetTenant(context.Context, *GetTenantRequest) (*GetTenantResponse, error)

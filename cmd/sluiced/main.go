@@ -1,6 +1,6 @@
 // Command sluiced is the Sluice admission server: gRPC on :7070 (Admission,
-// Operator, health, reflection) and HTTP on :7071 (/healthz, /metrics,
-// /v1/domains). With no flags it serves the embedded default config on the
+// Operator, health, reflection) and HTTP on :7071 (the rack slot dashboard at
+// /, its JSON API under /api/v1/, /healthz, /metrics, /v1/domains). With no flags it serves the embedded default config on the
 // simulated cluster, with no external service, on loopback only: serving
 // beyond it needs --auth (principals and roles) or --insecure.
 //
@@ -44,7 +44,7 @@ func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("sluiced", flag.ContinueOnError)
 	var opts server.Options
 	fs.StringVar(&opts.GRPCAddr, "grpc-addr", "", "gRPC listen address (default 127.0.0.1:7070 without --auth, :7070 with it)")
-	fs.StringVar(&opts.HTTPAddr, "http-addr", "", "HTTP listen address: /healthz, /metrics, /v1/domains (default 127.0.0.1:7071 without --auth, :7071 with it)")
+	fs.StringVar(&opts.HTTPAddr, "http-addr", "", "HTTP listen address: the dashboard (/), /api/v1/, /healthz, /metrics, /v1/domains (default 127.0.0.1:7071 without --auth, :7071 with it)")
 	fs.StringVar(&opts.ConfigPath, "config", "", "config file (YAML or JSON); empty serves the embedded default")
 	fs.StringVar(&opts.Topology, "topology", nvml.SpecAuto, `topology source: "auto" (NVML, else simulated), "auto:<file>" (NVML, else the file), "nvml", "simulated" or a topology file path`)
 	printTopology := fs.Bool("print-topology", false, "print the topology --topology resolves to (domains, nodes, GPUs, links, peaks) and exit")
@@ -76,6 +76,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Security.ClientCA, "client-ca", "", "CA bundle (PEM) that client certificates are verified against (mTLS); needs --tls-cert")
 	fs.BoolVar(&opts.Security.Insecure, "insecure", false, "allow listening beyond loopback without --auth: anybody who can reach sluiced may call every RPC")
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
+	fs.BoolVar(&opts.Dashboard.Actions, "dashboard-actions", false, "without --auth, let the dashboard's page drain and undrain domains (with --auth the operator role may)")
 	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err

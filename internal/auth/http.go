@@ -49,3 +49,16 @@ func httpCredentials(r *http.Request) Credentials {
 	}
 	return c
 }
+
+// IdentifyHTTP returns the principal an HTTP request presents, read as HTTP
+// reads it (a bearer token over TLS or from loopback, or the verified client
+// certificate): for a handler that decides by itself what a principal may
+// do and audits refusals (the dashboard's actions). An open Authenticator
+// returns nil and no error; no credential, or an unknown one, is an error
+// wrapping ErrUnauthenticated.
+func (a *Authenticator) IdentifyHTTP(r *http.Request) (*Principal, error) {
+	if a.Open() {
+		return nil, nil
+	}
+	return a.Identify(httpCredentials(r))
+}

@@ -120,7 +120,7 @@ func (s *Server) startControlPlane() error {
 	ctl, err := controlplane.New(controlplane.Options{
 		Client:     cli,
 		Prefix:     eo.Prefix,
-		Engine:     s.eng,
+		Engine:     &trackedEngine{Engine: s.eng, st: s.state},
 		Status:     s.cp.status,
 		Self:       self,
 		LeaseTTL:   eo.MemberTTL,

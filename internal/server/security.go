@@ -123,7 +123,8 @@ func (s *Server) registerOptions() []grpcserver.RegisterOption {
 }
 
 // httpHandler is the HTTP mux: /healthz open (probes), /metrics open
-// unless --metrics-auth, the JSON API for viewers.
+// unless --metrics-auth, the JSON APIs for viewers (actions for operators),
+// the dashboard's page and assets open (they hold no data).
 func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if s.opts.Security.MetricsAuth {
@@ -132,6 +133,7 @@ func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	mux.Handle("/metrics", metricsHandler)
 	mux.HandleFunc("/healthz", s.serveHealthz)
 	mux.Handle("/v1/domains", s.sec.auth.HTTP(auth.RoleViewer, http.HandlerFunc(s.serveDomains)))
+	s.registerDashboard(mux) // the page at "/" and the JSON API under /api/v1/
 	return mux
 }
 

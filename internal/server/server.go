@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/dashboard"
 	"github.com/sluice-sched/sluice/internal/metrics"
 	"github.com/sluice-sched/sluice/topology"
 )
@@ -45,6 +46,9 @@ type Options struct {
 	// Security: TLS, principals and roles, connection limits (security.go);
 	// zero: everybody, on loopback only.
 	Security SecurityOptions
+	// Dashboard: the rack slot dashboard at "/" (dashboard.go); zero:
+	// served, actions only with --auth's operator role.
+	Dashboard DashboardOptions
 }
 
 // Server is a running sluiced.
@@ -63,6 +67,12 @@ type Server struct {
 	redis    redis.UniversalClient // nil when embedded
 	cp       controlPlane          // config status and the etcd control plane (controlplane.go)
 	sec      security              // auth, audit and TLS (security.go)
+
+	// The dashboard (dashboard.go): the cluster and tenant directory it
+	// reads, and its traffic counters.
+	state   *serverState
+	traffic *dashboard.Traffic
+	dash    *dashboard.Dashboard
 }
 
 // New loads config and topology, builds the engine and binds both listeners.
@@ -80,7 +90,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Grace == 0 {
 		opts.Grace = 10 * time.Second
 	}
-	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New()}
+	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(), traffic: dashboard.NewTraffic()}
 	if err := s.setupSecurity(); err != nil {
 		return nil, err
 	}
@@ -93,7 +103,7 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	engOpts := []admission.Option{admission.WithClock(opts.Clock), admission.WithObserver(s.metrics)}
+	engOpts := []admission.Option{admission.WithClock(opts.Clock), admission.WithObserver(observers{s.metrics, s.traffic})}
 	shared, err := s.sharedStateOption()
 	if err != nil {
 		return nil, err
@@ -118,6 +128,12 @@ func New(opts Options) (*Server, error) {
 	case err != nil: // the cluster cannot serve: name the topology source
 		return nil, fmt.Errorf("topology %s: %w", opts.Topology, err)
 	}
+	s.state = &serverState{eng: s.eng}
+	s.state.configChanged()
+	s.state.topologyChanged(cluster)
+	if err := s.newDashboard(); err != nil {
+		return nil, err
+	}
 	s.metrics.RegisterState(s.eng)
 	s.registerSharedMetrics(s.metrics.Registry)
 	// Parsing a large config (100k tenants) peaks far above what it leaves
@@ -125,7 +141,7 @@ func New(opts Options) (*Server, error) {
 	debug.FreeOSMemory()
 
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
-	s.health = grpcserver.Register(s.grpc, s.eng, append(s.registerOptions(), s.newConfigStatus(cfgName))...)
+	s.health = grpcserver.Register(s.grpc, &pagedEngine{Engine: s.eng, st: s.state}, append(s.registerOptions(), s.newConfigStatus(cfgName))...)
 	s.http = s.newHTTPServer(s.httpHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
 	if err := s.listen(); err != nil {
@@ -187,6 +203,7 @@ func (s *Server) reloadConfig() error {
 		s.log.Error("config refused; the last good config keeps serving", "err", err)
 		return err
 	}
+	s.state.configChanged()
 	s.log.Info("config reloaded", "file", s.opts.ConfigPath, "tenants", len(cfg.Tenants))
 	return nil
 }
@@ -198,6 +215,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	go s.eng.Run(runCtx)
+	go s.dash.Run(runCtx)
 	go s.watchSecurity(runCtx)
 	s.runControlPlane()
 
@@ -230,6 +248,7 @@ func (s *Server) shutdown() {
 	case <-time.After(s.opts.Grace):
 		s.grpc.Stop()
 	}
+	s.dash.Close() // event streams end, so that HTTP shutdown need not wait for them
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.http.Shutdown(ctx)

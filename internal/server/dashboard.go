@@ -1,0 +1,195 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/grpcserver"
+	"github.com/sluice-sched/sluice/internal/dashboard"
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// DashboardOptions configure the rack slot dashboard (package dashboard),
+// served on the HTTP listener at "/".
+type DashboardOptions struct {
+	// Actions turns on the page's drain and undrain without --auth
+	// (--dashboard-actions); with --auth the operator role decides.
+	Actions bool
+	// Every and SampleEvery are dashboard.Options' (tests shorten them).
+	Every, SampleEvery time.Duration
+}
+
+// observers fans the engine's answers out to every observer: the metrics
+// and the dashboard's traffic counters.
+type observers []admission.Observer
+
+// ObserveDecision implements admission.Observer.
+func (o observers) ObserveDecision(req admission.Request, d admission.Decision) {
+	for _, x := range o {
+		x.ObserveDecision(req, d)
+	}
+}
+
+// ObserveRelease implements admission.Observer.
+func (o observers) ObserveRelease(rel admission.Release, res admission.ReleaseResult) {
+	for _, x := range o {
+		x.ObserveRelease(rel, res)
+	}
+}
+
+// tenantDirectory is what the server keeps of the config for pages and the
+// dashboard: the tenant names sorted, and the budgets (the tiers', and those
+// of the few tenants that override theirs). The engine keeps the config in a
+// map and sorts its names on every Tenants call; this is built once per
+// config change instead, at 16 bytes per tenant (the names' bytes are the
+// config's).
+type tenantDirectory struct {
+	names      []string
+	tierBudget map[string]admission.Budget // by tier
+	ownBudget  map[string]admission.Budget // tenants that override their tier's budget
+}
+
+// newTenantDirectory indexes cfg.
+func newTenantDirectory(cfg admission.Config) *tenantDirectory {
+	d := &tenantDirectory{
+		names:      make([]string, 0, len(cfg.Tenants)),
+		tierBudget: make(map[string]admission.Budget, len(cfg.Tiers)),
+		ownBudget:  make(map[string]admission.Budget),
+	}
+	for name, tp := range cfg.Tiers {
+		d.tierBudget[name] = tp.Budget
+	}
+	for name, tc := range cfg.Tenants {
+		d.names = append(d.names, name)
+		if tc.Budget != nil {
+			d.ownBudget[name] = *tc.Budget
+		}
+	}
+	slices.Sort(d.names)
+	return d
+}
+
+// serverState is the server's side of the dashboard and of ListTenants'
+// pages: the cluster the engine serves and the tenant directory, both
+// replaced whole when they change.
+type serverState struct {
+	eng     *admission.Engine
+	cluster atomic.Pointer[topology.Cluster]
+	dir     atomic.Pointer[tenantDirectory]
+}
+
+var (
+	_ dashboard.State        = (*serverState)(nil)
+	_ grpcserver.TenantPager = (*pagedEngine)(nil)
+	_ admission.Observer     = observers(nil)
+	_ grpcserver.Engine      = (*pagedEngine)(nil)
+)
+
+// configChanged re-reads the config's tenants after a config change.
+func (st *serverState) configChanged() { st.dir.Store(newTenantDirectory(st.eng.Config())) }
+
+// topologyChanged records the cluster the engine now serves.
+func (st *serverState) topologyChanged(c topology.Cluster) { st.cluster.Store(&c) }
+
+// Topology implements dashboard.State.
+func (st *serverState) Topology() topology.Cluster {
+	if c := st.cluster.Load(); c != nil {
+		return *c
+	}
+	return topology.Cluster{}
+}
+
+// TenantNames implements dashboard.State.
+func (st *serverState) TenantNames() []string { return st.dir.Load().names }
+
+// TenantBudget implements dashboard.State.
+func (st *serverState) TenantBudget(name, tier string) admission.Budget {
+	d := st.dir.Load()
+	if b, ok := d.ownBudget[name]; ok {
+		return b
+	}
+	return d.tierBudget[tier]
+}
+
+// QueueLen implements dashboard.State.
+func (st *serverState) QueueLen() int { return st.eng.QueueLen() }
+
+// LeaseCount implements dashboard.State.
+func (st *serverState) LeaseCount() int { return st.eng.LeaseCount() }
+
+// pagedEngine is the engine as the gRPC services see it, with ListTenants'
+// pages cut from the tenant directory: a page costs its own tenants, not a
+// description of every tenant.
+type pagedEngine struct {
+	*admission.Engine
+	st *serverState
+}
+
+// TenantsAfter implements grpcserver.TenantPager.
+func (p *pagedEngine) TenantsAfter(after string, n int) ([]admission.TenantInfo, bool) {
+	names := p.st.dir.Load().names
+	i := sort.SearchStrings(names, after)
+	if i < len(names) && names[i] == after {
+		i++
+	}
+	out := make([]admission.TenantInfo, 0, min(n, len(names)-i))
+	for ; i < len(names) && len(out) < n; i++ {
+		if t, ok := p.Tenant(names[i]); ok { // a tenant a concurrent reload removed is skipped
+			out = append(out, t)
+		}
+	}
+	return out, i < len(names)
+}
+
+// trackedEngine is the engine as the control plane drives it: a config or
+// topology it applies is recorded for the dashboard and the pages.
+type trackedEngine struct {
+	*admission.Engine
+	st *serverState
+}
+
+// Apply applies cfg and, when the engine took it, re-reads its tenants.
+func (t *trackedEngine) Apply(cfg admission.Config) error {
+	if err := t.Engine.Apply(cfg); err != nil {
+		return err
+	}
+	t.st.configChanged()
+	return nil
+}
+
+// SetTopology applies c and, when the engine took it, records it.
+func (t *trackedEngine) SetTopology(c topology.Cluster) error {
+	if err := t.Engine.SetTopology(c); err != nil {
+		return err
+	}
+	t.st.topologyChanged(c)
+	return nil
+}
+
+// newDashboard builds the dashboard over the server's state.
+func (s *Server) newDashboard() error {
+	var err error
+	s.dash, err = dashboard.New(dashboard.Options{
+		Operator:    grpcserver.NewOperator(&pagedEngine{Engine: s.eng, st: s.state}),
+		State:       s.state,
+		Traffic:     s.traffic,
+		Auth:        s.sec.auth,
+		Audit:       s.sec.audit,
+		Actions:     s.opts.Dashboard.Actions,
+		Every:       s.opts.Dashboard.Every,
+		SampleEvery: s.opts.Dashboard.SampleEvery,
+		Now:         s.opts.Clock.Now,
+		Logger:      s.log.With("component", "dashboard"),
+	})
+	return err
+}
+
+// registerDashboard adds the page and its API to mux.
+func (s *Server) registerDashboard(mux *http.ServeMux) { s.dash.Register(mux) }
+
+// Traffic returns the dashboard's per-tenant answer counters.
+func (s *Server) Traffic() *dashboard.Traffic { return s.traffic }
