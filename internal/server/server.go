@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -45,6 +44,9 @@ type Options struct {
 	// Security: TLS, principals and roles, connection limits (security.go);
 	// zero: everybody, on loopback only.
 	Security SecurityOptions
+	// Metrics bound the tenant-labelled series and set the Admit latency
+	// SLA the alerts compare with; zero: the defaults.
+	Metrics metrics.Options
 }
 
 // Server is a running sluiced.
@@ -80,7 +82,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Grace == 0 {
 		opts.Grace = 10 * time.Second
 	}
-	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New()}
+	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(opts.Metrics)}
 	if err := s.setupSecurity(); err != nil {
 		return nil, err
 	}
@@ -125,8 +127,8 @@ func New(opts Options) (*Server, error) {
 	debug.FreeOSMemory()
 
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
-	s.health = grpcserver.Register(s.grpc, s.eng, append(s.registerOptions(), s.newConfigStatus(cfgName))...)
-	s.http = s.newHTTPServer(s.httpHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
+	s.health = grpcserver.Register(s.grpc, s.metrics.Instrument(s.eng), append(s.registerOptions(), s.newConfigStatus(cfgName))...)
+	s.http = s.newHTTPServer(s.httpHandler(s.metrics.Handler()))
 
 	if err := s.listen(); err != nil {
 		return nil, err
