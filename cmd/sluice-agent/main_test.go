@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -282,5 +283,21 @@ func TestAgentUsesItsEtcdTLSFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// --version prints the build's version to stdout; --help exits 0.
+func TestAgentVersionAndHelp(t *testing.T) {
+	var out, logs bytes.Buffer
+	stdout = &out
+	defer func() { stdout = os.Stdout }()
+	if err := run(context.Background(), []string{"--version"}, &logs, noNVML(t)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "sluice-agent ") || !strings.Contains(out.String(), "revision") {
+		t.Errorf("--version printed %q", out.String())
+	}
+	if err := run(context.Background(), []string{"--help"}, &logs, noNVML(t)); err != nil || !strings.Contains(logs.String(), "-etcd") {
+		t.Errorf("--help: %v, usage %q", err, logs.String())
 	}
 }

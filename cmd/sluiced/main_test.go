@@ -80,3 +80,20 @@ func TestSecurityFlags(t *testing.T) {
 		}
 	}
 }
+
+// --version prints the build's version and --help the usage, both exiting 0.
+func TestVersionAndHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"--version"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "sluiced ") || !strings.Contains(out.String(), "revision") {
+		t.Errorf("--version printed %q", out.String())
+	}
+	if err := run([]string{"--help"}, io.Discard); err != nil {
+		t.Errorf("--help: %v, want no error (exit 0)", err)
+	}
+	if err := run([]string{"--metrics-max-tenant-series", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-max-tenant-series") {
+		t.Errorf("a bound of 0: %v", err)
+	}
+}
