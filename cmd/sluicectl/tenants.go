@@ -38,7 +38,9 @@ var tenantSorts = map[string]func(a, b *admissionv1.TenantInfo) int{
 	"weight":    func(a, b *admissionv1.TenantInfo) int { return cmp.Compare(b.GetWeight(), a.GetWeight()) },
 	"queued":    func(a, b *admissionv1.TenantInfo) int { return cmp.Compare(b.GetQueued(), a.GetQueued()) },
 	"in-flight": func(a, b *admissionv1.TenantInfo) int { return cmp.Compare(b.GetInFlight(), a.GetInFlight()) },
-	"spend":     func(a, b *admissionv1.TenantInfo) int { return cmp.Compare(b.GetSpentTodayMicros(), a.GetSpentTodayMicros()) },
+	"spend": func(a, b *admissionv1.TenantInfo) int {
+		return cmp.Compare(b.GetSpentTodayMicros(), a.GetSpentTodayMicros())
+	},
 	// level: the emptiest bucket first (as a share of its burst), where
 	// refusals come from.
 	"level": func(a, b *admissionv1.TenantInfo) int { return cmp.Compare(levelShare(a), levelShare(b)) },
@@ -54,10 +56,10 @@ func levelShare(t *admissionv1.TenantInfo) float64 {
 
 // tenantPage is what `tenants -o json` prints: one page and where it is.
 type tenantPage struct {
-	Total    int               `json:"total"` // tenants matching --match
-	Page     int               `json:"page"`
-	Pages    int               `json:"pages"`
-	PageSize int               `json:"page_size"`
+	Total    int `json:"total"` // tenants matching --match
+	Page     int `json:"page"`
+	Pages    int `json:"pages"`
+	PageSize int `json:"page_size"`
 	// Tenants are rendered as the gRPC messages' JSON (protojson), the
 	// field names grpcurl shows.
 	Tenants []json.RawMessage `json:"tenants"`
