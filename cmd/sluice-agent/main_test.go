@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-sched/sluice/deploy"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/topology"
@@ -299,5 +301,20 @@ func TestAgentVersionAndHelp(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--help"}, &logs, noNVML(t)); err != nil || !strings.Contains(logs.String(), "-etcd") {
 		t.Errorf("--help: %v, usage %q", err, logs.String())
+	}
+}
+
+// The DaemonSet in deploy/k8s passes flags sluice-agent has, with values
+// they parse: run parses them all, then --version returns before anything.
+func TestDaemonSetArgsAreAgentFlags(t *testing.T) {
+	args, err := deploy.ContainerArgs("DaemonSet", "sluice-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout = io.Discard
+	defer func() { stdout = os.Stdout }()
+	var logs bytes.Buffer
+	if err := run(context.Background(), append(args, "--version"), &logs, noNVML(t)); err != nil {
+		t.Fatalf("deploy/k8s/sluice-agent.yaml args %v: %v\n%s", args, err, logs.String())
 	}
 }

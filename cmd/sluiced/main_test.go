@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-sched/sluice/deploy"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -95,5 +96,18 @@ func TestVersionAndHelp(t *testing.T) {
 	}
 	if err := run([]string{"--metrics-max-tenant-series", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-max-tenant-series") {
 		t.Errorf("a bound of 0: %v", err)
+	}
+}
+
+// The Deployment in deploy/k8s passes flags sluiced has, with values they
+// parse: run parses them all, then --version returns before serving.
+func TestDeploymentArgsAreSluicedFlags(t *testing.T) {
+	args, err := deploy.ContainerArgs("Deployment", "sluiced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(append(args, "--version"), &out); err != nil {
+		t.Fatalf("deploy/k8s/sluiced.yaml args %v: %v", args, err)
 	}
 }
