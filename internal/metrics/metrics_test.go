@@ -12,10 +12,21 @@ import (
 	"github.com/sluice-sched/sluice/topology"
 )
 
+// benchConfig has one tenant whose quotas never bind, so every Admit is a
+// full decision that admits at once.
+const benchConfig = `
+tiers:
+  bench:
+    rps: {rate: 1e9, burst: 1e9}
+    tokens: {rate: 1e12, burst: 1e12}
+tenants:
+  router: {tier: bench}
+`
+
 // TestInstrumentedAdmitAllocatesNothing: measuring Admit adds no allocation
 // to a decision made at once (the engine's own is 0).
 func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
-	cfg, err := config.Default()
+	cfg, err := config.Parse("bench", []byte(benchConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +38,7 @@ func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
 	defer eng.Close()
 	in := m.Instrument(eng)
 	ctx := context.Background()
-	req := admission.Request{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 1}
+	req := admission.Request{Tenant: "router", Model: "small", PromptTokens: 10, MaxOutputTokens: 1}
 	step := func() {
 		d, err := in.Admit(ctx, req)
 		if err != nil || d.Outcome != admission.Admitted {
@@ -37,12 +48,12 @@ func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	step() // resolve acme's series and the model's histogram once
+	step() // resolve the tenant's series and the model's histogram once
 	if n := testing.AllocsPerRun(200, step); n != 0 {
 		t.Fatalf("Admit+Release through the metrics: %v allocations per call, want 0", n)
 	}
-	if got := testutil.ToFloat64(m.tenants.vecs.decisions.WithLabelValues("acme", "ADMITTED", "REASON_UNSPECIFIED")); got < 200 {
-		t.Fatalf("acme admitted %v", got)
+	if got := testutil.ToFloat64(m.tenants.vecs.decisions.WithLabelValues("router", "ADMITTED", "REASON_UNSPECIFIED")); got < 200 {
+		t.Fatalf("router admitted %v", got)
 	}
 }
 
@@ -85,5 +96,44 @@ func TestRankKeepsTheBusiest(t *testing.T) {
 	s.rank()
 	if got := fmt.Sprint(s.names()); got != "[a busy]" {
 		t.Fatalf("named after a quiet ranking: %s", got)
+	}
+}
+
+// BenchmarkAdmit compares the engine's Admit with the instrumented one (the
+// same decision plus its latency, tenant and model series) in the same run.
+func BenchmarkAdmit(b *testing.B) {
+	cfg, err := config.Parse("bench", []byte(benchConfig))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, instrumented := range []bool{false, true} {
+		name := "engine"
+		if instrumented {
+			name = "instrumented"
+		}
+		b.Run(name, func(b *testing.B) {
+			m := New(Options{})
+			eng, err := admission.New(cfg, topology.Simulated(), admission.WithObserver(m))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer eng.Close()
+			admit := eng.Admit
+			if instrumented {
+				admit = m.Instrument(eng).Admit
+			}
+			ctx := context.Background()
+			req := admission.Request{Tenant: "router", Model: "small", PromptTokens: 10, MaxOutputTokens: 1}
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := admit(ctx, req)
+				if err != nil || d.Outcome != admission.Admitted {
+					b.Fatalf("Admit: %v %v", d, err)
+				}
+				if _, err := eng.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 1, Outcome: admission.ReleaseOK}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
