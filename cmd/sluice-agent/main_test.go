@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-sched/sluice/deploy"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/deployfiles"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
@@ -307,7 +307,7 @@ func TestAgentVersionAndHelp(t *testing.T) {
 // The DaemonSet in deploy/k8s passes flags sluice-agent has, with values
 // they parse: run parses them all, then --version returns before anything.
 func TestDaemonSetArgsAreAgentFlags(t *testing.T) {
-	args, err := deploy.ContainerArgs("DaemonSet", "sluice-agent")
+	args, err := deployfiles.ContainerArgs("DaemonSet", "sluice-agent")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluice-sched/sluice/deploy"
+	"github.com/sluice-sched/sluice/internal/deployfiles"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -102,7 +102,7 @@ func TestVersionAndHelp(t *testing.T) {
 // The Deployment in deploy/k8s passes flags sluiced has, with values they
 // parse: run parses them all, then --version returns before serving.
 func TestDeploymentArgsAreSluicedFlags(t *testing.T) {
-	args, err := deploy.ContainerArgs("Deployment", "sluiced")
+	args, err := deployfiles.ContainerArgs("Deployment", "sluiced")
 	if err != nil {
 		t.Fatal(err)
 	}

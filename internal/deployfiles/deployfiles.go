@@ -1,9 +1,9 @@
-// Package deploy reads the deployment files kept beside it (the Kubernetes
-// manifests under k8s/, the Prometheus rules, the Grafana dashboard), so
-// that tests can hold them to the code: that they parse, that every
-// container's args are flags its binary has, that every metric they name
-// is one sluiced exports. Nothing in the binaries imports it.
-package deploy
+// Package deployfiles reads the repository's deploy/ directory (the
+// Kubernetes manifests under deploy/k8s, the Prometheus rules, the Grafana
+// dashboard), so that tests can hold those files to the code: that they
+// parse, that every container's args are flags its binary has, that every
+// metric they name is one sluiced exports. Only tests import it.
+package deployfiles
 
 import (
 	"bytes"
@@ -16,11 +16,11 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// Dir is this directory, found from the source file, so that tests in any
-// package can read the files.
+// Dir is the repository's deploy/ directory, found from this source file,
+// so that tests in any package can read the files.
 func Dir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Dir(file)
+	return filepath.Join(filepath.Dir(file), "..", "..", "deploy")
 }
 
 // Object is one Kubernetes object as generic YAML.
