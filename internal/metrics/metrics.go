@@ -1,6 +1,15 @@
-// Package metrics exports the engine's decisions, releases and domain
-// state to Prometheus. It is an adapter: it implements admission.Observer
-// and reads the engine's operator views at scrape time.
+// Package metrics exports the engine's decisions, releases, domain and
+// tenant state to Prometheus. It is an adapter: it implements
+// admission.Observer (every answer and release), wraps the engine's Admit
+// to time it (Instrumented), and reads the engine's operator views at
+// scrape time.
+//
+// Tenant-labelled series are bounded: at most Options.MaxTenantSeries
+// tenants, the busiest between two scrapes, have series of their own; every
+// other tenant, and every name the config does not know, is counted under
+// OtherTenant (tenantSet). On the hot path a tenant's series are found
+// through an immutable map behind an atomic pointer and observed through
+// children resolved once, so observing a decision allocates nothing.
 package metrics
 
 import (
