@@ -74,7 +74,6 @@ func TestRankKeepsTheBusiest(t *testing.T) {
 		observe(fmt.Sprintf("one-off-%d", i), 1) // fills the candidates (8) and decays them
 	}
 	observe("busy", 5)
-	observe("unknown", 0)
 	m.ObserveDecision(admission.Request{Tenant: "ghost"}, admission.Decision{Outcome: admission.Rejected, Reason: admission.ReasonUnknownTenant})
 	s.rank()
 	if got := fmt.Sprint(s.names()); got != "[a busy]" {
