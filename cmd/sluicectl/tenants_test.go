@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -145,5 +146,36 @@ func TestVersionHelpAndCompletion(t *testing.T) {
 	}
 	if code, _, _ := sluicectl("completion", "fish"); code != 1 {
 		t.Errorf("completion fish: exit %d", code)
+	}
+}
+
+// -o json on the commands that used to print sentences: drain and undrain
+// on one server, config validate and config status.
+func TestJSONOutputOfDrainAndConfig(t *testing.T) {
+	srv := startPlain(t)
+	addr := srv.GRPCAddr().String()
+	var res map[string]any
+	code, out, errs := sluicectl("drain", "hgx-h200-1", "--server", addr, "--reason", "test", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || res["domain"] != "hgx-h200-1" || res["action"] != "drain" {
+		t.Fatalf("drain -o json: %d %v %q %q", code, err, out, errs)
+	}
+	if d := srv.Engine().Domains(); !slices.ContainsFunc(d, func(d admission.DomainInfo) bool { return d.ID == "hgx-h200-1" && d.Draining }) {
+		t.Fatal("not drained")
+	}
+	code, out, _ = sluicectl("undrain", "hgx-h200-1", "--server", addr, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || res["action"] != "undrain" {
+		t.Fatalf("undrain -o json: %d %v %q", code, err, out)
+	}
+	path := filepath.Join(t.TempDir(), "sluice.yaml")
+	if err := os.WriteFile(path, []byte("tiers:\n  t: {rps: {rate: 1, burst: 1}, tokens: {rate: 100, burst: 100}}\ntenants:\n  a: {tier: t}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = sluicectl("config", "validate", "-f", path, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || res["valid"] != true || res["tenants"] != float64(1) {
+		t.Fatalf("config validate -o json: %d %v %q %q", code, err, out, errs)
+	}
+	code, out, errs = sluicectl("config", "status", "--server", addr, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &res); code != 0 || err != nil || res["source"] == nil {
+		t.Fatalf("config status -o json: %d %v %q %q", code, err, out, errs)
 	}
 }
