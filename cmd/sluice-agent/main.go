@@ -28,6 +28,9 @@ import (
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
 
+// stdout is where --version prints (the logs go to run's logw).
+var stdout io.Writer = os.Stdout
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -55,6 +58,7 @@ func run(ctx context.Context, args []string, logw io.Writer, discover func(node 
 	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: a dead agent's GPUs leave capacity this long after its last keepalive")
 	rediscover := fs.Duration("rediscover", 30*time.Second, "how often the node is discovered again and a changed record (GPU health) republished; 0 never")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	printVersion := fs.Bool("version", false, "print the version (module version, VCS revision) and exit")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}
@@ -66,6 +70,10 @@ func run(ctx context.Context, args []string, logw io.Writer, discover func(node 
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *printVersion {
+		_, err := fmt.Fprintln(stdout, cli.Version("sluice-agent"))
+		return err
 	}
 	log, err := cli.NewLogger(logw, "text", *logLevel)
 	if err != nil {

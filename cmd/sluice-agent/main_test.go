@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/deployfiles"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
@@ -282,5 +285,36 @@ func TestAgentUsesItsEtcdTLSFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// --version prints the build's version to stdout; --help exits 0.
+func TestAgentVersionAndHelp(t *testing.T) {
+	var out, logs bytes.Buffer
+	stdout = &out
+	defer func() { stdout = os.Stdout }()
+	if err := run(context.Background(), []string{"--version"}, &logs, noNVML(t)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "sluice-agent ") || !strings.Contains(out.String(), "revision") {
+		t.Errorf("--version printed %q", out.String())
+	}
+	if err := run(context.Background(), []string{"--help"}, &logs, noNVML(t)); err != nil || !strings.Contains(logs.String(), "-etcd") {
+		t.Errorf("--help: %v, usage %q", err, logs.String())
+	}
+}
+
+// The DaemonSet in deploy/k8s passes flags sluice-agent has, with values
+// they parse: run parses them all, then --version returns before anything.
+func TestDaemonSetArgsAreAgentFlags(t *testing.T) {
+	args, err := deployfiles.ContainerArgs("DaemonSet", "sluice-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout = io.Discard
+	defer func() { stdout = os.Stdout }()
+	var logs bytes.Buffer
+	if err := run(context.Background(), append(args, "--version"), &logs, noNVML(t)); err != nil {
+		t.Fatalf("deploy/k8s/sluice-agent.yaml args %v: %v\n%s", args, err, logs.String())
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluice-sched/sluice/admission/client"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
@@ -109,6 +110,7 @@ func runConfig(args []string, out io.Writer) error {
 	fs.SetOutput(out)
 	var ef etcdFlags
 	file := fs.String("f", "", "config file (YAML or JSON)")
+	format := fs.String("o", "table", "output format: table or json")
 	switch args[0] {
 	case "validate":
 	case "apply":
@@ -121,11 +123,17 @@ func runConfig(args []string, out io.Writer) error {
 		if err := parseNoArgs(fs, args[1:]); err != nil {
 			return err
 		}
-		return configStatus(*server, sf.sec, *timeout, out)
+		if err := checkFormat(*format); err != nil {
+			return err
+		}
+		return configStatus(*server, sf.sec, *timeout, *format, out)
 	default:
 		return fmt.Errorf("unknown subcommand %q; %s", args[0], usage)
 	}
 	if err := parseNoArgs(fs, args[1:]); err != nil {
+		return err
+	}
+	if err := checkFormat(*format); err != nil {
 		return err
 	}
 	if *file == "" {
@@ -139,6 +147,9 @@ func runConfig(args []string, out io.Writer) error {
 		cfg, err := config.Parse(*file, data)
 		if err != nil {
 			return err
+		}
+		if *format == "json" {
+			return writeJSON(out, map[string]any{"file": *file, "valid": true, "tiers": len(cfg.Tiers), "tenants": len(cfg.Tenants), "models": len(cfg.Models)})
 		}
 		fmt.Fprintf(out, "%s: valid (%d tiers, %d tenants, %d models)\n", *file, len(cfg.Tiers), len(cfg.Tenants), len(cfg.Models))
 		return nil
@@ -158,6 +169,10 @@ func runConfig(args []string, out io.Writer) error {
 	res, err := controlplane.ApplyConfig(ctx, cli, prefix, *file, data)
 	if err != nil {
 		return err
+	}
+	if *format == "json" {
+		return writeJSON(out, map[string]any{"file": *file, "policy_unchanged": res.PolicyUnchanged, "tenants_written": res.TenantsWritten,
+			"tenants_deleted": res.TenantsDeleted, "transactions": res.Transactions, "attempts": res.Attempts, "revision": res.Revision})
 	}
 	policy := "written"
 	if res.PolicyUnchanged {
@@ -191,7 +206,7 @@ func parseNoArgs(fs *flag.FlagSet, args []string) error {
 }
 
 // configStatus prints a server's GetConfigStatus.
-func configStatus(server string, sec client.Security, timeout time.Duration, out io.Writer) error {
+func configStatus(server string, sec client.Security, timeout time.Duration, format string, out io.Writer) error {
 	conn, err := dialServer(server, sec)
 	if err != nil {
 		return err
@@ -202,6 +217,14 @@ func configStatus(server string, sec client.Security, timeout time.Duration, out
 	st, err := admissionv1.NewOperatorClient(conn).GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
 	if err != nil {
 		return fmt.Errorf("server %s: %w", server, err)
+	}
+	if format == "json" {
+		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(st)
+		if err != nil {
+			return fmt.Errorf("render: %w", err)
+		}
+		_, err = fmt.Fprintf(out, "%s\n", b)
+		return err
 	}
 	fmt.Fprintf(out, "source:     %s\n", st.GetSource())
 	if st.GetRevision() != 0 {

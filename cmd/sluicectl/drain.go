@@ -47,6 +47,7 @@ func runDrain(args []string, out, errw io.Writer, drain bool) error {
 	var sf serverFlags
 	sf.register(fs)
 	server := fs.String("server", "", "without --etcd: the one sluiced to drain directly (gRPC address); with --etcd: the replica that checks the domain exists")
+	format := fs.String("o", "table", "output format: table (a sentence) or json")
 	var reason, by *string
 	var force *bool
 	if drain {
@@ -62,6 +63,15 @@ func runDrain(args []string, out, errw io.Writer, drain bool) error {
 		return fmt.Errorf("usage: sluicectl %s DOMAIN [flags]", name)
 	}
 	domain := pos[0]
+	if err := checkFormat(*format); err != nil {
+		return err
+	}
+	if *format == "json" {
+		// Every outcome below prints one sentence; -o json turns it into
+		// {"domain", "action", "result"}.
+		out = &jsonSentence{w: out, domain: domain, action: name}
+		defer out.(*jsonSentence).flush()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
 	defer cancel()
 	if ef.endpoints == "" {
@@ -168,4 +178,22 @@ func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server strin
 	}
 	return fmt.Errorf("domain %q is unknown: not in the node agents' records nor on the %d replicas that answered (known: %s); --force writes the mark anyway (it applies when the domain appears)",
 		domain, answered, strings.Join(known, ", "))
+}
+
+// jsonSentence collects the sentence a drain or undrain prints and writes
+// it as one JSON object at the end, for -o json.
+type jsonSentence struct {
+	w              io.Writer
+	domain, action string
+	buf            strings.Builder
+}
+
+func (j *jsonSentence) Write(p []byte) (int, error) { return j.buf.Write(p) }
+
+// flush writes the object, if anything was said (an error says nothing).
+func (j *jsonSentence) flush() {
+	if j.buf.Len() == 0 {
+		return
+	}
+	_ = writeJSON(j.w, map[string]string{"domain": j.domain, "action": j.action, "result": strings.TrimSpace(j.buf.String())})
 }

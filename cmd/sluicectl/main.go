@@ -1,13 +1,18 @@
-// Command sluicectl is the operator CLI for Sluice: it shows topology and
-// domains, drains and undrains domains, and applies config. Each subcommand
-// lives in its own file and registers itself in init.
+// Command sluicectl is the operator CLI for Sluice: it shows topology,
+// domains and tenants, drains and undrains domains, and applies config.
+// Each subcommand lives in its own file and registers itself in init; every
+// one that prints takes -o table|json.
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"sort"
+
+	"github.com/sluice-sched/sluice/internal/cli"
 )
 
 // command is one subcommand.
@@ -17,6 +22,8 @@ type command struct {
 	// run parses args (everything after the subcommand name), writes its
 	// output to out and warnings to errw.
 	run func(args []string, out, errw io.Writer) error
+	// hidden commands are for the completion scripts, not for people.
+	hidden bool
 }
 
 var commands = map[string]command{}
@@ -36,11 +43,15 @@ func main() {
 // run executes one subcommand and returns the process exit code.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stderr)
 		if len(args) == 0 {
+			usage(stderr)
 			return 2
 		}
+		usage(stdout) // asked for: the usage is the output
 		return 0
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args[0] = "version"
 	}
 	c, ok := commands[args[0]]
 	if !ok {
@@ -49,10 +60,36 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err := c.run(args[1:], stdout, stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // -h: flag printed the command's usage
+		}
 		fmt.Fprintf(stderr, "sluicectl %s: %v\n", c.name, err)
 		return 1
 	}
 	return 0
+}
+
+func init() {
+	register(command{
+		name:    "version",
+		summary: "print the version: module version, VCS revision, Go (also --version)",
+		run: func(args []string, out, errw io.Writer) error {
+			fs := flag.NewFlagSet("sluicectl version", flag.ContinueOnError)
+			fs.SetOutput(errw)
+			format := fs.String("o", "table", "output format: table or json")
+			if err := parseNoArgs(fs, args); err != nil {
+				return err
+			}
+			if err := checkFormat(*format); err != nil {
+				return err
+			}
+			if *format == "json" {
+				return writeJSON(out, map[string]string{"version": cli.Version("sluicectl")})
+			}
+			_, err := fmt.Fprintln(out, cli.Version("sluicectl"))
+			return err
+		},
+	})
 }
 
 func usage(w io.Writer) {
@@ -63,7 +100,9 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+		if !commands[n].hidden {
+			fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+		}
 	}
 	fmt.Fprintln(w, "\nRun 'sluicectl <command> -h' for a command's flags.")
 }

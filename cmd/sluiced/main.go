@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/metrics"
 	"github.com/sluice-sched/sluice/internal/server"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
@@ -78,11 +80,29 @@ func run(args []string, stdout io.Writer) error {
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
 	fs.BoolVar(&opts.Dashboard.Actions, "dashboard-actions", false, "without --auth, let the dashboard's page drain and undrain domains (with --auth the operator role may)")
 	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
+	// Metrics. The bound belongs in the config (metrics.max_tenant_series)
+	// once admission.Config has a metrics section; until then it is a flag.
+	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", metrics.DefaultMaxTenantSeries, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other"`)
+	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
+	printVersion := fs.Bool("version", false, "print the version (module version, VCS revision) and exit")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // --help asked for the usage, which flag printed
+		}
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *printVersion {
+		_, err := fmt.Fprintln(stdout, cli.Version("sluiced"))
+		return err
+	}
+	if opts.Metrics.MaxTenantSeries < 1 {
+		return fmt.Errorf("--metrics-max-tenant-series %d: want at least 1", opts.Metrics.MaxTenantSeries)
 	}
 	if *printConfig {
 		_, err := stdout.Write(config.DefaultYAML())

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sluice-sched/sluice/internal/deployfiles"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -78,5 +79,35 @@ func TestSecurityFlags(t *testing.T) {
 		if err := run(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)
 		}
+	}
+}
+
+// --version prints the build's version and --help the usage, both exiting 0.
+func TestVersionAndHelp(t *testing.T) {
+	var out bytes.Buffer
+	if err := run([]string{"--version"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "sluiced ") || !strings.Contains(out.String(), "revision") {
+		t.Errorf("--version printed %q", out.String())
+	}
+	if err := run([]string{"--help"}, io.Discard); err != nil {
+		t.Errorf("--help: %v, want no error (exit 0)", err)
+	}
+	if err := run([]string{"--metrics-max-tenant-series", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-max-tenant-series") {
+		t.Errorf("a bound of 0: %v", err)
+	}
+}
+
+// The Deployment in deploy/k8s passes flags sluiced has, with values they
+// parse: run parses them all, then --version returns before serving.
+func TestDeploymentArgsAreSluicedFlags(t *testing.T) {
+	args, err := deployfiles.ContainerArgs("Deployment", "sluiced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(append(args, "--version"), &out); err != nil {
+		t.Fatalf("deploy/k8s/sluiced.yaml args %v: %v", args, err)
 	}
 }

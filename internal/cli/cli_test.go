@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"flag"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -49,5 +50,19 @@ func TestNewLogger(t *testing.T) {
 		if _, err := NewLogger(&buf, c[0], c[1]); err == nil {
 			t.Errorf("NewLogger(%q, %q) accepted", c[0], c[1])
 		}
+	}
+}
+
+func TestVersionNamesModuleRevisionAndGo(t *testing.T) {
+	bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Path: "github.com/sluice-sched/sluice", Version: "v0.4.0"},
+		Settings: []debug.BuildSetting{{Key: "vcs.revision", Value: "72a6808"}, {Key: "vcs.time", Value: "2026-12-01T17:00:00Z"}, {Key: "vcs.modified", Value: "true"}}}
+	if got, want := version("sluiced", bi), "sluiced v0.4.0 revision 72a6808 (2026-12-01T17:00:00Z) modified go1.26.8"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got, want := version("sluicectl", &debug.BuildInfo{GoVersion: "go1.26.8"}), "sluicectl (devel) revision unknown go1.26.8"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if got := Version("sluice-agent"); !strings.HasPrefix(got, "sluice-agent ") {
+		t.Errorf("Version: %q", got)
 	}
 }

@@ -1,11 +1,25 @@
-// Package metrics exports the engine's decisions, releases and domain
-// state to Prometheus. It is an adapter: it implements admission.Observer
-// and reads the engine's operator views at scrape time.
+// Package metrics exports the engine's decisions, releases, domain and
+// tenant state to Prometheus. It is an adapter: it implements
+// admission.Observer (every answer and release), wraps the engine's Admit
+// to time it (Instrumented), and reads the engine's operator views at
+// scrape time.
+//
+// Tenant-labelled series are bounded: at most Options.MaxTenantSeries
+// tenants, the busiest between two scrapes, have series of their own; every
+// other tenant, and every name the config does not know, is counted under
+// OtherTenant (tenantSet). On the hot path a tenant's series are found
+// through an immutable map behind an atomic pointer and observed through
+// children resolved once, so observing a decision allocates nothing.
 package metrics
 
 import (
+	"net/http"
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-sched/sluice/admission"
 )
@@ -17,6 +31,18 @@ const (
 	maxReason  = int(admission.ReasonStateUnavailable) + 1
 )
 
+// Options configure Metrics.
+type Options struct {
+	// MaxTenantSeries bounds the tenants with series of their own (the
+	// busiest, by decisions between scrapes); the rest are labelled
+	// OtherTenant. 0 means DefaultMaxTenantSeries.
+	MaxTenantSeries int
+	// AdmitLatencySLA is exported as sluice_admit_latency_sla_seconds, the
+	// yardstick of the Admit latency alert. 0 means 2 s (the design's
+	// queue-wait p99 target for a tenant within its share).
+	AdmitLatencySLA time.Duration
+}
+
 // Metrics is a Prometheus registry with Sluice's metrics.
 type Metrics struct {
 	Registry  *prometheus.Registry
@@ -26,11 +52,28 @@ type Metrics struct {
 	releases  *prometheus.CounterVec
 	refunded  prometheus.Counter
 	overrun   prometheus.Counter
+
+	tenants    *tenantSet
+	queueDepth *prometheus.GaugeVec // tier, model: requests waiting in the fair queue
+	depthMu    sync.Mutex
+	depth      map[[2]string]prometheus.Gauge // queueDepth's children, resolved once
 }
 
+// latencyBuckets are the Admit histogram's classic buckets, for scrapers
+// without native histograms: from an at-once decision (microseconds) to
+// the longest queue wait (30 s by default), with 2 s and 3 s so that the
+// default SLA and its 1.5× alert threshold fall on bucket bounds.
+var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30}
+
 // New registers the metrics (and the Go and process collectors).
-func New() *Metrics {
-	m := &Metrics{Registry: prometheus.NewRegistry()}
+func New(opts Options) *Metrics {
+	if opts.MaxTenantSeries <= 0 {
+		opts.MaxTenantSeries = DefaultMaxTenantSeries
+	}
+	if opts.AdmitLatencySLA <= 0 {
+		opts.AdmitLatencySLA = 2 * time.Second
+	}
+	m := &Metrics{Registry: prometheus.NewRegistry(), depth: map[[2]string]prometheus.Gauge{}}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	dec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_decisions_total",
@@ -65,16 +108,67 @@ func New() *Metrics {
 		Name: "sluice_overrun_tokens_total",
 		Help: "Weighted tokens charged at Release beyond what was admitted.",
 	})
-	m.Registry.MustRegister(dec, m.queueWait, m.degraded, m.releases, m.refunded, m.overrun)
+	vecs := &tenantVecs{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_tenant_decisions_total",
+			Help: "Admit answers per tenant by decision and reason (refusals: decision=\"REJECTED\"). Tenants beyond the busiest --metrics-max-tenant-series are tenant=\"other\".",
+		}, []string{"tenant", "decision", "reason"}),
+		credit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_tenant_burst_credit_consumed_tokens_total",
+			Help: "Weighted tokens borrowed from burst credit (the token bucket's debt) per tenant.",
+		}, []string{"tenant"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:                            "sluice_admit_latency_seconds",
+			Help:                            "Admit latency in the engine (decision and any wait in the fair queue) per tenant and requested model; a native histogram with classic buckets.",
+			Buckets:                         latencyBuckets,
+			NativeHistogramBucketFactor:     1.1,
+			NativeHistogramMaxBucketNumber:  160,
+			NativeHistogramMinResetDuration: time.Hour,
+		}, []string{"tenant", "model"}),
+	}
+	m.tenants = newTenantSet(opts.MaxTenantSeries, vecs)
+	m.queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_queue_depth",
+		Help: "Requests waiting in the fair queue per tenant tier and requested model (KEDA scales inference workers on it).",
+	}, []string{"tier", "model"})
+	sla := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_admit_latency_sla_seconds",
+		Help: "The Admit latency SLA (--admit-latency-sla) the p99 alert compares with.",
+	})
+	sla.Set(opts.AdmitLatencySLA.Seconds())
+	maxSeries := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_metrics_max_tenant_series",
+		Help: "Tenants with series of their own at most (--metrics-max-tenant-series); the rest are tenant=\"other\".",
+	})
+	maxSeries.Set(float64(opts.MaxTenantSeries))
+	m.Registry.MustRegister(dec, m.queueWait, m.degraded, m.releases, m.refunded, m.overrun,
+		vecs.decisions, vecs.credit, vecs.latency, m.queueDepth, sla, maxSeries)
 	return m
 }
 
+// Handler serves the registry. Before each scrape it ranks the tenants, so
+// that the busiest since the last scrape have series of their own.
+func (m *Metrics) Handler() http.Handler {
+	h := promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.tenants.rank()
+		h.ServeHTTP(w, r)
+	})
+}
+
 // ObserveDecision implements admission.Observer.
-func (m *Metrics) ObserveDecision(_ admission.Request, d admission.Decision) {
+func (m *Metrics) ObserveDecision(req admission.Request, d admission.Decision) {
+	ts := m.tenants.series(req.Tenant, d.Reason != admission.ReasonUnknownTenant)
 	if int(d.Outcome) < maxOutcome && int(d.Reason) < maxReason && d.Reason >= 0 {
 		if c := m.decisions[d.Outcome][d.Reason]; c != nil {
 			c.Inc()
 		}
+		if c := ts.decisions[d.Outcome][d.Reason]; c != nil {
+			c.Inc()
+		}
+	}
+	if used := d.Trace.BurstCreditBefore - d.Trace.BurstCreditAfter; used > 0 {
+		ts.credit.Add(float64(used))
 	}
 	if d.Queued > 0 {
 		m.queueWait.Observe(d.Queued.Seconds())
@@ -104,11 +198,15 @@ type Views interface {
 	QueueLen() int
 	LeaseCount() int
 	IdempotencyRecords() (records int, evicted uint64)
+	Tenant(name string) (admission.TenantInfo, bool)
 }
 
-// RegisterState adds gauges read from the engine at each scrape.
+// RegisterState adds gauges read from the engine at each scrape: the
+// domains' state, and each named tenant's queue, buckets, credit and
+// spend (one engine lookup per named tenant, so a scrape costs
+// O(MaxTenantSeries), never O(tenants)).
 func (m *Metrics) RegisterState(v Views) {
-	m.Registry.MustRegister(&stateCollector{v: v})
+	m.Registry.MustRegister(&stateCollector{v: v, tenants: m.tenants})
 }
 
 var (
@@ -132,12 +230,34 @@ var (
 		"Request ids remembered for idempotency.", nil, nil)
 	descIdemEvicted = prometheus.NewDesc("sluice_idempotency_evicted_total",
 		"Request ids forgotten before their TTL because leases.max_idempotency_records was reached.", nil, nil)
+	descUtil = prometheus.NewDesc("sluice_domain_utilization_ratio",
+		"Share of the domain's soft-capacity burst in use per phase (prefill: SM-bound FLOPs, decode: HBM bytes): 1 − level/burst; 1 means the bucket is empty and requests wait.", []string{"domain", "phase"}, nil)
+	descTenantQueue = prometheus.NewDesc("sluice_tenant_queue_length",
+		"Requests the tenant has waiting in the fair queue (tenant=\"other\": everybody else's).", []string{"tenant"}, nil)
+	descTenantLevel = prometheus.NewDesc("sluice_tenant_token_bucket_level_tokens",
+		"The tenant's token bucket level in weighted tokens (negative: borrowed from burst credit).", []string{"tenant"}, nil)
+	descTenantBurst = prometheus.NewDesc("sluice_tenant_token_bucket_burst_tokens",
+		"The tenant's token bucket burst in weighted tokens.", []string{"tenant"}, nil)
+	descTenantCredit = prometheus.NewDesc("sluice_tenant_burst_credit_limit_tokens",
+		"How far the tenant's token bucket may go into debt (weighted tokens).", []string{"tenant"}, nil)
+	descTenantDebt = prometheus.NewDesc("sluice_tenant_burst_credit_debt_tokens",
+		"Burst credit the tenant owes now (weighted tokens).", []string{"tenant"}, nil)
+	descTenantBreaker = prometheus.NewDesc("sluice_tenant_breaker_open",
+		"1 while the tenant's burst-credit breaker is open (BURST_CREDIT_EXHAUSTED).", []string{"tenant"}, nil)
+	descTenantInFlight = prometheus.NewDesc("sluice_tenant_in_flight",
+		"Leases the tenant holds.", []string{"tenant"}, nil)
+	descTenantSpent = prometheus.NewDesc("sluice_tenant_spent_usd",
+		"The tenant's spend in the current UTC day or month (period), against its budget.", []string{"tenant", "period"}, nil)
 )
 
-type stateCollector struct{ v Views }
+type stateCollector struct {
+	v       Views
+	tenants *tenantSet
+}
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases, descIdemRecords, descIdemEvicted} {
+	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases, descIdemRecords, descIdemEvicted,
+		descUtil, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
 		ch <- d
 	}
 }
@@ -155,8 +275,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descDraining, prometheus.GaugeValue, draining, d.ID)
 		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, d.HealthWeight, d.ID)
+		ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, max(0, 1-ratio(d.PrefillLevel, d.PrefillBurst)), d.ID, "prefill")
+		ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, max(0, 1-ratio(d.DecodeLevel, d.DecodeBurst)), d.ID, "decode")
 	}
-	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(c.v.QueueLen()))
+	queued := c.v.QueueLen()
+	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(queued))
+	c.collectTenants(ch, queued)
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(c.v.LeaseCount()))
 	records, evicted := c.v.IdempotencyRecords()
 	ch <- prometheus.MustNewConstMetric(descIdemRecords, prometheus.GaugeValue, float64(records))
@@ -168,4 +292,32 @@ func ratio(level, burst int64) float64 {
 		return 0
 	}
 	return float64(level) / float64(burst)
+}
+
+// collectTenants reports the named tenants' state; the queue of everybody
+// else is the total less theirs (the two reads are not atomic, so it is
+// clamped at 0). Bucket levels have no "other": a sum of levels means nothing.
+func (c *stateCollector) collectTenants(ch chan<- prometheus.Metric, queued int) {
+	rest := queued
+	for _, name := range c.tenants.names() {
+		t, ok := c.v.Tenant(name)
+		if !ok {
+			continue // removed from the config; its series go at the next ranking
+		}
+		rest -= t.Queued
+		ch <- prometheus.MustNewConstMetric(descTenantQueue, prometheus.GaugeValue, float64(t.Queued), name)
+		ch <- prometheus.MustNewConstMetric(descTenantLevel, prometheus.GaugeValue, float64(t.TokenLevel), name)
+		ch <- prometheus.MustNewConstMetric(descTenantBurst, prometheus.GaugeValue, float64(t.TokenBurst), name)
+		ch <- prometheus.MustNewConstMetric(descTenantCredit, prometheus.GaugeValue, float64(t.Credit), name)
+		ch <- prometheus.MustNewConstMetric(descTenantDebt, prometheus.GaugeValue, float64(max(0, -t.TokenLevel)), name)
+		breaker := 0.0
+		if t.BreakerOpen {
+			breaker = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descTenantBreaker, prometheus.GaugeValue, breaker, name)
+		ch <- prometheus.MustNewConstMetric(descTenantInFlight, prometheus.GaugeValue, float64(t.InFlight), name)
+		ch <- prometheus.MustNewConstMetric(descTenantSpent, prometheus.GaugeValue, float64(t.SpentTodayMicros)/1e6, name, "day")
+		ch <- prometheus.MustNewConstMetric(descTenantSpent, prometheus.GaugeValue, float64(t.SpentMonthMicros)/1e6, name, "month")
+	}
+	ch <- prometheus.MustNewConstMetric(descTenantQueue, prometheus.GaugeValue, float64(max(0, rest)), OtherTenant)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/internal/dashboard"
+	"github.com/sluice-sched/sluice/internal/metrics"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -125,8 +126,13 @@ func (st *serverState) LeaseCount() int { return st.eng.LeaseCount() }
 // pages cut from the tenant directory: a page costs its own tenants, not a
 // description of every tenant.
 type pagedEngine struct {
-	*admission.Engine
-	st *serverState
+	*metrics.Instrumented // Admit timed for the metrics
+	st                    *serverState
+}
+
+// pagedEngine returns the engine as the gRPC services see it.
+func (s *Server) pagedEngine() *pagedEngine {
+	return &pagedEngine{Instrumented: s.metrics.Instrument(s.eng), st: s.state}
 }
 
 // TenantsAfter implements grpcserver.TenantPager.
@@ -174,7 +180,7 @@ func (t *trackedEngine) SetTopology(c topology.Cluster) error {
 func (s *Server) newDashboard() error {
 	var err error
 	s.dash, err = dashboard.New(dashboard.Options{
-		Operator:    grpcserver.NewOperator(&pagedEngine{Engine: s.eng, st: s.state}),
+		Operator:    grpcserver.NewOperator(s.pagedEngine()),
 		State:       s.state,
 		Traffic:     s.traffic,
 		Auth:        s.sec.auth,

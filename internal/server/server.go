@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -49,6 +48,9 @@ type Options struct {
 	// Dashboard: the rack slot dashboard at "/" (dashboard.go); zero:
 	// served, actions only with --auth's operator role.
 	Dashboard DashboardOptions
+	// Metrics bound the tenant-labelled series and set the Admit latency
+	// SLA the alerts compare with; zero: the defaults.
+	Metrics metrics.Options
 }
 
 // Server is a running sluiced.
@@ -90,7 +92,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Grace == 0 {
 		opts.Grace = 10 * time.Second
 	}
-	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(), traffic: dashboard.NewTraffic()}
+	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(opts.Metrics), traffic: dashboard.NewTraffic()}
 	if err := s.setupSecurity(); err != nil {
 		return nil, err
 	}
@@ -141,8 +143,8 @@ func New(opts Options) (*Server, error) {
 	debug.FreeOSMemory()
 
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
-	s.health = grpcserver.Register(s.grpc, &pagedEngine{Engine: s.eng, st: s.state}, append(s.registerOptions(), s.newConfigStatus(cfgName))...)
-	s.http = s.newHTTPServer(s.httpHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
+	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(s.registerOptions(), s.newConfigStatus(cfgName))...)
+	s.http = s.newHTTPServer(s.httpHandler(s.metrics.Handler()))
 
 	if err := s.listen(); err != nil {
 		return nil, err
