@@ -54,15 +54,19 @@ tenants:
   b1: {tier: bench}
 `
 
-func replica(t *testing.T, rdb redis.UniversalClient, mode admission.SharedMode, id string, n int) *admission.Engine {
+func replica(t *testing.T, rdb redis.UniversalClient, mode admission.SharedMode, id string, n int, tweak ...func(*admission.SharedOptions)) *admission.Engine {
 	t.Helper()
 	cfg, err := config.Parse("test.yaml", []byte(testConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := admission.New(cfg, topology.Simulated(), admission.WithSharedState(redisstate.New(rdb, ""), admission.SharedOptions{
+	o := admission.SharedOptions{
 		Mode: mode, Replica: id, Replicas: n, Timeout: 100 * time.Millisecond, Failures: 2, Cooldown: 200 * time.Millisecond,
-	}))
+	}
+	for _, f := range tweak {
+		f(&o)
+	}
+	e, err := admission.New(cfg, topology.Simulated(), admission.WithSharedState(redisstate.New(rdb, ""), o))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,8 +96,12 @@ func admitted(d admission.Decision) bool {
 func TestStrictAtomicity(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	var engines []*admission.Engine
+	// Generous store timeouts: 150 callers on two shared cores can hold a
+	// script call past 100 ms, and a timeout would open the breaker and let
+	// fail-open admit from local slices, which is not what this tests.
+	patient := func(o *admission.SharedOptions) { o.Timeout, o.Failures = 10 * time.Second, 1000 }
 	for i := range 3 {
-		engines = append(engines, replica(t, rdb, admission.SharedStrict, fmt.Sprintf("r%d", i), 3))
+		engines = append(engines, replica(t, rdb, admission.SharedStrict, fmt.Sprintf("r%d", i), 3, patient))
 	}
 	start := time.Now()
 	var n atomic.Int64
