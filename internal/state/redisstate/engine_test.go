@@ -99,7 +99,7 @@ func TestStrictAtomicity(t *testing.T) {
 	// Generous store timeouts: 150 callers on two shared cores can hold a
 	// script call past 100 ms, and a timeout would open the breaker and let
 	// fail-open admit from local slices, which is not what this tests.
-	patient := func(o *admission.SharedOptions) { o.Timeout, o.Failures = 10 * time.Second, 1000 }
+	patient := func(o *admission.SharedOptions) { o.Timeout, o.Failures = 10*time.Second, 1000 }
 	for i := range 3 {
 		engines = append(engines, replica(t, rdb, admission.SharedStrict, fmt.Sprintf("r%d", i), 3, patient))
 	}
