@@ -23,6 +23,8 @@ type Config struct {
 	Leases   LeaseConfig             `json:"leases"`
 	Health   HealthConfig            `json:"health"`
 	Limits   RequestLimits           `json:"limits"`
+	// Metrics is for sluiced's metrics adapter; the engine does not read it.
+	Metrics MetricsConfig `json:"metrics"`
 	// DegradeHeadroom is the share of a domain's buckets a request of the
 	// lowest-weight tenant must leave free on its requested tier before it is
 	// degraded instead; it scales down linearly to 0 for the highest weight,
@@ -125,6 +127,14 @@ type HealthConfig struct {
 	Cooldown   Duration `json:"cooldown"`    // time after a cut before recovery starts
 	Step       float64  `json:"step"`        // weight regained per step
 	StepEvery  Duration `json:"step_every"`  // time between steps
+}
+
+// MetricsConfig bounds what the metrics expose.
+type MetricsConfig struct {
+	// MaxTenantSeries is how many tenants get metric series of their own
+	// (the busiest between scrapes; the rest are tenant="other"), so that
+	// 100k tenants cannot flood Prometheus.
+	MaxTenantSeries int `json:"max_tenant_series"`
 }
 
 // RequestLimits bound what one request may ask for.
@@ -289,6 +299,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	capacity: soft_fraction 0.70, mfu 0.5, burst_seconds 2, weight_copies 1
 //	queue: max_per_flow 1000, max_total 100000, max_critical 1000, default_wait 30s, deadline_margin 5ms
 //	leases: ttl 10m, idempotency_ttl 10m, max_idempotency_records 1000000
+//	metrics: max_tenant_series 100
 //	health: error_rate 0.20, min_samples 20, window 10s, cut_weight 0.05, cooldown 30s, step 0.1, step_every 5s
 //	limits: max_prompt_tokens 1048576, max_output_tokens 262144
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
@@ -350,6 +361,7 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	fillDur("leases.ttl", &c.Leases.TTL, 10*time.Minute)
 	fillDur("leases.idempotency_ttl", &c.Leases.IdempotencyTTL, 10*time.Minute)
 	fillInt("leases.max_idempotency_records", &c.Leases.MaxIdempotencyRecords, 1_000_000)
+	fillInt("metrics.max_tenant_series", &c.Metrics.MaxTenantSeries, 100)
 	fillFloat("health.error_rate", &c.Health.ErrorRate, 0.20)
 	fillInt64("health.min_samples", &c.Health.MinSamples, 20)
 	fillDur("health.window", &c.Health.Window, 10*time.Second)
@@ -441,6 +453,8 @@ func (c *Config) Validate() error {
 		return cfgErr("leases.idempotency_ttl", "must be positive")
 	case c.Leases.MaxIdempotencyRecords < 1:
 		return cfgErr("leases.max_idempotency_records", "must be ≥ 1")
+	case c.Metrics.MaxTenantSeries < 1:
+		return cfgErr("metrics.max_tenant_series", "must be ≥ 1")
 	case !(c.Health.ErrorRate > 0 && c.Health.ErrorRate < 1):
 		return cfgErr("health.error_rate", "must be in (0, 1)")
 	case c.Health.MinSamples < 1:

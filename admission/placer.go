@@ -190,35 +190,39 @@ func (p *placer) order(t *tenantState, m *modelState) []int {
 // tiers must leave headroom on its requested tier, more for low-weight
 // tenants, so that low-weight tenants degrade first.
 func (p *placer) find(now int64, r *pending, floor bool, upto int) (placement, bool) {
-	t := r.tenant
 	for ti := 0; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
-		var headroom float64
-		if ti == 0 && r.ntiers > 1 {
-			headroom = *p.cfg.DegradeHeadroom * (1 - float64(t.policy.Weight)/float64(p.maxWeight))
-		}
-		for _, di := range p.order(t, m) {
+		for _, di := range p.order(r.tenant, m) {
 			d := p.domains[di]
 			if p.isBlocked(d) {
 				continue
 			}
-			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
-			if err != nil {
-				continue
-			}
-			need := cost
-			if headroom > 0 {
-				need.PrefillFLOP += int64(headroom * float64(d.cap.PrefillBurst()))
-				need.DecodeBytes += int64(headroom * float64(d.cap.DecodeBurst()))
-				_, kvLimit := d.cap.KV()
-				need.KVBytes += int64(headroom * float64(kvLimit))
-			}
-			if d.cap.Fits(now, need, floor) {
+			if cost, ok, _ := p.fits(now, r, floor, ti, d); ok {
 				return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
 			}
 		}
 	}
 	return placement{}, false
+}
+
+// fits reports whether r's ti-th tier fits domain d now, and its cost
+// there; a request that accepts lower tiers must leave headroom on its
+// requested tier.
+func (p *placer) fits(now int64, r *pending, floor bool, ti int, d *domainState) (pd.Cost, bool, error) {
+	cost, err := d.cap.Cost(r.tierBuf[ti].model, r.prompt, r.output)
+	if err != nil {
+		return pd.Cost{}, false, err
+	}
+	need := cost
+	if ti == 0 && r.ntiers > 1 {
+		if h := *p.cfg.DegradeHeadroom * (1 - float64(r.tenant.policy.Weight)/float64(p.maxWeight)); h > 0 {
+			need.PrefillFLOP += int64(h * float64(d.cap.PrefillBurst()))
+			need.DecodeBytes += int64(h * float64(d.cap.DecodeBurst()))
+			_, kvLimit := d.cap.KV()
+			need.KVBytes += int64(h * float64(kvLimit))
+		}
+	}
+	return cost, d.cap.Fits(now, need, floor), nil
 }
 
 // outlook is what placement can say of a request that fits nowhere now.

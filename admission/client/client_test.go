@@ -93,6 +93,10 @@ func (e *scriptedEngine) Domains() []admission.DomainInfo { return nil }
 func (e *scriptedEngine) Drain(string, string) error      { return nil }
 func (e *scriptedEngine) Undrain(string) error            { return nil }
 func (e *scriptedEngine) Tenants() []admission.TenantInfo { return nil }
+func (e *scriptedEngine) Explain(context.Context, admission.Request) (admission.Explanation, error) {
+	return admission.Explanation{}, nil
+}
+
 func (e *scriptedEngine) Tenant(string) (admission.TenantInfo, bool) {
 	return admission.TenantInfo{}, false
 }

@@ -31,6 +31,7 @@ type testEngine struct {
 	release func(ctx context.Context, rel admission.Release) (admission.ReleaseResult, error)
 	drain   func(domain, reason string) error
 	undrain func(domain string) error
+	explain func(ctx context.Context, req admission.Request) (admission.Explanation, error)
 	domains []admission.DomainInfo
 	tenants []admission.TenantInfo
 
@@ -73,6 +74,13 @@ func (e *testEngine) Undrain(domain string) error {
 }
 
 func (e *testEngine) Tenants() []admission.TenantInfo { return e.tenants }
+
+func (e *testEngine) Explain(ctx context.Context, req admission.Request) (admission.Explanation, error) {
+	if e.explain != nil {
+		return e.explain(ctx, req)
+	}
+	return admission.Explanation{}, nil
+}
 
 func (e *testEngine) Tenant(name string) (admission.TenantInfo, bool) {
 	for _, t := range e.tenants {

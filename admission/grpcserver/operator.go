@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluice-sched/sluice/admission"
@@ -86,6 +87,35 @@ func (s *operatorServer) GetTenant(_ context.Context, in *admissionv1.GetTenantR
 		return nil, status.Errorf(codes.NotFound, "unknown tenant %q", in.GetName())
 	}
 	return &admissionv1.GetTenantResponse{Tenant: tenantToProto(&t)}, nil
+}
+
+// ExplainAdmit implements admissionv1.OperatorServer.
+func (s *operatorServer) ExplainAdmit(ctx context.Context, in *admissionv1.AdmitRequest) (*admissionv1.ExplainAdmitResponse, error) {
+	req, err := requestFromProto(ctx, in)
+	if err != nil {
+		return nil, err
+	}
+	x, err := s.eng.Explain(ctx, req)
+	if err != nil {
+		return nil, statusFromError(err)
+	}
+	out := &admissionv1.ExplainAdmitResponse{
+		Outcome: x.Outcome, Reason: admissionv1.Reason(x.Reason),
+		Domain: x.Domain, Model: x.Model, Floor: x.Floor,
+	}
+	if x.RetryAfter > 0 {
+		out.RetryAfter = durationpb.New(x.RetryAfter)
+	}
+	if x.EstimatedWait > 0 {
+		out.EstimatedWait = durationpb.New(x.EstimatedWait)
+	}
+	for _, g := range x.Gates {
+		out.Gates = append(out.Gates, &admissionv1.GateCheck{Gate: g.Gate, Passed: g.Passed, Reached: g.Reached, Before: g.Before, After: g.After, Detail: g.Detail})
+	}
+	for _, p := range x.Placement {
+		out.Placement = append(out.Placement, &admissionv1.PlacementCheck{Model: p.Model, Domain: p.Domain, Floor: p.Floor, Fits: p.Fits, Detail: p.Detail})
+	}
+	return out, nil
 }
 
 // findDomain returns the domain with the given id, or nil.

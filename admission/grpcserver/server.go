@@ -59,6 +59,8 @@ type Engine interface {
 	Tenants() []admission.TenantInfo
 	// Tenant describes one tenant; false if it is not configured.
 	Tenant(name string) (admission.TenantInfo, bool)
+	// Explain answers what Admit would do with req now, charging nothing.
+	Explain(ctx context.Context, req admission.Request) (admission.Explanation, error)
 }
 
 // Register registers the Admission and Operator services backed by eng, the
@@ -118,9 +120,23 @@ type admitAnswer struct {
 
 // Admit implements admissionv1.AdmissionServer.
 func (s *admissionServer) Admit(ctx context.Context, in *admissionv1.AdmitRequest) (*admissionv1.AdmitResponse, error) {
-	prio, err := priorityFromProto(in.GetPriority())
+	req, err := requestFromProto(ctx, in)
 	if err != nil {
 		return nil, err
+	}
+	d, err := s.eng.Admit(ctx, req)
+	if err != nil {
+		return nil, statusFromError(err)
+	}
+	return decisionToProto(&d), nil
+}
+
+// requestFromProto checks in and builds the engine's request; the gRPC
+// deadline is the request's.
+func requestFromProto(ctx context.Context, in *admissionv1.AdmitRequest) (admission.Request, error) {
+	prio, err := priorityFromProto(in.GetPriority())
+	if err != nil {
+		return admission.Request{}, err
 	}
 	req := admission.Request{
 		RequestID:       in.GetRequestId(),
@@ -134,11 +150,7 @@ func (s *admissionServer) Admit(ctx context.Context, in *admissionv1.AdmitReques
 	if dl, ok := ctx.Deadline(); ok {
 		req.Deadline = dl
 	}
-	d, err := s.eng.Admit(ctx, req)
-	if err != nil {
-		return nil, statusFromError(err)
-	}
-	return decisionToProto(&d), nil
+	return req, nil
 }
 
 // Release implements admissionv1.AdmissionServer.

@@ -1880,6 +1880,293 @@ func (x *GetConfigStatusResponse) GetControlPlaneConnected() bool {
 	return false
 }
 
+// ExplainAdmitResponse is what Admit would do with a request now.
+type ExplainAdmitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ADMITTED, DEGRADED or REJECTED, as Admit would answer at once; QUEUED
+	// for a request that would wait in the fair queue.
+	Outcome string `protobuf:"bytes,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// On REJECTED: why.
+	Reason Reason `protobuf:"varint,2,opt,name=reason,proto3,enum=sluice.admission.v1.Reason" json:"reason,omitempty"`
+	// On REJECTED: when a retry can succeed.
+	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// On ADMITTED and DEGRADED: the domain and model tier.
+	Domain string `protobuf:"bytes,4,opt,name=domain,proto3" json:"domain,omitempty"`
+	Model  string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// Admitted within the tenant's floor.
+	Floor bool `protobuf:"varint,6,opt,name=floor,proto3" json:"floor,omitempty"`
+	// On QUEUED and DEADLINE_UNMEETABLE: the wait the request's place in the
+	// fair order predicts.
+	EstimatedWait *durationpb.Duration `protobuf:"bytes,7,opt,name=estimated_wait,json=estimatedWait,proto3" json:"estimated_wait,omitempty"`
+	// The tenant gates, in the order Admit screens them.
+	Gates []*GateCheck `protobuf:"bytes,8,rep,name=gates,proto3" json:"gates,omitempty"`
+	// The (model tier, domain) pairs placement looked at, in order.
+	Placement     []*PlacementCheck `protobuf:"bytes,9,rep,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExplainAdmitResponse) Reset() {
+	*x = ExplainAdmitResponse{}
+	mi := &file_admission_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExplainAdmitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExplainAdmitResponse) ProtoMessage() {}
+
+func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExplainAdmitResponse.ProtoReflect.Descriptor instead.
+func (*ExplainAdmitResponse) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ExplainAdmitResponse) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *ExplainAdmitResponse) GetReason() Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return Reason_REASON_UNSPECIFIED
+}
+
+func (x *ExplainAdmitResponse) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *ExplainAdmitResponse) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *ExplainAdmitResponse) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ExplainAdmitResponse) GetFloor() bool {
+	if x != nil {
+		return x.Floor
+	}
+	return false
+}
+
+func (x *ExplainAdmitResponse) GetEstimatedWait() *durationpb.Duration {
+	if x != nil {
+		return x.EstimatedWait
+	}
+	return nil
+}
+
+func (x *ExplainAdmitResponse) GetGates() []*GateCheck {
+	if x != nil {
+		return x.Gates
+	}
+	return nil
+}
+
+func (x *ExplainAdmitResponse) GetPlacement() []*PlacementCheck {
+	if x != nil {
+		return x.Placement
+	}
+	return nil
+}
+
+// GateCheck is one tenant gate of an explained request.
+type GateCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// breaker, store, budget, rps, tokens (or critical), concurrency.
+	Gate   string `protobuf:"bytes,1,opt,name=gate,proto3" json:"gate,omitempty"`
+	Passed bool   `protobuf:"varint,2,opt,name=passed,proto3" json:"passed,omitempty"`
+	// False when an earlier gate refused.
+	Reached bool `protobuf:"varint,3,opt,name=reached,proto3" json:"reached,omitempty"`
+	// The gate's level before the request, and what the request would leave.
+	Before int64 `protobuf:"varint,4,opt,name=before,proto3" json:"before,omitempty"`
+	After  int64 `protobuf:"varint,5,opt,name=after,proto3" json:"after,omitempty"`
+	// What was compared, in words.
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GateCheck) Reset() {
+	*x = GateCheck{}
+	mi := &file_admission_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GateCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GateCheck) ProtoMessage() {}
+
+func (x *GateCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GateCheck.ProtoReflect.Descriptor instead.
+func (*GateCheck) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GateCheck) GetGate() string {
+	if x != nil {
+		return x.Gate
+	}
+	return ""
+}
+
+func (x *GateCheck) GetPassed() bool {
+	if x != nil {
+		return x.Passed
+	}
+	return false
+}
+
+func (x *GateCheck) GetReached() bool {
+	if x != nil {
+		return x.Reached
+	}
+	return false
+}
+
+func (x *GateCheck) GetBefore() int64 {
+	if x != nil {
+		return x.Before
+	}
+	return 0
+}
+
+func (x *GateCheck) GetAfter() int64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *GateCheck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+// PlacementCheck is one (model tier, domain) placement looked at.
+type PlacementCheck struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Model  string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Domain string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	// Tried from the tenant's floor reserve.
+	Floor bool `protobuf:"varint,3,opt,name=floor,proto3" json:"floor,omitempty"`
+	Fits  bool `protobuf:"varint,4,opt,name=fits,proto3" json:"fits,omitempty"`
+	// What it needs of the domain and what the domain has.
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlacementCheck) Reset() {
+	*x = PlacementCheck{}
+	mi := &file_admission_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlacementCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlacementCheck) ProtoMessage() {}
+
+func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlacementCheck.ProtoReflect.Descriptor instead.
+func (*PlacementCheck) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PlacementCheck) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *PlacementCheck) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *PlacementCheck) GetFloor() bool {
+	if x != nil {
+		return x.Floor
+	}
+	return false
+}
+
+func (x *PlacementCheck) GetFits() bool {
+	if x != nil {
+		return x.Fits
+	}
+	return false
+}
+
+func (x *PlacementCheck) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_admission_proto protoreflect.FileDescriptor
 
 const file_admission_proto_rawDesc = "" +
@@ -2012,7 +2299,31 @@ const file_admission_proto_rawDesc = "" +
 	"\n" +
 	"applied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\x12E\n" +
 	"\flast_refusal\x18\x04 \x01(\v2\".sluice.admission.v1.ConfigRefusalR\vlastRefusal\x126\n" +
-	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected*P\n" +
+	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected\"\xa0\x03\n" +
+	"\x14ExplainAdmitResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x123\n" +
+	"\x06reason\x18\x02 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\x06reason\x12:\n" +
+	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12\x16\n" +
+	"\x06domain\x18\x04 \x01(\tR\x06domain\x12\x14\n" +
+	"\x05model\x18\x05 \x01(\tR\x05model\x12\x14\n" +
+	"\x05floor\x18\x06 \x01(\bR\x05floor\x12@\n" +
+	"\x0eestimated_wait\x18\a \x01(\v2\x19.google.protobuf.DurationR\restimatedWait\x124\n" +
+	"\x05gates\x18\b \x03(\v2\x1e.sluice.admission.v1.GateCheckR\x05gates\x12A\n" +
+	"\tplacement\x18\t \x03(\v2#.sluice.admission.v1.PlacementCheckR\tplacement\"\x97\x01\n" +
+	"\tGateCheck\x12\x12\n" +
+	"\x04gate\x18\x01 \x01(\tR\x04gate\x12\x16\n" +
+	"\x06passed\x18\x02 \x01(\bR\x06passed\x12\x18\n" +
+	"\areached\x18\x03 \x01(\bR\areached\x12\x16\n" +
+	"\x06before\x18\x04 \x01(\x03R\x06before\x12\x14\n" +
+	"\x05after\x18\x05 \x01(\x03R\x05after\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"\x80\x01\n" +
+	"\x0ePlacementCheck\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x14\n" +
+	"\x05floor\x18\x03 \x01(\bR\x05floor\x12\x12\n" +
+	"\x04fits\x18\x04 \x01(\bR\x04fits\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail*P\n" +
 	"\bPriority\x12\x18\n" +
 	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fPRIORITY_NORMAL\x10\x01\x12\x15\n" +
@@ -2043,14 +2354,15 @@ const file_admission_proto_rawDesc = "" +
 	"\rOUTCOME_ERROR\x10\x022\xb1\x01\n" +
 	"\tAdmission\x12N\n" +
 	"\x05Admit\x12!.sluice.admission.v1.AdmitRequest\x1a\".sluice.admission.v1.AdmitResponse\x12T\n" +
-	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xe2\x04\n" +
+	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xc0\x05\n" +
 	"\bOperator\x12`\n" +
 	"\vListDomains\x12'.sluice.admission.v1.ListDomainsRequest\x1a(.sluice.admission.v1.ListDomainsResponse\x12`\n" +
 	"\vDrainDomain\x12'.sluice.admission.v1.DrainDomainRequest\x1a(.sluice.admission.v1.DrainDomainResponse\x12f\n" +
 	"\rUndrainDomain\x12).sluice.admission.v1.UndrainDomainRequest\x1a*.sluice.admission.v1.UndrainDomainResponse\x12`\n" +
 	"\vListTenants\x12'.sluice.admission.v1.ListTenantsRequest\x1a(.sluice.admission.v1.ListTenantsResponse\x12Z\n" +
 	"\tGetTenant\x12%.sluice.admission.v1.GetTenantRequest\x1a&.sluice.admission.v1.GetTenantResponse\x12l\n" +
-	"\x0fGetConfigStatus\x12+.sluice.admission.v1.GetConfigStatusRequest\x1a,.sluice.admission.v1.GetConfigStatusResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
+	"\x0fGetConfigStatus\x12+.sluice.admission.v1.GetConfigStatusRequest\x1a,.sluice.admission.v1.GetConfigStatusResponse\x12\\\n" +
+	"\fExplainAdmit\x12!.sluice.admission.v1.AdmitRequest\x1a).sluice.admission.v1.ExplainAdmitResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
 
 var (
 	file_admission_proto_rawDescOnce sync.Once
@@ -2065,7 +2377,7 @@ func file_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_admission_proto_goTypes = []any{
 	(Priority)(0),                   // 0: sluice.admission.v1.Priority
 	(Decision)(0),                   // 1: sluice.admission.v1.Decision
@@ -2091,49 +2403,59 @@ var file_admission_proto_goTypes = []any{
 	(*GetConfigStatusRequest)(nil),  // 21: sluice.admission.v1.GetConfigStatusRequest
 	(*ConfigRefusal)(nil),           // 22: sluice.admission.v1.ConfigRefusal
 	(*GetConfigStatusResponse)(nil), // 23: sluice.admission.v1.GetConfigStatusResponse
-	(*durationpb.Duration)(nil),     // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 25: google.protobuf.Timestamp
+	(*ExplainAdmitResponse)(nil),    // 24: sluice.admission.v1.ExplainAdmitResponse
+	(*GateCheck)(nil),               // 25: sluice.admission.v1.GateCheck
+	(*PlacementCheck)(nil),          // 26: sluice.admission.v1.PlacementCheck
+	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),   // 28: google.protobuf.Timestamp
 }
 var file_admission_proto_depIdxs = []int32{
 	0,  // 0: sluice.admission.v1.AdmitRequest.priority:type_name -> sluice.admission.v1.Priority
 	1,  // 1: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
 	2,  // 2: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	24, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	24, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
+	27, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	27, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
 	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
-	24, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
+	27, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
 	3,  // 7: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	24, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	25, // 9: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	27, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	28, // 9: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
 	9,  // 10: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
 	9,  // 11: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	9,  // 12: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	10, // 13: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
 	10, // 14: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	25, // 15: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	25, // 16: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	28, // 15: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	28, // 16: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
 	22, // 17: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
-	4,  // 18: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 19: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 20: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	13, // 21: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	15, // 22: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	17, // 23: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	19, // 24: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	21, // 25: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	5,  // 26: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 27: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 28: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	14, // 29: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	16, // 30: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	18, // 31: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	20, // 32: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	23, // 33: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	26, // [26:34] is the sub-list for method output_type
-	18, // [18:26] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	2,  // 18: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
+	27, // 19: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	27, // 20: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
+	25, // 21: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
+	26, // 22: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
+	4,  // 23: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	7,  // 24: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	11, // 25: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	13, // 26: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	15, // 27: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	17, // 28: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	19, // 29: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	21, // 30: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	4,  // 31: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
+	5,  // 32: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	8,  // 33: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	12, // 34: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	14, // 35: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	16, // 36: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	18, // 37: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	20, // 38: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	23, // 39: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	24, // 40: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
+	32, // [32:41] is the sub-list for method output_type
+	23, // [23:32] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
@@ -2147,7 +2469,7 @@ func file_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admission_proto_rawDesc), len(file_admission_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   20,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -194,6 +194,7 @@ const (
 	Operator_ListTenants_FullMethodName     = "/sluice.admission.v1.Operator/ListTenants"
 	Operator_GetTenant_FullMethodName       = "/sluice.admission.v1.Operator/GetTenant"
 	Operator_GetConfigStatus_FullMethodName = "/sluice.admission.v1.Operator/GetConfigStatus"
+	Operator_ExplainAdmit_FullMethodName    = "/sluice.admission.v1.Operator/ExplainAdmit"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -218,6 +219,10 @@ type OperatorClient interface {
 	// GetConfigStatus says which config is serving, where it came from, and
 	// the last config that was refused (file or etcd key, and why).
 	GetConfigStatus(ctx context.Context, in *GetConfigStatusRequest, opts ...grpc.CallOption) (*GetConfigStatusResponse, error)
+	// ExplainAdmit answers what Admit would do with the request now, gate by
+	// gate and domain by domain, charging nothing: why a tenant is refused,
+	// queued or degraded. Invalid input is INVALID_ARGUMENT, as for Admit.
+	ExplainAdmit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*ExplainAdmitResponse, error)
 }
 
 type operatorClient struct {
@@ -288,6 +293,16 @@ func (c *operatorClient) GetConfigStatus(ctx context.Context, in *GetConfigStatu
 	return out, nil
 }
 
+func (c *operatorClient) ExplainAdmit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*ExplainAdmitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainAdmitResponse)
+	err := c.cc.Invoke(ctx, Operator_ExplainAdmit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -310,6 +325,10 @@ type OperatorServer interface {
 	// GetConfigStatus says which config is serving, where it came from, and
 	// the last config that was refused (file or etcd key, and why).
 	GetConfigStatus(context.Context, *GetConfigStatusRequest) (*GetConfigStatusResponse, error)
+	// ExplainAdmit answers what Admit would do with the request now, gate by
+	// gate and domain by domain, charging nothing: why a tenant is refused,
+	// queued or degraded. Invalid input is INVALID_ARGUMENT, as for Admit.
+	ExplainAdmit(context.Context, *AdmitRequest) (*ExplainAdmitResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -337,6 +356,9 @@ func (UnimplementedOperatorServer) GetTenant(context.Context, *GetTenantRequest)
 }
 func (UnimplementedOperatorServer) GetConfigStatus(context.Context, *GetConfigStatusRequest) (*GetConfigStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetConfigStatus not implemented")
+}
+func (UnimplementedOperatorServer) ExplainAdmit(context.Context, *AdmitRequest) (*ExplainAdmitResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExplainAdmit not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -467,6 +489,24 @@ func _Operator_GetConfigStatus_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_ExplainAdmit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdmitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).ExplainAdmit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_ExplainAdmit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).ExplainAdmit(ctx, req.(*AdmitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -497,6 +537,10 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetConfigStatus",
 			Handler:    _Operator_GetConfigStatus_Handler,
+		},
+		{
+			MethodName: "ExplainAdmit",
+			Handler:    _Operator_ExplainAdmit_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

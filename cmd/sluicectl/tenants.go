@@ -65,9 +65,9 @@ type tenantPage struct {
 	Tenants []json.RawMessage `json:"tenants"`
 }
 
-// runTenants lists a server's tenants, sorted and paginated here: the
-// Operator API's ListTenants answers every tenant at once today, so the
-// pages are cut client-side (see the README).
+// runTenants lists a server's tenants, sorted and paginated here: it reads
+// every page of the Operator API's ListTenants (in name order) and cuts
+// its own pages in the order asked for.
 func runTenants(args []string, out, errw io.Writer) error {
 	fs := flag.NewFlagSet("sluicectl tenants", flag.ContinueOnError)
 	fs.SetOutput(errw)
@@ -100,11 +100,20 @@ func runTenants(args []string, out, errw io.Writer) error {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	resp, err := admissionv1.NewOperatorClient(conn).ListTenants(ctx, &admissionv1.ListTenantsRequest{})
-	if err != nil {
-		return fmt.Errorf("server %s: %w", *server, err)
+	// Every page of ListTenants (the server pages in name order), then
+	// filtered, sorted and cut into this command's own pages.
+	var all []*admissionv1.TenantInfo
+	for token := ""; ; {
+		resp, err := admissionv1.NewOperatorClient(conn).ListTenants(ctx, &admissionv1.ListTenantsRequest{PageToken: token})
+		if err != nil {
+			return fmt.Errorf("server %s: %w", *server, err)
+		}
+		all = append(all, resp.GetTenants()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
 	}
-	ts := slices.DeleteFunc(resp.GetTenants(), func(t *admissionv1.TenantInfo) bool { return !strings.Contains(t.GetName(), *match) })
+	ts := slices.DeleteFunc(all, func(t *admissionv1.TenantInfo) bool { return !strings.Contains(t.GetName(), *match) })
 	slices.SortStableFunc(ts, func(a, b *admissionv1.TenantInfo) int {
 		if c := less(a, b); c != 0 {
 			return c

@@ -23,7 +23,6 @@ import (
 
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
-	"github.com/sluice-sched/sluice/internal/metrics"
 	"github.com/sluice-sched/sluice/internal/server"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
@@ -82,7 +81,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
 	// Metrics. The bound belongs in the config (metrics.max_tenant_series)
 	// once admission.Config has a metrics section; until then it is a flag.
-	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", metrics.DefaultMaxTenantSeries, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other"`)
+	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
 	printVersion := fs.Bool("version", false, "print the version (module version, VCS revision) and exit")
 	if err := cli.EnvFlags(fs); err != nil {
@@ -101,8 +100,8 @@ func run(args []string, stdout io.Writer) error {
 		_, err := fmt.Fprintln(stdout, cli.Version("sluiced"))
 		return err
 	}
-	if opts.Metrics.MaxTenantSeries < 1 {
-		return fmt.Errorf("--metrics-max-tenant-series %d: want at least 1", opts.Metrics.MaxTenantSeries)
+	if opts.Metrics.MaxTenantSeries < 0 {
+		return fmt.Errorf("--metrics-max-tenant-series %d: want at least 1 (0: from the config)", opts.Metrics.MaxTenantSeries)
 	}
 	if *printConfig {
 		_, err := stdout.Write(config.DefaultYAML())

@@ -94,8 +94,8 @@ func TestVersionAndHelp(t *testing.T) {
 	if err := run([]string{"--help"}, io.Discard); err != nil {
 		t.Errorf("--help: %v, want no error (exit 0)", err)
 	}
-	if err := run([]string{"--metrics-max-tenant-series", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-max-tenant-series") {
-		t.Errorf("a bound of 0: %v", err)
+	if err := run([]string{"--metrics-max-tenant-series", "-1"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-max-tenant-series") {
+		t.Errorf("a bound of -1: %v", err)
 	}
 }
 

@@ -92,15 +92,18 @@ func New(opts Options) (*Server, error) {
 	if opts.Grace == 0 {
 		opts.Grace = 10 * time.Second
 	}
+	cfg, cfgName, err := loadConfig(opts.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Metrics.MaxTenantSeries == 0 { // the flag wins over the config
+		opts.Metrics.MaxTenantSeries = cfg.Metrics.MaxTenantSeries
+	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(opts.Metrics), traffic: dashboard.NewTraffic()}
 	if err := s.setupSecurity(); err != nil {
 		return nil, err
 	}
 
-	cfg, cfgName, err := loadConfig(opts.ConfigPath)
-	if err != nil {
-		return nil, err
-	}
 	cluster, discovered, err := loadTopology(opts.Topology, s.log)
 	if err != nil {
 		return nil, err

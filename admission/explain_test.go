@@ -1,0 +1,71 @@
+package admission
+
+import (
+	"context"
+	"reflect"
+	"testing"
+)
+
+// Explain says what Admit would do, gate by gate and domain by domain, and
+// changes nothing: not the tenant's buckets, not the domains, not the queue.
+func TestExplainChangesNothing(t *testing.T) {
+	cfg := testConfig()
+	p := cfg.Tiers["bronze"]
+	p.Tokens = Limit{Rate: 100, Burst: 1000}
+	cfg.Tiers["bronze"] = p
+	h := newHarness(t, cfg, hgxCluster(t, 2))
+	h.admit(req("b", "small", 10, 10)) // b's state is live: Explain must copy it
+	state := func() (any, any, int, int) { return h.e.Tenants(), h.e.Domains(), h.e.QueueLen(), h.e.LeaseCount() }
+	t1, d1, q1, l1 := state()
+	ctx := context.Background()
+
+	x, err := h.e.Explain(ctx, req("a", "medium", 1000, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Outcome != "ADMITTED" || x.Domain == "" || x.Model != "medium" || len(x.Gates) != 6 || len(x.Placement) == 0 || !x.Placement[len(x.Placement)-1].Fits {
+		t.Fatalf("a request that fits: %+v", x)
+	}
+	for _, g := range x.Gates {
+		if !g.Passed || !g.Reached {
+			t.Errorf("gate %s: %+v, want passed", g.Gate, g)
+		}
+	}
+	// b asks more than its bucket: refused at the token gate, the rest not reached.
+	x, err = h.e.Explain(ctx, req("b", "small", 2000, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Outcome != "REJECTED" || x.Reason != ReasonQuotaExceeded || x.RetryAfter <= 0 {
+		t.Fatalf("over quota: %+v", x)
+	}
+	passed := map[string]bool{}
+	reached := map[string]bool{}
+	for _, g := range x.Gates {
+		passed[g.Gate], reached[g.Gate] = g.Passed, g.Reached
+	}
+	if !passed["rps"] || passed["tokens"] || !reached["tokens"] || reached["concurrency"] {
+		t.Fatalf("over quota, gates: %+v", x.Gates)
+	}
+	if x, _ := h.e.Explain(ctx, req("nobody", "small", 10, 10)); x.Reason != ReasonUnknownTenant {
+		t.Fatalf("unknown tenant: %+v", x)
+	}
+	if _, err := h.e.Explain(ctx, req("a", "no-such-model", 10, 10)); !isInvalid(err, "model") {
+		t.Fatalf("unknown model: %v, want invalid model", err)
+	}
+	t2, d2, q2, l2 := state()
+	if !reflect.DeepEqual(t1, t2) || !reflect.DeepEqual(d1, d2) || q1 != q2 || l1 != l2 {
+		t.Fatalf("Explain changed the engine:\n%+v\n%+v", t1, t2)
+	}
+	// With the domains full, a request would queue, and says how long.
+	h.saturate("a", "large", 4000, 10)
+	x, _ = h.e.Explain(ctx, req("a", "large", 4000, 10))
+	if x.Outcome != "QUEUED" || x.EstimatedWait <= 0 {
+		t.Fatalf("on a full cluster: %+v, want QUEUED with an estimated wait", x)
+	}
+	for _, pc := range x.Placement {
+		if pc.Fits {
+			t.Errorf("on a full cluster, %s fits: %+v", pc.Domain, pc)
+		}
+	}
+}
