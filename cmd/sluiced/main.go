@@ -1,5 +1,5 @@
 // Command sluiced is the Sluice admission server: gRPC on :7070 (Admission,
-// Operator, health, reflection) and HTTP on :7071 (/healthz, /metrics,
+// Operator, Envoy's RateLimitService, health, reflection) and HTTP on :7071 (/healthz, /metrics,
 // /v1/domains). With no flags it serves the embedded default config on the
 // simulated cluster, with no external service, on loopback only: serving
 // beyond it needs --auth (principals and roles) or --insecure.
@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission/rlsserver"
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/server"
@@ -77,6 +78,15 @@ func run(args []string, stdout io.Writer) error {
 	fs.BoolVar(&opts.Security.Insecure, "insecure", false, "allow listening beyond loopback without --auth: anybody who can reach sluiced may call every RPC")
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
 	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
+	// Envoy's rate-limit protocol (RateLimitService v3) on the gRPC port.
+	fs.StringVar(&opts.RLS.Domain, "rls-domain", "", "Envoy rate limit: the only RLS domain answered (others are INVALID_ARGUMENT); empty answers any")
+	fs.StringVar(&opts.RLS.TenantKey, "rls-tenant-key", rlsserver.DefaultTenantKey, "Envoy rate limit: the descriptor entry naming the tenant (a descriptor without it is UNKNOWN)")
+	fs.StringVar(&opts.RLS.ModelKey, "rls-model-key", rlsserver.DefaultModelKey, "Envoy rate limit: the descriptor entry naming the model")
+	fs.StringVar(&opts.RLS.PromptKey, "rls-prompt-key", rlsserver.DefaultPromptKey, "Envoy rate limit: the descriptor entry with the prompt tokens (else from hits_addend)")
+	fs.StringVar(&opts.RLS.OutputKey, "rls-output-key", rlsserver.DefaultOutputKey, "Envoy rate limit: the descriptor entry with the max output tokens (else 1)")
+	fs.StringVar(&opts.RLS.DowngradeKey, "rls-downgrade-key", rlsserver.DefaultDowngradeKey, "Envoy rate limit: the descriptor entry listing accepted lower tiers, comma separated")
+	fs.StringVar(&opts.RLS.DefaultModel, "rls-default-model", "", "Envoy rate limit: the model of a descriptor without a model entry (empty: such a descriptor is INVALID_ARGUMENT)")
+	fs.DurationVar(&opts.RLS.MaxWait, "rls-max-wait", 0, "Envoy rate limit: how long a request may wait in the fair queue, within the call's deadline (0: answer at once)")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}
