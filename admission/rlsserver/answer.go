@@ -43,6 +43,9 @@ type perStatus struct {
 // (one descriptor) costs a few allocations rather than one per message.
 type answer struct {
 	resp     rlsv3.RateLimitResponse
+	items    [1]item            // the one descriptor's request
+	cur      admission.Decision // the decision being rendered
+	decided  admission.Decision // the deciding one, when there are several
 	one      perStatus
 	oneSlice [1]*rlsv3.RateLimitResponse_DescriptorStatus
 	per      []perStatus // when there are several descriptors
@@ -51,7 +54,7 @@ type answer struct {
 	upstream [2]*corev3.HeaderValue
 }
 
-// newAnswer returns an answer with n empty statuses.
+// newAnswer returns an answer with n empty statuses (n ≥ 1).
 func newAnswer(n int) *answer {
 	a := new(answer)
 	if n == 1 {

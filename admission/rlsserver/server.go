@@ -177,16 +177,21 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 		return nil, invalidArgument("descriptors", fmt.Sprintf("at most %d", maxDescriptors))
 	}
 	// Every descriptor is parsed and its tenant checked before any is
-	// decided, so that a refused call charges nothing.
-	var buf [1]item
-	items := buf[:0]
+	// decided, so that a refused call charges nothing. The items and the
+	// decisions live in the answer, on the heap: the handler's frames stay
+	// small, so that the engine's deep call fits the goroutine's stack
+	// without growing it (a copy on every call, gRPC serving each on a new
+	// goroutine).
+	a := newAnswer(len(descs))
+	items := a.items[:0]
 	if len(descs) > 1 {
 		items = make([]item, 0, len(descs))
 	}
 	w := s.weight.Load()
 	for i, d := range descs {
-		it, err := s.parse(i, d, in.GetHitsAddend(), w)
-		if err != nil {
+		items = append(items, item{})
+		it := &items[i]
+		if err := s.parse(i, d, in.GetHitsAddend(), w, it); err != nil {
 			return nil, err
 		}
 		if it.hasTenant && s.opts.Guard != nil {
@@ -194,18 +199,25 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 				return nil, err
 			}
 		}
-		items = append(items, it)
 	}
+	if err := s.decideAll(ctx, a, items); err != nil {
+		return nil, err
+	}
+	return &a.resp, nil
+}
 
+// decideAll decides every item into a: the statuses, the overall code and
+// the headers of the deciding descriptor (the first OVER_LIMIT one, else the
+// first with a tenant).
+func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 	now := s.opts.Clock.Now()
 	deadline := now.Add(s.opts.MaxWait)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
-	a := newAnswer(len(items))
-	decider := -1 // the descriptor whose decision the headers carry
-	var decided admission.Decision
+	decider := -1
 	var decidedPolicy *policy
+	d := &a.cur
 	for i := range items {
 		it := &items[i]
 		st := a.resp.Statuses[i]
@@ -213,25 +225,27 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 			st.Code = rlsv3.RateLimitResponse_UNKNOWN
 			continue
 		}
-		var d admission.Decision
 		if it.req.Tenant == "" { // an empty header names nobody
-			d = admission.Decision{Outcome: admission.Rejected, Reason: admission.ReasonUnknownTenant}
+			*d = admission.Decision{Outcome: admission.Rejected, Reason: admission.ReasonUnknownTenant}
 		} else {
-			var err error
 			it.req.Deadline = deadline
-			if d, err = s.decide(ctx, it); err != nil {
-				return nil, s.statusFromError(i, it, err)
+			if err := s.decide(ctx, it, d); err != nil {
+				return s.statusFromError(i, it, err)
 			}
 		}
 		var pol *policy
 		if d.Reason != admission.ReasonUnknownTenant {
 			pol = s.policy(it.req.Tenant, now)
 		}
-		a.fillStatus(i, &d, pol)
-		if decider < 0 || (st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && a.resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT) {
-			decider, decided, decidedPolicy = i, d, pol
+		a.fillStatus(i, d, pol)
+		over := st.Code == rlsv3.RateLimitResponse_OVER_LIMIT
+		if decider < 0 || (over && a.resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT) {
+			decider, decidedPolicy = i, pol
+			if len(items) > 1 {
+				a.decided = *d
+			}
 		}
-		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+		if over {
 			a.resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 	}
@@ -239,18 +253,20 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 		a.resp.OverallCode = rlsv3.RateLimitResponse_OK
 	}
 	if decider >= 0 {
-		a.headers(&decided, decidedPolicy)
+		if len(items) > 1 {
+			d = &a.decided
+		}
+		a.headers(d, decidedPolicy)
 	}
-	return &a.resp, nil
+	return nil
 }
 
 // parse reads descriptor i. A descriptor without a tenant entry is returned
 // with hasTenant false and nothing else checked.
-func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32, w int64) (item, error) {
-	var it item
+func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32, w int64, it *item) error {
 	entries := d.GetEntries()
 	if len(entries) > maxEntries {
-		return it, invalidArgument(fmt.Sprintf("descriptors[%d].entries", i), fmt.Sprintf("at most %d", maxEntries))
+		return invalidArgument(fmt.Sprintf("descriptors[%d].entries", i), fmt.Sprintf("at most %d", maxEntries))
 	}
 	var prompt, output, accept string
 	var havePrompt, haveOutput, haveModel bool
@@ -272,10 +288,10 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 		}
 	}
 	if !it.hasTenant {
-		return it, nil
+		return nil
 	}
 	if d.GetIsNegativeHits() {
-		return it, invalidArgument(fmt.Sprintf("descriptors[%d].is_negative_hits", i), "refunds are not supported: an RLS admission is settled when it is answered")
+		return invalidArgument(fmt.Sprintf("descriptors[%d].is_negative_hits", i), "refunds are not supported: an RLS admission is settled when it is answered")
 	}
 	hits := uint64(reqHits)
 	if h := d.GetHitsAddend(); h != nil {
@@ -286,14 +302,14 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 	if haveOutput {
 		n, err := parseTokens(i, o.OutputKey, output)
 		if err != nil {
-			return it, err
+			return err
 		}
 		it.req.MaxOutputTokens = n
 	}
 	if havePrompt {
 		n, err := parseTokens(i, o.PromptKey, prompt)
 		if err != nil {
-			return it, err
+			return err
 		}
 		it.req.PromptTokens = n
 	} else {
@@ -302,7 +318,7 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 	}
 	if !haveModel {
 		if o.DefaultModel == "" {
-			return it, invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, o.ModelKey), "no entry, and no default model is configured")
+			return invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, o.ModelKey), "no entry, and no default model is configured")
 		}
 		it.req.Model = o.DefaultModel
 	}
@@ -312,7 +328,7 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 			it.req.AcceptDowngrade[j] = strings.TrimSpace(m)
 		}
 	}
-	return it, nil
+	return nil
 }
 
 // parseTokens reads a token count entry: a decimal integer in [1, 2^40].
@@ -324,22 +340,27 @@ func parseTokens(i int, key, v string) (int64, error) {
 	return n, nil
 }
 
-// decide admits one request and settles an admission at once, at its
-// admitted cost.
-func (s *Server) decide(ctx context.Context, it *item) (admission.Decision, error) {
-	d, err := s.eng.Admit(ctx, it.req)
-	if err != nil {
-		return d, err
+// decide admits one request into d and settles an admission at once, at
+// its admitted cost.
+func (s *Server) decide(ctx context.Context, it *item, d *admission.Decision) error {
+	var err error
+	if *d, err = s.eng.Admit(ctx, it.req); err != nil {
+		return err
 	}
-	s.learnWeight(it, &d)
+	s.learnWeight(it, d)
 	if d.Outcome == admission.Rejected {
-		return d, nil
+		return nil
 	}
-	// Released with the counts it was admitted with: the tenant and the
-	// domain keep exactly the admitted charge; the lease and its KV go.
-	// The caller's cancellation must not stop the settlement.
-	_, err = s.eng.Release(context.WithoutCancel(ctx), admission.Release{
-		LeaseID:      d.LeaseID,
+	s.settle(ctx, it, d.LeaseID)
+	return nil
+}
+
+// settle releases an admission with the counts it was admitted with: the
+// tenant and the domain keep exactly the admitted charge; the lease and its
+// KV go. The caller's cancellation must not stop it.
+func (s *Server) settle(ctx context.Context, it *item, lease uint64) {
+	_, err := s.eng.Release(context.WithoutCancel(ctx), admission.Release{
+		LeaseID:      lease,
 		PromptTokens: it.req.PromptTokens,
 		OutputTokens: it.req.MaxOutputTokens,
 		Outcome:      admission.ReleaseOK,
@@ -348,9 +369,8 @@ func (s *Server) decide(ctx context.Context, it *item) (admission.Decision, erro
 		// The lease then expires at its TTL as if fully used: the same
 		// charge, only held longer. The answer stands.
 		s.opts.Logger.ErrorContext(ctx, "rls: releasing an admission failed; it will expire at its TTL",
-			"tenant", it.req.Tenant, "lease", d.LeaseID, "err", err)
+			"tenant", it.req.Tenant, "lease", lease, "err", err)
 	}
-	return d, nil
 }
 
 // learnWeight follows the engine's output_token_weight, which a reload may
