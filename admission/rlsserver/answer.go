@@ -29,8 +29,9 @@ const (
 // bucket, in the RateLimit headers and the descriptor statuses.
 const policyName = "tokens"
 
-// maxHeaders is how many headers one answer may carry.
-const maxHeaders = 7
+// maxHeaders is how many headers one answer may carry: domain, model,
+// downgrade and the two RateLimit fields; or reason, Retry-After and those.
+const maxHeaders = 5
 
 // perStatus holds one descriptor status and the messages it points to.
 type perStatus struct {
@@ -43,9 +44,9 @@ type perStatus struct {
 // (one descriptor) costs a few allocations rather than one per message.
 type answer struct {
 	resp     rlsv3.RateLimitResponse
-	items    [1]item            // the one descriptor's request
-	cur      admission.Decision // the decision being rendered
-	decided  admission.Decision // the deciding one, when there are several
+	items    [1]item             // the one descriptor's request
+	cur      admission.Decision  // the decision being rendered
+	decided  *admission.Decision // the deciding one, when there are several
 	one      perStatus
 	oneSlice [1]*rlsv3.RateLimitResponse_DescriptorStatus
 	per      []perStatus // when there are several descriptors
@@ -110,8 +111,9 @@ func (a *answer) fillStatus(i int, d *admission.Decision, pol *policy) {
 func (a *answer) headers(d *admission.Decision, pol *policy) {
 	n := 0
 	add := func(k, v string) {
-		a.hdrs[n] = corev3.HeaderValue{Key: k, Value: v}
-		a.hdrPtrs[n] = &a.hdrs[n]
+		h := &a.hdrs[n]
+		h.Key, h.Value = k, v
+		a.hdrPtrs[n] = h
 		n++
 	}
 	over := d.Outcome == admission.Rejected

@@ -242,7 +242,10 @@ func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 		if decider < 0 || (over && a.resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT) {
 			decider, decidedPolicy = i, pol
 			if len(items) > 1 {
-				a.decided = *d
+				if a.decided == nil {
+					a.decided = new(admission.Decision)
+				}
+				*a.decided = *d
 			}
 		}
 		if over {
@@ -254,7 +257,7 @@ func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 	}
 	if decider >= 0 {
 		if len(items) > 1 {
-			d = &a.decided
+			d = a.decided
 		}
 		a.headers(d, decidedPolicy)
 	}
@@ -357,9 +360,10 @@ func (s *Server) decide(ctx context.Context, it *item, d *admission.Decision) er
 
 // settle releases an admission with the counts it was admitted with: the
 // tenant and the domain keep exactly the admitted charge; the lease and its
-// KV go. The caller's cancellation must not stop it.
+// KV go. It runs on a context of its own, since the caller's cancellation
+// must not stop it (the engine bounds a shared store's call itself).
 func (s *Server) settle(ctx context.Context, it *item, lease uint64) {
-	_, err := s.eng.Release(context.WithoutCancel(ctx), admission.Release{
+	_, err := s.eng.Release(context.Background(), admission.Release{
 		LeaseID:      lease,
 		PromptTokens: it.req.PromptTokens,
 		OutputTokens: it.req.MaxOutputTokens,
