@@ -252,7 +252,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	place := &e.mu.place
 	pl, ok := placement{}, false
 	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		pl, ok = place.find(now, r, true, r.ntiers)
+		pl, ok = place.find(now, r, true, 0, r.ntiers)
 	}
 	// Shared capacity, unless others in the same band are already waiting
 	// for it: then the request takes its place in the fair order, and the
@@ -265,14 +265,19 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	if critical {
 		waiting = e.mu.room.queue.CriticalLen()
 	}
-	if !ok && waiting == 0 {
-		// Lower tiers at once only if the config says so: otherwise a
-		// request that does not fit its tier waits for it (degrade_after).
-		upto := 1
-		if e.mu.cfg.Queue.DegradeAfter.Duration == 0 {
-			upto = r.ntiers
-		}
-		pl, ok = place.find(now, r, false, upto)
+	// Lower tiers at once only when the config says so, or when the
+	// request cannot wait for its own (its deadline is nearer than
+	// degrade_after: a caller that must be answered now).
+	degradeNow := e.mu.cfg.Queue.DegradeAfter.Duration == 0 ||
+		waitBudget(ctx, wall, req, &e.mu.cfg.Queue) < e.mu.cfg.Queue.DegradeAfter.Duration
+	switch {
+	case ok:
+	case waiting == 0 && degradeNow:
+		pl, ok = place.find(now, r, false, 0, r.ntiers)
+	case waiting == 0:
+		pl, ok = place.find(now, r, false, 0, 1)
+	case degradeNow: // others wait for the requested tier: it is theirs first
+		pl, ok = place.find(now, r, false, 1, r.ntiers)
 	}
 	if !ok {
 		o := place.outlook(now, r)

@@ -160,7 +160,7 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 	place, room := &e.mu.place, &e.mu.room
 	t := r.tenant
 	if !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		if e.explainFind(now, r, true, r.ntiers, x) {
+		if e.explainFind(now, r, true, 0, r.ntiers, x) {
 			return
 		}
 	}
@@ -168,14 +168,19 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 	if r.critical {
 		waiting = room.queue.CriticalLen()
 	}
-	if waiting == 0 {
-		upto := 1
-		if e.mu.cfg.Queue.DegradeAfter.Duration == 0 {
-			upto = r.ntiers
-		}
-		if e.explainFind(now, r, false, upto, x) {
-			return
-		}
+	degradeNow := e.mu.cfg.Queue.DegradeAfter.Duration == 0 ||
+		waitBudget(ctx, wall, req, &e.mu.cfg.Queue) < e.mu.cfg.Queue.DegradeAfter.Duration
+	from, upto := 0, 0
+	switch {
+	case waiting == 0 && degradeNow:
+		upto = r.ntiers
+	case waiting == 0:
+		upto = 1
+	case degradeNow:
+		from, upto = 1, r.ntiers
+	}
+	if e.explainFind(now, r, false, from, upto, x) {
+		return
 	}
 	o := place.outlook(now, r)
 	switch {
@@ -188,14 +193,7 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 	}
 	ahead := room.queue.WorkAhead(wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name}, uint64(r.weighted), uint64(t.policy.Weight), r.critical)
 	x.EstimatedWait = addSat(room.workWait(ahead, place.eligibleRates), o.wait)
-	maxWait := e.mu.cfg.Queue.DefaultWait.Duration
-	if dl, ok := ctx.Deadline(); ok {
-		maxWait = min(maxWait, dl.Sub(wall)-e.mu.cfg.Queue.DeadlineMargin.Duration)
-	}
-	if !req.Deadline.IsZero() {
-		maxWait = min(maxWait, req.Deadline.Sub(wall)-e.mu.cfg.Queue.DeadlineMargin.Duration)
-	}
-	if x.EstimatedWait > maxWait {
+	if x.EstimatedWait > waitBudget(ctx, wall, req, &e.mu.cfg.Queue) {
 		x.Outcome, x.Reason, x.RetryAfter = Rejected.String(), ReasonDeadlineUnmeetable, durationUntil(x.EstimatedWait)
 		return
 	}
@@ -203,9 +201,9 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 }
 
 // explainFind is placer.find, recording each (tier, domain) it looks at.
-func (e *Engine) explainFind(now int64, r *pending, floor bool, upto int, x *Explanation) bool {
+func (e *Engine) explainFind(now int64, r *pending, floor bool, from, upto int, x *Explanation) bool {
 	p := &e.mu.place
-	for ti := 0; ti < min(upto, r.ntiers); ti++ {
+	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
 		for _, di := range p.order(r.tenant, m) {
 			d := p.domains[di]

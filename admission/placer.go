@@ -184,13 +184,14 @@ func (p *placer) order(t *tenantState, m *modelState) []int {
 }
 
 // find returns the first domain, in rendezvous order, whose prefill bucket,
-// decode bucket and KV gauge all fit the request, trying its tiers up to
-// the upto-th (1: the requested model only; r.ntiers: every accepted lower
-// tier too; floor: from the floor reserve). A request that accepts lower
-// tiers must leave headroom on its requested tier, more for low-weight
-// tenants, so that low-weight tenants degrade first.
-func (p *placer) find(now int64, r *pending, floor bool, upto int) (placement, bool) {
-	for ti := 0; ti < min(upto, r.ntiers); ti++ {
+// decode bucket and KV gauge all fit the request, trying its tiers from the
+// from-th up to before the upto-th (0, 1: the requested model only; 0,
+// r.ntiers: every accepted lower tier too; floor: from the floor reserve).
+// A request that accepts lower tiers must leave headroom on its requested
+// tier, more for low-weight tenants, so that low-weight tenants degrade
+// first.
+func (p *placer) find(now int64, r *pending, floor bool, from, upto int) (placement, bool) {
+	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
 		for _, di := range p.order(r.tenant, m) {
 			d := p.domains[di]
@@ -281,7 +282,7 @@ func (p *placer) fitsQueued(now int64, w *waiter) bool {
 	if now >= w.degradeAt {
 		upto = w.p.ntiers
 	}
-	pl, ok := p.find(now, &w.p, false, upto)
+	pl, ok := p.find(now, &w.p, false, 0, upto)
 	if !ok {
 		if d := p.reservedFor(now, w); d != nil {
 			p.blocked = append(p.blocked, d)

@@ -118,17 +118,7 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	// eligible domains' rates, then its own refill time.
 	ahead := room.queue.WorkAhead(wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name}, uint64(r.weighted), uint64(t.policy.Weight), r.critical)
 	estimate := addSat(room.workWait(ahead, rates), o.wait)
-	// The deadline: the earliest of the caller's (gRPC or request field,
-	// less the answer margin) and the default wait, clamped so that far-off
-	// deadlines cannot overflow.
-	maxWait := q.DefaultWait.Duration
-	if dl, ok := ctx.Deadline(); ok {
-		maxWait = min(maxWait, dl.Sub(wall)-q.DeadlineMargin.Duration)
-	}
-	if !req.Deadline.IsZero() {
-		maxWait = min(maxWait, req.Deadline.Sub(wall)-q.DeadlineMargin.Duration)
-	}
-	deadline := now + int64(maxWait)
+	deadline := now + int64(waitBudget(ctx, wall, req, q))
 	if estimate > time.Duration(deadline-now) {
 		d := rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now)
 		d.Trace.EstimatedWait = estimate
@@ -155,6 +145,20 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 		room.idem.queued[r.idem] = w
 	}
 	return Decision{}, w
+}
+
+// waitBudget is how long a request may wait: until the earliest of the
+// caller's deadline (gRPC or request field, less the answer margin) and the
+// default wait, which also keeps far-off deadlines from overflowing.
+func waitBudget(ctx context.Context, wall time.Time, req *Request, q *QueueConfig) time.Duration {
+	budget := q.DefaultWait.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, dl.Sub(wall)-q.DeadlineMargin.Duration)
+	}
+	if !req.Deadline.IsZero() {
+		budget = min(budget, req.Deadline.Sub(wall)-q.DeadlineMargin.Duration)
+	}
+	return budget
 }
 
 // overdue returns a queued request whose deadline has come, if any.

@@ -1,6 +1,6 @@
 // Command sluiced is the Sluice admission server: gRPC on :7070 (Admission,
-// Operator, health, reflection) and HTTP on :7071 (the rack slot dashboard at
-// /, its JSON API under /api/v1/, /healthz, /metrics, /v1/domains). With no flags it serves the embedded default config on the
+// Operator, Envoy's RateLimitService, health, reflection) and HTTP on :7071 (the rack slot
+// dashboard at /, its JSON API under /api/v1/, /healthz, /metrics, /v1/domains). With no flags it serves the embedded default config on the
 // simulated cluster, with no external service, on loopback only: serving
 // beyond it needs --auth (principals and roles) or --insecure.
 //
@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission/rlsserver"
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/server"
@@ -79,11 +80,19 @@ func run(args []string, stdout io.Writer) error {
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
 	fs.BoolVar(&opts.Dashboard.Actions, "dashboard-actions", false, "without --auth, let the dashboard's page drain and undrain domains (with --auth the operator role may)")
 	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
-	// Metrics. The bound belongs in the config (metrics.max_tenant_series)
-	// once admission.Config has a metrics section; until then it is a flag.
+	// Metrics: the bound on tenant series overrides the config's.
 	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
 	printVersion := fs.Bool("version", false, "print the version (module version, VCS revision) and exit")
+	// Envoy's rate-limit protocol (RateLimitService v3) on the gRPC port.
+	fs.StringVar(&opts.RLS.Domain, "rls-domain", "", "Envoy rate limit: the only RLS domain answered (others are INVALID_ARGUMENT); empty answers any")
+	fs.StringVar(&opts.RLS.TenantKey, "rls-tenant-key", rlsserver.DefaultTenantKey, "Envoy rate limit: the descriptor entry naming the tenant (a descriptor without it is UNKNOWN)")
+	fs.StringVar(&opts.RLS.ModelKey, "rls-model-key", rlsserver.DefaultModelKey, "Envoy rate limit: the descriptor entry naming the model")
+	fs.StringVar(&opts.RLS.PromptKey, "rls-prompt-key", rlsserver.DefaultPromptKey, "Envoy rate limit: the descriptor entry with the prompt tokens (else from hits_addend)")
+	fs.StringVar(&opts.RLS.OutputKey, "rls-output-key", rlsserver.DefaultOutputKey, "Envoy rate limit: the descriptor entry with the max output tokens (else 1)")
+	fs.StringVar(&opts.RLS.DowngradeKey, "rls-downgrade-key", rlsserver.DefaultDowngradeKey, "Envoy rate limit: the descriptor entry listing accepted lower tiers, comma separated")
+	fs.StringVar(&opts.RLS.DefaultModel, "rls-default-model", "", "Envoy rate limit: the model of a descriptor without a model entry (empty: such a descriptor is INVALID_ARGUMENT)")
+	fs.DurationVar(&opts.RLS.MaxWait, "rls-max-wait", 0, "Envoy rate limit: how long a request may wait in the fair queue, within the call's deadline (0: answer at once)")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}

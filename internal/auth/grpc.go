@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -37,20 +38,23 @@ const (
 // methodAccess is who may call each method sluiced serves. A method missing
 // here is refused to everybody: a new RPC is closed until it is added.
 var methodAccess = map[string]access{
-	admissionv1.Admission_Admit_FullMethodName:          accessRouter,
-	admissionv1.Admission_Release_FullMethodName:        accessRouter,
-	admissionv1.Operator_ListDomains_FullMethodName:     accessViewer,
-	admissionv1.Operator_ListTenants_FullMethodName:     accessViewer,
-	admissionv1.Operator_GetTenant_FullMethodName:       accessViewer,
-	admissionv1.Operator_GetConfigStatus_FullMethodName: accessViewer,
-	admissionv1.Operator_ExplainAdmit_FullMethodName:    accessViewer,
-	admissionv1.Operator_DrainDomain_FullMethodName:     accessOperator,
-	admissionv1.Operator_UndrainDomain_FullMethodName:   accessOperator,
-	healthpb.Health_Check_FullMethodName:                accessOpen,
-	healthpb.Health_Watch_FullMethodName:                accessOpen,
-	healthpb.Health_List_FullMethodName:                 accessOpen,
-	reflectionV1:                                        accessAuthenticated,
-	reflectionV1Alpha:                                   accessAuthenticated,
+	admissionv1.Admission_Admit_FullMethodName:   accessRouter,
+	admissionv1.Admission_Release_FullMethodName: accessRouter,
+	// Envoy's rate-limit protocol decides as Admit does; its tenants are
+	// inside the descriptors, so the handler checks them (CheckTenant).
+	rlsv3.RateLimitService_ShouldRateLimit_FullMethodName: accessRouter,
+	admissionv1.Operator_ListDomains_FullMethodName:       accessViewer,
+	admissionv1.Operator_ListTenants_FullMethodName:       accessViewer,
+	admissionv1.Operator_GetTenant_FullMethodName:         accessViewer,
+	admissionv1.Operator_GetConfigStatus_FullMethodName:   accessViewer,
+	admissionv1.Operator_ExplainAdmit_FullMethodName:      accessViewer,
+	admissionv1.Operator_DrainDomain_FullMethodName:       accessOperator,
+	admissionv1.Operator_UndrainDomain_FullMethodName:     accessOperator,
+	healthpb.Health_Check_FullMethodName:                  accessOpen,
+	healthpb.Health_Watch_FullMethodName:                  accessOpen,
+	healthpb.Health_List_FullMethodName:                   accessOpen,
+	reflectionV1:                                          accessAuthenticated,
+	reflectionV1Alpha:                                     accessAuthenticated,
 }
 
 // operatorService prefixes the Operator's methods: every refused call to
@@ -148,7 +152,8 @@ func (a *Authenticator) authorize(ctx context.Context, method string, req any) (
 			return p, peerAddr, denied(p, method, RoleRouter)
 		}
 		// Admit names its tenant; Release's lease names one only the engine
-		// knows, so the Release handler calls CheckTenant itself.
+		// knows, and an RLS request's descriptors name any number, so those
+		// handlers call CheckTenant themselves.
 		if t, ok := req.(interface{ GetTenant() string }); ok && !p.MayServe(t.GetTenant()) {
 			return p, peerAddr, status.Errorf(codes.PermissionDenied, "principal %q is not bound to tenant %q", p.Name, clip(t.GetTenant(), 128))
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
+	"github.com/sluice-sched/sluice/admission/rlsserver"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/dashboard"
@@ -42,6 +43,9 @@ type Options struct {
 	Grace      time.Duration // how long shutdown waits for in-flight RPCs; default 10s
 	Etcd       EtcdOptions   // the etcd control plane (controlplane.go); zero: none
 	Shared     SharedOptions // shared state on Redis (sharedstate.go); zero: embedded
+	// RLS configures Envoy's rate-limit protocol, served beside the
+	// Admission service (rls.go); zero: any domain, the default keys.
+	RLS rlsserver.Options
 	// Security: TLS, principals and roles, connection limits (security.go);
 	// zero: everybody, on loopback only.
 	Security SecurityOptions
@@ -147,6 +151,9 @@ func New(opts Options) (*Server, error) {
 
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
 	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(s.registerOptions(), s.newConfigStatus(cfgName))...)
+	if err := s.registerRLS(cfg); err != nil {
+		return nil, err
+	}
 	s.http = s.newHTTPServer(s.httpHandler(s.metrics.Handler()))
 
 	if err := s.listen(); err != nil {

@@ -1,0 +1,266 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluice-sched/sluice/admission/rlsserver"
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+)
+
+// rlsRequest is what Envoy's ratelimit filter sends for deploy/envoy's
+// descriptor actions: the tenant and model from request headers.
+func rlsRequest(tenant, model string) *rlsv3.RateLimitRequest {
+	return &rlsv3.RateLimitRequest{
+		Domain: "sluice",
+		Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{
+			{Key: "tenant", Value: tenant}, {Key: "model", Value: model},
+		}}},
+		HitsAddend: 1000,
+	}
+}
+
+// sluiced serves Envoy's rate-limit protocol on its gRPC port beside its own
+// API: health reports the service, a decision is counted in the metrics as
+// an Admit (and its immediate release as a release), and nothing stays
+// leased.
+func TestRLSServedBesideTheAdmissionAPI(t *testing.T) {
+	srv, _, _, _ := start(t, Options{RLS: rlsserver.Options{Domain: "sluice"}})
+	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: rlsserver.ServiceName})
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health of %s: %v, %v", rlsserver.ServiceName, h, err)
+	}
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	resp, err := rls.ShouldRateLimit(ctx, rlsRequest("acme", "large"))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ShouldRateLimit: %v, %v", resp, err)
+	}
+	if _, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "other", Descriptors: rlsRequest("acme", "large").Descriptors}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("another domain than --rls-domain: %v", err)
+	}
+	if n := srv.Engine().LeaseCount(); n != 0 {
+		t.Errorf("%d leases held after an RLS admission", n)
+	}
+	m := get(t, srv, "/metrics")
+	for _, want := range []string{
+		`sluice_decisions_total{decision="ADMITTED",reason="REASON_UNSPECIFIED"} 1`,
+		`sluice_releases_total{outcome="ok"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
+
+// With --auth, the RLS method is the router role's, for its bound tenants
+// only: the descriptors' tenants are checked by the handler before
+// anything is charged.
+func TestRLSRoles(t *testing.T) {
+	f := startSecure(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		caller, tenant string
+		want           codes.Code
+	}{
+		{"router-acme", "acme", codes.OK},
+		{"router-acme", "globex", codes.PermissionDenied},
+		{"router-all", "globex", codes.OK},
+		{"viewer", "acme", codes.PermissionDenied},
+		{"sre", "acme", codes.PermissionDenied},
+		{"stranger", "acme", codes.Unauthenticated},
+		{"anonymous", "acme", codes.Unauthenticated},
+	} {
+		t.Run(c.caller+"/"+c.tenant, func(t *testing.T) {
+			before, _ := f.srv.Engine().Tenant(c.tenant)
+			rls := rlsv3.NewRateLimitServiceClient(f.dial(t, f.caller(c.caller)))
+			resp, err := rls.ShouldRateLimit(ctx, rlsRequest(c.tenant, "large"))
+			if got := status.Code(err); got != c.want {
+				t.Fatalf("code = %v (%v), want %v", got, err, c.want)
+			}
+			after, _ := f.srv.Engine().Tenant(c.tenant)
+			switch {
+			case c.want == codes.OK && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK:
+				t.Errorf("answer: %v", resp)
+			// The real clock refills the bucket between the two reads.
+			case c.want == codes.OK && (before.TokenLevel-after.TokenLevel <= 0 || before.TokenLevel-after.TokenLevel > 1000):
+				t.Errorf("charged %d, want 1000 less the refill", before.TokenLevel-after.TokenLevel)
+			case c.want != codes.OK && after.TokenLevel < before.TokenLevel:
+				t.Errorf("a refused call charged %d", before.TokenLevel-after.TokenLevel)
+			}
+		})
+	}
+	// A descriptor without a tenant needs no binding, but the role still.
+	rls := rlsv3.NewRateLimitServiceClient(f.dial(t, f.caller("router-acme")))
+	noTenant := &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "path", Value: "/"}}}}}
+	if resp, err := rls.ShouldRateLimit(ctx, noTenant); err != nil || resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_UNKNOWN {
+		t.Errorf("no tenant: %v, %v", resp, err)
+	}
+}
+
+// BenchmarkRLS compares ShouldRateLimit on the real engine (a decision and
+// its release, every answer's headers) with the same server's gRPC health
+// Check, over one loopback connection at the same concurrency, in one run,
+// as BenchmarkGRPC does for Admit: ns/op(Check) / ns/op(RLS), target ≥ 0.9.
+// Interleaved reports the ratio itself (rls/check), from the calls
+// alternated round by round, which a machine shared with other work needs,
+// beside Admit's (admit/check) on the same server in the same rounds.
+func BenchmarkRLS(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "bench.yaml")
+	// One tenant whose quotas never bind, so that every call is admitted.
+	const cfg = `
+tiers:
+  bench:
+    rps: {rate: 1e9, burst: 1e9}
+    tokens: {rate: 1e12, burst: 1e12}
+    weight: 1
+tenants:
+  router: {tier: bench}
+leases: {ttl: 1s}  # the Admit reference's leases expire (RLS holds none)
+`
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	srv, err := New(Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigPath: path,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	const parallelism = 8
+
+	b.Run("HealthCheck", func(b *testing.B) {
+		cl := healthpb.NewHealthClient(conn)
+		b.SetParallelism(parallelism)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := cl.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("ShouldRateLimit", func(b *testing.B) {
+		cl := rlsv3.NewRateLimitServiceClient(conn)
+		r := rlsRequest("router", "small")
+		r.HitsAddend = 20
+		b.SetParallelism(parallelism)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				resp, err := cl.ShouldRateLimit(context.Background(), r)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+					b.Error(fmt.Sprint("not OK: ", resp))
+					return
+				}
+			}
+		})
+	})
+	if n := srv.Engine().LeaseCount(); n != 0 {
+		b.Errorf("%d leases held after the RLS calls", n)
+	}
+	// The same calls alternated in rounds of a few thousand, so that what
+	// else runs on the machine weighs on all alike: the ratios of their
+	// throughputs over all rounds (the figure the target is about).
+	b.Run("Interleaved", func(b *testing.B) {
+		health, rls := healthpb.NewHealthClient(conn), rlsv3.NewRateLimitServiceClient(conn)
+		r := rlsRequest("router", "small")
+		r.HitsAddend = 20
+		check := func() error {
+			_, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
+			return err
+		}
+		decide := func() error {
+			resp, err := rls.ShouldRateLimit(context.Background(), r)
+			if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				err = fmt.Errorf("not OK: %v", resp)
+			}
+			return err
+		}
+		// Admit on the same server (leases expire after 1 s, as routers
+		// would release them): the reference for what a decision costs.
+		adm := admissionv1.NewAdmissionClient(conn)
+		ar := &admissionv1.AdmitRequest{Tenant: "router", Model: "small", PromptTokens: 16, MaxOutputTokens: 1,
+			Priority: admissionv1.Priority_PRIORITY_NORMAL}
+		admit := func() error {
+			resp, err := adm.Admit(context.Background(), ar)
+			if err == nil && resp.GetDecision() != admissionv1.Decision_ADMITTED {
+				err = fmt.Errorf("not admitted: %v", resp)
+			}
+			return err
+		}
+		callers := parallelism * runtime.GOMAXPROCS(0)
+		const perCaller = 250
+		round := func(call func() error) time.Duration {
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range callers {
+				wg.Go(func() {
+					for range perCaller {
+						if err := call(); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			return time.Since(start)
+		}
+		calls := []func() error{check, decide, admit}
+		var took [3]time.Duration
+		i := 0
+		for b.Loop() {
+			for k := range calls { // each round starts with the next one
+				j := (i + k) % len(calls)
+				took[j] += round(calls[j])
+			}
+			i++
+		}
+		n := float64(i * callers * perCaller)
+		b.ReportMetric(float64(took[0].Nanoseconds())/n, "ns/check")
+		b.ReportMetric(float64(took[1].Nanoseconds())/n, "ns/rls")
+		b.ReportMetric(float64(took[2].Nanoseconds())/n, "ns/admit")
+		b.ReportMetric(float64(took[0])/float64(took[1]), "rls/check")
+		b.ReportMetric(float64(took[0])/float64(took[2]), "admit/check")
+	})
+}
