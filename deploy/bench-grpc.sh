@@ -13,7 +13,9 @@
 #   2. Admit only             the same, --release=false: leases accumulate
 #   3. Admit+Release, held    after --prefill PREFILL leases held through the run
 #
-# Then it prints each ratio. Both processes share the machine's cores, as on
+# Then it prints each ratio, of calls per second and of CPU time per call
+# (client + server, from /proc: steadier than calls per second when other
+# work shares the machine). Both processes share the machine's cores, as on
 # the project's 2-core machines. Run from the repository root:
 #
 #   deploy/bench-grpc.sh                     # defaults below
@@ -75,7 +77,7 @@ measure() {
 	shift
 	start_server
 	local cmd=("$bin/sluicectl" load --server "$addr" --tenants "$tenants" --concurrency "$CONCURRENCY"
-		--duration "$DURATION" --rounds "$ROUNDS" --reference health "$@")
+		--duration "$DURATION" --rounds "$ROUNDS" --reference health --server-pid "$pid" "$@")
 	echo "== $name: sluicectl load --server $addr --tenants bench-001..100:small --concurrency $CONCURRENCY --duration $DURATION --rounds $ROUNDS --reference health $*"
 	local perfpid=
 	if [[ $PROFILE == 1 ]]; then
@@ -84,7 +86,7 @@ measure() {
 	fi
 	"${cmd[@]}" -o json >"$OUT/$name.json"
 	if [[ -n $perfpid ]]; then kill -INT "$perfpid"; wait "$perfpid" || true; fi
-	jq -r '"  health Check \(.reference.calls_per_sec|floor)/s, \(.load.kind) \(.load.calls_per_sec|floor) calls/s (\(.load.admits_per_sec|floor) Admits/s); ratio \(.ratio*1000|round/1000) (median of rounds \(.ratio_median*1000|round/1000); rounds \([.rounds[].ratio*100|round/100])); leases held after: \(.leases_held // "?"); Admit p50/p99 \(.load.latency.p50_us)/\(.load.latency.p99_us) µs, Check p50/p99 \(.reference.latency.p50_us)/\(.reference.latency.p99_us) µs; errors \(.load.errors // {})"' "$OUT/$name.json"
+	jq -r '"  health Check \(.reference.calls_per_sec|floor)/s, \(.load.kind) \(.load.calls_per_sec|floor) calls/s (\(.load.admits_per_sec|floor) Admits/s); ratio \(.ratio*1000|round/1000) (median of rounds \(.ratio_median*1000|round/1000); rounds \([.rounds[].ratio*100|round/100])); CPU µs/call client+server: Check \(.reference.client_cpu_per_call_us*10|round/10)+\(.reference.server_cpu_per_call_us*10|round/10), load \(.load.client_cpu_per_call_us*10|round/10)+\(.load.server_cpu_per_call_us*10|round/10), CPU ratio \(.cpu_ratio*1000|round/1000); leases held after: \(.leases_held // "?"); Admit p50/p99 \(.load.latency.p50_us)/\(.load.latency.p99_us) µs, Check p50/p99 \(.reference.latency.p50_us)/\(.reference.latency.p99_us) µs; errors \(.load.errors // {})"' "$OUT/$name.json"
 	stop_server
 }
 
@@ -95,6 +97,6 @@ measure admit-release-held --prefill "$PREFILL"
 echo
 echo "target: Admit(+Release) ÷ health Check ≥ 0.90; with $PREFILL leases held ≥ 0.85"
 for name in admit-release admit-only admit-release-held; do
-	jq -r --arg n "$name" '"\($n): \(.ratio*1000|round/1000) (median of rounds \(.ratio_median*1000|round/1000))"' "$OUT/$name.json"
+	jq -r --arg n "$name" '"\($n): \(.ratio*1000|round/1000) (median of rounds \(.ratio_median*1000|round/1000)); by CPU per call \(.cpu_ratio*1000|round/1000)"' "$OUT/$name.json"
 done
 echo "reports: $OUT/*.json"

@@ -63,6 +63,7 @@ func runLoad(args []string, out, errw io.Writer) error {
 	conns := fs.Int("conns", 1, "gRPC connections to the server, shared by the callers")
 	reference := fs.String("reference", "", `"health": also run the same callers against the server's gRPC health Check and print the ratio`)
 	rounds := fs.Int("rounds", 1, "with --reference: rounds of load and reference, alternating which goes first")
+	serverPID := fs.Int("server-pid", 0, "the server's process id, when it runs on this machine: its CPU time per call is reported beside the client's (from /proc)")
 	prefill := fs.Int("prefill", 0, "admit this many leases before measuring and hold them through the run (released at the end unless --release=false)")
 	format := fs.String("o", "table", "output format: table or json")
 	if err := parseNoArgs(fs, args); err != nil {
@@ -74,7 +75,8 @@ func runLoad(args []string, out, errw io.Writer) error {
 		return err
 	}
 	opts := load.Options{Concurrency: *concurrency, Rate: *rate, MaxInFlight: *maxInFlight, Prompt: *prompt, Output: *output,
-		Duration: *duration, Deadline: *deadline, Hold: *hold, Release: *release, RequestIDs: *requestIDs, Seed: tf.seed}
+		Duration: *duration, Deadline: *deadline, Hold: *hold, Release: *release, RequestIDs: *requestIDs, Seed: tf.seed,
+		ServerPID: *serverPID}
 	switch *arrivals {
 	case "poisson":
 		opts.Poisson = true
@@ -145,6 +147,9 @@ func runLoad(args []string, out, errw io.Writer) error {
 	}
 	if *conns < 1 {
 		return fmt.Errorf("--conns %d: want at least 1", *conns)
+	}
+	if *serverPID < 0 {
+		return fmt.Errorf("--server-pid %d: want a process id", *serverPID)
 	}
 	if *prefill < 0 {
 		return fmt.Errorf("--prefill %d: want ≥ 0", *prefill)

@@ -32,6 +32,7 @@ func TestLoadFlagErrors(t *testing.T) {
 		{[]string{"--reference", "ping"}, `--reference "ping"`},
 		{[]string{"--conns", "0"}, "--conns 0"},
 		{[]string{"--prefill", "-5"}, "--prefill -5"},
+		{[]string{"--server-pid", "-1"}, "--server-pid -1"},
 		{[]string{"-o", "yaml"}, `-o "yaml"`},
 		{[]string{"--etcd", "http://127.0.0.1:1", "--reference", "health"}, "--reference runs against one server"},
 		{[]string{"extra"}, `unexpected argument "extra"`},

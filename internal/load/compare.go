@@ -51,8 +51,13 @@ type Report struct {
 	// Ratio is Load.CallsPerSec / Reference.CallsPerSec over all rounds;
 	// RatioMedian the median of the rounds' ratios, which a neighbour's
 	// burst on a shared machine moves less.
-	Ratio       float64  `json:"ratio,omitempty"`
-	RatioMedian float64  `json:"ratio_median,omitempty"`
+	Ratio       float64 `json:"ratio,omitempty"`
+	RatioMedian float64 `json:"ratio_median,omitempty"`
+	// CPURatio is the reference's CPU time per call (client and server)
+	// over the load's: the ratio of calls per second the two would reach
+	// on a machine doing nothing else, when both are CPU-bound there. It
+	// needs the server's pid (Options.ServerPID).
+	CPURatio    float64  `json:"cpu_ratio,omitempty"`
 	Rounds      []Round  `json:"rounds,omitempty"`
 	LeasesHeld  *int64   `json:"leases_held,omitempty"` // the server's in-flight leases after the run (ListDomains)
 	LeasesError string   `json:"leases_held_error,omitempty"`
@@ -123,6 +128,9 @@ func Compare(ctx context.Context, opts Options, targets []Target, conns []grpc.C
 		rep.RatioMedian = rs[len(rs)/2]
 		if len(rs)%2 == 0 {
 			rep.RatioMedian = (rs[len(rs)/2-1] + rs[len(rs)/2]) / 2
+		}
+		if l, r := rep.Load, rep.Reference; l.ServerCPUPerCallUs > 0 && r.ServerCPUPerCallUs > 0 {
+			rep.CPURatio = ratio(r.ClientCPUPerCallUs+r.ServerCPUPerCallUs, l.ClientCPUPerCallUs+l.ServerCPUPerCallUs)
 		}
 	}
 	return rep, nil
@@ -279,11 +287,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "prefilled: %d leases held through the run\n", r.Prefilled)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tcalls/s\tadmits/s\tcalls\tseconds\t")
-	if r.Reference != nil {
-		fmt.Fprintf(tw, "health Check (reference)\t%.0f\t\t%d\t%.1f\t\n", r.Reference.CallsPerSec, r.Reference.Calls, r.Reference.Seconds)
+	fmt.Fprintln(tw, "\tcalls/s\tadmits/s\tcalls\tseconds\tCPU µs/call client\tserver\t")
+	cpu := func(res *Result) string {
+		if res.ServerCPUPerCallUs == 0 {
+			return fmt.Sprintf("%.1f\t-", res.ClientCPUPerCallUs)
+		}
+		return fmt.Sprintf("%.1f\t%.1f", res.ClientCPUPerCallUs, res.ServerCPUPerCallUs)
 	}
-	fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.1f\t\n", r.Load.Kind, r.Load.CallsPerSec, r.Load.AdmitsPerSec, r.Load.Calls, r.Load.Seconds)
+	if r.Reference != nil {
+		fmt.Fprintf(tw, "health Check (reference)\t%.0f\t\t%d\t%.1f\t%s\t\n", r.Reference.CallsPerSec, r.Reference.Calls, r.Reference.Seconds, cpu(r.Reference))
+	}
+	fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.1f\t%s\t\n", r.Load.Kind, r.Load.CallsPerSec, r.Load.AdmitsPerSec, r.Load.Calls, r.Load.Seconds, cpu(r.Load))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -296,6 +310,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(w, "ratio %s ÷ health Check: %.3f over all rounds; median of rounds %.3f (rounds: %s; min %.3f, max %.3f)\n",
 			r.Load.Kind, r.Ratio, r.RatioMedian, strings.Join(rs, " "), lo, hi)
+		if r.CPURatio > 0 {
+			fmt.Fprintf(w, "CPU per call, client + server: health Check's ÷ %s's = %.3f\n", r.Load.Kind, r.CPURatio)
+		}
 	}
 	switch {
 	case r.LeasesHeld != nil:

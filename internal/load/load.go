@@ -138,6 +138,10 @@ type Options struct {
 	RequestIDs bool
 	// Seed seeds the tenant draws and the Poisson gaps.
 	Seed uint64
+	// ServerPID is the server's process id when it runs on this machine:
+	// its CPU time per call is then reported beside the client's (read
+	// from /proc; 0: not measured).
+	ServerPID int
 }
 
 // defaultMaxInFlight is MaxInFlight's default: enough for any rate a
@@ -402,6 +406,7 @@ func drive(ctx context.Context, opts *Options, do caller) (*stats, time.Duration
 	for i := range shards {
 		shards[i] = &shard{st: newStats()}
 	}
+	cpu0 := sampleCPU(opts.ServerPID)
 	start := time.Now()
 	var err error
 	switch opts.Mode {
@@ -411,6 +416,7 @@ func drive(ctx context.Context, opts *Options, do caller) (*stats, time.Duration
 		err = driveOpen(ctx, opts, do, shards, start)
 	}
 	elapsed := time.Since(start)
+	cpu1 := sampleCPU(opts.ServerPID)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -418,6 +424,8 @@ func drive(ctx context.Context, opts *Options, do caller) (*stats, time.Duration
 	for _, sh := range shards[1:] {
 		total.merge(sh.st)
 	}
+	total.clientCPU = cpu1.client - cpu0.client
+	total.serverCPU, total.serverCPUKnown = cpu1.server-cpu0.server, cpu0.serverOK && cpu1.serverOK
 	if ctx.Err() != nil {
 		return total, elapsed, fmt.Errorf("load: stopped early: %w", ctx.Err())
 	}

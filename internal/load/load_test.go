@@ -273,6 +273,7 @@ func TestCompareWithReferenceAndJSON(t *testing.T) {
 	opts := closedOpts()
 	opts.Duration = 150 * time.Millisecond
 	opts.Tenants = opts.Tenants[:1]
+	opts.ServerPID = os.Getpid() // the server runs in the test's process
 	rep, err := load.Compare(context.Background(), opts, []load.Target{load.NewTarget(conn)}, []grpc.ClientConnInterface{conn}, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -283,8 +284,11 @@ func TestCompareWithReferenceAndJSON(t *testing.T) {
 	if len(rep.Rounds) != 2 || !rep.Rounds[0].ReferenceFirst || rep.Rounds[1].ReferenceFirst {
 		t.Errorf("rounds: %+v, want 2, reference first in the first only", rep.Rounds)
 	}
-	if rep.Ratio <= 0 || rep.RatioMedian <= 0 {
-		t.Errorf("ratio %v, median %v", rep.Ratio, rep.RatioMedian)
+	if rep.Ratio <= 0 || rep.RatioMedian <= 0 || rep.CPURatio <= 0 {
+		t.Errorf("ratio %v, median %v, CPU ratio %v", rep.Ratio, rep.RatioMedian, rep.CPURatio)
+	}
+	if rep.Load.ClientCPUPerCallUs <= 0 || rep.Load.ServerCPUPerCallUs <= 0 {
+		t.Errorf("CPU per call: client %v µs, server %v µs", rep.Load.ClientCPUPerCallUs, rep.Load.ServerCPUPerCallUs)
 	}
 	if rep.Load.Calls != rep.Load.Admits+rep.Load.Released {
 		t.Errorf("merged rounds: calls %d, admits %d, released %d", rep.Load.Calls, rep.Load.Admits, rep.Load.Released)

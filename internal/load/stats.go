@@ -38,6 +38,10 @@ type stats struct {
 	tenants                        map[string]*tenantStats
 	admitErrors, releaseErrors     map[codes.Code]int64
 	admit, queued, release, lag    *hdrhistogram.Histogram
+	// clientCPU and serverCPU are the processes' CPU time over the run
+	// (set by drive, summed by merge across rounds).
+	clientCPU, serverCPU time.Duration
+	serverCPUKnown       bool
 }
 
 func newHist() *hdrhistogram.Histogram { return hdrhistogram.New(histLowest, histHighest, histDigits) }
@@ -77,6 +81,9 @@ func (s *stats) recordQueued(d time.Duration) {
 
 // merge adds o into s.
 func (s *stats) merge(o *stats) {
+	s.clientCPU += o.clientCPU
+	s.serverCPU += o.serverCPU
+	s.serverCPUKnown = o.serverCPUKnown && (s.serverCPUKnown || s.calls == 0)
 	s.calls += o.calls
 	s.held += o.held
 	s.released += o.released
@@ -168,6 +175,11 @@ type Result struct {
 	// StartLag is how late calls started after their scheduled arrival
 	// (open loop and trace only).
 	StartLag *Percentiles `json:"start_lag,omitempty"`
+	// ClientCPUPerCallUs is the client process's CPU time per call;
+	// ServerCPUPerCallUs the server's, when its pid was given (0: not
+	// measured). Their sum is what a call costs the machine.
+	ClientCPUPerCallUs float64 `json:"client_cpu_per_call_us,omitempty"`
+	ServerCPUPerCallUs float64 `json:"server_cpu_per_call_us,omitempty"`
 
 	st *stats // kept so that rounds can be merged
 }
@@ -183,6 +195,12 @@ func (s *stats) result(kind string, elapsed time.Duration) *Result {
 	}
 	r := &Result{Kind: kind, Seconds: sec, Calls: s.calls, CallsPerSec: rate(s.calls),
 		Released: s.released, Held: s.held, Dropped: s.dropped, Latency: percentiles(s.admit), st: s}
+	if s.calls > 0 {
+		r.ClientCPUPerCallUs = float64(s.clientCPU) / 1e3 / float64(s.calls)
+		if s.serverCPUKnown {
+			r.ServerCPUPerCallUs = float64(s.serverCPU) / 1e3 / float64(s.calls)
+		}
+	}
 	r.Errors = codeNames(s.admitErrors)
 	if kind == KindHealth {
 		return r
