@@ -154,9 +154,15 @@ func runLoad(args []string, out, errw io.Writer) error {
 	if *prefill < 0 {
 		return fmt.Errorf("--prefill %d: want ≥ 0", *prefill)
 	}
+	if *prefill > 0 && opts.Mode == load.ModeTrace {
+		return errors.New("--prefill admits leases of --tenants: it is for the closed and open loops, not --trace")
+	}
 	fleet := *server == "" && ef.endpoints != ""
 	if fleet && *reference != "" {
 		return errors.New("--reference runs against one server: give --server (the fleet's replicas are measured one at a time)")
+	}
+	if fleet && set["conns"] {
+		return errors.New("--conns is for one server: with --etcd the Router holds one connection per replica")
 	}
 	if *server == "" && !fleet {
 		*server = "localhost:7070"

@@ -35,6 +35,8 @@ func TestLoadFlagErrors(t *testing.T) {
 		{[]string{"--server-pid", "-1"}, "--server-pid -1"},
 		{[]string{"-o", "yaml"}, `-o "yaml"`},
 		{[]string{"--etcd", "http://127.0.0.1:1", "--reference", "health"}, "--reference runs against one server"},
+		{[]string{"--etcd", "http://127.0.0.1:1", "--conns", "2"}, "--conns is for one server"},
+		{[]string{"--trace", replayTrace, "--mix", replayMix, "--prefill", "10"}, "--prefill admits leases of --tenants"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 	} {
 		code, _, errs := sluicectl(append([]string{"load"}, tc.args...)...)
