@@ -281,8 +281,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 		head = "trace arrivals"
 	}
 	rounds := max(len(r.Rounds), 1)
-	fmt.Fprintf(w, "load %s on %s: %s, %d connection(s), %s × %d round(s), hold %s, deadline %s\n",
-		r.Load.Kind, r.Target, head, r.Connections, r.Duration, rounds, r.Hold, r.Deadline)
+	conns := fmt.Sprintf("%d connection(s)", r.Connections)
+	if r.Connections == 0 {
+		conns = "each tenant routed to its replica"
+	}
+	fmt.Fprintf(w, "load %s on %s: %s, %s, %s × %d round(s), hold %s, deadline %s\n",
+		r.Load.Kind, r.Target, head, conns, r.Duration, rounds, r.Hold, r.Deadline)
 	if r.Prefilled > 0 {
 		fmt.Fprintf(w, "prefilled: %d leases held through the run\n", r.Prefilled)
 	}

@@ -35,7 +35,11 @@
 // latency and, in the open loop and trace modes, of start lag (how late the
 // client sent a call after its scheduled arrival: when it grows, the client,
 // not the server, is the bottleneck). Calls counts RPCs: an Admit and its
-// Release are two calls, as two health Checks are.
+// Release are two calls, as two health Checks are. CPU time per call is read
+// for the client (getrusage) and, when the server runs on the same machine
+// and its pid is given, for the server (/proc/<pid>/stat): on a machine
+// shared with other work it does not depend on how the cores were shared
+// out during the run, as calls per second does.
 //
 // # The reference
 //
@@ -45,5 +49,6 @@
 // limit of the gRPC stack on that machine; Compare alternates the two in
 // rounds (reference first in odd rounds, load first in even ones, so that a
 // drift of the machine falls on both) and reports each side's calls per
-// second and their ratio, per round and over all rounds.
+// second and their ratio, per round, over all rounds and as the median of
+// the rounds, and the ratio of their CPU time per call.
 package load
