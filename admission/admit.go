@@ -254,30 +254,9 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
 		pl, ok = place.find(now, r, true, 0, r.ntiers)
 	}
-	// Shared capacity, unless others in the same band are already waiting
-	// for it: then the request takes its place in the fair order, and the
-	// dispatcher gives the head of that order the best tier that fits. So
-	// under saturation each tenant's share of a tier follows its weight, and
-	// low weights degrade first (they wait longer, and the headroom a
-	// degradable request must leave on its requested tier is larger for
-	// them), rather than whoever arrives when capacity frees.
-	waiting := e.mu.room.queue.Len()
-	if critical {
-		waiting = e.mu.room.queue.CriticalLen()
-	}
-	// Lower tiers at once only when the config says so, or when the
-	// request cannot wait for its own (its deadline is nearer than
-	// degrade_after: a caller that must be answered now).
-	degradeNow := e.mu.cfg.Queue.DegradeAfter.Duration == 0 ||
-		waitBudget(ctx, wall, req, &e.mu.cfg.Queue) < e.mu.cfg.Queue.DegradeAfter.Duration
-	switch {
-	case ok:
-	case waiting == 0 && degradeNow:
-		pl, ok = place.find(now, r, false, 0, r.ntiers)
-	case waiting == 0:
-		pl, ok = place.find(now, r, false, 0, 1)
-	case degradeNow: // others wait for the requested tier: it is theirs first
-		pl, ok = place.find(now, r, false, 1, r.ntiers)
+	if !ok {
+		from, upto := e.sharedTiersLocked(ctx, wall, req, r)
+		pl, ok = place.find(now, r, false, from, upto)
 	}
 	if !ok {
 		o := place.outlook(now, r)
@@ -288,6 +267,38 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.chargeGates(now, t, r.weighted, r.price, critical)
 	e.grantLocked(now, r, pl, 0, d)
 	return nil
+}
+
+// sharedTiersLocked says which of r's tiers may take shared capacity now,
+// from the from-th up to before the upto-th (none when upto ≤ from).
+//
+// None while others in the same band are already waiting for it: then the
+// request takes its place in the fair order, and the dispatcher gives the
+// head of that order the best tier that fits. So under saturation each
+// tenant's share of a tier follows its weight, and low weights degrade
+// first (they wait longer, and the headroom a degradable request must
+// leave on its requested tier is larger for them), rather than whoever
+// arrives when capacity frees. Lower tiers are tried at once only when the
+// config says so, or when the request cannot wait for its own (its
+// deadline is nearer than degrade_after: a caller that must be answered
+// now) — and then, with others waiting, only the lower tiers: the
+// requested one is theirs first.
+func (e *Engine) sharedTiersLocked(ctx context.Context, wall time.Time, req *Request, r *pending) (from, upto int) {
+	waiting := e.mu.room.queue.Len()
+	if r.critical {
+		waiting = e.mu.room.queue.CriticalLen()
+	}
+	q := &e.mu.cfg.Queue
+	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
+	switch {
+	case waiting == 0 && degradeNow:
+		return 0, r.ntiers
+	case waiting == 0:
+		return 0, 1
+	case degradeNow:
+		return 1, r.ntiers
+	}
+	return 0, 0
 }
 
 // grantLocked places a request whose gates are charged, opens its lease and

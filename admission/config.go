@@ -310,68 +310,34 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	if present == nil {
 		present = func(string) bool { return false }
 	}
-	var err error
-	// fill reports whether a knob that isZero takes its default, and
-	// records the first one written as 0.
-	fill := func(key string, isZero bool, def any) bool {
-		if !isZero {
-			return false
-		}
-		if present(key) {
-			if err == nil {
-				err = cfgErr(key, "must not be 0 (omit the key for the default, %v)", def)
-			}
-			return false
-		}
-		return true
-	}
-	fillInt := func(key string, p *int, def int) {
-		if fill(key, *p == 0, def) {
-			*p = def
-		}
-	}
-	fillInt64 := func(key string, p *int64, def int64) {
-		if fill(key, *p == 0, def) {
-			*p = def
-		}
-	}
-	fillFloat := func(key string, p *float64, def float64) {
-		if fill(key, *p == 0, def) {
-			*p = def
-		}
-	}
-	fillDur := func(key string, p *Duration, def time.Duration) {
-		if fill(key, p.Duration == 0, def) {
-			p.Duration = def
-		}
-	}
+	d := &defaulter{present: present}
 	if c.Models == nil {
 		c.Models = pd.DefaultModels()
 	}
-	d := pd.DefaultConfig()
-	fillFloat("capacity.soft_fraction", &c.Capacity.SoftFraction, d.SoftFraction)
-	fillFloat("capacity.mfu", &c.Capacity.MFU, d.MFU)
-	fillFloat("capacity.burst_seconds", &c.Capacity.BurstSeconds, d.BurstSeconds)
-	fillInt("capacity.weight_copies", &c.Capacity.WeightCopies, d.WeightCopies)
-	fillInt("queue.max_per_flow", &c.Queue.MaxPerFlow, 1000)
-	fillInt("queue.max_total", &c.Queue.MaxTotal, 100000)
-	fillInt("queue.max_critical", &c.Queue.MaxCritical, 1000)
-	fillDur("queue.default_wait", &c.Queue.DefaultWait, 30*time.Second)
-	fillDur("queue.deadline_margin", &c.Queue.DeadlineMargin, 5*time.Millisecond)
-	fillDur("leases.ttl", &c.Leases.TTL, 10*time.Minute)
-	fillDur("leases.idempotency_ttl", &c.Leases.IdempotencyTTL, 10*time.Minute)
-	fillInt("leases.max_idempotency_records", &c.Leases.MaxIdempotencyRecords, 1_000_000)
-	fillInt("metrics.max_tenant_series", &c.Metrics.MaxTenantSeries, 100)
-	fillFloat("health.error_rate", &c.Health.ErrorRate, 0.20)
-	fillInt64("health.min_samples", &c.Health.MinSamples, 20)
-	fillDur("health.window", &c.Health.Window, 10*time.Second)
-	fillFloat("health.cut_weight", &c.Health.CutWeight, 0.05)
-	fillDur("health.cooldown", &c.Health.Cooldown, 30*time.Second)
-	fillFloat("health.step", &c.Health.Step, 0.1)
-	fillDur("health.step_every", &c.Health.StepEvery, 5*time.Second)
-	fillInt64("limits.max_prompt_tokens", &c.Limits.MaxPromptTokens, 1<<20)
-	fillInt64("limits.max_output_tokens", &c.Limits.MaxOutputTokens, 1<<18)
-	fillInt64("output_token_weight", &c.OutputTokenWeight, 4)
+	pdd := pd.DefaultConfig()
+	d.float("capacity.soft_fraction", &c.Capacity.SoftFraction, pdd.SoftFraction)
+	d.float("capacity.mfu", &c.Capacity.MFU, pdd.MFU)
+	d.float("capacity.burst_seconds", &c.Capacity.BurstSeconds, pdd.BurstSeconds)
+	d.int("capacity.weight_copies", &c.Capacity.WeightCopies, pdd.WeightCopies)
+	d.int("queue.max_per_flow", &c.Queue.MaxPerFlow, 1000)
+	d.int("queue.max_total", &c.Queue.MaxTotal, 100000)
+	d.int("queue.max_critical", &c.Queue.MaxCritical, 1000)
+	d.dur("queue.default_wait", &c.Queue.DefaultWait, 30*time.Second)
+	d.dur("queue.deadline_margin", &c.Queue.DeadlineMargin, 5*time.Millisecond)
+	d.dur("leases.ttl", &c.Leases.TTL, 10*time.Minute)
+	d.dur("leases.idempotency_ttl", &c.Leases.IdempotencyTTL, 10*time.Minute)
+	d.int("leases.max_idempotency_records", &c.Leases.MaxIdempotencyRecords, 1_000_000)
+	d.int("metrics.max_tenant_series", &c.Metrics.MaxTenantSeries, 100)
+	d.float("health.error_rate", &c.Health.ErrorRate, 0.20)
+	d.int64("health.min_samples", &c.Health.MinSamples, 20)
+	d.dur("health.window", &c.Health.Window, 10*time.Second)
+	d.float("health.cut_weight", &c.Health.CutWeight, 0.05)
+	d.dur("health.cooldown", &c.Health.Cooldown, 30*time.Second)
+	d.float("health.step", &c.Health.Step, 0.1)
+	d.dur("health.step_every", &c.Health.StepEvery, 5*time.Second)
+	d.int64("limits.max_prompt_tokens", &c.Limits.MaxPromptTokens, 1<<20)
+	d.int64("limits.max_output_tokens", &c.Limits.MaxOutputTokens, 1<<18)
+	d.int64("output_token_weight", &c.OutputTokenWeight, 4)
 	if c.DegradeHeadroom == nil {
 		h := 0.1
 		c.DegradeHeadroom = &h
@@ -381,14 +347,59 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	}
 	for _, name := range sortedKeys(c.Tiers) {
 		t, key := c.Tiers[name], "tiers."+name
-		fillDur(key+".burst_credit.breaker_open", &t.BurstCredit.BreakerOpen, 60*time.Second)
+		d.dur(key+".burst_credit.breaker_open", &t.BurstCredit.BreakerOpen, 60*time.Second)
 		if t.BurstCredit.Multiple > 0 {
-			fillDur(key+".burst_credit.window", &t.BurstCredit.Window, 10*time.Second)
+			d.dur(key+".burst_credit.window", &t.BurstCredit.Window, 10*time.Second)
 		}
-		fillInt64(key+".weight", &t.Weight, 1)
+		d.int64(key+".weight", &t.Weight, 1)
 		c.Tiers[name] = t
 	}
-	return err
+	return d.err
+}
+
+// defaulter fills knobs left at zero with their defaults, and records the
+// first one the document wrote as 0 (present says which keys it wrote).
+type defaulter struct {
+	present func(key string) bool
+	err     error
+}
+
+// take reports whether a knob that isZero takes its default.
+func (d *defaulter) take(key string, isZero bool, def any) bool {
+	if !isZero {
+		return false
+	}
+	if d.present(key) {
+		if d.err == nil {
+			d.err = cfgErr(key, "must not be 0 (omit the key for the default, %v)", def)
+		}
+		return false
+	}
+	return true
+}
+
+func (d *defaulter) int(key string, p *int, def int) {
+	if d.take(key, *p == 0, def) {
+		*p = def
+	}
+}
+
+func (d *defaulter) int64(key string, p *int64, def int64) {
+	if d.take(key, *p == 0, def) {
+		*p = def
+	}
+}
+
+func (d *defaulter) float(key string, p *float64, def float64) {
+	if d.take(key, *p == 0, def) {
+		*p = def
+	}
+}
+
+func (d *defaulter) dur(key string, p *Duration, def time.Duration) {
+	if d.take(key, p.Duration == 0, def) {
+		p.Duration = def
+	}
 }
 
 // minDuration is the shortest lifetime or period the engine's timers are
@@ -398,6 +409,16 @@ const minDuration = time.Millisecond
 // Validate checks the config on its own (not against a cluster); the first
 // problem is returned as a *ConfigError naming its key.
 func (c *Config) Validate() error {
+	for _, check := range []func() error{c.validatePolicies, c.validateCapacity, c.validateKnobs, c.validateDurations} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validatePolicies checks the tiers and every tenant's resolved policy.
+func (c *Config) validatePolicies() error {
 	if len(c.Tiers) == 0 {
 		return cfgErr("tiers", "at least one tier is required")
 	}
@@ -420,6 +441,11 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
+	return nil
+}
+
+// validateCapacity checks the catalog and the soft-capacity knobs.
+func (c *Config) validateCapacity() error {
 	if _, err := pd.NewCatalog(c.Models); err != nil {
 		return cfgWrap("models", err)
 	}
@@ -436,6 +462,11 @@ func (c *Config) Validate() error {
 	if err := c.Capacity.Validate(); err != nil {
 		return cfgWrap("capacity", err)
 	}
+	return nil
+}
+
+// validateKnobs checks the queue, lease, metrics, health and limit knobs.
+func (c *Config) validateKnobs() error {
 	switch {
 	case c.Queue.MaxPerFlow < 1:
 		return cfgErr("queue.max_per_flow", "must be ≥ 1")
@@ -447,6 +478,8 @@ func (c *Config) Validate() error {
 		return cfgErr("queue.default_wait", "must be positive")
 	case c.Queue.DeadlineMargin.Duration < 0:
 		return cfgErr("queue.deadline_margin", "must be ≥ 0")
+	case c.Queue.DegradeAfter != nil && (c.Queue.DegradeAfter.Duration < 0 || c.Queue.DegradeAfter.Duration > maxDuration):
+		return cfgErr("queue.degrade_after", "must be in [0, %v]", maxDuration)
 	case c.Leases.TTL.Duration <= 0:
 		return cfgErr("leases.ttl", "must be positive")
 	case c.Leases.IdempotencyTTL.Duration <= 0:
@@ -473,9 +506,14 @@ func (c *Config) Validate() error {
 		return cfgErr("output_token_weight", "must be in [1, 1000]")
 	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
 		return cfgErr("degrade_headroom", "must be in [0, 1)")
-	case c.Queue.DegradeAfter != nil && (c.Queue.DegradeAfter.Duration < 0 || c.Queue.DegradeAfter.Duration > maxDuration):
-		return cfgErr("queue.degrade_after", "must be in [0, %v]", maxDuration)
 	}
+	return nil
+}
+
+// validateDurations bounds every duration: none so long that arithmetic
+// on it overflows, and the lifetimes and periods the engine arms timers
+// with not below minDuration.
+func (c *Config) validateDurations() error {
 	durations := map[string]Duration{
 		"queue.default_wait": c.Queue.DefaultWait, "queue.deadline_margin": c.Queue.DeadlineMargin,
 		"leases.ttl": c.Leases.TTL, "leases.idempotency_ttl": c.Leases.IdempotencyTTL,
@@ -486,7 +524,6 @@ func (c *Config) Validate() error {
 			return cfgErr(key, "must be at most %v", maxDuration)
 		}
 	}
-	// Lifetimes and periods the engine arms timers with.
 	for _, key := range []string{"queue.default_wait", "leases.ttl", "leases.idempotency_ttl", "health.window", "health.step_every"} {
 		if d := durations[key]; d.Duration < minDuration {
 			return cfgErr(key, "must be at least %v, got %v", minDuration, d.Duration)

@@ -59,7 +59,7 @@ func (e *Engine) Explain(ctx context.Context, req Request) (Explanation, error) 
 	if err := e.mu.place.resolve(&req, &r); err != nil {
 		return Explanation{}, err
 	}
-	t := e.scratchTenantLocked(req.Tenant, now)
+	t := e.mu.gates.scratchLocked(req.Tenant, now, e.mu.place.modelList)
 	if t == nil {
 		return Explanation{Outcome: Rejected.String(), Reason: ReasonUnknownTenant}, nil
 	}
@@ -76,23 +76,6 @@ func (e *Engine) Explain(ctx context.Context, req Request) (Explanation, error) 
 	r.critical = critical
 	e.explainPlacementLocked(ctx, now, wall, &req, &r, &x)
 	return x, nil
-}
-
-// scratchTenantLocked returns a copy of the tenant's state (built from
-// config for an idle one) that Explain may screen and charge freely; nil
-// for a tenant not configured.
-func (e *Engine) scratchTenantLocked(name string, now int64) *tenantState {
-	if live, ok := e.mu.gates.tenants[name]; ok {
-		cp := *live
-		return &cp
-	}
-	p, ok := e.mu.cfg.Policy(name)
-	if !ok {
-		return nil
-	}
-	t := newTenantState(name, e.mu.cfg.Tenants[name].Tier, p, now)
-	t.orders.reset(name, e.mu.place.modelList)
-	return t
 }
 
 // explainGates describes each gate for a request screen has decided on
@@ -160,26 +143,12 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 	place, room := &e.mu.place, &e.mu.room
 	t := r.tenant
 	if !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		if e.explainFind(now, r, true, 0, r.ntiers, x) {
+		if e.mu.place.explainFind(now, r, true, 0, r.ntiers, x) {
 			return
 		}
 	}
-	waiting := room.queue.Len()
-	if r.critical {
-		waiting = room.queue.CriticalLen()
-	}
-	degradeNow := e.mu.cfg.Queue.DegradeAfter.Duration == 0 ||
-		waitBudget(ctx, wall, req, &e.mu.cfg.Queue) < e.mu.cfg.Queue.DegradeAfter.Duration
-	from, upto := 0, 0
-	switch {
-	case waiting == 0 && degradeNow:
-		upto = r.ntiers
-	case waiting == 0:
-		upto = 1
-	case degradeNow:
-		from, upto = 1, r.ntiers
-	}
-	if e.explainFind(now, r, false, from, upto, x) {
+	from, upto := e.sharedTiersLocked(ctx, wall, req, r)
+	if e.mu.place.explainFind(now, r, false, from, upto, x) {
 		return
 	}
 	o := place.outlook(now, r)
@@ -200,9 +169,8 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 	x.Outcome = "QUEUED"
 }
 
-// explainFind is placer.find, recording each (tier, domain) it looks at.
-func (e *Engine) explainFind(now int64, r *pending, floor bool, from, upto int, x *Explanation) bool {
-	p := &e.mu.place
+// explainFind is find, recording each (tier, domain) it looks at.
+func (p *placer) explainFind(now int64, r *pending, floor bool, from, upto int, x *Explanation) bool {
 	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
 		for _, di := range p.order(r.tenant, m) {

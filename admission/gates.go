@@ -46,6 +46,23 @@ func (g *tenantGates) reconfigureLocked(cfg *Config, now int64, models []*modelS
 	}
 }
 
+// scratchLocked returns a copy of the tenant's state (built from config for
+// an idle one) that may be screened and charged freely: Explain's; nil for
+// a tenant not configured.
+func (g *tenantGates) scratchLocked(name string, now int64, models []*modelState) *tenantState {
+	if live, ok := g.tenants[name]; ok {
+		cp := *live
+		return &cp
+	}
+	p, ok := g.cfg.Policy(name)
+	if !ok {
+		return nil
+	}
+	t := newTenantState(name, g.cfg.Tenants[name].Tier, p, now)
+	t.orders.reset(name, models)
+	return t
+}
+
 // sweepIdleLocked drops the tenants that hold nothing a rebuild would not
 // recreate.
 func (g *tenantGates) sweepIdleLocked(now int64) {
