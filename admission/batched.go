@@ -19,6 +19,11 @@ const (
 	// staleRounds is how many intervals of silence drop a replica out of
 	// the store's shares.
 	staleRounds = 3
+	// rejoinRounds is how many intervals after a bucket is rebuilt from
+	// the replicas' levels (a store back from an outage) a replica back
+	// from the same outage still brings its level: the breakers probe every
+	// interval, so all are back within a few.
+	rejoinRounds = 30
 )
 
 // batchedState is the batched strategy: decisions are taken locally from
@@ -58,6 +63,10 @@ type syncEntry struct {
 	epoch     uint64
 	started   bool  // the store has acknowledged a report of this epoch
 	lastAt    int64 // engine time of the last report
+	ackAt     int64 // engine time of the last acknowledged report
+	// frozen: the bucket stopped refilling (an idle tenant) since the last
+	// acknowledged report, so its level is not the truth of an outage.
+	frozen bool
 	// Set by a report, used by the grant that answers it.
 	snapTaken   int64
 	sentUnacked int64
@@ -194,6 +203,7 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 		Replica:  s.opts.Replica,
 		Replicas: s.replicas,
 		Stale:    staleRounds * s.opts.Interval,
+		Rejoin:   rejoinRounds * s.opts.Interval,
 	}
 	for name, t := range e.mu.gates.tenants {
 		if s.idleLocked(now, t) {
@@ -271,9 +281,13 @@ func (s *batchedState) report(now int64, ek entryKey, owner any, b *tokenbucket.
 		Cum: en.cum, Unacked: en.unacked, Epoch: en.epoch, Demand: demand,
 	}
 	if !en.started {
-		// Only a bucket this replica is starting is credited for its age; a
-		// store that lost its data (a restart) starts from the burst.
+		// Only a bucket this replica is starting is credited for its age.
 		rep.Age = time.Duration(age)
+	} else if !en.frozen {
+		// Its level refilled at its grant since the last acknowledged
+		// report: a store back from an outage (or that lost its data)
+		// rebuilds the bucket from the replicas' levels.
+		rep.Resume, rep.Held, rep.Span = true, floorDiv(b.Level(now), en.scale), time.Duration(now-en.ackAt)
 	}
 	return rep
 }
@@ -316,8 +330,11 @@ func (s *batchedState) idleLocked(now int64, t *tenantState) bool {
 		return false
 	}
 	if !a.frozen {
-		for _, b := range t.buckets() {
+		for k, b := range t.buckets() {
 			b.SetLimits(0, b.Burst(), b.Credit())
+			if en := s.entries[entryKey{t.name, bucketKind(k)}]; en != nil {
+				en.frozen = true
+			}
 		}
 		a.frozen = true
 	}
@@ -359,7 +376,7 @@ func (s *batchedState) pruneLocked(now int64) {
 func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 	for _, tr := range s.round.tenants {
 		g := rep.Buckets[tr.at]
-		s.acked(tr.en, g)
+		s.acked(now, tr.en, g)
 		rate, level := tr.en.granted(g, tr.b.Taken())
 		credit := int64(0)
 		if tr.en.kind == kindTokens && tr.t.credit.lending() && tr.rate > 0 {
@@ -370,8 +387,8 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 	}
 	for _, dr := range s.round.domains {
 		gp, gd := rep.Buckets[dr.at], rep.Buckets[dr.at+1]
-		s.acked(dr.prefill, gp)
-		s.acked(dr.decode, gd)
+		s.acked(now, dr.prefill, gp)
+		s.acked(now, dr.decode, gd)
 		if dr.d.cap != dr.cap {
 			continue // rebuilt by a reload meanwhile: the next round grants it
 		}
@@ -385,9 +402,9 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 }
 
 // acked records that the store has counted the entry's last report.
-func (s *batchedState) acked(en *syncEntry, g BucketGrant) {
+func (s *batchedState) acked(now int64, en *syncEntry, g BucketGrant) {
 	en.unacked -= en.sentUnacked
-	en.started = true
+	en.started, en.frozen, en.ackAt = true, false, now
 	if g.Level < 0 {
 		s.overage[en.kind].Add(-g.Level * en.scale)
 	}

@@ -79,7 +79,7 @@ func (s *strictState) reconcile(context.Context) error { return nil }
 // out that the store is back. It also forgets, now and then, the commits
 // of leases that expired.
 func (s *strictState) run(ctx context.Context) {
-	t := time.NewTicker(s.opts.Cooldown)
+	t := time.NewTicker(probeEvery(s.opts))
 	defer t.Stop()
 	for {
 		select {
