@@ -45,7 +45,7 @@ type ReconcileRequest struct {
 	// still brings its level instead of its takes.
 	Rejoin  time.Duration
 	Buckets []BucketReport
-	Gauges   []GaugeReport
+	Gauges  []GaugeReport
 }
 
 // BucketReport is one bucket's use by one replica.
