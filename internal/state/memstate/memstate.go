@@ -164,9 +164,13 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 			shares += h.share
 		}
 		free := float64(max(g.Limit-held, 0))
+		// Each replica weighs at least 1/20 of an equal share (as in
+		// Waterfill): one that took nothing last round (demand 0) must
+		// still get some of the free part, or it could never take again.
 		mine := free / float64(len(hs))
 		if shares > 0 {
-			mine = free * float64(g.Share) / float64(shares)
+			least := float64(shares) / float64(20*len(hs))
+			mine = free * (float64(g.Share) + least) / (float64(shares) + float64(len(hs))*least)
 		}
 		rep.Gauges[i] = g.Held + int64(math.Floor(mine))
 	}

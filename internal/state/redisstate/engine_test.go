@@ -47,7 +47,12 @@ tiers:
     rps: {rate: 100000000, burst: 100000000}
     tokens: {rate: 1000000000, burst: 1000000000}
     weight: 1
+  recover:
+    rps: {rate: 1000000, burst: 1000000}
+    tokens: {rate: 20000, burst: 20000}
+    weight: 1
 tenants:
+  rc: {tier: recover}
   t1: {tier: open}
   t2: {tier: closed}
   s1: {tier: strict}

@@ -141,8 +141,14 @@ for i = nb + 1, #KEYS do
     end
   end
   local free = math.max(limit - total, 0)
+  -- Each replica weighs at least 1/20 of an equal share (as in waterfill):
+  -- one that took nothing last round (demand 0) must still get some of the
+  -- free part, or it could never take anything again.
   local mine = free / n
-  if shares > 0 then mine = free * share / shares end
+  if shares > 0 then
+    local least = shares / (20 * n)
+    mine = free * (share + least) / (shares + n * least)
+  end
   redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
   out[i] = math.floor(held + mine)
 end

@@ -167,19 +167,24 @@ func Run(t *testing.T, newStore Factory) {
 			}
 			return rep.Gauges[0]
 		}
+		// Shares weigh their demand plus 1/20 of an equal share (0.1 here).
 		gauge("a", 100, 1, time.Minute)
-		if b := gauge("b", 300, 3, time.Minute); b != 300+450 {
-			t.Errorf("b's limit = %d, want 300 held + 3/4 of 600 free = 750", b)
+		if b := gauge("b", 300, 3, time.Minute); b != 300+442 {
+			t.Errorf("b's limit = %d, want 300 held + 3.1/4.2 of 600 free = 742", b)
 		}
-		if a := gauge("a", 100, 1, time.Minute); a != 100+150 {
-			t.Errorf("a's limit = %d, want 100 held + 1/4 of 600 free = 250", a)
+		if a := gauge("a", 100, 1, time.Minute); a != 100+157 {
+			t.Errorf("a's limit = %d, want 100 held + 1.1/4.2 of 600 free = 257", a)
 		}
 		// A replica whose holding outlived its TTL (it vanished; its leases
 		// expired) is reclaimed.
 		gauge("c", 500, 1, time.Microsecond)
 		waitPast(time.Millisecond)
-		if a := gauge("a", 100, 1, time.Minute); a != 100+150 {
-			t.Errorf("a's limit after c vanished = %d, want 250", a)
+		if a := gauge("a", 100, 1, time.Minute); a != 100+157 {
+			t.Errorf("a's limit after c vanished = %d, want 257", a)
+		}
+		// A replica that took nothing last round still gets some of the free part.
+		if z := gauge("z", 0, 0, time.Minute); z <= 0 {
+			t.Errorf("z's limit = %d with demand 0, want a share of the free part", z)
 		}
 	})
 	t.Run("an admission returns each bucket's level after the take", func(t *testing.T) {
