@@ -78,9 +78,9 @@ type BucketReport struct {
 	// the bucket for longer than Stale, or lost it (an outage, a restart),
 	// rebuilds the level from these instead of charging the takes against
 	// its own refill: that refill was capped at the burst while the
-	// replicas refilled locally, and charging the outage's takes after it
-	// would push the level about R·T below zero, refusing everyone for as
-	// long as the outage lasted. The first such report sets the level to
+	// replicas refilled locally, and charging the outage's takes (about
+	// R·T) after it would leave the level near B − R·T, refusing everyone
+	// for about as long as the outage lasted. The first such report sets the level to
 	// Held; each other replica whose Span began before that rebuild adds
 	// its Held once, within Rejoin. Any other report is charged as usual.
 	Resume bool

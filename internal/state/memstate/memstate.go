@@ -37,6 +37,7 @@ type replica struct {
 	cum, demand int64
 	seen        time.Time
 	rebuilt     time.Time // the rebuild its level went into
+	held        int64     // that level
 }
 
 // forget is how long a silent replica's counter is kept (as in the
@@ -96,8 +97,9 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		prev := s.buckets[r.Key]
 		var b *bucket
 		var mine time.Time // the rebuild this replica's level went into
+		var brought int64  // that level
 		if prev != nil && prev.replicas[req.Replica] != nil {
-			mine = prev.replicas[req.Replica].rebuilt
+			mine, brought = prev.replicas[req.Replica].rebuilt, prev.replicas[req.Replica].held
 		}
 		// Back from an outage (admission.BucketReport.Resume): the replicas'
 		// levels, refilled at their grants while the store could not, are
@@ -109,12 +111,19 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 				b.born, b.replicas = prev.born, prev.replicas
 			}
 			s.buckets[r.Key] = b
-			mine = now
+			mine, brought = now, r.Held
 		case r.Resume && !prev.rebuilt.IsZero() && now.Sub(prev.rebuilt) <= req.Rejoin &&
-			now.Add(-r.Span).Before(prev.rebuilt) && !mine.Equal(prev.rebuilt):
+			now.Add(-r.Span).Before(prev.rebuilt):
+			// Back from the same outage: its level joins the others'. One it
+			// brought to this rebuild already (its answer was lost, or the
+			// report ran late, after a pause, with a level from before the
+			// outage) is replaced by this newer one.
 			b = s.refill(r.Key, r.Rate, r.Burst, now)
-			b.level += float64(r.Held)
-			mine = b.rebuilt
+			if !mine.Equal(b.rebuilt) {
+				brought = 0
+			}
+			b.level += float64(r.Held - brought)
+			mine, brought = b.rebuilt, r.Held
 		default:
 			b = s.refill(r.Key, r.Rate, r.Burst, now)
 			if prev == nil { // full since the replica started it, less what it spent
@@ -127,7 +136,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 			b.level -= float64(delta)
 		}
 		b.level = math.Min(b.level, float64(r.Burst))
-		b.replicas[req.Replica] = &replica{epoch: r.Epoch, cum: r.Cum, demand: r.Demand, seen: now, rebuilt: mine}
+		b.replicas[req.Replica] = &replica{epoch: r.Epoch, cum: r.Cum, demand: r.Demand, seen: now, rebuilt: mine, held: brought}
 		demands := make(map[string]int64, len(b.replicas))
 		for id, rp := range b.replicas {
 			switch quiet := now.Sub(rp.seen); {

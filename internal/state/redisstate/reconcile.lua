@@ -5,7 +5,8 @@
 -- then per gauge: limit, held, share, ttl_us.
 -- Bucket hash fields: l level, t last refill (us), born (us), rb last rebuild
 --   from the replicas' levels (us); per replica r: c:r "epoch:cumulative",
---   d:r demand, s:r last seen (us), h:r the rebuild r's level went into.
+--   d:r demand, s:r last seen (us), h:r the rebuild r's level went into and
+--   v:r that level.
 -- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
 -- the replica's limit.
@@ -64,13 +65,19 @@ for i = 1, nb do
     level, ts, rebuilt = held, now, true
     rb = now
     redis.call('HSET', key, 'rb', num(rb))
-  elseif resume and level and rb and now - rb <= rejoin and now - span < rb and f['h:' .. rid] ~= f.rb then
-    level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6) + held
+  elseif resume and level and rb and now - rb <= rejoin and now - span < rb then
+    -- Back from the same outage: its level joins the others'. If it already
+    -- brought one to this rebuild (its answer was lost, or the report ran
+    -- late, after a pause, with a level from before the outage), this one,
+    -- newer, replaces it.
+    local before = 0
+    if f['h:' .. rid] == f.rb then before = tonumber(f['v:' .. rid]) or 0 end
+    level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6) + held - before
     ts, rebuilt = now, true
   end
   if rebuilt then
     level = math.min(level, burst)
-    redis.call('HSET', key, 'h:' .. rid, num(rb))
+    redis.call('HSET', key, 'h:' .. rid, num(rb), 'v:' .. rid, num(held))
   elseif not level then
     -- Full since the replica started it, less what it spent (below).
     level, ts, f.born = burst + rate * age / 1e6, now, num(now)
@@ -99,7 +106,7 @@ for i = 1, nb do
       local r = string.sub(field, 3)
       local quiet = now - tonumber(v)
       if r ~= rid and quiet > forget then
-        redis.call('HDEL', key, 'c:' .. r, 'd:' .. r, 's:' .. r, 'h:' .. r)
+        redis.call('HDEL', key, 'c:' .. r, 'd:' .. r, 's:' .. r, 'h:' .. r, 'v:' .. r)
       elseif r == rid or quiet <= stale then
         ids[#ids + 1] = r
         dem[r] = tonumber(f['d:' .. r])
