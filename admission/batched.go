@@ -67,6 +67,9 @@ type syncEntry struct {
 	// frozen: the bucket stopped refilling (an idle tenant) since the last
 	// acknowledged report, so its level is not the truth of an outage.
 	frozen bool
+	// resumed: the last report brought the level after a silence longer
+	// than the store's Stale (an outage), which the store rebuilds from.
+	resumed bool
 	// Set by a report, used by the grant that answers it.
 	snapTaken   int64
 	sentUnacked int64
@@ -289,6 +292,7 @@ func (s *batchedState) report(now int64, ek entryKey, owner any, b *tokenbucket.
 		// rebuilds the bucket from the replicas' levels.
 		rep.Resume, rep.Held, rep.Span = true, floorDiv(b.Level(now), en.scale), time.Duration(now-en.ackAt)
 	}
+	en.resumed = rep.Resume && rep.Span > staleRounds*s.opts.Interval
 	return rep
 }
 
@@ -378,6 +382,7 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		g := rep.Buckets[tr.at]
 		s.acked(now, tr.en, g)
 		rate, level := tr.en.granted(g, tr.b.Taken())
+		level += tr.en.refilledInCall(tr.b.Rate(), now)
 		credit := int64(0)
 		if tr.en.kind == kindTokens && tr.t.credit.lending() && tr.rate > 0 {
 			credit = mulDiv(creditLimit(tr.t.policy), rate, tr.rate) // the same share of the credit
@@ -396,6 +401,8 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		var g pd.ShareGrant
 		g.PrefillRate, g.PrefillLevel = dr.prefill.granted(gp, p)
 		g.DecodeRate, g.DecodeLevel = dr.decode.granted(gd, dc)
+		g.PrefillLevel += dr.prefill.refilledInCall(dr.cap.PrefillRate(), now)
+		g.DecodeLevel += dr.decode.refilledInCall(dr.cap.DecodeRate(), now)
 		g.KVLimit = rep.Gauges[dr.gauge]
 		dr.d.cap.ApplyShare(now, g)
 	}
@@ -408,6 +415,19 @@ func (s *batchedState) acked(now int64, en *syncEntry, g BucketGrant) {
 	if g.Level < 0 {
 		s.overage[en.kind].Add(-g.Level * en.scale)
 	}
+}
+
+// refilledInCall is what the local bucket refilled at rate (its grant
+// during the outage) between a resuming report and its answer: a store
+// rebuilding the bucket takes the reported level as it is when the script
+// runs and refills only from then, so that refill would otherwise be lost
+// (a round trip of the grant's rate; in a normal round the store's refill
+// covers it). Zero for any other report.
+func (en *syncEntry) refilledInCall(rate, now int64) int64 {
+	if !en.resumed || now <= en.lastAt {
+		return 0
+	}
+	return mulDiv(rate, now-en.lastAt, int64(time.Second))
 }
 
 // granted turns a grant into the local bucket's rate and level, given what
