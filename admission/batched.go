@@ -423,11 +423,19 @@ func (s *batchedState) acked(now int64, en *syncEntry, g BucketGrant) {
 // runs and refills only from then, so that refill would otherwise be lost
 // (a round trip of the grant's rate; in a normal round the store's refill
 // covers it). Zero for any other report.
+//
+// The store is owed it too: the takes of that time are charged in the
+// next report while the rebuilt level lacks the refill that covered them,
+// which pushed every replica's share below zero for about the call's
+// length (a first call after a pause can wait most of its timeout). So it
+// also goes into the next report as a refund.
 func (en *syncEntry) refilledInCall(rate, now int64) int64 {
 	if !en.resumed || now <= en.lastAt {
 		return 0
 	}
-	return mulDiv(rate, now-en.lastAt, int64(time.Second))
+	c := mulDiv(rate, now-en.lastAt, int64(time.Second))
+	en.rem -= c
+	return c
 }
 
 // granted turns a grant into the local bucket's rate and level, given what

@@ -183,14 +183,7 @@ func outageRecovery(t *testing.T, mode admission.SharedMode, take outage) {
 	if n := unexpected.Load(); n > 0 {
 		t.Errorf("%d answers were neither admissions nor QUOTA_EXCEEDED, or releases failed", n)
 	}
-	// Under the race detector (every call several times slower, two cores)
-	// the first calls after a pause take long enough that the replicas dip
-	// below zero for up to two intervals (measured 98.5–99.7% of the quota;
-	// without it 100.1–100.4%): the lower bound there is 98%.
-	least := 0.99
-	if raceDetector {
-		least = 0.98
-	}
+	const least = 0.99
 	for what, c := range map[string][2]int64{"the run": {total, quota}, "the window": {window, wquota}} {
 		got, q := c[0], c[1]
 		if got > q+bound {
