@@ -19,6 +19,11 @@ const (
 	// staleRounds is how many intervals of silence drop a replica out of
 	// the store's shares.
 	staleRounds = 3
+	// rejoinRounds is how many intervals after a bucket is rebuilt from
+	// the replicas' levels (a store back from an outage) a replica back
+	// from the same outage still brings its level: the breakers probe every
+	// interval, so all are back within a few.
+	rejoinRounds = 30
 )
 
 // batchedState is the batched strategy: decisions are taken locally from
@@ -58,6 +63,13 @@ type syncEntry struct {
 	epoch     uint64
 	started   bool  // the store has acknowledged a report of this epoch
 	lastAt    int64 // engine time of the last report
+	ackAt     int64 // engine time of the last acknowledged report
+	// frozen: the bucket stopped refilling (an idle tenant) since the last
+	// acknowledged report, so its level is not the truth of an outage.
+	frozen bool
+	// resumed: the last report brought the level after a silence longer
+	// than the store's Stale (an outage), which the store rebuilds from.
+	resumed bool
 	// Set by a report, used by the grant that answers it.
 	snapTaken   int64
 	sentUnacked int64
@@ -194,6 +206,7 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 		Replica:  s.opts.Replica,
 		Replicas: s.replicas,
 		Stale:    staleRounds * s.opts.Interval,
+		Rejoin:   rejoinRounds * s.opts.Interval,
 	}
 	for name, t := range e.mu.gates.tenants {
 		if s.idleLocked(now, t) {
@@ -271,10 +284,15 @@ func (s *batchedState) report(now int64, ek entryKey, owner any, b *tokenbucket.
 		Cum: en.cum, Unacked: en.unacked, Epoch: en.epoch, Demand: demand,
 	}
 	if !en.started {
-		// Only a bucket this replica is starting is credited for its age; a
-		// store that lost its data (a restart) starts from the burst.
+		// Only a bucket this replica is starting is credited for its age.
 		rep.Age = time.Duration(age)
+	} else if !en.frozen {
+		// Its level refilled at its grant since the last acknowledged
+		// report: a store back from an outage (or that lost its data)
+		// rebuilds the bucket from the replicas' levels.
+		rep.Resume, rep.Held, rep.Span = true, floorDiv(b.Level(now), en.scale), time.Duration(now-en.ackAt)
 	}
+	en.resumed = rep.Resume && rep.Span > staleRounds*s.opts.Interval
 	return rep
 }
 
@@ -316,8 +334,11 @@ func (s *batchedState) idleLocked(now int64, t *tenantState) bool {
 		return false
 	}
 	if !a.frozen {
-		for _, b := range t.buckets() {
+		for k, b := range t.buckets() {
 			b.SetLimits(0, b.Burst(), b.Credit())
+			if en := s.entries[entryKey{t.name, bucketKind(k)}]; en != nil {
+				en.frozen = true
+			}
 		}
 		a.frozen = true
 	}
@@ -359,8 +380,9 @@ func (s *batchedState) pruneLocked(now int64) {
 func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 	for _, tr := range s.round.tenants {
 		g := rep.Buckets[tr.at]
-		s.acked(tr.en, g)
+		s.acked(now, tr.en, g)
 		rate, level := tr.en.granted(g, tr.b.Taken())
+		level += tr.en.refilledInCall(tr.b.Rate(), now)
 		credit := int64(0)
 		if tr.en.kind == kindTokens && tr.t.credit.lending() && tr.rate > 0 {
 			credit = mulDiv(creditLimit(tr.t.policy), rate, tr.rate) // the same share of the credit
@@ -370,8 +392,8 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 	}
 	for _, dr := range s.round.domains {
 		gp, gd := rep.Buckets[dr.at], rep.Buckets[dr.at+1]
-		s.acked(dr.prefill, gp)
-		s.acked(dr.decode, gd)
+		s.acked(now, dr.prefill, gp)
+		s.acked(now, dr.decode, gd)
 		if dr.d.cap != dr.cap {
 			continue // rebuilt by a reload meanwhile: the next round grants it
 		}
@@ -379,18 +401,41 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		var g pd.ShareGrant
 		g.PrefillRate, g.PrefillLevel = dr.prefill.granted(gp, p)
 		g.DecodeRate, g.DecodeLevel = dr.decode.granted(gd, dc)
+		g.PrefillLevel += dr.prefill.refilledInCall(dr.cap.PrefillRate(), now)
+		g.DecodeLevel += dr.decode.refilledInCall(dr.cap.DecodeRate(), now)
 		g.KVLimit = rep.Gauges[dr.gauge]
 		dr.d.cap.ApplyShare(now, g)
 	}
 }
 
 // acked records that the store has counted the entry's last report.
-func (s *batchedState) acked(en *syncEntry, g BucketGrant) {
+func (s *batchedState) acked(now int64, en *syncEntry, g BucketGrant) {
 	en.unacked -= en.sentUnacked
-	en.started = true
+	en.started, en.frozen, en.ackAt = true, false, now
 	if g.Level < 0 {
 		s.overage[en.kind].Add(-g.Level * en.scale)
 	}
+}
+
+// refilledInCall is what the local bucket refilled at rate (its grant
+// during the outage) between a resuming report and its answer: a store
+// rebuilding the bucket takes the reported level as it is when the script
+// runs and refills only from then, so that refill would otherwise be lost
+// (a round trip of the grant's rate; in a normal round the store's refill
+// covers it). Zero for any other report.
+//
+// The store is owed it too: the takes of that time are charged in the
+// next report while the rebuilt level lacks the refill that covered them,
+// which pushed every replica's share below zero for about the call's
+// length (a first call after a pause can wait most of its timeout). So it
+// also goes into the next report as a refund.
+func (en *syncEntry) refilledInCall(rate, now int64) int64 {
+	if !en.resumed || now <= en.lastAt {
+		return 0
+	}
+	c := mulDiv(rate, now-en.lastAt, int64(time.Second))
+	en.rem -= c
+	return c
 }
 
 // granted turns a grant into the local bucket's rate and level, given what

@@ -40,8 +40,12 @@ type ReconcileRequest struct {
 	// if N replicas were live, keeping the others' slices out of it.
 	Replicas int
 	Stale    time.Duration // a replica not heard from for this long drops out of the shares
-	Buckets  []BucketReport
-	Gauges   []GaugeReport
+	// Rejoin is how long after a bucket is rebuilt from the replicas'
+	// levels (see BucketReport.Resume) a replica back from the same outage
+	// still brings its level instead of its takes.
+	Rejoin  time.Duration
+	Buckets []BucketReport
+	Gauges  []GaugeReport
 }
 
 // BucketReport is one bucket's use by one replica.
@@ -66,6 +70,22 @@ type BucketReport struct {
 	// the bucket counts it full since then: the quota refilled while the
 	// replicas spent their starting slices.
 	Age time.Duration
+
+	// Resume says that this replica's local bucket has refilled at its
+	// grant since its last acknowledged report, Span ago (it was not
+	// frozen idle), so that its level, Held, already nets what it took
+	// against its share of the refill. A store that heard from nobody about
+	// the bucket for longer than Stale, or lost it (an outage, a restart),
+	// rebuilds the level from these instead of charging the takes against
+	// its own refill: that refill was capped at the burst while the
+	// replicas refilled locally, and charging the outage's takes (about
+	// R·T) after it would leave the level near B − R·T, refusing everyone
+	// for about as long as the outage lasted. The first such report sets the level to
+	// Held; each other replica whose Span began before that rebuild adds
+	// its Held once, within Rejoin. Any other report is charged as usual.
+	Resume bool
+	Held   int64         // the local level, in the report's units (negative: a share of an overage)
+	Span   time.Duration // since this replica's last acknowledged report of the bucket
 }
 
 // GaugeReport is what one replica holds of a gauge (a domain's KV bytes).
@@ -126,6 +146,12 @@ type StrictVerdict struct {
 	// len(Takes) for the KV gauge; meaningful when not admitted.
 	Refused    int
 	RetryAfter time.Duration
+	// Levels are, for an admission the call took, each bucket's level
+	// after the take, in Takes' order (empty when an earlier call had
+	// committed it). A replica whose breaker opens cuts its fallback
+	// slices from them: its share of what the store last held, not of a
+	// full bucket it never saw.
+	Levels []int64
 }
 
 // StrictSettle settles a finished lease: each Amount is given back

@@ -2,11 +2,13 @@ package admission_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/admissiontest"
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
 	"github.com/sluice-sched/sluice/topology"
@@ -93,5 +95,112 @@ func strictDuplicate(t *testing.T, admit bool) {
 	}
 	if n, c := e.LeaseCount(), counted.Commits(); n != 1 || c != 1 {
 		t.Errorf("%d leases and %d commits in the store, want 1 and 1", n, c)
+	}
+}
+
+// Batched replicas back from a long store outage (30 s, on a manual clock,
+// the store keeping its data) resume at once: the store rebuilds the
+// tenant's bucket from their levels rather than charging the outage's
+// takes against a refill capped at the burst, which refused everyone for
+// about as long as the outage. Over [outage start, return + 10 s] the
+// tenant, held at its limit, is admitted within [99% of its quota, quota +
+// (N−1)·R·W].
+func TestBatchedRecoveryAfterLongOutage(t *testing.T) {
+	cfg, err := config.Parse("shared.yaml", []byte(`
+output_token_weight: 1
+leases: {ttl: 1m, idempotency_ttl: 1m}
+tiers:
+  open:
+    rps: {rate: 100000, burst: 100000}
+    tokens: {rate: 20000, burst: 10000}
+    weight: 1
+tenants:
+  o: {tier: open}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		n        = 2
+		rate     = 20000 // tokens/s: 200 requests/s
+		burst    = 10000
+		reqSize  = 100 // prompt 50 + output 50
+		interval = 100 * time.Millisecond
+		step     = 10 * time.Millisecond
+	)
+	clk := clock.NewManual(admission.Epoch)
+	store := admissiontest.NewFlaky(memstate.New(clk))
+	var engines []*admission.Engine
+	for i := range n {
+		e, err := admission.New(cfg, admission.HGXCluster(t, 1), admission.WithClock(clk),
+			admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2, Cooldown: time.Second}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		engines = append(engines, e)
+	}
+	ctx := context.Background()
+	last := make([]time.Time, n)        // each replica's last admission
+	longest := make([]time.Duration, n) // its longest pause after the return
+	var returned time.Time
+	admitted := int64(0)
+	// run drives every replica at its limit for d: every step each admits
+	// until refused; every interval each reconciles.
+	run := func(d time.Duration) {
+		for end := clk.Now().Add(d); clk.Now().Before(end); {
+			clk.Advance(step)
+			now := clk.Now()
+			for i, e := range engines {
+				e.Tick()
+				if now.Sub(admission.Epoch)%interval == 0 {
+					_ = e.Reconcile(ctx) // fails while the store is down
+				}
+				for {
+					dec, err := e.Admit(ctx, admission.Request{Tenant: "o", Model: "small", PromptTokens: 50, MaxOutputTokens: 50})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if dec.Outcome != admission.Admitted {
+						if dec.Reason != admission.ReasonQuotaExceeded {
+							di := e.Domains()[0]
+							t.Fatalf("refused %v at %v on r%d, want only QUOTA_EXCEEDED; prefill %d/%d at %d/s; decode %d/%d at %d/s; kv %d/%d", dec.Reason, now.Sub(admission.Epoch), i,
+								di.PrefillLevel, di.PrefillBurst, di.PrefillRate, di.DecodeLevel, di.DecodeBurst, di.DecodeRate, di.KVInUse, di.KVLimit)
+						}
+						break
+					}
+					admitted += reqSize
+					if _, err := e.Release(ctx, admission.Release{LeaseID: dec.LeaseID, PromptTokens: 50, OutputTokens: 50}); err != nil {
+						t.Fatal(err)
+					}
+					if !returned.IsZero() {
+						longest[i] = max(longest[i], now.Sub(last[i]))
+					}
+					last[i] = now
+				}
+			}
+		}
+	}
+	run(2 * time.Second)
+	owed := max(burst+rate*2-admitted, 0) // about 0: held at its limit
+	admitted = 0
+	store.SetDown(true)
+	run(30 * time.Second)
+	store.SetDown(false)
+	returned = clk.Now()
+	run(10 * time.Second)
+	for i := range longest { // the silence up to the end counts too
+		longest[i] = max(longest[i], clk.Now().Sub(last[i]))
+	}
+	quota := owed + rate*40
+	bound := int64((n - 1) * rate * interval.Seconds())
+	t.Logf("admitted %d over the window, quota %d (%.2f%%); longest pause per replica after the return %v", admitted, quota, 100*float64(admitted)/float64(quota), longest)
+	if admitted > quota+bound || float64(admitted) < 0.99*float64(quota) {
+		t.Errorf("admitted %d over [outage start, return + 10 s], want within [99%% of %d, %d]", admitted, quota, quota+bound)
+	}
+	for i, l := range longest {
+		if l > 2*interval {
+			t.Errorf("replica %d admitted nothing for %v after the store returned, want at most two intervals", i, l)
+		}
 	}
 }

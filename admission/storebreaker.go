@@ -39,6 +39,13 @@ func (b *storeBreaker) allow(now time.Time) bool {
 	return true
 }
 
+// isOpen reports whether the breaker is open, without asking to probe.
+func (b *storeBreaker) isOpen() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.open
+}
+
 // failure counts a failed call and reports whether the breaker just opened.
 func (b *storeBreaker) failure(now time.Time) bool {
 	b.mu.Lock()

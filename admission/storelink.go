@@ -78,6 +78,15 @@ func mulDiv(a, b, c int64) int64 {
 	return int64(min(q, math.MaxInt64))
 }
 
+// floorDiv is a/b rounded down (toward −∞), b positive.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
 func ceilDiv(a, b int64) int64 {
 	if a <= 0 {
 		return a / b
@@ -106,10 +115,19 @@ type storeLink struct {
 func newStoreLink(e *Engine, store SharedState, o SharedOptions) *storeLink {
 	return &storeLink{
 		e: e, store: store, opts: o,
-		br:       storeBreaker{limit: o.Failures, cooldown: o.Cooldown},
+		br:       storeBreaker{limit: o.Failures, cooldown: probeEvery(o) / 2},
 		replicas: o.Replicas,
 	}
 }
+
+// probeEvery is how often the background loop calls the store while the
+// breaker is open: every reconcile interval at most, so that replicas are
+// all back within an interval or two of the store's return (one that
+// probed only every cool-down would keep deciding on its fallback for up
+// to a cool-down while the others were granted the rate it still uses).
+// The breaker itself lets a probe through every half of that, so that a
+// tick that fires a little early is not turned away for another period.
+func probeEvery(o SharedOptions) time.Duration { return min(o.Cooldown, o.Interval) }
 
 // answered counts the outcome of a store call made outside the lock.
 func (s *storeLink) answered(err error) {

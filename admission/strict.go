@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/sluice-sched/sluice/pd"
@@ -24,6 +25,15 @@ type strictState struct {
 	commits   map[uint64]*pendingCommit // leases whose commit is in flight
 	committed map[uint64]struct{}       // leases the store may hold a charge for
 	lastPrune int64
+	known     map[string]knownLevel // per store key, its level after this replica's last commit
+	downAt    int64                 // when the breaker last opened
+}
+
+// knownLevel is a store bucket's level as a commit last returned it, in
+// the commit's scaled units.
+type knownLevel struct {
+	level, rate, burst int64
+	at                 int64 // engine time
 }
 
 func newStrictState(link *storeLink) *strictState {
@@ -31,6 +41,7 @@ func newStrictState(link *storeLink) *strictState {
 		storeLink: link,
 		commits:   make(map[uint64]*pendingCommit),
 		committed: make(map[uint64]struct{}),
+		known:     make(map[string]knownLevel),
 	}
 	link.onDown = s.fallbackLocked
 	return s
@@ -38,22 +49,100 @@ func newStrictState(link *storeLink) *strictState {
 
 // fallbackLocked follows the breaker: the local buckets, whole while the
 // store decides, are cut to a 1/N slice while it cannot, and made whole
-// again when it returns.
+// again when it returns. A slice starts from this replica's share of the
+// level the store last returned (refilled since), not from a share of the
+// burst: the local whole buckets know nothing of the other replicas'
+// takes, and a tenant held at its limit would otherwise get a fresh burst
+// at every outage.
 func (s *strictState) fallbackLocked(now int64, down bool) {
 	e := s.e
+	if down {
+		s.downAt = now
+	}
 	for _, t := range e.mu.gates.tenants {
 		t.setPolicy(t.policy, now, false)
-		if down {
-			s.sliceTenant(t, now, true)
+		if !down {
+			continue
+		}
+		s.sliceTenant(t, now, true)
+		for k, b := range t.buckets() {
+			rate, burst := tenantLimits(t, bucketKind(k))
+			if share, ok := s.knownShare(tenantKey(t.name, bucketKind(k)), scaleFor(rate, burst), now); ok && share < b.Level(now) {
+				b.SetLevel(now, share)
+			}
 		}
 	}
 	for _, d := range e.mu.place.domains {
-		if down {
-			s.sliceDomain(d, now)
-		} else {
+		if !down {
 			_ = d.cap.Resize(&d.topo) // the same domain: cannot fail
+			continue
+		}
+		s.sliceDomain(d, now)
+		n := int64(s.replicas)
+		pr, dr, kv := d.cap.FullLimits()
+		p, dc := d.cap.Levels(now)
+		if share, ok := s.knownShare(domainKey(d.ID(), kindPrefill), scaleFor(pr, d.cap.PrefillBurst()), now); ok {
+			p = min(p, share)
+		}
+		if share, ok := s.knownShare(domainKey(d.ID(), kindDecode), scaleFor(dr, d.cap.DecodeBurst()), now); ok {
+			dc = min(dc, share)
+		}
+		d.cap.ApplyShare(now, pd.ShareGrant{PrefillRate: pr / n, PrefillLevel: p, DecodeRate: dr / n, DecodeLevel: dc, KVLimit: kv / n})
+	}
+}
+
+// knownShare returns this replica's 1/N share of a store bucket's level
+// as its last commit returned it, refilled since, in units (the store's
+// are scaled by scale).
+func (s *strictState) knownShare(key string, scale, now int64) (int64, bool) {
+	k, ok := s.known[key]
+	if !ok {
+		return 0, false
+	}
+	level := k.level
+	if k.rate > 0 && now > k.at {
+		level = min(k.burst, level+mulDiv(k.rate, now-k.at, int64(time.Second)))
+	}
+	return floorDiv(level*scale, int64(s.replicas)), true
+}
+
+// resumeReportLocked is what this replica holds of every shared bucket
+// after an outage: its slices' levels, which refilled at 1/N of the rate
+// while it admitted from them. Sent before the breaker closes, it lets a
+// store that lost the buckets, or heard nothing of them for the outage,
+// rebuild them from what the replicas hold instead of starting full
+// (which would admit a burst on top of the outage's takes): see
+// BucketReport.Resume.
+func (s *strictState) resumeReportLocked(now int64) *ReconcileRequest {
+	e := s.e
+	req := &ReconcileRequest{
+		Replica: s.opts.Replica, Replicas: s.replicas,
+		Stale: staleRounds * s.opts.Interval, Rejoin: rejoinRounds * s.opts.Interval,
+	}
+	add := func(key string, rate, burst, level int64) {
+		sc := scaleFor(rate, burst)
+		req.Buckets = append(req.Buckets, BucketReport{
+			Key: key, Rate: rate / sc, Burst: burst / sc,
+			Resume: true, Held: floorDiv(level, sc), Span: time.Duration(now - s.downAt),
+		})
+	}
+	for name, t := range e.mu.gates.tenants {
+		for k, b := range t.buckets() {
+			if rate, burst := tenantLimits(t, bucketKind(k)); rate != 0 || burst != 0 {
+				add(tenantKey(name, bucketKind(k)), rate, burst, b.Level(now))
+			}
 		}
 	}
+	for _, d := range e.mu.place.domains {
+		if d.removed {
+			continue
+		}
+		pr, dr, _ := d.cap.FullLimits()
+		p, dc := d.cap.Levels(now)
+		add(domainKey(d.ID(), kindPrefill), pr, d.cap.PrefillBurst(), p)
+		add(domainKey(d.ID(), kindDecode), dr, d.cap.DecodeBurst(), dc)
+	}
+	return req
 }
 
 func (s *strictState) tenantReadyLocked(t *tenantState, now int64, _ bool) {
@@ -79,7 +168,7 @@ func (s *strictState) reconcile(context.Context) error { return nil }
 // out that the store is back. It also forgets, now and then, the commits
 // of leases that expired.
 func (s *strictState) run(ctx context.Context) {
-	t := time.NewTicker(s.opts.Cooldown)
+	t := time.NewTicker(probeEvery(s.opts))
 	defer t.Stop()
 	for {
 		select {
@@ -90,12 +179,35 @@ func (s *strictState) run(ctx context.Context) {
 		s.pruneCommitted()
 		now := s.e.clk.Now()
 		if open, _ := s.br.status(now); open && s.br.allow(now) {
-			cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-			err := s.store.Ping(cctx)
-			cancel()
-			s.answered(err)
+			s.answered(s.probe(ctx))
 		}
 	}
+}
+
+// probe checks that the store is back and, if it is, hands it the
+// replica's slices (resumeReportLocked) before the breaker closes: only
+// the prober closes it, so no commit reaches the store before the report.
+func (s *strictState) probe(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	if err := s.store.Ping(cctx); err != nil {
+		return err
+	}
+	e := s.e
+	e.mu.Lock()
+	req := s.resumeReportLocked(e.nowLocked())
+	e.mu.Unlock()
+	if len(req.Buckets) == 0 {
+		return nil
+	}
+	cctx, cancel = context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	_, err := s.store.Reconcile(cctx, req)
+	s.calls.Add(2)
+	if err != nil {
+		return fmt.Errorf("shared state: resume report: %w", err)
+	}
+	return nil
 }
 
 // pruneCommitted forgets, every pruneEvery, committed leases that are no
@@ -112,6 +224,11 @@ func (s *strictState) pruneCommitted() {
 	for id := range s.committed {
 		if _, ok := e.mu.leases.get(id); !ok {
 			delete(s.committed, id)
+		}
+	}
+	for k, v := range s.known {
+		if now-v.at > int64(pruneEvery) { // a bucket gone, or not committed to for long
+			delete(s.known, k)
 		}
 	}
 }
@@ -145,7 +262,7 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 	}
 	c, tenantTakes := s.chargeLocked(l, leaseID)
 	failClosed := l.tenant.policy.FailMode == FailClosed
-	if !s.br.allow(e.clk.Now()) {
+	if s.br.isOpen() { // only the prober probes (see probe)
 		e.mu.Unlock()
 		return s.conclude(requestID, leaseID, StrictVerdict{}, errBreakerOpen, failClosed, c, tenantTakes)
 	}
@@ -204,6 +321,12 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 		}
 	default:
 		s.okLocked()
+		now := e.nowLocked()
+		for i, t := range c.Takes {
+			if i < len(v.Levels) {
+				s.known[t.Key] = knownLevel{level: v.Levels[i], rate: t.Rate, burst: t.Burst, at: now}
+			}
+		}
 	}
 	if why.refused() {
 		delete(s.committed, leaseID)
@@ -320,7 +443,7 @@ func (s *strictState) settler(st *StrictSettle, pending <-chan struct{}) func(co
 		if pending != nil {
 			<-pending
 		}
-		if !s.br.allow(s.e.clk.Now()) {
+		if s.br.isOpen() {
 			return
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)

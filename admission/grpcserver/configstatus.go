@@ -18,10 +18,19 @@ type ConfigStatus struct {
 	Revision    int64  // etcd revision of the serving config; 0 when not from etcd
 	AppliedAt   time.Time
 	LastRefusal *ConfigRefusal // the latest refusal since AppliedAt; nil when none
-	// ControlPlaneConnected is whether etcd is reachable; true when the
-	// server does not use etcd.
+	// ControlPlane is ControlPlaneEtcd when the server uses etcd and
+	// ControlPlaneNone when it runs on its local config alone.
+	ControlPlane string
+	// ControlPlaneConnected is whether etcd is reachable; false when there
+	// is no control plane (nothing is connected).
 	ControlPlaneConnected bool
 }
+
+// The control planes GetConfigStatus names.
+const (
+	ControlPlaneNone = "none"
+	ControlPlaneEtcd = "etcd"
+)
 
 // ConfigRefusal is a config that was refused while the last good one kept
 // serving.
@@ -76,6 +85,7 @@ func (s *operatorServer) GetConfigStatus(context.Context, *admissionv1.GetConfig
 		Source:                st.Source,
 		Revision:              st.Revision,
 		ControlPlaneConnected: st.ControlPlaneConnected,
+		ControlPlane:          st.ControlPlane,
 	}
 	if !st.AppliedAt.IsZero() {
 		out.AppliedAt = timestamppb.New(st.AppliedAt)

@@ -58,12 +58,22 @@ func TestGetConfigStatus(t *testing.T) {
 	ctx := context.Background()
 	applied := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 
-	src.set(ConfigStatus{Source: "/etc/sluice.yaml", AppliedAt: applied, ControlPlaneConnected: true})
+	src.set(ConfigStatus{Source: "/etc/sluice.yaml", AppliedAt: applied, ControlPlane: ControlPlaneNone})
 	got, err := op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &admissionv1.GetConfigStatusResponse{Source: "/etc/sluice.yaml", AppliedAt: timestamppb.New(applied), ControlPlaneConnected: true}
+	want := &admissionv1.GetConfigStatusResponse{Source: "/etc/sluice.yaml", AppliedAt: timestamppb.New(applied), ControlPlane: "none"}
+	if !proto.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+
+	src.set(ConfigStatus{Source: "etcd", Revision: 40, AppliedAt: applied, ControlPlane: ControlPlaneEtcd, ControlPlaneConnected: true})
+	got, err = op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = &admissionv1.GetConfigStatusResponse{Source: "etcd", Revision: 40, AppliedAt: timestamppb.New(applied), ControlPlane: "etcd", ControlPlaneConnected: true}
 	if !proto.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
 	}

@@ -1809,10 +1809,15 @@ type GetConfigStatusResponse struct {
 	AppliedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=applied_at,json=appliedAt,proto3" json:"applied_at,omitempty"`
 	// The most recent refusal since then; absent when none.
 	LastRefusal *ConfigRefusal `protobuf:"bytes,4,opt,name=last_refusal,json=lastRefusal,proto3" json:"last_refusal,omitempty"`
-	// Whether the control plane (etcd) is reachable; true when not using etcd.
+	// Whether the control plane (etcd) is reachable; false when there is
+	// none (control_plane "none").
 	ControlPlaneConnected bool `protobuf:"varint,5,opt,name=control_plane_connected,json=controlPlaneConnected,proto3" json:"control_plane_connected,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The control plane: "etcd" when the server uses one (its reachability
+	// is control_plane_connected), "none" when it runs on its local config
+	// alone. Empty from servers older than this field.
+	ControlPlane  string `protobuf:"bytes,6,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetConfigStatusResponse) Reset() {
@@ -1878,6 +1883,13 @@ func (x *GetConfigStatusResponse) GetControlPlaneConnected() bool {
 		return x.ControlPlaneConnected
 	}
 	return false
+}
+
+func (x *GetConfigStatusResponse) GetControlPlane() string {
+	if x != nil {
+		return x.ControlPlane
+	}
+	return ""
 }
 
 // ExplainAdmitResponse is what Admit would do with a request now.
@@ -2292,14 +2304,15 @@ const file_admission_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\x12*\n" +
-	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x87\x02\n" +
+	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xac\x02\n" +
 	"\x17GetConfigStatusResponse\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x129\n" +
 	"\n" +
 	"applied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\x12E\n" +
 	"\flast_refusal\x18\x04 \x01(\v2\".sluice.admission.v1.ConfigRefusalR\vlastRefusal\x126\n" +
-	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected\"\xa0\x03\n" +
+	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected\x12#\n" +
+	"\rcontrol_plane\x18\x06 \x01(\tR\fcontrolPlane\"\xa0\x03\n" +
 	"\x14ExplainAdmitResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x123\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\x06reason\x12:\n" +

@@ -233,11 +233,16 @@ func configStatus(server string, sec client.Security, timeout time.Duration, for
 	if st.GetAppliedAt() != nil {
 		fmt.Fprintf(out, "applied at: %s\n", st.GetAppliedAt().AsTime().UTC().Format(time.RFC3339))
 	}
-	conn2 := "connected"
-	if !st.GetControlPlaneConnected() {
-		conn2 = "UNREACHABLE (serving the last good config)"
+	switch {
+	case st.GetControlPlane() == "none":
+		// No etcd: nothing is connected (an older server leaves the field
+		// empty and is read as before).
+		fmt.Fprintf(out, "control_plane: none\n")
+	case st.GetControlPlaneConnected():
+		fmt.Fprintf(out, "etcd:       connected\n")
+	default:
+		fmt.Fprintf(out, "etcd:       UNREACHABLE (serving the last good config)\n")
 	}
-	fmt.Fprintf(out, "etcd:       %s\n", conn2)
 	if r := st.GetLastRefusal(); r != nil {
 		where := r.GetSource()
 		if r.GetKey() != "" {

@@ -67,3 +67,13 @@ func TestConfigValidateApplyStatus(t *testing.T) {
 		t.Fatal("apply without --etcd succeeded")
 	}
 }
+
+// Without etcd, config status says there is no control plane rather than
+// that etcd is connected.
+func TestConfigStatusWithoutEtcd(t *testing.T) {
+	srv := startSluiced(t, "")
+	code, out, errs := sluicectl("config", "status", "--server", srv.GRPCAddr().String())
+	if code != 0 || !strings.Contains(out, "control_plane: none") || strings.Contains(out, "etcd") {
+		t.Fatalf("status without etcd: %d %q %q; want control_plane: none and no etcd line", code, out, errs)
+	}
+}

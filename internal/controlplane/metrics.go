@@ -19,7 +19,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		connected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_control_plane_connected",
-			Help: "1 while etcd is reachable (or not used), 0 while the replica serves its last good config, topology and drains without it.",
+			Help: "1 while etcd is reachable, 0 while the replica serves its last good config, topology and drains without it; absent without etcd.",
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_config_refusals_total",
@@ -54,6 +54,16 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// DropConnected unregisters sluice_control_plane_connected from reg, for a
+// server without a control plane: there is nothing to be connected to, and
+// the gauge's 1 would read as a reachable etcd. Its other metrics stay (the
+// file reloads' refusals, revision 0).
+func (m *Metrics) DropConnected(reg prometheus.Registerer) {
+	if m != nil {
+		reg.Unregister(m.connected)
+	}
 }
 
 func (m *Metrics) setConnected(ok bool) {

@@ -61,12 +61,21 @@ type controlPlane struct {
 }
 
 // statusSource adapts controlplane.Status to the Operator's port.
-type statusSource struct{ st *controlplane.Status }
+type statusSource struct {
+	st   *controlplane.Status
+	etcd bool // the server uses etcd (--etcd)
+}
 
-// ConfigStatus implements grpcserver.ConfigStatusSource.
+// ConfigStatus implements grpcserver.ConfigStatusSource. Without etcd there
+// is no control plane to be connected to: it says so (none, not connected)
+// rather than passing on the Status's "not disconnected".
 func (s statusSource) ConfigStatus() grpcserver.ConfigStatus {
 	v := s.st.View()
-	out := grpcserver.ConfigStatus{Source: v.Source, Revision: v.Revision, AppliedAt: v.AppliedAt, ControlPlaneConnected: v.Connected}
+	out := grpcserver.ConfigStatus{Source: v.Source, Revision: v.Revision, AppliedAt: v.AppliedAt,
+		ControlPlane: grpcserver.ControlPlaneNone}
+	if s.etcd {
+		out.ControlPlane, out.ControlPlaneConnected = grpcserver.ControlPlaneEtcd, v.Connected
+	}
 	if r := v.LastRefusal; r != nil {
 		out.LastRefusal = &grpcserver.ConfigRefusal{Source: r.Source, Key: r.Key, Reason: r.Reason, Revision: r.Revision, At: r.At}
 	}
@@ -86,9 +95,15 @@ func (s *Server) newConfigStatus(cfgName string) grpcserver.RegisterOption {
 	if cfgName == config.DefaultName {
 		source = controlplane.SourceEmbedded
 	}
+	etcd := s.opts.Etcd.Endpoints != ""
+	if !etcd {
+		// Nothing to be connected to: a sluice_control_plane_connected of 1
+		// would read as a reachable etcd.
+		m.DropConnected(s.metrics.Registry)
+	}
 	s.cp.status = controlplane.NewStatus(source, s.opts.Clock.Now(), m)
 	s.cp.metrics = m
-	return grpcserver.WithConfigStatus(statusSource{s.cp.status})
+	return grpcserver.WithConfigStatus(statusSource{st: s.cp.status, etcd: etcd})
 }
 
 // startControlPlane connects to etcd when --etcd is set, registers the

@@ -78,7 +78,7 @@ func TestEtcdConfigStatusAndMembership(t *testing.T) {
 		t.Fatalf("newco, defined only in etcd: %v, %v", resp, err)
 	}
 	st, err := op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
-	if err != nil || st.GetSource() != "etcd" || st.GetRevision() == 0 || !st.GetControlPlaneConnected() || st.GetLastRefusal() != nil {
+	if err != nil || st.GetSource() != "etcd" || st.GetRevision() == 0 || st.GetControlPlane() != "etcd" || !st.GetControlPlaneConnected() || st.GetLastRefusal() != nil {
 		t.Fatalf("GetConfigStatus = %v, %v", st, err)
 	}
 	hc, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: controlPlaneHealthService})
@@ -142,7 +142,7 @@ func TestEtcdDownAtStart(t *testing.T) {
 	srv, c, _, _ := start(t, Options{Etcd: etcdOpts(etcd.Endpoint())})
 	op := admissionv1.NewOperatorClient(dial(t, srv))
 	st, err := op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
-	if err != nil || st.GetSource() != "embedded" || st.GetControlPlaneConnected() {
+	if err != nil || st.GetSource() != "embedded" || st.GetControlPlane() != "etcd" || st.GetControlPlaneConnected() {
 		t.Fatalf("GetConfigStatus with etcd down: %v, %v", st, err)
 	}
 	if h := get(t, srv, "/healthz"); !strings.HasPrefix(h, "ok (control plane: etcd unreachable") {
@@ -177,8 +177,12 @@ func TestFileReloadRefusalInConfigStatus(t *testing.T) {
 	op := admissionv1.NewOperatorClient(dial(t, srv))
 	ctx := context.Background()
 	st, err := op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
-	if err != nil || st.GetSource() != path || !st.GetControlPlaneConnected() || st.GetLastRefusal() != nil {
-		t.Fatalf("GetConfigStatus = %v, %v", st, err)
+	// No etcd: no control plane, and nothing connected to.
+	if err != nil || st.GetSource() != path || st.GetControlPlane() != "none" || st.GetControlPlaneConnected() || st.GetLastRefusal() != nil {
+		t.Fatalf("GetConfigStatus = %v, %v; want control plane none, not connected", st, err)
+	}
+	if m := get(t, srv, "/metrics"); strings.Contains(m, "sluice_control_plane_connected") {
+		t.Fatal("sluice_control_plane_connected is exported without etcd")
 	}
 	bad := strings.Replace(string(config.DefaultYAML()), "weight: 8", "weight: eight", 1)
 	if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {

@@ -28,6 +28,7 @@ type bucket struct {
 	level    float64
 	at       time.Time
 	born     time.Time
+	rebuilt  time.Time // the last rebuild from the replicas' levels (zero: none)
 	replicas map[string]*replica
 }
 
@@ -35,6 +36,8 @@ type replica struct {
 	epoch       uint64
 	cum, demand int64
 	seen        time.Time
+	rebuilt     time.Time // the rebuild its level went into
+	held        int64     // that level
 }
 
 // forget is how long a silent replica's counter is kept (as in the
@@ -91,17 +94,49 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		Gauges:  make([]int64, len(req.Gauges)),
 	}
 	for i, r := range req.Buckets {
-		_, existed := s.buckets[r.Key]
-		b := s.refill(r.Key, r.Rate, r.Burst, now)
-		if !existed { // full since the replica started it, less what it spent
-			b.level += float64(r.Rate) * r.Age.Seconds()
+		prev := s.buckets[r.Key]
+		var b *bucket
+		var mine time.Time // the rebuild this replica's level went into
+		var brought int64  // that level
+		if prev != nil && prev.replicas[req.Replica] != nil {
+			mine, brought = prev.replicas[req.Replica].rebuilt, prev.replicas[req.Replica].held
 		}
-		delta := r.Unacked
-		if prev, ok := b.replicas[req.Replica]; ok && prev.epoch == r.Epoch {
-			delta = CumDelta(r.Cum, prev.cum)
+		// Back from an outage (admission.BucketReport.Resume): the replicas'
+		// levels, refilled at their grants while the store could not, are
+		// the truth; the store's own refill, capped at the burst, is not.
+		switch {
+		case r.Resume && (prev == nil || now.Sub(prev.at) > req.Stale):
+			b = &bucket{level: float64(r.Held), at: now, rebuilt: now, replicas: make(map[string]*replica)}
+			if prev != nil {
+				b.born, b.replicas = prev.born, prev.replicas
+			}
+			s.buckets[r.Key] = b
+			mine, brought = now, r.Held
+		case r.Resume && !prev.rebuilt.IsZero() && now.Sub(prev.rebuilt) <= req.Rejoin &&
+			now.Add(-r.Span).Before(prev.rebuilt):
+			// Back from the same outage: its level joins the others'. One it
+			// brought to this rebuild already (its answer was lost, or the
+			// report ran late, after a pause, with a level from before the
+			// outage) is replaced by this newer one.
+			b = s.refill(r.Key, r.Rate, r.Burst, now)
+			if !mine.Equal(b.rebuilt) {
+				brought = 0
+			}
+			b.level += float64(r.Held - brought)
+			mine, brought = b.rebuilt, r.Held
+		default:
+			b = s.refill(r.Key, r.Rate, r.Burst, now)
+			if prev == nil { // full since the replica started it, less what it spent
+				b.level += float64(r.Rate) * r.Age.Seconds()
+			}
+			delta := r.Unacked
+			if p, ok := b.replicas[req.Replica]; ok && p.epoch == r.Epoch {
+				delta = CumDelta(r.Cum, p.cum)
+			}
+			b.level -= float64(delta)
 		}
-		b.level = math.Min(b.level-float64(delta), float64(r.Burst))
-		b.replicas[req.Replica] = &replica{epoch: r.Epoch, cum: r.Cum, demand: r.Demand, seen: now}
+		b.level = math.Min(b.level, float64(r.Burst))
+		b.replicas[req.Replica] = &replica{epoch: r.Epoch, cum: r.Cum, demand: r.Demand, seen: now, rebuilt: mine, held: brought}
 		demands := make(map[string]int64, len(b.replicas))
 		for id, rp := range b.replicas {
 			switch quiet := now.Sub(rp.seen); {
@@ -138,9 +173,13 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 			shares += h.share
 		}
 		free := float64(max(g.Limit-held, 0))
+		// Each replica weighs at least 1/20 of an equal share (as in
+		// Waterfill): one that took nothing last round (demand 0) must
+		// still get some of the free part, or it could never take again.
 		mine := free / float64(len(hs))
 		if shares > 0 {
-			mine = free * float64(g.Share) / float64(shares)
+			least := float64(shares) / float64(20*len(hs))
+			mine = free * (float64(g.Share) + least) / (float64(shares) + float64(len(hs))*least)
 		}
 		rep.Gauges[i] = g.Held + int64(math.Floor(mine))
 	}
@@ -180,11 +219,14 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 	if sum+c.KV.Bytes > c.KV.Limit {
 		return admission.StrictVerdict{Refused: len(c.Takes)}, nil
 	}
-	for _, t := range c.Takes {
-		s.buckets[t.Key].level -= float64(t.Amount)
+	levels := make([]int64, len(c.Takes))
+	for i, t := range c.Takes {
+		b := s.buckets[t.Key]
+		b.level -= float64(t.Amount)
+		levels[i] = int64(math.Floor(b.level))
 	}
 	holds[c.KV.Lease] = &hold{bytes: c.KV.Bytes, until: now.Add(c.KV.TTL)}
-	return admission.StrictVerdict{Admitted: true}, nil
+	return admission.StrictVerdict{Admitted: true, Levels: levels}, nil
 }
 
 // Settle implements admission.SharedState.

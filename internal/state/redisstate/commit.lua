@@ -2,7 +2,8 @@
 -- KEYS: bucket hashes..., KV holds hash, KV expiry zset (one hash tag).
 -- ARGV: ntakes, then per take: rate, burst, amount, min;
 -- then lease, kv limit, kv bytes, ttl_us.
--- Returns {1} admitted, or {0, refused index (ntakes: KV), retry_us}.
+-- Returns {1, level after the take per bucket...} admitted, or {0, refused
+-- index (ntakes: KV), retry_us}.
 -- A lease already held was committed by an earlier call: {1}, nothing taken.
 
 -- Numbers written to Redis go through num (the default conversion keeps
@@ -55,4 +56,6 @@ redis.call('ZADD', zk, num(now + ttl), lease)
 local keep = math.ceil(ttl / 1000) + 60000
 redis.call('PEXPIRE', hk, keep)
 redis.call('PEXPIRE', zk, keep)
-return {1}
+local out = {1}
+for i = 1, n do out[i + 1] = math.floor(levels[i]) end
+return out

@@ -1,10 +1,12 @@
 -- One replica's batched report; returns its grants (see package state).
 -- KEYS: bucket hashes, then gauge hashes, all under one hash tag.
--- ARGV: replica, stale_us, nbuckets, N (replicas), then per bucket
---   rate, burst, cum, unacked, demand, epoch, age_us
+-- ARGV: replica, stale_us, nbuckets, N (replicas), rejoin_us, then per bucket
+--   rate, burst, cum, unacked, demand, epoch, age_us, resume (0|1), held, span_us
 -- then per gauge: limit, held, share, ttl_us.
--- Bucket hash fields: l level, t last refill (us), born (us); per replica r:
---   c:r "epoch:cumulative", d:r demand, s:r last seen (us).
+-- Bucket hash fields: l level, t last refill (us), born (us), rb last rebuild
+--   from the replicas' levels (us); per replica r: c:r "epoch:cumulative",
+--   d:r demand, s:r last seen (us), h:r the rebuild r's level went into and
+--   v:r that level.
 -- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
 -- the replica's limit.
@@ -15,12 +17,13 @@ local function num(x) return string.format('%.17g', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local rid, stale, nb, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), math.max(tonumber(ARGV[4]), 1)
+local rejoin = tonumber(ARGV[5])
 -- A silent replica leaves the shares after stale, its counter only after
 -- forget: a replica back from a long breaker must still find it.
 local forget = math.max(100 * stale, 60000000)
 local M = 4503599627370496 -- 2^52, admission.CumModulus
 local out = {}
-local a = 5
+local a = 6
 
 local function fields(key)
   local f, kv = {}, redis.call('HGETALL', key)
@@ -49,28 +52,53 @@ for i = 1, nb do
   local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   local cumArg, unacked, demArg = ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4]
   local epoch, age = ARGV[a + 5], tonumber(ARGV[a + 6])
-  a = a + 7
+  local resume, held, span = ARGV[a + 7] == '1', tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
+  a = a + 10
   local f = fields(key)
   local level, ts = tonumber(f.l), tonumber(f.t)
-  if not level then
+  local rb = tonumber(f.rb)
+  -- Back from an outage (see admission.BucketReport.Resume): the replicas'
+  -- own levels, which refilled at their grants while the store could not,
+  -- are the truth; the store's refill, capped at the burst, is not.
+  local rebuilt = false
+  if resume and (not level or now - ts > stale) then
+    level, ts, rebuilt = held, now, true
+    rb = now
+    redis.call('HSET', key, 'rb', num(rb))
+  elseif resume and level and rb and now - rb <= rejoin and now - span < rb then
+    -- Back from the same outage: its level joins the others'. If it already
+    -- brought one to this rebuild (its answer was lost, or the report ran
+    -- late, after a pause, with a level from before the outage), this one,
+    -- newer, replaces it.
+    local before = 0
+    if f['h:' .. rid] == f.rb then before = tonumber(f['v:' .. rid]) or 0 end
+    level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6) + held - before
+    ts, rebuilt = now, true
+  end
+  if rebuilt then
+    level = math.min(level, burst)
+    redis.call('HSET', key, 'h:' .. rid, num(rb), 'v:' .. rid, num(held))
+  elseif not level then
     -- Full since the replica started it, less what it spent (below).
     level, ts, f.born = burst + rate * age / 1e6, now, num(now)
     redis.call('HSET', key, 'born', f.born)
   end
-  level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6)
-  -- Charge the difference from the last cumulative of the same epoch, so a
-  -- repeated report counts once; with none (a new epoch, or forgotten) the
-  -- unacknowledged part.
-  local delta = unacked
-  local prev = f['c:' .. rid]
-  if prev then
-    local pe, pc = string.match(prev, '^(%d+):(%d+)$')
-    if pe == epoch then
-      delta = (tonumber(cumArg) - tonumber(pc)) % M
-      if delta > M / 2 then delta = delta - M end
+  if not rebuilt then
+    level = math.min(math.max(burst, level), level + rate * math.max(now - ts, 0) / 1e6)
+    -- Charge the difference from the last cumulative of the same epoch, so a
+    -- repeated report counts once; with none (a new epoch, or forgotten) the
+    -- unacknowledged part.
+    local delta = unacked
+    local prev = f['c:' .. rid]
+    if prev then
+      local pe, pc = string.match(prev, '^(%d+):(%d+)$')
+      if pe == epoch then
+        delta = (tonumber(cumArg) - tonumber(pc)) % M
+        if delta > M / 2 then delta = delta - M end
+      end
     end
+    level = math.min(level - delta, burst)
   end
-  level = math.min(level - delta, burst)
   f['d:' .. rid], f['s:' .. rid] = demArg, num(now)
   local ids, dem = {}, {}
   for field, v in pairs(f) do
@@ -78,7 +106,7 @@ for i = 1, nb do
       local r = string.sub(field, 3)
       local quiet = now - tonumber(v)
       if r ~= rid and quiet > forget then
-        redis.call('HDEL', key, 'c:' .. r, 'd:' .. r, 's:' .. r)
+        redis.call('HDEL', key, 'c:' .. r, 'd:' .. r, 's:' .. r, 'h:' .. r, 'v:' .. r)
       elseif r == rid or quiet <= stale then
         ids[#ids + 1] = r
         dem[r] = tonumber(f['d:' .. r])
@@ -120,8 +148,14 @@ for i = nb + 1, #KEYS do
     end
   end
   local free = math.max(limit - total, 0)
+  -- Each replica weighs at least 1/20 of an equal share (as in waterfill):
+  -- one that took nothing last round (demand 0) must still get some of the
+  -- free part, or it could never take anything again.
   local mine = free / n
-  if shares > 0 then mine = free * share / shares end
+  if shares > 0 then
+    local least = shares / (20 * n)
+    mine = free * (share + least) / (shares + n * least)
+  end
   redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
   out[i] = math.floor(held + mine)
 end

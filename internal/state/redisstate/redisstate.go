@@ -66,15 +66,22 @@ func (s *Store) Load(ctx context.Context) error {
 func micros(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
 func itoa(v int64) string           { return strconv.FormatInt(v, 10) }
 
+func resume(r bool) string {
+	if r {
+		return "1"
+	}
+	return "0"
+}
+
 // Reconcile implements admission.SharedState.
 func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
 	keys := make([]string, 0, len(req.Buckets)+len(req.Gauges))
-	args := make([]any, 0, 4+7*len(req.Buckets)+4*len(req.Gauges))
-	args = append(args, req.Replica, micros(req.Stale), len(req.Buckets), req.Replicas)
+	args := make([]any, 0, 5+10*len(req.Buckets)+4*len(req.Gauges))
+	args = append(args, req.Replica, micros(req.Stale), len(req.Buckets), req.Replicas, micros(req.Rejoin))
 	for _, b := range req.Buckets {
 		keys = append(keys, s.Key(b.Key))
 		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand),
-			strconv.FormatUint(b.Epoch, 10), micros(b.Age))
+			strconv.FormatUint(b.Epoch, 10), micros(b.Age), resume(b.Resume), itoa(b.Held), micros(b.Span))
 	}
 	for _, g := range req.Gauges {
 		keys = append(keys, s.Key(g.Key))
@@ -138,8 +145,10 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 		return admission.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
 	}
 	switch {
-	case len(res) == 1 && res[0] == 1:
+	case len(res) == 1 && res[0] == 1: // committed by an earlier call
 		return admission.StrictVerdict{Admitted: true}, nil
+	case len(res) == 1+len(c.Takes) && res[0] == 1:
+		return admission.StrictVerdict{Admitted: true, Levels: res[1:]}, nil
 	case len(res) == 3 && res[0] == 0:
 		return admission.StrictVerdict{Refused: int(res[1]), RetryAfter: time.Duration(res[2]) * time.Microsecond}, nil
 	}

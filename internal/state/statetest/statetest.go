@@ -167,20 +167,84 @@ func Run(t *testing.T, newStore Factory) {
 			}
 			return rep.Gauges[0]
 		}
+		// Shares weigh their demand plus 1/20 of an equal share (0.1 here).
 		gauge("a", 100, 1, time.Minute)
-		if b := gauge("b", 300, 3, time.Minute); b != 300+450 {
-			t.Errorf("b's limit = %d, want 300 held + 3/4 of 600 free = 750", b)
+		if b := gauge("b", 300, 3, time.Minute); b != 300+442 {
+			t.Errorf("b's limit = %d, want 300 held + 3.1/4.2 of 600 free = 742", b)
 		}
-		if a := gauge("a", 100, 1, time.Minute); a != 100+150 {
-			t.Errorf("a's limit = %d, want 100 held + 1/4 of 600 free = 250", a)
+		if a := gauge("a", 100, 1, time.Minute); a != 100+157 {
+			t.Errorf("a's limit = %d, want 100 held + 1.1/4.2 of 600 free = 257", a)
 		}
 		// A replica whose holding outlived its TTL (it vanished; its leases
 		// expired) is reclaimed.
 		gauge("c", 500, 1, time.Microsecond)
 		waitPast(time.Millisecond)
-		if a := gauge("a", 100, 1, time.Minute); a != 100+150 {
-			t.Errorf("a's limit after c vanished = %d, want 250", a)
+		if a := gauge("a", 100, 1, time.Minute); a != 100+157 {
+			t.Errorf("a's limit after c vanished = %d, want 257", a)
 		}
+		// A replica that took nothing last round still gets some of the free part.
+		if z := gauge("z", 0, 0, time.Minute); z <= 0 {
+			t.Errorf("z's limit = %d with demand 0, want a share of the free part", z)
+		}
+	})
+	t.Run("an admission returns each bucket's level after the take", func(t *testing.T) {
+		s := newStore(t)
+		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		v := commit(t, s, kv, take("k1", 100, 10, 0), take("k2", 1000, 300, 0))
+		if !v.Admitted || len(v.Levels) != 2 {
+			t.Fatalf("verdict %+v, want admitted with two levels", v)
+		}
+		near(t, "k1's level", v.Levels[0], 90)
+		near(t, "k2's level", v.Levels[1], 700)
+	})
+	// Back from an outage (BucketReport.Resume): the store rebuilds a lost
+	// or silent bucket from the replicas' levels, each replica's once, and
+	// charges every other report as usual.
+	resume := func(t *testing.T, s admission.SharedState, id string, stale time.Duration, b admission.BucketReport) admission.BucketGrant {
+		t.Helper()
+		b.Key, b.Rate, b.Burst, b.Epoch, b.Demand = "k", rate, burst, 1, 10
+		r, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 1, Stale: stale, Rejoin: time.Minute, Buckets: []admission.BucketReport{b}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Buckets[0]
+	}
+	t.Run("a lost bucket is rebuilt from the replicas' levels", func(t *testing.T) {
+		s := newStore(t)
+		// a's takes (5000) were netted in its level by its own refill: the
+		// level is what a holds, not the burst less the takes.
+		g := resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 5000, Unacked: 5000, Resume: true, Held: 300, Span: 10 * time.Second})
+		near(t, "a's share after the rebuild", g.Level, 300)
+		// b was away through the same outage: its level is added, once.
+		g = resume(t, s, "b", time.Minute, admission.BucketReport{Cum: 7000, Unacked: 7000, Resume: true, Held: 200, Span: 10 * time.Second})
+		near(t, "b's half of 300 + 200", g.Level, 250)
+		// b did not get the answer (or that report had run late, after a
+		// pause): its newer level replaces the one it brought, and its
+		// takes are not charged.
+		g = resume(t, s, "b", time.Minute, admission.BucketReport{Cum: 7100, Unacked: 7100, Resume: true, Held: 150, Span: 10 * time.Second})
+		near(t, "b's half of 300 + 150", g.Level, 225)
+		// Reports after the rebuild are charged as usual.
+		g = resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 5100, Unacked: 100, Resume: true, Held: 200, Span: 100 * time.Millisecond})
+		near(t, "a's half after 100 more", g.Level, 175)
+	})
+	t.Run("a bucket nobody reported past Stale is rebuilt; a live one is charged", func(t *testing.T) {
+		s := newStore(t)
+		const stale = 50 * time.Millisecond
+		g := resume(t, s, "a", stale, admission.BucketReport{Cum: 100, Unacked: 100})
+		near(t, "level", g.Level, burst-100)
+		// Live (reported within Stale): a resume is charged its takes.
+		g = resume(t, s, "a", stale, admission.BucketReport{Cum: 150, Unacked: 50, Resume: true, Held: 7, Span: time.Millisecond})
+		near(t, "level after 50 more", g.Level, burst-150)
+		waitPast(2 * stale)
+		g = resume(t, s, "a", stale, admission.BucketReport{Cum: 900, Unacked: 750, Resume: true, Held: 42, Span: 2 * stale})
+		near(t, "level rebuilt from a's", g.Level, 42)
+	})
+	t.Run("a frozen replica's report is charged against the store's refill", func(t *testing.T) {
+		s := newStore(t)
+		g := resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 100, Unacked: 100})
+		near(t, "level", g.Level, burst-100)
+		g = resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 400, Unacked: 300, Held: 5, Span: time.Hour})
+		near(t, "level", g.Level, burst-400)
 	})
 	t.Run("commit takes everything or nothing", func(t *testing.T) {
 		s := newStore(t)
