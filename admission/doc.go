@@ -122,10 +122,15 @@
 //     commit.
 //
 // Both share the store's circuit breaker (storebreaker.go: open after
-// consecutive failures, one probe per cool-down). While it is open,
-// fail-closed tiers are refused with STATE_UNAVAILABLE and fail-open tiers
-// keep deciding locally: batched from their last grants, strict from a 1/N
-// slice of every bucket.
+// consecutive failures, probed every reconcile interval, or cool-down if
+// shorter). While it is open, fail-closed tiers are refused with
+// STATE_UNAVAILABLE and fail-open tiers keep deciding locally: batched from
+// their last grants, strict from their share of the levels the store last
+// returned. When the store answers again, the first reports rebuild each
+// shared bucket from what the replicas hold (their local levels already net
+// what they took during the outage) instead of charging the outage's takes
+// against a refill capped at the burst, so an outage of any length, with
+// the store's data kept or lost, ends without a window of refusals.
 //
 // # Time and concurrency
 //
