@@ -288,6 +288,12 @@ func (e *Engine) sharedTiersLocked(ctx context.Context, wall time.Time, req *Req
 	if r.critical {
 		waiting = e.mu.room.queue.CriticalLen()
 	}
+	if r.ntiers == 1 { // nothing to degrade to: the requested tier, if nobody waits
+		if waiting == 0 {
+			return 0, 1
+		}
+		return 0, 0
+	}
 	q := &e.mu.cfg.Queue
 	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
 	switch {

@@ -58,11 +58,26 @@ func (t *leaseTable) add(l lease) uint64 {
 		t.slots = append(t.slots, leaseSlot{})
 		slot = uint32(len(t.slots) - 1)
 	}
-	id := t.ids.Uint64()
-	for _, taken := t.byID[id]; id == 0 || taken; _, taken = t.byID[id] {
+	// A fresh id for the slot. A collision with a live lease's id (a chance
+	// of live/2⁶⁴) shows as a map that did not grow: that lease gets its
+	// entry back and another id is drawn.
+	var id uint64
+	for {
 		id = t.ids.Uint64()
+		if id == 0 {
+			continue
+		}
+		n := len(t.byID)
+		t.byID[id] = slot
+		if len(t.byID) > n {
+			break
+		}
+		for i := range t.slots {
+			if t.slots[i].id == id {
+				t.byID[id] = uint32(i)
+			}
+		}
 	}
-	t.byID[id] = slot
 	s := &t.slots[slot]
 	s.lease, s.id = l, id
 	s.heapIdx = len(t.heap)

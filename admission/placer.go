@@ -198,7 +198,8 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int) (placem
 			if p.isBlocked(d) {
 				continue
 			}
-			if cost, ok, _ := p.fits(now, r, floor, ti, d); ok {
+			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
+			if err == nil && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor) {
 				return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
 			}
 		}
@@ -214,16 +215,23 @@ func (p *placer) fits(now int64, r *pending, floor bool, ti int, d *domainState)
 	if err != nil {
 		return pd.Cost{}, false, err
 	}
-	need := cost
-	if ti == 0 && r.ntiers > 1 {
-		if h := *p.cfg.DegradeHeadroom * (1 - float64(r.tenant.policy.Weight)/float64(p.maxWeight)); h > 0 {
-			need.PrefillFLOP += int64(h * float64(d.cap.PrefillBurst()))
-			need.DecodeBytes += int64(h * float64(d.cap.DecodeBurst()))
-			_, kvLimit := d.cap.KV()
-			need.KVBytes += int64(h * float64(kvLimit))
-		}
+	return cost, d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor), nil
+}
+
+// withHeadroom is what r's ti-th tier needs of d to be placed there: its
+// cost, plus, on the requested tier of a request that accepts lower ones,
+// the headroom it must leave.
+func (p *placer) withHeadroom(r *pending, ti int, d *domainState, cost pd.Cost) pd.Cost {
+	if ti != 0 || r.ntiers == 1 {
+		return cost
 	}
-	return cost, d.cap.Fits(now, need, floor), nil
+	if h := *p.cfg.DegradeHeadroom * (1 - float64(r.tenant.policy.Weight)/float64(p.maxWeight)); h > 0 {
+		cost.PrefillFLOP += int64(h * float64(d.cap.PrefillBurst()))
+		cost.DecodeBytes += int64(h * float64(d.cap.DecodeBurst()))
+		_, kvLimit := d.cap.KV()
+		cost.KVBytes += int64(h * float64(kvLimit))
+	}
+	return cost
 }
 
 // outlook is what placement can say of a request that fits nowhere now.
