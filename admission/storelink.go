@@ -174,7 +174,7 @@ func (s *storeLink) setDownLocked(down bool) {
 // gateLocked refuses a fail-closed tier while the store is unreachable.
 func (s *storeLink) gateLocked(t *tenantState) refusal {
 	if s.down && t.policy.FailMode == FailClosed {
-		return refusal{ReasonStateUnavailable, s.opts.Cooldown}
+		return refusal{ReasonStateUnavailable, probeEvery(s.opts)} // the next probe may find it back
 	}
 	return refusal{}
 }

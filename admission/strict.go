@@ -312,7 +312,7 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 			// (a no-op if it did not).
 			refund = s.settler(refundAll(c), nil)
 		}
-		why = refusal{ReasonStateUnavailable, s.opts.Cooldown}
+		why = refusal{ReasonStateUnavailable, probeEvery(s.opts)}
 	case !v.Admitted:
 		s.okLocked()
 		why = refusal{ReasonCapacityExceeded, v.RetryAfter}
