@@ -1,20 +1,11 @@
 package admission
 
-import (
-	"testing"
-
-	"github.com/sluice-sched/sluice/topology"
-)
-
 // What the external tests (package admission_test: the scenarios and the
 // shared-state tests, which use admissiontest) need of the engine's
 // internals. Compiled only into the tests.
 
 // Epoch is the manual clock's start in the tests: a fixed wall time.
 var Epoch = epoch
-
-// HGXCluster returns n HGX H200 domains of one node each: d1, d2, ...
-func HGXCluster(t testing.TB, n int) topology.Cluster { return hgxCluster(t, n) }
 
 // Answered reports whether the queued request has its answer.
 func (tk *Ticket) Answered() bool {

@@ -2,31 +2,18 @@ package admission
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/topologytest"
 )
 
 // epoch is the manual clock's start: a fixed wall time, mid-day UTC.
 var epoch = time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC)
 
 // hgxCluster returns n HGX H200 domains of one node each: d1, d2, ...
-func hgxCluster(t tb, n int) topology.Cluster {
-	t.Helper()
-	var b strings.Builder
-	b.WriteString("domains:\n")
-	for i := 1; i <= n; i++ {
-		fmt.Fprintf(&b, "  - {id: d%d, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d%d-node}\n", i, i)
-	}
-	c, err := topology.Parse([]byte(b.String()))
-	if err != nil {
-		t.Fatalf("cluster: %v", err)
-	}
-	return c
-}
+func hgxCluster(t tb, n int) topology.Cluster { return topologytest.HGX(t, n) }
 
 // testConfig has two tiers with generous quotas and no floors; tests
 // override what they exercise.

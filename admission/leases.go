@@ -95,15 +95,26 @@ func (t *leaseTable) get(id uint64) (*lease, bool) {
 	return &t.slots[slot].lease, true
 }
 
+// find returns the slot of the live lease with id.
+func (t *leaseTable) find(id uint64) (uint32, bool) {
+	slot, ok := t.byID[id]
+	return slot, ok
+}
+
 // remove deletes the live lease with id and returns it.
 func (t *leaseTable) remove(id uint64) (lease, bool) {
-	l, ok := t.get(id)
+	slot, ok := t.byID[id]
 	if !ok {
 		return lease{}, false
 	}
-	out := *l
-	t.removeSlot(t.byID[id])
-	return out, true
+	return t.take(slot), true
+}
+
+// take deletes the live lease in slot and returns it.
+func (t *leaseTable) take(slot uint32) lease {
+	out := t.slots[slot].lease
+	t.removeSlot(slot)
+	return out
 }
 
 func (t *leaseTable) removeSlot(slot uint32) {
@@ -132,9 +143,7 @@ func (t *leaseTable) popExpired(now int64) (lease, bool) {
 	if t.slots[slot].expires > now {
 		return lease{}, false
 	}
-	out := t.slots[slot].lease
-	t.removeSlot(slot)
-	return out, true
+	return t.take(slot), true
 }
 
 func (t *leaseTable) len() int { return len(t.heap) }

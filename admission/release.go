@@ -23,18 +23,18 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 	lim := &e.mu.cfg.Limits
 	rel.PromptTokens = min(rel.PromptTokens, lim.MaxPromptTokens)
 	rel.OutputTokens = min(rel.OutputTokens, lim.MaxOutputTokens)
-	held, ok := e.mu.leases.get(rel.LeaseID)
+	slot, ok := e.mu.leases.find(rel.LeaseID)
 	if !ok {
 		e.mu.Unlock()
 		return ReleaseResult{}, ErrLeaseNotFound
 	}
 	if rel.Authorize != nil {
-		if err := rel.Authorize(held.tenant.name); err != nil {
+		if err := rel.Authorize(e.mu.leases.slots[slot].tenant.name); err != nil {
 			e.mu.Unlock()
 			return ReleaseResult{}, fmt.Errorf("%w: %w", ErrNotYourLease, err)
 		}
 	}
-	l, _ := e.mu.leases.remove(rel.LeaseID)
+	l := e.mu.leases.take(slot)
 	now := e.nowLocked()
 	res, weighted, actual := l.settle(now, e.base.Add(time.Duration(now)), rel, &e.mu.place)
 	storeWork := e.shared.releasedLocked(rel.LeaseID, l, weighted, actual)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
 	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/topologytest"
 )
 
 // TestScenarios runs the engine scenarios in testdata/scenarios on a
@@ -137,7 +138,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 			if d.HasArg("domains") {
 				var n int
 				d.ScanArgs(t, "domains", &n)
-				return errLine(r.e.SetTopology(admission.HGXCluster(t, n)))
+				return errLine(r.e.SetTopology(topologytest.HGX(t, n)))
 			}
 			c, err := topology.Parse([]byte(d.Input))
 			if err != nil {
@@ -258,7 +259,7 @@ func (s *scenario) init(t *testing.T, d *datadriven.TestData) string {
 				OnBreaker: func(open bool) { s.noteBreaker(name, open) },
 			}))
 		}
-		e, err := admission.New(cfg, admission.HGXCluster(t, n), opts...)
+		e, err := admission.New(cfg, topologytest.HGX(t, n), opts...)
 		if err != nil {
 			fmt.Fprintf(&out, "error: %v\n", err)
 			continue

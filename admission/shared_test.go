@@ -12,6 +12,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
 	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/topologytest"
 )
 
 // The shared-state behaviours are scenarios (testdata/scenarios/shared-*,
@@ -132,7 +133,7 @@ tenants:
 	store := admissiontest.NewFlaky(memstate.New(clk))
 	var engines []*admission.Engine
 	for i := range n {
-		e, err := admission.New(cfg, admission.HGXCluster(t, 1), admission.WithClock(clk),
+		e, err := admission.New(cfg, topologytest.HGX(t, 1), admission.WithClock(clk),
 			admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2, Cooldown: time.Second}))
 		if err != nil {
 			t.Fatal(err)

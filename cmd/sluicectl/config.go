@@ -12,7 +12,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluice-sched/sluice/admission/client"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
@@ -219,12 +218,7 @@ func configStatus(server string, sec client.Security, timeout time.Duration, for
 		return fmt.Errorf("server %s: %w", server, err)
 	}
 	if format == "json" {
-		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(st)
-		if err != nil {
-			return fmt.Errorf("render: %w", err)
-		}
-		_, err = fmt.Fprintf(out, "%s\n", b)
-		return err
+		return writeProto(out, st)
 	}
 	fmt.Fprintf(out, "source:     %s\n", st.GetSource())
 	if st.GetRevision() != 0 {

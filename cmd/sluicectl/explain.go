@@ -9,8 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
@@ -65,12 +63,7 @@ func runExplain(args []string, out, errw io.Writer) error {
 		return fmt.Errorf("server %s: %w", *server, err)
 	}
 	if *format == "json" {
-		b, err := protojson.Marshal(x)
-		if err != nil {
-			return fmt.Errorf("render: %w", err)
-		}
-		_, err = fmt.Fprintln(out, string(b))
-		return err
+		return writeProto(out, x)
 	}
 	return writeExplanation(out, x)
 }

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 )
 
 // checkFormat refuses an -o value other than table or json.
@@ -12,6 +15,17 @@ func checkFormat(format string) error {
 		return fmt.Errorf("-o %q: want table or json", format)
 	}
 	return nil
+}
+
+// writeProto prints a gRPC message as indented JSON with the field names
+// grpcurl shows, zero values included.
+func writeProto(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("render: %w", err)
+	}
+	_, err = fmt.Fprintf(w, "%s\n", b)
+	return err
 }
 
 // writeJSON prints v as indented JSON, the form every -o json takes.

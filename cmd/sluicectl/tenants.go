@@ -191,12 +191,7 @@ func runTenant(args []string, out, errw io.Writer) error {
 	}
 	t := resp.GetTenant()
 	if *format == "json" {
-		b, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(t)
-		if err != nil {
-			return fmt.Errorf("render: %w", err)
-		}
-		_, err = fmt.Fprintf(out, "%s\n", b)
-		return err
+		return writeProto(out, t)
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{k}, a...)...) }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/server"
+	"github.com/sluice-sched/sluice/internal/testdep"
 	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
@@ -50,16 +50,7 @@ func browserTopology() string {
 // missing browser must not pass silently.
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("no chromium on PATH: .ci/run installs Debian's chromium package; the dashboard's browser test must run in CI")
-	}
-	t.Skip("no chromium on PATH (apt-get install chromium); CI=true makes this a failure")
-	return ""
+	return testdep.Binary(t, "apt-get install -y chromium", "chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 }
 
 // artifactDir is where the test leaves its screenshot: $SLUICE_ARTIFACTS

@@ -22,6 +22,7 @@ import (
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/server"
+	"github.com/sluice-sched/sluice/internal/testdep"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -30,13 +31,7 @@ import (
 // .ci/run installs it (Debian's prometheus package) and a skip would hide
 // broken rules.
 func TestPrometheusRules(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("promtool not found; CI installs it with apt-get install prometheus")
-		}
-		t.Skip("promtool not found (apt-get install prometheus)")
-	}
+	promtool := testdep.Binary(t, "apt-get install -y prometheus", "promtool")
 	dir := filepath.Join(Dir(), "prometheus")
 	for _, args := range [][]string{{"check", "rules", "alerts.yaml"}, {"test", "rules", "alerts_test.yaml"}} {
 		cmd := exec.Command(promtool, args...)

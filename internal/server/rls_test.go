@@ -3,10 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -22,7 +18,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-sched/sluice/admission/rlsserver"
-	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
 // rlsRequest is what Envoy's ratelimit filter sends for deploy/envoy's
@@ -131,70 +126,19 @@ func TestRLSRoles(t *testing.T) {
 // alternated round by round, which a machine shared with other work needs,
 // beside Admit's (admit/check) on the same server in the same rounds.
 func BenchmarkRLS(b *testing.B) {
-	path := filepath.Join(b.TempDir(), "bench.yaml")
-	// One tenant whose quotas never bind, so that every call is admitted.
-	const cfg = `
-tiers:
-  bench:
-    rps: {rate: 1e9, burst: 1e9}
-    tokens: {rate: 1e12, burst: 1e12}
-    weight: 1
-tenants:
-  router: {tier: bench}
-leases: {ttl: 1s}  # the Admit reference's leases expire (RLS holds none)
-`
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		b.Fatal(err)
+	srv, conn := startBenchServer(b)
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	r := rlsRequest("router", "small")
+	r.HitsAddend = 20
+	decide := func() error {
+		resp, err := rls.ShouldRateLimit(context.Background(), r)
+		if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			err = fmt.Errorf("not OK: %v", resp)
+		}
+		return err
 	}
-	srv, err := New(Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigPath: path,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	const parallelism = 8
-
-	b.Run("HealthCheck", func(b *testing.B) {
-		cl := healthpb.NewHealthClient(conn)
-		b.SetParallelism(parallelism)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if _, err := cl.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	})
-	b.Run("ShouldRateLimit", func(b *testing.B) {
-		cl := rlsv3.NewRateLimitServiceClient(conn)
-		r := rlsRequest("router", "small")
-		r.HitsAddend = 20
-		b.SetParallelism(parallelism)
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				resp, err := cl.ShouldRateLimit(context.Background(), r)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-					b.Error(fmt.Sprint("not OK: ", resp))
-					return
-				}
-			}
-		})
-	})
+	benchParallel(b, "HealthCheck", healthCall(conn))
+	benchParallel(b, "ShouldRateLimit", decide)
 	if n := srv.Engine().LeaseCount(); n != 0 {
 		b.Errorf("%d leases held after the RLS calls", n)
 	}
@@ -202,33 +146,10 @@ leases: {ttl: 1s}  # the Admit reference's leases expire (RLS holds none)
 	// else runs on the machine weighs on all alike: the ratios of their
 	// throughputs over all rounds (the figure the target is about).
 	b.Run("Interleaved", func(b *testing.B) {
-		health, rls := healthpb.NewHealthClient(conn), rlsv3.NewRateLimitServiceClient(conn)
-		r := rlsRequest("router", "small")
-		r.HitsAddend = 20
-		check := func() error {
-			_, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{})
-			return err
-		}
-		decide := func() error {
-			resp, err := rls.ShouldRateLimit(context.Background(), r)
-			if err == nil && resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-				err = fmt.Errorf("not OK: %v", resp)
-			}
-			return err
-		}
 		// Admit on the same server (leases expire after 1 s, as routers
 		// would release them): the reference for what a decision costs.
-		adm := admissionv1.NewAdmissionClient(conn)
-		ar := &admissionv1.AdmitRequest{Tenant: "router", Model: "small", PromptTokens: 16, MaxOutputTokens: 1,
-			Priority: admissionv1.Priority_PRIORITY_NORMAL}
-		admit := func() error {
-			resp, err := adm.Admit(context.Background(), ar)
-			if err == nil && resp.GetDecision() != admissionv1.Decision_ADMITTED {
-				err = fmt.Errorf("not admitted: %v", resp)
-			}
-			return err
-		}
-		callers := parallelism * runtime.GOMAXPROCS(0)
+		check, admit := healthCall(conn), admitCall(conn, 16)
+		callers := benchParallelism * runtime.GOMAXPROCS(0)
 		const perCaller = 250
 		round := func(call func() error) time.Duration {
 			start := time.Now()

@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluice-sched/sluice/internal/testdep"
 )
 
 // quiet drops go-redis's own log lines (a test that kills its server
@@ -69,12 +70,7 @@ func StartCluster(t testing.TB) *Server {
 
 func start(t testing.TB, cluster bool) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("redis-server not found on PATH; CI must install it (apt-get install -y redis-server): %v", err)
-		}
-		t.Skip("redis-server not found on PATH (apt-get install -y redis-server); under CI=true this fails")
-	}
+	testdep.Binary(t, "apt-get install -y redis-server", "redis-server")
 	s := &Server{t: t, port: freePort(t), dir: t.TempDir(), cluster: cluster}
 	s.start()
 	t.Cleanup(s.Stop)
