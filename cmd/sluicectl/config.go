@@ -90,6 +90,37 @@ func (f *serverFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.sec.Token, "token", os.Getenv("SLUICE_TOKEN"), "bearer token (env SLUICE_TOKEN, which keeps it out of ps); sent over plaintext only to loopback")
 }
 
+// operatorFlags are what a command making one Operator call needs: the
+// server, how long to wait for it, and how to reach it.
+type operatorFlags struct {
+	server  string
+	timeout time.Duration
+	serverFlags
+}
+
+// register adds the flags to fs.
+func (f *operatorFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.server, "server", "localhost:7070", "sluiced gRPC address")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "how long to wait for the server")
+	f.serverFlags.register(fs)
+}
+
+// call dials the server and runs do within the timeout; do's error is
+// returned naming the server.
+func (f *operatorFlags) call(do func(context.Context, admissionv1.OperatorClient) error) error {
+	conn, err := dialServer(f.server, f.sec)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	if err := do(ctx, admissionv1.NewOperatorClient(conn)); err != nil {
+		return fmt.Errorf("server %s: %w", f.server, err)
+	}
+	return nil
+}
+
 // dialServer connects to a sluiced's gRPC address.
 func dialServer(addr string, sec client.Security) (*grpc.ClientConn, error) {
 	conn, err := client.Dial(addr, sec)
@@ -115,17 +146,15 @@ func runConfig(args []string, out io.Writer) error {
 	case "apply":
 		ef.register(fs)
 	case "status":
-		server := fs.String("server", "localhost:7070", "sluiced gRPC address")
-		timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the server")
-		var sf serverFlags
-		sf.register(fs)
+		var of operatorFlags
+		of.register(fs)
 		if err := parseNoArgs(fs, args[1:]); err != nil {
 			return err
 		}
 		if err := checkFormat(*format); err != nil {
 			return err
 		}
-		return configStatus(*server, sf.sec, *timeout, *format, out)
+		return configStatus(&of, *format, out)
 	default:
 		return fmt.Errorf("unknown subcommand %q; %s", args[0], usage)
 	}
@@ -205,17 +234,14 @@ func parseNoArgs(fs *flag.FlagSet, args []string) error {
 }
 
 // configStatus prints a server's GetConfigStatus.
-func configStatus(server string, sec client.Security, timeout time.Duration, format string, out io.Writer) error {
-	conn, err := dialServer(server, sec)
+func configStatus(of *operatorFlags, format string, out io.Writer) error {
+	var st *admissionv1.GetConfigStatusResponse
+	err := of.call(func(ctx context.Context, op admissionv1.OperatorClient) (err error) {
+		st, err = op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	st, err := admissionv1.NewOperatorClient(conn).GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
-	if err != nil {
-		return fmt.Errorf("server %s: %w", server, err)
 	}
 	if format == "json" {
 		return writeProto(out, st)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
@@ -24,10 +23,8 @@ func init() {
 func runExplain(args []string, out, errw io.Writer) error {
 	fs := flag.NewFlagSet("sluicectl explain", flag.ContinueOnError)
 	fs.SetOutput(errw)
-	server := fs.String("server", "localhost:7070", "sluiced gRPC address")
-	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the server")
-	var sf serverFlags
-	sf.register(fs)
+	var of operatorFlags
+	of.register(fs)
 	format := fs.String("o", "table", "output format: table or json")
 	req := &admissionv1.AdmitRequest{}
 	fs.StringVar(&req.Tenant, "tenant", "", "tenant (required)")
@@ -51,16 +48,13 @@ func runExplain(args []string, out, errw io.Writer) error {
 	if *critical {
 		req.Priority = admissionv1.Priority_PRIORITY_CRITICAL
 	}
-	conn, err := dialServer(*server, sf.sec)
+	var x *admissionv1.ExplainAdmitResponse
+	err := of.call(func(ctx context.Context, op admissionv1.OperatorClient) (err error) {
+		x, err = op.ExplainAdmit(ctx, req)
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	x, err := admissionv1.NewOperatorClient(conn).ExplainAdmit(ctx, req)
-	if err != nil {
-		return fmt.Errorf("server %s: %w", *server, err)
 	}
 	if *format == "json" {
 		return writeProto(out, x)

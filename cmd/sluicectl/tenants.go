@@ -71,10 +71,8 @@ type tenantPage struct {
 func runTenants(args []string, out, errw io.Writer) error {
 	fs := flag.NewFlagSet("sluicectl tenants", flag.ContinueOnError)
 	fs.SetOutput(errw)
-	server := fs.String("server", "localhost:7070", "sluiced gRPC address")
-	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the server")
-	var sf serverFlags
-	sf.register(fs)
+	var of operatorFlags
+	of.register(fs)
 	format := fs.String("o", "table", "output format: table or json")
 	sortBy := fs.String("sort", "name", "order: name, tier, weight, queued, in-flight, spend (largest first) or level (emptiest token bucket first)")
 	match := fs.String("match", "", "only tenants whose name contains this")
@@ -93,25 +91,23 @@ func runTenants(args []string, out, errw io.Writer) error {
 	if *pageSize < 0 || *page < 1 {
 		return fmt.Errorf("--page-size %d --page %d: want a size ≥ 0 and a page ≥ 1", *pageSize, *page)
 	}
-	conn, err := dialServer(*server, sf.sec)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
 	// Every page of ListTenants (the server pages in name order), then
 	// filtered, sorted and cut into this command's own pages.
 	var all []*admissionv1.TenantInfo
-	for token := ""; ; {
-		resp, err := admissionv1.NewOperatorClient(conn).ListTenants(ctx, &admissionv1.ListTenantsRequest{PageToken: token})
-		if err != nil {
-			return fmt.Errorf("server %s: %w", *server, err)
+	err := of.call(func(ctx context.Context, op admissionv1.OperatorClient) error {
+		for token := ""; ; {
+			resp, err := op.ListTenants(ctx, &admissionv1.ListTenantsRequest{PageToken: token})
+			if err != nil {
+				return err
+			}
+			all = append(all, resp.GetTenants()...)
+			if token = resp.GetNextPageToken(); token == "" {
+				return nil
+			}
 		}
-		all = append(all, resp.GetTenants()...)
-		if token = resp.GetNextPageToken(); token == "" {
-			break
-		}
+	})
+	if err != nil {
+		return err
 	}
 	ts := slices.DeleteFunc(all, func(t *admissionv1.TenantInfo) bool { return !strings.Contains(t.GetName(), *match) })
 	slices.SortStableFunc(ts, func(a, b *admissionv1.TenantInfo) int {
@@ -163,10 +159,8 @@ func runTenants(args []string, out, errw io.Writer) error {
 func runTenant(args []string, out, errw io.Writer) error {
 	fs := flag.NewFlagSet("sluicectl tenant", flag.ContinueOnError)
 	fs.SetOutput(errw)
-	server := fs.String("server", "localhost:7070", "sluiced gRPC address")
-	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the server")
-	var sf serverFlags
-	sf.register(fs)
+	var of operatorFlags
+	of.register(fs)
 	format := fs.String("o", "table", "output format: table or json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -178,16 +172,13 @@ func runTenant(args []string, out, errw io.Writer) error {
 	if err := checkFormat(*format); err != nil {
 		return err
 	}
-	conn, err := dialServer(*server, sf.sec)
+	var resp *admissionv1.GetTenantResponse
+	err = of.call(func(ctx context.Context, op admissionv1.OperatorClient) (err error) {
+		resp, err = op.GetTenant(ctx, &admissionv1.GetTenantRequest{Name: pos[0]})
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	resp, err := admissionv1.NewOperatorClient(conn).GetTenant(ctx, &admissionv1.GetTenantRequest{Name: pos[0]})
-	if err != nil {
-		return fmt.Errorf("server %s: %w", *server, err)
 	}
 	t := resp.GetTenant()
 	if *format == "json" {
