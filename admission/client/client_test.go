@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"regexp"
 	"slices"
 	"sync"
@@ -14,12 +13,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 )
 
 // step is one scripted answer: a decision, or an UNAVAILABLE error.
@@ -132,29 +131,15 @@ func (s *sleeps) durations() []time.Duration {
 func setup(t *testing.T, script []step, opts ...Option) (*Client, *scriptedEngine, *sleeps) {
 	t.Helper()
 	eng := &scriptedEngine{t: t, steps: script}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		grpcserver.RecoveryUnaryInterceptor(slog.New(slog.NewTextHandler(io.Discard, nil))), eng.intercept))
 	grpcserver.Register(srv, eng)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
 		if n := eng.remaining(); n != 0 {
 			t.Errorf("%d scripted answers were not asked for", n)
 		}
 	})
+	conn := grpctest.Serve(t, srv)
 	sl := &sleeps{}
 	return New(conn, append([]Option{WithJitter(0), WithSleep(sl.sleep)}, opts...)...), eng, sl
 }

@@ -2,19 +2,18 @@ package grpcserver
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 )
 
 // fixedStatus is a ConfigStatusSource whose answer the test sets.
@@ -35,19 +34,9 @@ func (f *fixedStatus) set(st ConfigStatus) { f.mu.Lock(); f.st = st; f.mu.Unlock
 // Operator client.
 func serveWith(t *testing.T, opts ...RegisterOption) admissionv1.OperatorClient {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer()
 	Register(srv, &testEngine{}, opts...)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(); srv.Stop() })
-	return admissionv1.NewOperatorClient(conn)
+	return admissionv1.NewOperatorClient(grpctest.Serve(t, srv))
 }
 
 // GetConfigStatus renders the port's status, refusal included; without a

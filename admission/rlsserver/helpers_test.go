@@ -2,8 +2,6 @@ package rlsserver
 
 import (
 	"context"
-	"errors"
-	"net"
 	"reflect"
 	"testing"
 	"time"
@@ -13,13 +11,13 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/internal/clock"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/topologytest"
 )
@@ -62,27 +60,11 @@ func newFixture(t *testing.T, cfg admission.Config, cluster topology.Cluster, op
 // recovery interceptor sluiced uses) and returns a client of it.
 func serve(t testing.TB, eng Engine, opts Options) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcserver.RecoveryUnaryInterceptor(nil)))
 	if _, err := Register(srv, eng, opts); err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			t.Error(err)
-		}
-	})
+	conn := grpctest.Serve(t, srv)
 	return rlsv3.NewRateLimitServiceClient(conn)
 }
 
