@@ -255,7 +255,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 		pl, ok = place.find(now, r, true, 0, r.ntiers)
 	}
 	if !ok {
-		from, upto := e.sharedTiersLocked(ctx, wall, req, r)
+		from, upto := e.sharedTiersLocked(ctx, now, wall, req, r)
 		pl, ok = place.find(now, r, false, from, upto)
 	}
 	if !ok {
@@ -274,16 +274,16 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 //
 // None while others in the same band are already waiting for it: then the
 // request takes its place in the fair order, and the dispatcher gives the
-// head of that order the best tier that fits. So under saturation each
-// tenant's share of a tier follows its weight, and low weights degrade
-// first (they wait longer, and the headroom a degradable request must
-// leave on its requested tier is larger for them), rather than whoever
-// arrives when capacity frees. Lower tiers are tried at once only when the
-// config says so, or when the request cannot wait for its own (its
-// deadline is nearer than degrade_after: a caller that must be answered
-// now) — and then, with others waiting, only the lower tiers: the
-// requested one is theirs first.
-func (e *Engine) sharedTiersLocked(ctx context.Context, wall time.Time, req *Request, r *pending) (from, upto int) {
+// head of that order the best tier that fits, its requested tier only on
+// its tenant's turn there (tierShares). So under saturation each tenant's
+// share of a tier follows its weight, and low weights degrade first,
+// rather than whoever arrives when capacity frees. Lower tiers are tried
+// at once when it is not the tenant's turn at its tier, when the config
+// says so, or when the request cannot wait for its own (its deadline is
+// nearer than degrade_after: a caller that must be answered now) — and
+// then, with others waiting, only the lower tiers: the requested one is
+// theirs first.
+func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (from, upto int) {
 	waiting := e.mu.room.queue.Len()
 	if r.critical {
 		waiting = e.mu.room.queue.CriticalLen()
@@ -296,10 +296,11 @@ func (e *Engine) sharedTiersLocked(ctx context.Context, wall time.Time, req *Req
 	}
 	q := &e.mu.cfg.Queue
 	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
+	turn := waiting == 0 && e.mu.room.tiers.turn(now, r.tierBuf[0].name, r.tenant.name)
 	switch {
-	case waiting == 0 && degradeNow:
+	case turn && degradeNow:
 		return 0, r.ntiers
-	case waiting == 0:
+	case turn:
 		return 0, 1
 	case degradeNow:
 		return 1, r.ntiers
@@ -310,10 +311,13 @@ func (e *Engine) sharedTiersLocked(ctx context.Context, wall time.Time, req *Req
 // grantLocked places a request whose gates are charged, opens its lease and
 // builds the answer in d (and remembers it under the request id).
 func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Duration, d *Decision) {
-	if pl.tier > 0 { // degraded: budget at the granted model's price
+	tiers := &e.mu.room.tiers
+	if pl.tier > 0 { // degraded: budget at the granted model's price; it wanted more
 		r.reprice(e.mu.place.cat.PriceMicros(pl.model.model, r.prompt, r.output))
+		tiers.want(now, r.tierBuf[0].name, r.tenant.name, false)
 	}
 	r.place(now, pl)
+	tiers.charge(now, pl.model.name, r.tenant.name, r.weighted, r.tenant.policy.Weight)
 	id := e.mu.leases.add(lease{
 		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, output: r.output,
 		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
@@ -374,7 +378,9 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		return answered
 	}
 	defer func() { place.blocked = place.blocked[:0] }()
-	fits := func(w *waiter) bool { return place.fitsQueued(now, w) }
+	fits := func(w *waiter) bool {
+		return place.fitsQueued(now, w, w.p.ntiers == 1 || room.tiers.turn(now, w.p.tierBuf[0].name, w.p.tenant.name))
+	}
 	for {
 		place.blocked = place.blocked[:0]
 		w := room.next(fits)
@@ -382,6 +388,7 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 			return answered
 		}
 		e.grantLocked(now, &w.p, w.pl, time.Duration(now-w.enqueued), &w.decision)
+		room.leave(now, w) // after the grant, which its tier share counts
 		w.decision.Trace.EstimatedWait = w.wait
 		answered = append(answered, w)
 	}

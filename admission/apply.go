@@ -83,6 +83,7 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 	q := st.cfg.Queue
 	qc := wfq.Config{MaxPerFlow: q.MaxPerFlow, MaxTotal: q.MaxTotal, MaxCritical: q.MaxCritical}
 	e.mu.room.idem.configure(st.cfg.Leases.IdempotencyTTL.Duration, st.cfg.Leases.MaxIdempotencyRecords)
+	e.mu.room.tiers.window = int64(q.TierShareWindow.Duration)
 	if e.mu.room.queue == nil {
 		e.mu.room.queue = wfq.New(qc)
 	} else {

@@ -103,10 +103,17 @@ type QueueConfig struct {
 	DeadlineMargin Duration `json:"deadline_margin"`
 	// DegradeAfter is how long a request that accepts lower tiers waits in
 	// the fair order for its requested tier before it may take a lower one
-	// (nil: 100ms; 0: at once). While it waits, whoever is at the head of
-	// the fair order when the tier frees gets it, so each tenant's share of
-	// a saturated tier follows its weight.
+	// (nil: 100ms; 0: at once). While it waits, the tier goes to the
+	// tenant whose turn it is there, so each tenant's share of a saturated
+	// tier follows its weight.
 	DegradeAfter *Duration `json:"degrade_after,omitempty"`
+	// TierShareWindow is how long a tenant that wanted a tier and did not
+	// get it (queued for it, degraded from it) keeps its turns there (nil:
+	// 5s; 0: only while queued). Longer than the gap between a tenant's
+	// waves of requests, or its share of the tier is forgotten in between;
+	// but a tenant whose turn it is and that stopped asking holds the tier
+	// back from the others (they degrade) for up to this long.
+	TierShareWindow *Duration `json:"tier_share_window,omitempty"`
 }
 
 // LeaseConfig sets lease and idempotency lifetimes.
@@ -199,6 +206,7 @@ func (c *Config) clone() Config {
 		out.DegradeHeadroom = &h
 	}
 	out.Queue.DegradeAfter = clonePtr(c.Queue.DegradeAfter)
+	out.Queue.TierShareWindow = clonePtr(c.Queue.TierShareWindow)
 	return out
 }
 
@@ -345,6 +353,9 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	if c.Queue.DegradeAfter == nil {
 		c.Queue.DegradeAfter = &Duration{100 * time.Millisecond}
 	}
+	if c.Queue.TierShareWindow == nil {
+		c.Queue.TierShareWindow = &Duration{5 * time.Second}
+	}
 	for _, name := range sortedKeys(c.Tiers) {
 		t, key := c.Tiers[name], "tiers."+name
 		d.dur(key+".burst_credit.breaker_open", &t.BurstCredit.BreakerOpen, 60*time.Second)
@@ -480,6 +491,8 @@ func (c *Config) validateKnobs() error {
 		return cfgErr("queue.deadline_margin", "must be ≥ 0")
 	case c.Queue.DegradeAfter != nil && (c.Queue.DegradeAfter.Duration < 0 || c.Queue.DegradeAfter.Duration > maxDuration):
 		return cfgErr("queue.degrade_after", "must be in [0, %v]", maxDuration)
+	case c.Queue.TierShareWindow != nil && (c.Queue.TierShareWindow.Duration < 0 || c.Queue.TierShareWindow.Duration > maxDuration):
+		return cfgErr("queue.tier_share_window", "must be in [0, %v]", maxDuration)
 	case c.Leases.TTL.Duration <= 0:
 		return cfgErr("leases.ttl", "must be positive")
 	case c.Leases.IdempotencyTTL.Duration <= 0:

@@ -58,7 +58,10 @@
 //     h = degrade_headroom · (1 − weight/max_weight) of the domain left over;
 //     so low-weight tenants degrade first and the top weight only when full.
 //     While others wait in the queue, the requested tier is theirs first and
-//     such a request goes straight to its lower tiers.
+//     such a request waits its turn (queue.degrade_after) or goes straight
+//     to its lower tiers. Whose turn it is at a tier many tenants want is
+//     tierShares' answer (tiershare.go): the least use of that model over
+//     weight among the contenders, so a saturated tier goes by weight.
 //  6. if nothing fits: the waiting room, or REJECTED at once when it could
 //     never fit, its deadline cannot be met or the queue is full. The
 //     dispatcher admits queued requests in fair order as capacity frees; a

@@ -147,7 +147,7 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 			return
 		}
 	}
-	from, upto := e.sharedTiersLocked(ctx, wall, req, r)
+	from, upto := e.sharedTiersLocked(ctx, now, wall, req, r)
 	if e.mu.place.explainFind(now, r, false, from, upto, x) {
 		return
 	}

@@ -237,6 +237,7 @@ func (p *placer) withHeadroom(r *pending, ti int, d *domainState, cost pd.Cost) 
 // outlook is what placement can say of a request that fits nowhere now.
 type outlook struct {
 	ever         bool          // some eligible domain's shared part could hold one of its tiers
+	own          bool          // one could hold its requested tier
 	drainingOnly bool          // if not: only draining domains could
 	wait         time.Duration // the shortest wait until one of its tiers fits on its own
 	first        pd.Cost       // the requested tier's cost on the first domain that could hold it
@@ -262,8 +263,8 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 			if w == tokenbucket.Never { // only the floor reserve could hold it
 				continue
 			}
-			if !o.ever && ti == 0 {
-				o.first = cost
+			if !o.own && ti == 0 {
+				o.first, o.own = cost, true
 			}
 			o.ever = true
 			o.wait = min(o.wait, w)
@@ -284,15 +285,23 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 //
 // A queued request that accepts lower tiers is offered them only from its
 // degradeAt on: until then it waits in the fair order for its requested
-// tier, which goes to whoever is at the head when it frees.
-func (p *placer) fitsQueued(now int64, w *waiter) bool {
-	upto := 1
+// tier. And it is offered its requested tier only when it is its tenant's
+// turn there (turn, from tierShares); when it is not, it holds no domain
+// for it: the tier is kept for the tenant whose turn it is.
+func (p *placer) fitsQueued(now int64, w *waiter, turn bool) bool {
+	from, upto := 0, 1
 	if now >= w.degradeAt {
 		upto = w.p.ntiers
 	}
-	pl, ok := p.find(now, &w.p, false, 0, upto)
+	if !turn {
+		from = 1
+	}
+	if from >= upto {
+		return false
+	}
+	pl, ok := p.find(now, &w.p, false, from, upto)
 	if !ok {
-		if d := p.reservedFor(now, w); d != nil {
+		if d := p.reservedFor(now, w); turn && d != nil {
 			p.blocked = append(p.blocked, d)
 		}
 		return false

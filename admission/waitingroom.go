@@ -26,6 +26,7 @@ type waitingRoom struct {
 	// these turn them into time.
 	backlogPrefill, backlogDecode, backlogTokens int64
 	idem                                         idempotency
+	tiers                                        tierShares    // whose turn it is at a tier many wait for
 	wake                                         chan struct{} // nudges the dispatcher loop (Engine.Run)
 }
 
@@ -42,6 +43,7 @@ type waiter struct {
 	estimate  [2]int64      // backlog contribution: prefill FLOPs, decode bytes
 	pl        placement
 	queued    bool
+	contends  bool          // for its requested tier, in tierShares: some domain could ever hold it there
 	refs      int           // callers waiting on it: the first plus idempotent duplicates
 	done      chan struct{} // closed once decision is set
 	decision  Decision
@@ -58,6 +60,9 @@ func (r *waitingRoom) enter(w *waiter) error {
 	r.backlogDecode += w.estimate[1]
 	r.backlogTokens += w.p.weighted
 	r.deadlines.push(w)
+	if w.contends {
+		r.tiers.want(w.enqueued, w.p.tierBuf[0].name, w.p.tenant.name, true)
+	}
 	r.wakeDispatcher()
 	return nil
 }
@@ -65,7 +70,7 @@ func (r *waitingRoom) enter(w *waiter) error {
 // leave takes w out of the room's bookkeeping once the queue no longer
 // holds it. Its request id, if any, stops finding it: an admission is
 // remembered by its lease from here, a rejection not at all.
-func (r *waitingRoom) leave(w *waiter) {
+func (r *waitingRoom) leave(now int64, w *waiter) {
 	if w.p.hasID && r.idem.queued[w.p.idem] == w {
 		delete(r.idem.queued, w.p.idem)
 	}
@@ -75,25 +80,27 @@ func (r *waitingRoom) leave(w *waiter) {
 	r.backlogDecode -= w.estimate[1]
 	r.backlogTokens -= w.p.weighted
 	r.deadlines.remove(w)
+	if w.contends {
+		r.tiers.leave(now, w.p.tierBuf[0].name, w.p.tenant.name)
+	}
 }
 
-// next takes out the request with the smallest finish tag that fits
-// (critical band first), or returns nil when none does.
+// next takes out of the fair queue the request with the smallest finish
+// tag that fits (critical band first), or returns nil when none does. The
+// caller grants it, then calls leave.
 func (r *waitingRoom) next(fits func(*waiter) bool) *waiter {
 	it := r.queue.Dequeue(func(it *wfq.Item) bool { return fits(it.Value.(*waiter)) }, dispatchScanLimit)
 	if it == nil {
 		return nil
 	}
-	w := it.Value.(*waiter)
-	r.leave(w)
-	return w
+	return it.Value.(*waiter)
 }
 
 // reject answers a queued request with a refusal and cancels its charge.
 // The caller closes w.done.
 func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
 	r.queue.Remove(&w.item)
-	r.leave(w)
+	r.leave(now, w)
 	w.p.Cancel(now)
 	w.decision = rejected(why.reason, why.retry)
 	w.decision.Queued = time.Duration(now - w.enqueued)
@@ -134,6 +141,7 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 		Value:    w,
 	}
 	w.estimate = [2]int64{o.first.PrefillFLOP, o.first.DecodeBytes}
+	w.contends = o.own
 	w.wait = estimate
 	if err := room.enter(w); err != nil {
 		d := rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now)

@@ -126,11 +126,16 @@ tenants: {a: {tier: gpu.large}}
 	}
 	want := admission.Config{}
 	want.SetDefaults()
-	// degrade_after is a pointer (0 means something): compare what it says.
+	// degrade_after and tier_share_window are pointers (0 means something):
+	// compare what they say.
 	if *cfg.Queue.DegradeAfter != *want.Queue.DegradeAfter {
 		t.Errorf("degrade_after: got %v, want %v", *cfg.Queue.DegradeAfter, *want.Queue.DegradeAfter)
 	}
+	if *cfg.Queue.TierShareWindow != *want.Queue.TierShareWindow {
+		t.Errorf("tier_share_window: got %v, want %v", *cfg.Queue.TierShareWindow, *want.Queue.TierShareWindow)
+	}
 	cfg.Queue.DegradeAfter, want.Queue.DegradeAfter = nil, nil
+	cfg.Queue.TierShareWindow, want.Queue.TierShareWindow = nil, nil
 	if cfg.Queue != want.Queue || cfg.Leases != want.Leases || cfg.Health != want.Health || cfg.Limits != want.Limits ||
 		cfg.Capacity != want.Capacity || cfg.OutputTokenWeight != 4 || *cfg.DegradeHeadroom != 0.1 {
 		t.Errorf("defaults: got %+v %+v %+v %+v %+v", cfg.Queue, cfg.Leases, cfg.Health, cfg.Limits, cfg.Capacity)

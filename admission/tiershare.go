@@ -1,0 +1,199 @@
+package admission
+
+import (
+	"container/heap"
+	"math"
+)
+
+// tierShares decides whose turn it is at a model tier that more tenants
+// want than it can serve. The fair queue orders requests by all the
+// service their tenants get, whatever the tier; a tenant that accepts
+// lower tiers is served in full either way, so the queue alone says nothing
+// of who gets the top tier. tierShares keeps, per model, each contending
+// tenant's use of that model over its weight (VTC, Sheng et al., OSDI 2024,
+// with one set of counters per model) and gives the model to the
+// least-used:
+//
+//   - a tenant contends for model m while it has a queued request for m
+//     (that m could ever hold) and for a window (queue.tier_share_window)
+//     after it last wanted m and did not get it — queued for it, or
+//     degraded from it — or got it while others contended;
+//   - each grant of m while somebody contends for it adds ⌈cost·2¹⁶/weight⌉
+//     to its tenant's use (fixed point, as wfq's tags), and makes that
+//     tenant a contender for the window;
+//   - a tenant that starts contending is lifted to the least use among the
+//     contenders, so time away earns no credit (VTC's counter lift);
+//   - a request that accepts lower tiers may take its own tier only on its
+//     tenant's turn: when the tenant does not contend for it, or its use is
+//     the least among those who do. Otherwise it takes a lower tier (at
+//     once on arrival; from queue.degrade_after when queued), and the tier
+//     is left for the tenant whose turn it is. A request with no lower tier
+//     takes its tier whenever it fits: it has no choice, and its grants
+//     count all the same.
+//
+// While two tenants both want more of m than they get, their uses stay
+// within one request's increment of each other, so their shares of m go
+// by weight (8:2 → 4:1) and the lower weight degrades first.
+//
+// Contenders leave lazily, when they come to the least use (the only one
+// that matters); a model's counters are forgotten when nobody contends for
+// it: nobody is ahead of anybody when nobody wants more.
+type tierShares struct {
+	models map[string]*tierLedger // by model name: only models somebody contends for
+	window int64                  // queue.tier_share_window, ns
+}
+
+// tierLedger is one model's counters.
+type tierLedger struct {
+	entries    map[string]*tierUse // by tenant: the contenders
+	contenders useHeap             // the same, least use first
+}
+
+// tierUse is one tenant's use of one model.
+type tierUse struct {
+	tenant  string
+	used    uint64 // Σ ⌈cost·2¹⁶/weight⌉ of its grants of the model, lifted
+	waiting int    // its queued requests for the model
+	active  int64  // engine time it last wanted the model and did not get it, or got it while others contended
+	heapIdx int    // in contenders, or -1
+}
+
+// contending reports whether u still contends at now, for window ns after
+// it last wanted the model.
+func (u *tierUse) contending(now, window int64) bool {
+	return u.waiting > 0 || now-u.active < window
+}
+
+// want records that tenant wanted model at now and did not get it (yet):
+// it was queued for it (queued: one more request waiting) or degraded.
+func (s *tierShares) want(now int64, model, tenant string, queued bool) {
+	if s.models == nil {
+		s.models = make(map[string]*tierLedger)
+	}
+	l := s.models[model]
+	if l == nil {
+		l = &tierLedger{entries: make(map[string]*tierUse)}
+		s.models[model] = l
+	}
+	u := l.enter(now, s.window, tenant)
+	u.active = now
+	if queued {
+		u.waiting++
+	}
+}
+
+// enter returns tenant's entry, making it a contender, lifted to the least
+// use, if it was not one.
+func (l *tierLedger) enter(now, window int64, tenant string) *tierUse {
+	u := l.entries[tenant]
+	if u == nil {
+		u = &tierUse{tenant: tenant, used: l.least(now, window), active: now}
+		l.entries[tenant] = u
+		heap.Push(&l.contenders, u)
+	}
+	return u
+}
+
+// leave counts one fewer queued request of tenant for model; the tenant
+// keeps contending for the window.
+func (s *tierShares) leave(now int64, model, tenant string) {
+	if l := s.models[model]; l != nil {
+		if u := l.entries[tenant]; u != nil && u.waiting > 0 {
+			u.waiting--
+			u.active = now
+		}
+	}
+}
+
+// charge records a grant of model to tenant, of cost weighted tokens at
+// weight. A grant of a model others contend for makes its tenant one of
+// them (it has the tier others want); a grant of a model nobody contends
+// for is nobody's business.
+func (s *tierShares) charge(now int64, model, tenant string, cost, weight int64) {
+	if len(s.models) == 0 { // the common case: nobody wants more of any tier
+		return
+	}
+	l := s.models[model]
+	if l == nil {
+		return
+	}
+	u := l.enter(now, s.window, tenant)
+	u.active = now
+	u.used = addUse(u.used, cost, weight)
+	heap.Fix(&l.contenders, u.heapIdx)
+}
+
+// turn reports whether tenant may take model at now: it does not contend
+// for it, or its use is the least among those who do.
+func (s *tierShares) turn(now int64, model, tenant string) bool {
+	if len(s.models) == 0 {
+		return true
+	}
+	l := s.models[model]
+	if l == nil {
+		return true
+	}
+	least := l.least(now, s.window)
+	if len(l.contenders) == 0 {
+		delete(s.models, model)
+		return true
+	}
+	u := l.entries[tenant]
+	return u == nil || u.used <= least
+}
+
+// least drops the contenders that no longer contend from the bottom of the
+// heap and returns the smallest use among the rest (0 when none is left).
+// An entry dropped at or below the least is forgotten: the lift would
+// bring it back at the least anyway.
+func (l *tierLedger) least(now, window int64) uint64 {
+	for len(l.contenders) > 0 {
+		u := l.contenders[0]
+		if u.contending(now, window) {
+			return u.used
+		}
+		heap.Pop(&l.contenders)
+		delete(l.entries, u.tenant)
+	}
+	return 0
+}
+
+// addUse adds ⌈cost·2¹⁶/weight⌉ to used, saturating.
+func addUse(used uint64, cost, weight int64) uint64 {
+	c, w := uint64(max(cost, 1)), uint64(max(weight, 1))
+	if c > math.MaxUint64>>16 {
+		return math.MaxUint64
+	}
+	inc := (c<<16 + w - 1) / w
+	if used > math.MaxUint64-inc {
+		return math.MaxUint64
+	}
+	return used + inc
+}
+
+// useHeap orders contenders by use (container/heap).
+type useHeap []*tierUse
+
+func (h useHeap) Len() int           { return len(h) }
+func (h useHeap) Less(i, j int) bool { return h[i].used < h[j].used }
+func (h useHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}
+
+// Push implements heap.Interface.
+func (h *useHeap) Push(x any) {
+	u := x.(*tierUse)
+	u.heapIdx = len(*h)
+	*h = append(*h, u)
+}
+
+// Pop implements heap.Interface.
+func (h *useHeap) Pop() any {
+	s := *h
+	u := s[len(s)-1]
+	s[len(s)-1] = nil
+	*h = s[:len(s)-1]
+	u.heapIdx = -1
+	return u
+}

@@ -1,0 +1,103 @@
+package admission
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+// Tenants that all keep contending for a tier and take it only on their
+// turn stay within one grant's increment of each other in use over weight
+// (VTC's bound), whatever the weights, costs and order of asking.
+func TestTierSharesStayWithinOneGrant(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		s := tierShares{window: int64(time.Second)}
+		n := rapid.IntRange(2, 5).Draw(rt, "tenants")
+		weights := make([]int64, n)
+		for i := range weights {
+			weights[i] = rapid.Int64Range(1, 8).Draw(rt, fmt.Sprint("weight", i))
+			s.want(0, "large", fmt.Sprint("t", i), true)
+		}
+		const maxCost = 10_000
+		now := int64(0)
+		for step := range rapid.IntRange(1, 300).Draw(rt, "steps") {
+			i := rapid.IntRange(0, n-1).Draw(rt, fmt.Sprint("asker", step))
+			now += rapid.Int64Range(0, int64(time.Second)).Draw(rt, fmt.Sprint("gap", step))
+			if s.turn(now, "large", fmt.Sprint("t", i)) {
+				s.charge(now, "large", fmt.Sprint("t", i), rapid.Int64Range(1, maxCost).Draw(rt, fmt.Sprint("cost", step)), weights[i])
+			}
+			l := s.models["large"]
+			if len(l.entries) != n {
+				rt.Fatalf("step %d: %d contenders, want %d (all keep a request queued)", step, len(l.entries), n)
+			}
+			lo, hi := uint64(1<<63), uint64(0)
+			for _, u := range l.entries {
+				lo, hi = min(lo, u.used), max(hi, u.used)
+			}
+			if bound := addUse(0, maxCost, 1); hi-lo > bound {
+				rt.Fatalf("step %d: uses spread %d, more than one grant's increment %d", step, hi-lo, bound)
+			}
+		}
+	})
+}
+
+func TestTierSharesTurns(t *testing.T) {
+	const sec = int64(time.Second)
+	s := tierShares{window: 5 * sec}
+	if !s.turn(0, "large", "a") || len(s.models) != 0 {
+		t.Fatalf("nobody contends: every tenant's turn, and nothing kept")
+	}
+	s.charge(0, "large", "a", 1000, 1) // nobody contends: not counted
+	if len(s.models) != 0 {
+		t.Fatalf("a grant nobody contends for was recorded: %+v", s.models)
+	}
+
+	// b wants large and is queued; a, granted large now, joins at the least
+	// and is charged: b's turn next.
+	s.want(0, "large", "b", true)
+	s.charge(0, "large", "a", 1000, 2)
+	if s.turn(0, "large", "a") || !s.turn(0, "large", "b") {
+		t.Fatalf("after a's grant: a's turn %v, b's %v; want b's only", s.turn(0, "large", "a"), s.turn(0, "large", "b"))
+	}
+	s.charge(0, "large", "b", 1000, 8) // weight 8: a quarter of a's increment
+	for range 3 {
+		if !s.turn(0, "large", "b") {
+			t.Fatalf("b (weight 8) must have four grants to a's one")
+		}
+		s.charge(0, "large", "b", 1000, 8)
+	}
+	if !s.turn(0, "large", "a") {
+		t.Fatalf("after b's four grants: a's turn again")
+	}
+	s.charge(0, "large", "a", 1000, 2)
+	if s.turn(0, "large", "a") || !s.turn(0, "large", "b") {
+		t.Fatalf("after a's second grant: b's turn, not a's")
+	}
+
+	// b leaves the queue and stops asking; a keeps a request queued. b
+	// keeps its place for the window, then it is a's turn again.
+	s.want(sec, "large", "a", true)
+	s.leave(sec, "large", "b")
+	if s.turn(2*sec, "large", "a") {
+		t.Fatalf("b asked 1 s ago: still its turn")
+	}
+	if !s.turn(6*sec, "large", "a") {
+		t.Fatalf("b last asked 5 s ago: its place is gone")
+	}
+
+	// A tenant that comes back is lifted to the least use: time away earns
+	// nothing.
+	s.want(6*sec, "large", "b", true)
+	if a, b := s.models["large"].entries["a"].used, s.models["large"].entries["b"].used; b != a {
+		t.Fatalf("b came back at use %d, want the least, a's %d", b, a)
+	}
+
+	// When nobody contends any more, the model's counters are forgotten.
+	s.leave(6*sec, "large", "a")
+	s.leave(6*sec, "large", "b")
+	if !s.turn(20*sec, "large", "a") || len(s.models) != 0 {
+		t.Fatalf("nobody has contended for 14 s: the ledger must be gone, got %+v", s.models)
+	}
+}
