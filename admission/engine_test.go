@@ -358,6 +358,30 @@ func TestDrainedDomainGetsNoPlacement(t *testing.T) {
 	}
 }
 
+// Releases nobody saw the outcome of (the RLS adapter's) give domain
+// health no sample: counted as OK, 100 of them would have hidden 20 errors
+// (17%, under the 20% error rate).
+func TestUnobservedReleasesLeaveHealthAlone(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 2))
+	dom := h.admit(req("a", "small", 10, 10)).Domain // tenant a's small requests all go to one domain, until it is cut
+	for i := range 120 {
+		d := h.admit(req("a", "small", 10, 10))
+		if d.Domain != dom {
+			t.Fatalf("request %d placed on %s before %s was cut", i, d.Domain, dom)
+		}
+		outcome := ReleaseUnobserved
+		if i%6 == 5 {
+			outcome = ReleaseError
+		}
+		if _, err := h.e.Release(context.Background(), Release{LeaseID: d.LeaseID, OutputTokens: 10, Outcome: outcome}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := h.domain(dom).HealthWeight; w != 0.05 {
+		t.Fatalf("weight after 20 errors and 100 unobserved releases: %v, want the cut 0.05", w)
+	}
+}
+
 func TestDomainHealthCutAndRecovery(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 2))
 	var bad string

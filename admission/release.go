@@ -58,7 +58,7 @@ func validateRelease(rel *Release) error {
 		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.PromptTokens)}
 	case rel.OutputTokens < 0:
 		return &InvalidArgumentError{Field: "output_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.OutputTokens)}
-	case rel.Outcome != 0 && rel.Outcome != ReleaseOK && rel.Outcome != ReleaseError:
+	case rel.Outcome != 0 && rel.Outcome != ReleaseOK && rel.Outcome != ReleaseError && rel.Outcome != ReleaseUnobserved:
 		return &InvalidArgumentError{Field: "outcome", Reason: fmt.Sprintf("unknown outcome %d", rel.Outcome)}
 	}
 	return nil
@@ -66,7 +66,8 @@ func validateRelease(rel *Release) error {
 
 // settle settles a released lease's charge at its actual tokens, costed
 // and priced with the placer's catalog (a model no longer in it keeps its
-// admitted cost and price), and feeds the outcome to the domain's health.
+// admitted cost and price), and feeds the outcome, if observed, to the
+// domain's health.
 // It returns the answer, and the actual weighted tokens and cost.
 func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res ReleaseResult, weighted int64, actual pd.Cost) {
 	prompt := rel.PromptTokens
@@ -83,7 +84,9 @@ func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res R
 	weighted = prompt + l.outWeight*rel.OutputTokens
 	l.tenant.budget.roll(wall)
 	refunded := l.Settle(now, actual, weighted, price)
-	p.recordOutcome(l.dom, now, rel.Outcome == ReleaseError)
+	if rel.Outcome != ReleaseUnobserved {
+		p.recordOutcome(l.dom, now, rel.Outcome == ReleaseError)
+	}
 	return ReleaseResult{
 		Domain:           l.dom.ID(),
 		Model:            l.modelName,

@@ -131,10 +131,16 @@ type Trace struct {
 // ReleaseOutcome is what a router reports when a leased request finishes.
 type ReleaseOutcome int32
 
-// Release outcomes. The numeric values match admission/v1's enum.
+// Release outcomes. The numeric values match admission/v1's enum, but for
+// ReleaseUnobserved, which is not on the wire.
 const (
 	ReleaseOK    ReleaseOutcome = 1
 	ReleaseError ReleaseOutcome = 2
+	// ReleaseUnobserved settles a lease whose outcome nobody saw (the RLS
+	// adapter settles each admission at once, and Envoy never learns how
+	// the request went): the domain's health gets no sample from it, so
+	// that it does not dilute the error rate routers report.
+	ReleaseUnobserved ReleaseOutcome = -1
 )
 
 // Release reports the end of a leased request.

@@ -49,10 +49,11 @@
 // bucket, budget and the domain's prefill and decode buckets keep exactly
 // the admitted charge (charged once), while the lease, its KV bytes and its
 // place in the tenant's concurrency count are given back before the answer
-// is sent. Nothing is left behind to leak. What this gives up: the KV gauge
-// and max_concurrency do not see RLS traffic in flight, and the release
-// reports the outcome OK to domain health (Envoy never learns the outcome
-// either), which dilutes the error rate that routers' releases report.
+// is sent. Nothing is left behind to leak. The release's outcome is
+// admission.ReleaseUnobserved: Envoy never learns how the request went, so
+// domain health gets no sample from it (an OK would dilute the error rate
+// that routers' releases report). What this gives up: the KV gauge and
+// max_concurrency do not see RLS traffic in flight.
 //
 // # Answer
 //

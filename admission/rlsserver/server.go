@@ -367,7 +367,7 @@ func (s *Server) settle(ctx context.Context, it *item, lease uint64) {
 		LeaseID:      lease,
 		PromptTokens: it.req.PromptTokens,
 		OutputTokens: it.req.MaxOutputTokens,
-		Outcome:      admission.ReleaseOK,
+		Outcome:      admission.ReleaseUnobserved,
 	})
 	if err != nil {
 		// The lease then expires at its TTL as if fully used: the same

@@ -181,8 +181,11 @@ func (m *Metrics) ObserveDecision(req admission.Request, d admission.Decision) {
 // ObserveRelease implements admission.Observer.
 func (m *Metrics) ObserveRelease(rel admission.Release, res admission.ReleaseResult) {
 	outcome := "ok"
-	if rel.Outcome == admission.ReleaseError {
+	switch rel.Outcome {
+	case admission.ReleaseError:
 		outcome = "error"
+	case admission.ReleaseUnobserved:
+		outcome = "unobserved"
 	}
 	m.releases.WithLabelValues(outcome).Inc()
 	if res.RefundedTokens >= 0 {

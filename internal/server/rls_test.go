@@ -64,7 +64,7 @@ func TestRLSServedBesideTheAdmissionAPI(t *testing.T) {
 	m := get(t, srv, "/metrics")
 	for _, want := range []string{
 		`sluice_decisions_total{decision="ADMITTED",reason="REASON_UNSPECIFIED"} 1`,
-		`sluice_releases_total{outcome="ok"} 1`,
+		`sluice_releases_total{outcome="unobserved"} 1`,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("/metrics lacks %s", want)
