@@ -113,6 +113,38 @@ func engineWithTenants(b *testing.B, n int) *Engine {
 	return e
 }
 
+// BenchmarkLeaseMemory holds 200k leases (long generations: admitted,
+// not yet released) and reports the heap each costs the engine — the lease
+// table's slot, its id's map entry and its expiry heap entry (target: ≤ 256
+// B per lease).
+func BenchmarkLeaseMemory(b *testing.B) {
+	const n = 200_000
+	for i := 0; i < b.N; i++ {
+		cfg := testConfig()
+		p := cfg.Tiers["gold"]
+		p.MaxConcurrency = 1 << 30
+		p.Budget = Budget{DailyUSD: 1e9}
+		cfg.Tiers["gold"] = p
+		h := newHarness(b, cfg, topology.Simulated())
+		r := req("a", "small", 1, 1)
+		h.admit(r) // the tenant's state and the tables' first allocations are not the leases'
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for range n {
+			if d := h.admit(r); d.Outcome != Admitted {
+				b.Fatalf("lease %d: %+v", h.e.LeaseCount(), d)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if got := h.e.LeaseCount(); got != n+1 {
+			b.Fatalf("%d leases held, want %d", got, n+1)
+		}
+		b.ReportMetric((float64(after.HeapAlloc)-float64(before.HeapAlloc))/n, "bytes/lease")
+	}
+}
+
 // BenchmarkIdempotencyMemory admits (and releases) 1M requests with unique
 // request ids on a manual clock and reports the heap the remembered ids
 // hold (target: ≤ 96 MB for 1M, ≤ 96 B per record), then moves past the

@@ -81,7 +81,17 @@ const (
 
 // TenantConfig names a tenant's tier and any per-tenant overrides.
 type TenantConfig struct {
-	Tier           string       `json:"tier"`
+	Tier string `json:"tier"`
+	// The overrides' keys sit beside tier in the document; nil when there
+	// are none. Most tenants take their tier's policy as it is, and an idle
+	// tenant then costs the engine its name and these 24 bytes. Read the
+	// overrides through Overrides, which is never nil.
+	*TenantOverrides
+}
+
+// TenantOverrides are a tenant's own values for its tier's policy; a nil
+// field keeps the tier's.
+type TenantOverrides struct {
 	RPS            *Limit       `json:"rps,omitempty"`
 	Tokens         *Limit       `json:"tokens,omitempty"`
 	MaxConcurrency *int64       `json:"max_concurrency,omitempty"`
@@ -210,16 +220,33 @@ func (c *Config) clone() Config {
 	return out
 }
 
+// noOverrides is what Overrides returns for a tenant without any.
+var noOverrides TenantOverrides
+
+// Overrides returns the tenant's overrides (all nil when it has none).
+// The result is shared: do not modify it.
+func (t *TenantConfig) Overrides() *TenantOverrides {
+	if t.TenantOverrides == nil {
+		return &noOverrides
+	}
+	return t.TenantOverrides
+}
+
 // clone copies the overrides so that they share no pointers.
 func (t TenantConfig) clone() TenantConfig {
-	t.RPS = clonePtr(t.RPS)
-	t.Tokens = clonePtr(t.Tokens)
-	t.MaxConcurrency = clonePtr(t.MaxConcurrency)
-	t.Floor = clonePtr(t.Floor)
-	t.Weight = clonePtr(t.Weight)
-	t.BurstCredit = clonePtr(t.BurstCredit)
-	t.Budget = clonePtr(t.Budget)
-	t.Critical = clonePtr(t.Critical)
+	if t.TenantOverrides == nil {
+		return t
+	}
+	o := *t.TenantOverrides
+	o.RPS = clonePtr(o.RPS)
+	o.Tokens = clonePtr(o.Tokens)
+	o.MaxConcurrency = clonePtr(o.MaxConcurrency)
+	o.Floor = clonePtr(o.Floor)
+	o.Weight = clonePtr(o.Weight)
+	o.BurstCredit = clonePtr(o.BurstCredit)
+	o.Budget = clonePtr(o.Budget)
+	o.Critical = clonePtr(o.Critical)
+	t.TenantOverrides = &o
 	return t
 }
 
@@ -242,29 +269,30 @@ func (c *Config) Policy(tenant string) (TierPolicy, bool) {
 	if !ok {
 		return TierPolicy{}, false
 	}
-	if tc.RPS != nil {
-		p.RPS = *tc.RPS
+	o := tc.Overrides()
+	if o.RPS != nil {
+		p.RPS = *o.RPS
 	}
-	if tc.Tokens != nil {
-		p.Tokens = *tc.Tokens
+	if o.Tokens != nil {
+		p.Tokens = *o.Tokens
 	}
-	if tc.MaxConcurrency != nil {
-		p.MaxConcurrency = *tc.MaxConcurrency
+	if o.MaxConcurrency != nil {
+		p.MaxConcurrency = *o.MaxConcurrency
 	}
-	if tc.Floor != nil {
-		p.Floor = *tc.Floor
+	if o.Floor != nil {
+		p.Floor = *o.Floor
 	}
-	if tc.Weight != nil {
-		p.Weight = *tc.Weight
+	if o.Weight != nil {
+		p.Weight = *o.Weight
 	}
-	if tc.BurstCredit != nil {
-		p.BurstCredit = *tc.BurstCredit
+	if o.BurstCredit != nil {
+		p.BurstCredit = *o.BurstCredit
 	}
-	if tc.Budget != nil {
-		p.Budget = *tc.Budget
+	if o.Budget != nil {
+		p.Budget = *o.Budget
 	}
-	if tc.Critical != nil {
-		p.Critical = *tc.Critical
+	if o.Critical != nil {
+		p.Critical = *o.Critical
 	}
 	return p, true
 }

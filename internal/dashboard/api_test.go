@@ -41,7 +41,7 @@ type fakeState struct {
 func (s *fakeState) Topology() topology.Cluster { return s.cluster }
 func (s *fakeState) TenantNames() []string      { return s.names }
 func (s *fakeState) TenantBudget(name, tier string) admission.Budget {
-	if tc := s.cfg.Tenants[name]; tc.Budget != nil {
+	if tc := s.cfg.Tenants[name]; tc.Overrides().Budget != nil {
 		return *tc.Budget
 	}
 	return s.cfg.Tiers[tier].Budget

@@ -66,8 +66,8 @@ func newTenantDirectory(cfg admission.Config) *tenantDirectory {
 	}
 	for name, tc := range cfg.Tenants {
 		d.names = append(d.names, name)
-		if tc.Budget != nil {
-			d.ownBudget[name] = *tc.Budget
+		if b := tc.Overrides().Budget; b != nil {
+			d.ownBudget[name] = *b
 		}
 	}
 	slices.Sort(d.names)

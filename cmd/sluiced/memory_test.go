@@ -1,0 +1,166 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-sched/sluice/internal/config"
+)
+
+// sluiced serving 100k configured (idle) tenants settles at ≤ 64 MB of
+// resident memory: a separate process built as it is deployed (no race
+// detector, which multiplies memory), on the embedded default with its
+// tenants replaced by 100k on a tier without a floor.
+func TestHundredThousandTenantsResidentMemory(t *testing.T) {
+	const (
+		tenants = 100_000
+		limit   = 64 << 20
+	)
+	bin := filepath.Join(t.TempDir(), "sluiced")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	path := filepath.Join(t.TempDir(), "tenants.yaml")
+	if err := os.WriteFile(path, withTenants(t, tenants), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(bin, "--config", path, "--topology", "simulated", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json")
+	logs, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	httpAddr := readyAddr(t, logs, tenants)
+	resp, err := http.Get("http://" + httpAddr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+
+	// The config's parse is garbage once it is applied; the runtime hands
+	// it back to the system in the background. The least of a few samples
+	// is what the process settles at.
+	least := int64(1 << 62)
+	for range 10 {
+		least = min(least, residentBytes(t, cmd.Process.Pid))
+		if least <= limit/2 {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("sluiced with %d tenants: %.1f MB resident", tenants, float64(least)/(1<<20))
+	if least > limit {
+		t.Errorf("sluiced with %d tenants: %.1f MB resident, want ≤ %d MB", tenants, float64(least)/(1<<20), limit>>20)
+	}
+}
+
+// withTenants is the embedded default config with its tenants replaced by
+// n tenants on the first tier (by name) that has no floor.
+func withTenants(t *testing.T, n int) []byte {
+	t.Helper()
+	cfg, err := config.Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tier string
+	for _, name := range slices.Sorted(maps.Keys(cfg.Tiers)) {
+		if cfg.Tiers[name].Floor == 0 {
+			tier = name
+			break
+		}
+	}
+	if tier == "" {
+		t.Fatal("the embedded default has no tier without a floor")
+	}
+	doc := config.DefaultYAML()
+	start := bytes.Index(doc, []byte("\ntenants:"))
+	if start < 0 {
+		t.Fatal("the embedded default has no top-level tenants: section")
+	}
+	end := len(doc)
+	if next := regexp.MustCompile(`\n[a-z_]+:`).FindIndex(doc[start+1:]); next != nil {
+		end = start + 1 + next[0]
+	}
+	var b bytes.Buffer
+	b.Write(doc[:start])
+	b.WriteString("\ntenants:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  tenant-%06d: {tier: %s}\n", i, tier)
+	}
+	b.Write(doc[end:])
+	return b.Bytes()
+}
+
+// readyAddr reads sluiced's JSON log until its ready line and returns the
+// HTTP address it serves on.
+func readyAddr(t *testing.T, logs io.Reader, tenants int) string {
+	t.Helper()
+	sc := bufio.NewScanner(logs)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var line struct {
+			Msg     string `json:"msg"`
+			HTTP    string `json:"http"`
+			Tenants int    `json:"tenants"`
+		}
+		if json.Unmarshal(sc.Bytes(), &line) != nil || line.Msg != "sluiced ready" {
+			continue
+		}
+		if line.Tenants != tenants {
+			t.Fatalf("sluiced ready with %d tenants, want %d", line.Tenants, tenants)
+		}
+		go func() { // keep draining, so that logging never blocks it
+			for sc.Scan() {
+			}
+		}()
+		return line.HTTP
+	}
+	t.Fatalf("sluiced exited before it was ready: %v", sc.Err())
+	return ""
+}
+
+// residentBytes reads a process's resident set size from /proc.
+func residentBytes(t *testing.T, pid int) int64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", rest, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
+}
