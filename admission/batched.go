@@ -134,6 +134,27 @@ func (s *batchedState) capacityRebuiltLocked(now int64, d *domainState, old *pd.
 	s.keepShare(now, d, old)
 }
 
+// gateLocked thaws, while the store is unreachable, a tenant frozen idle
+// before it went away: no grant can come to thaw it, so it decides on its
+// own 1/N slice, as a tenant new in an outage does, rather than at a rate
+// of 0 until the store returns. (One comparison per decision otherwise.)
+func (s *batchedState) gateLocked(t *tenantState) refusal {
+	if s.down {
+		if a := s.activity[t.name]; a != nil && a.owner == t && a.frozen {
+			now := s.e.nowLocked()
+			for k, b := range t.buckets() {
+				rate, _ := tenantLimits(t, bucketKind(k))
+				b.SetLimits(rate/int64(s.replicas), b.Burst(), b.Credit()) // from the level it froze at
+				if en := s.entries[entryKey{t.name, bucketKind(k)}]; en != nil {
+					en.frozen = false
+				}
+			}
+			a.activeAt, a.frozen = now, false
+		}
+	}
+	return s.storeLink.gateLocked(t)
+}
+
 func (s *batchedState) quotaRefusedLocked(t *tenantState, retry time.Duration) time.Duration {
 	s.activityOf(t).want = true
 	// The local grant changes at every reconcile (a new tenant has no
