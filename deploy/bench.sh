@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# bench.sh — every figure of the README's performance section, from one
+# command, each printed beside the reference measured in the same run, the
+# ratio the target is about, the target, and whether it is met.
+#
+#   deploy/bench.sh                 # everything (about 10 minutes on 2 cores)
+#   GRPC=0 deploy/bench.sh          # without the separate-process gRPC runs
+#   COUNT=5 deploy/bench.sh         # more runs per benchmark (medians are printed)
+#
+# Environment: COUNT (3) runs per Go benchmark; GRPC (1) runs
+# deploy/bench-grpc.sh (sluiced and sluicectl load as two processes; its
+# own knobs — CONCURRENCY, DURATION, ROUNDS, PREFILL — pass through);
+# OUT (a temporary directory) keeps every raw output. The Redis rows run
+# when redis-server is on PATH (the benchmark starts its own). Run from
+# anywhere; it works in the repository root. Needs Go and jq.
+#
+# Every figure is a median of COUNT runs. On a machine shared with other
+# work the absolute figures move; the ratios, measured in the same run,
+# move much less.
+set -euo pipefail
+
+COUNT=${COUNT:-3}
+GRPC=${GRPC:-1}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+failed=0
+
+# median FILE NAME UNIT: the median of the values given in UNIT by the
+# benchmark lines of NAME (its -N GOMAXPROCS suffix aside).
+median() {
+	grep -E "^$2(-[0-9]+)?[[:space:]]" "$1" |
+		awk -v u="$3" '{ for (i = 2; i <= NF; i++) if ($i == u) print $(i-1) }' |
+		sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'
+}
+
+# calc EXPR: awk arithmetic, three significant figures.
+calc() { awk "BEGIN { printf \"%.3g\", $1 }"; }
+
+# row MEASURE FIGURE REFERENCE RATIO TARGET-OP TARGET-VALUE VALUE: one line
+# of the table; VALUE is held to the target (VALUE OP TARGET-VALUE).
+row() {
+	local verdict
+	verdict=$(awk -v v="$7" -v b="$6" -v op="$5" 'BEGIN {
+		if (v == "nan" || v == "") { print "?"; exit }
+		ok = (op == "<=") ? (v + 0 <= b + 0) : (v + 0 >= b + 0)
+		print ok ? "met" : "NOT MET" }')
+	[[ $verdict == met ]] || failed=1
+	printf '%-46s | %-22s | %-30s | %-16s | %-9s | %s\n' "$1" "$2" "$3" "$4" "$5 $6" "$verdict"
+}
+
+bench() { # OUTFILE PACKAGE ARGS…: one go test -bench run, its output kept
+	local file=$1 pkg=$2
+	shift 2
+	echo "go test -run '^\$' $* $pkg" >&2
+	go test -run '^$' "$@" "$pkg" >"$OUT/$file"
+}
+
+bench admission.txt ./admission/ -bench 'BenchmarkAdmit$|BenchmarkXTimeRate|BenchmarkIdleTenantMemory|BenchmarkLeaseMemory' -benchmem -count "$COUNT"
+bench wfq.txt ./wfq/ -bench 'BenchmarkEnqueueDequeue$' -benchmem -count "$COUNT"
+bench grpc-inprocess.txt ./internal/server/ -bench 'BenchmarkGRPC$|BenchmarkRLS$/Interleaved' -benchtime 3s -count "$COUNT"
+bench replay.txt ./internal/replay/ -bench 'BenchmarkReplayCodeHour$|BenchmarkReadCodeTrace' -benchtime 5x -cpu 1 -count "$COUNT"
+if command -v redis-server >/dev/null; then
+	bench redis.txt ./internal/state/redisstate/ -bench BenchmarkDecision -benchtime 2s -count "$COUNT"
+fi
+echo "go test -count=1 -run TestHundredThousandTenantsResidentMemory -v ./cmd/sluiced/" >&2
+go test -count=1 -run TestHundredThousandTenantsResidentMemory -v ./cmd/sluiced/ >"$OUT/rss.txt" || true
+if [[ $GRPC == 1 ]]; then
+	echo "deploy/bench-grpc.sh" >&2
+	OUT="$OUT/grpc" deploy/bench-grpc.sh >"$OUT/grpc.txt"
+fi
+
+echo
+printf '%-46s | %-22s | %-30s | %-16s | %-9s | %s\n' measure figure "reference (same run)" ratio target ""
+printf '%s\n' "-----------------------------------------------+------------------------+--------------------------------+------------------+-----------+--------"
+
+a=$OUT/admission.txt
+admit=$(median "$a" BenchmarkAdmit ns/op)
+allocs=$(median "$a" BenchmarkAdmit allocs/op)
+allown=$(median "$a" BenchmarkXTimeRate/AllowN ns/op)
+row "in-process Admit, admitted at once" "$admit ns, $allocs allocs" "x/time/rate AllowN $allown ns" "$(calc "$admit / $allown")× AllowN" "<=" 20 "$(calc "$admit / $allown")"
+row "in-process Admit: allocations" "$allocs allocs/op" "" "" "<=" 0 "$allocs"
+idle=$(median "$a" BenchmarkIdleTenantMemory bytes/tenant)
+row "idle tenant (100k configured)" "$idle B" "" "" "<=" 128 "$idle"
+lease=$(median "$a" BenchmarkLeaseMemory bytes/lease)
+row "lease held (200k held)" "$lease B" "" "" "<=" 256 "$lease"
+
+rss=$(grep -o '[0-9.]* MB resident' "$OUT/rss.txt" | awk '{ print $1 }' || true)
+row "sluiced RSS, 100k tenants" "${rss:-?} MB" "" "" "<=" 64 "${rss:-nan}"
+
+w=$OUT/wfq.txt
+w1k=$(median "$w" BenchmarkEnqueueDequeue/flows=1000 ns/op)
+w100k=$(median "$w" BenchmarkEnqueueDequeue/flows=100000 ns/op)
+row "WFQ enqueue+dequeue, 100k flows" "$w100k ns" "1k flows: $w1k ns" "$(calc "$w100k / $w1k")× 1k" "<=" 300 "$w100k"
+row "WFQ 100k flows ÷ 1k flows" "$(calc "$w100k / $w1k")×" "" "" "<=" 4 "$(calc "$w100k / $w1k")"
+
+g=$OUT/grpc-inprocess.txt
+check=$(median "$g" BenchmarkGRPC/HealthCheck ns/op)
+gadmit=$(median "$g" BenchmarkGRPC/Admit ns/op)
+row "gRPC Admit, client in-process" "$gadmit ns/op" "health Check $check ns/op" "$(calc "$check / $gadmit")" ">=" 0.9 "$(calc "$check / $gadmit")"
+rls=$(median "$g" BenchmarkRLS/Interleaved rls/check)
+row "gRPC ShouldRateLimit (Envoy RLS), in-process" "$(median "$g" BenchmarkRLS/Interleaved ns/rls) ns/call" "health Check $(median "$g" BenchmarkRLS/Interleaved ns/check) ns/call" "$rls" ">=" 0.9 "$rls"
+
+if [[ $GRPC == 1 ]]; then
+	for spec in "admit-release:Admit+Release, client a process:0.9" "admit-only:Admit only (leases accumulate):0.9" "admit-release-held:Admit+Release, 200k leases held:0.85"; do
+		IFS=: read -r name label target <<<"$spec"
+		j=$OUT/grpc/$name.json
+		ratio=$(jq -r '.ratio' "$j")
+		row "gRPC $label" "$(jq -r '.load.calls_per_sec|floor' "$j") calls/s" "health Check $(jq -r '.reference.calls_per_sec|floor' "$j") calls/s" "$(calc "$ratio") (CPU $(calc "$(jq -r '.cpu_ratio' "$j")"))" ">=" "$target" "$ratio"
+	done
+fi
+
+r=$OUT/replay.txt
+hour=$(median "$r" BenchmarkReplayCodeHour ns/op)
+read=$(median "$r" BenchmarkReadCodeTrace ns/op)
+row "replay an hour of the code trace, 1 core" "$(calc "$hour / 1e9") s" "reading it: $(calc "$read / 1e9") s" "" "<=" 60 "$(calc "$hour / 1e9")"
+
+if [[ -f $OUT/redis.txt ]]; then
+	x=$OUT/redis.txt
+	bp99=$(median "$x" BenchmarkDecision/batched p99-µs)
+	ep99=$(median "$x" BenchmarkDecision/embedded p99-µs)
+	calls=$(median "$x" BenchmarkDecision/batched redis-calls/decision)
+	row "decision p99, batched Redis" "$bp99 µs" "embedded $ep99 µs" "+$(calc "$bp99 - $ep99") µs" "<=" 50 "$(calc "$bp99 - $ep99")"
+	row "Redis calls per decision, batched" "$calls" "" "" "<=" 0.01 "$calls"
+fi
+
+echo
+echo "raw outputs: $OUT"
+exit "$failed"
