@@ -32,8 +32,9 @@ type FlowKey struct{ Tenant, Model string }
 // must not change and the Item must not be copied or overwritten as a whole
 // (its unexported fields hold the queue's links).
 type Item struct {
-	// The queue's fields come first: 56 bytes that one cache line holds
-	// when the item is 64-byte aligned (a lone Item is: 128-byte size class).
+	// The queue's fields come first, then Cost: 64 bytes, one cache line
+	// when the item is 64-byte aligned (a lone Item is: 128-byte size
+	// class), so that warm, which reads tag and Cost, loads one line.
 	tag        uint64 // finish tag, set by Enqueue
 	seq        uint64 // enqueue sequence number, unique per queue
 	lane       *lane  // the lane holding the item; nil when not queued
@@ -42,8 +43,8 @@ type Item struct {
 	// this item re-keys its lane without loading next (a cache miss).
 	nextTag, nextSeq uint64
 
-	Flow     FlowKey
 	Cost     uint64 // > 0; a cost of 0 is served at the current virtual time
+	Flow     FlowKey
 	Weight   uint64 // ≥ 1; 0 is taken as 1
 	Critical bool   // served in the critical band, before every normal item
 	Value    any    // the caller's payload
@@ -435,10 +436,9 @@ func (q *Queue) pop(bd *band, i int) *Item {
 
 // warm loads the band's next head item, which the next Dequeue will need
 // (sifting has already touched its lane), so that the cache miss overlaps
-// with the caller's work instead of stalling that Dequeue. It loads both of
-// the item's cache lines: the queue's fields (tag) and the caller's (Cost,
-// next to Flow and Value, which whoever dequeues it reads). The sum is kept
-// only so that the loads are not optimised away.
+// with the caller's work instead of stalling that Dequeue. The queue's
+// fields and Cost share the item's first cache line. The sum is kept only
+// so that the loads are not optimised away.
 func (q *Queue) warm(bd *band) {
 	if len(bd.heap) > 0 {
 		it := bd.heap[0].l.head
