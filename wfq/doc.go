@@ -61,7 +61,9 @@
 // the caller's, and each flow is a doubly linked list threaded through them.
 // Memory is laid out for the cache: each item carries its successor's key, so
 // a Dequeue loads only the item it returns, and a Flow's hot fields share one
-// cache line.
+// cache line. At 100k flows these are cache misses all the same, so Dequeue
+// prefetches (PREFETCHT0, PRFM: a hint that does not wait) what the next
+// two Dequeues will read, and a sift the heap level below the next.
 //
 // # Position
 //

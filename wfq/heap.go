@@ -1,10 +1,17 @@
 package wfq
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+)
 
 // arity is the heap's fan-out. A 4-ary heap is half as deep as a binary one,
 // and a node's four children sit side by side in memory.
 const arity = 4
+
+// prefetchFrom is the index from which heap.down prefetches grandchildren:
+// the levels above it, 24 KiB, stay in cache anyway.
+const prefetchFrom = 1024
 
 // entry is a non-empty lane in its band's heap, keyed by its head's finish
 // tag and sequence number, copied here so that sifting reads no item.
@@ -69,6 +76,16 @@ func (h heap) down(i int) {
 	n := len(h)
 	for c := arity*i + 1; c < n; c = arity*i + 1 {
 		var m int
+		if g := arity*c + 1; g >= prefetchFrom && g+arity*arity <= n {
+			// The next level's children are among c's 16 grandchildren,
+			// side by side: prefetching them now overlaps the next
+			// level's cache miss with this one's, instead of paying
+			// the two in turn.
+			start := uintptr(unsafe.Pointer(&h[g]))
+			end := start + arity*arity*unsafe.Sizeof(entry{})
+			start &^= 63
+			prefetchLines(start, int((end-start+63)/64))
+		}
 		if c+arity <= n {
 			// Which of four children is smallest is a coin toss, so a
 			// branch per comparison would be mispredicted half the time;

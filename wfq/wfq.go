@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/bits"
+	"unsafe"
 )
 
 // TagUnit is the finish-tag increment of an item of cost 1 at weight 1: tags
@@ -34,7 +35,7 @@ type FlowKey struct{ Tenant, Model string }
 type Item struct {
 	// The queue's fields come first, then Cost: 64 bytes, one cache line
 	// when the item is 64-byte aligned (a lone Item is: 128-byte size
-	// class), so that warm, which reads tag and Cost, loads one line.
+	// class), the line that Dequeue and Enqueue read and write.
 	tag        uint64 // finish tag, set by Enqueue
 	seq        uint64 // enqueue sequence number, unique per queue
 	lane       *lane  // the lane holding the item; nil when not queued
@@ -143,13 +144,12 @@ type band struct {
 // Queue is a weighted fair queue in two bands. It is not safe for concurrent
 // use; its owner serialises calls.
 type Queue struct {
-	cfg    Config
-	bands  [nBands]band
-	flows  map[FlowKey]*Flow
-	n      int
-	seq    uint64
-	scan   []int  // Dequeue's scratch space for passing over heads
-	warmed uint64 // see warm
+	cfg   Config
+	bands [nBands]band
+	flows map[FlowKey]*Flow
+	n     int
+	seq   uint64
+	scan  []int // Dequeue's scratch space for passing over heads
 }
 
 // New returns an empty queue with bounds cfg.
@@ -434,15 +434,27 @@ func (q *Queue) pop(bd *band, i int) *Item {
 	return it
 }
 
-// warm loads the band's next head item, which the next Dequeue will need
-// (sifting has already touched its lane), so that the cache miss overlaps
-// with the caller's work instead of stalling that Dequeue. The queue's
-// fields and Cost share the item's first cache line. The sum is kept only
-// so that the loads are not optimised away.
+// warm prefetches what the next two Dequeues will need, so that their
+// cache misses overlap with the work in between instead of stalling them:
+// the next head item (both of its cache lines: the queue's and the
+// caller's), through its lane, which the last warm prefetched; and the lane
+// of the head after it, the root's smallest child, which becomes the root
+// when the root's lane is served. Prefetching does not wait for memory, so
+// a guess that turns out wrong (an Enqueue or Remove reorders the heap)
+// costs a little bandwidth, nothing else.
 func (q *Queue) warm(bd *band) {
-	if len(bd.heap) > 0 {
-		it := bd.heap[0].l.head
-		q.warmed += it.tag + it.Cost
+	h := bd.heap
+	if len(h) == 0 {
+		return
+	}
+	it := h[0].l.head
+	prefetch(uintptr(unsafe.Pointer(it)))
+	prefetch(uintptr(unsafe.Pointer(&it.Value)))
+	if len(h) >= 1+arity {
+		s := (*[arity]entry)(h[1 : 1+arity])
+		a := before(&s[1], &s[0])     // as in heap.down
+		b := 2 + before(&s[3], &s[2]) // 2 or 3
+		prefetch(uintptr(unsafe.Pointer(s[a^((a^b)&-before(&s[b&3], &s[a&3]))].l)))
 	}
 }
 
