@@ -3,8 +3,10 @@ package wfq
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // benchQueue fills a queue with flows flows of perFlow items each, of random
@@ -45,6 +47,53 @@ func BenchmarkEnqueueDequeue(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkEnqueueDequeueRatio is BenchmarkEnqueueDequeue at 1k and at 100k
+// flows in one run, in alternating blocks of ops so that a shared machine's
+// noise falls on both alike. It reports each size's ns per op and their
+// ratio, which issue 14 bounds (≤ 4). Blocks are timed by the thread's CPU
+// time (on Linux), which leaves out the time other processes held the CPU;
+// and the first ops of each block are not timed: they bring the queue back
+// into cache after the other size evicted it, a cost the steady state does
+// not pay.
+func BenchmarkEnqueueDequeueRatio(b *testing.B) {
+	const (
+		block  = 1 << 16 // ops per block
+		warmup = 1 << 13 // of which untimed
+	)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	qs := [2]*Queue{benchQueue(b, 1000, 4), benchQueue(b, 100_000, 4)}
+	var (
+		ns, ops [2]float64
+		which   int
+		n       int
+		start   time.Duration
+	)
+	b.ReportAllocs()
+	for b.Loop() {
+		if n == warmup {
+			start = threadTime()
+		}
+		q := qs[which]
+		it := q.Dequeue(nil, 1)
+		if err := q.EnqueueFlow(it.Value.(*Flow), it); err != nil {
+			b.Fatal(err)
+		}
+		if n++; n == block {
+			ns[which] += float64(threadTime() - start)
+			ops[which] += block - warmup
+			which, n = 1-which, 0
+		}
+	}
+	if ops[0] == 0 || ops[1] == 0 {
+		return // too few ops for a block of each (b.N is still being sized)
+	}
+	small, large := ns[0]/ops[0], ns[1]/ops[1]
+	b.ReportMetric(small, "ns/op-1k")
+	b.ReportMetric(large, "ns/op-100k")
+	b.ReportMetric(large/small, "ratio")
 }
 
 // BenchmarkEnqueueDequeueByKey is BenchmarkEnqueueDequeue through Enqueue,

@@ -134,8 +134,7 @@ func printQueue(q *Queue) string {
 		name := map[int]string{critical: "critical", normal: "normal"}[band]
 		bd := &q.bands[band]
 		fmt.Fprintf(&b, "%s: V=%s len=%d\n", name, tagString(bd.v), bd.n)
-		lanes := make([]entry, len(bd.heap))
-		copy(lanes, bd.heap)
+		lanes := slices.Clone(bd.heap.entries())
 		slices.SortFunc(lanes, func(x, y entry) int {
 			if x.less(&y) {
 				return -1
@@ -143,9 +142,8 @@ func printQueue(q *Queue) string {
 			return 1
 		})
 		for _, e := range lanes {
-			l := e.l
-			fmt.Fprintf(&b, "  %s/%s:", l.flow.key.Tenant, l.flow.key.Model)
-			for it := l.head; it != nil; it = it.next {
+			fmt.Fprintf(&b, "  %s/%s:", e.l.flow.key.Tenant, e.l.flow.key.Model)
+			for it := e.head; it != nil; it = it.next {
 				fmt.Fprintf(&b, " %s(%s)", it.Value, tagString(it.tag))
 			}
 			b.WriteString("\n")

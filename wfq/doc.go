@@ -54,14 +54,22 @@
 //
 // Enqueue and Dequeue (when the first head examined fits) are
 // O(log flows): the heap holds one entry per non-empty (flow, band), 4-ary,
-// keyed by the head's (F, s); an entry carries its key, so sifting reads no
-// item. A Dequeue that passes over k heads costs O(k log k) more. Enqueue
-// looks the flow up in a map; EnqueueFlow, with a *Flow handle from
-// Queue.Flow, skips that lookup. Nothing is allocated per item: items are
-// the caller's, and each flow is a doubly linked list threaded through them.
-// Memory is laid out for the cache: each item carries its successor's key, so
-// a Dequeue loads only the item it returns, and a Flow's hot fields share one
-// cache line.
+// keyed by the head's (F, s). An entry carries its key, so sifting reads no
+// item, and its lane's id, head item and lane: 32 bytes, four siblings to
+// two cache lines. Each band keeps the heap index of each lane id in a dense
+// array, so sifting writes no lane either. A Dequeue that passes over k
+// heads costs O(k log k) more. Enqueue looks the flow up in a map;
+// EnqueueFlow, with a *Flow handle from Queue.Flow, skips that lookup.
+// Nothing is allocated per item: items are the caller's, and each flow is a
+// doubly linked list threaded through them. Sequence numbers are 32 bits:
+// when they run out, the queued items are renumbered in their order, in
+// O(n log n) once every 2³² Enqueues.
+//
+// Memory is laid out for the cache: each item carries its successor's key,
+// so a Dequeue loads only the item it returns, and a Flow's hot fields share
+// one cache line. At 100k flows these are cache misses all the same, so
+// Dequeue prefetches (PREFETCHT0, PRFM: a hint that does not wait) what the
+// next two Dequeues will read, and a sift the heap level below the next.
 //
 // # Position
 //

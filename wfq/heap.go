@@ -1,107 +1,157 @@
 package wfq
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+)
 
 // arity is the heap's fan-out. A 4-ary heap is half as deep as a binary one,
-// and a node's four children sit side by side in memory.
+// and a node's four children, 128 bytes, fill two cache lines (see root).
 const arity = 4
 
+// root is the root's index in heap.e; indexes below it are unused. The
+// children of the node at p are at arity·(p−2) … arity·(p−2)+3, the parent
+// of c at c/arity + 2: with the root at 3, every group of four siblings
+// starts at a multiple of four entries, 128 bytes, and a large slice starts
+// on a page, so a sift loads two cache lines per level instead of three.
+const root = 3
+
+func firstChild(p int) int { return arity * (p - 2) }
+func parent(c int) int     { return c/arity + 2 }
+
+// prefetchFrom is the index from which heap.down prefetches grandchildren:
+// the levels above it, 32 KiB, stay in cache anyway.
+const prefetchFrom = 1024
+
 // entry is a non-empty lane in its band's heap, keyed by its head's finish
-// tag and sequence number, copied here so that sifting reads no item.
+// tag and sequence number, copied here so that sifting reads no item. It
+// holds the lane and its head item, so that Dequeue loads both at once from
+// the root, and the lane's id (see band): sifting records each moved
+// entry's index in pos[id], a dense array that stays in cache, instead of
+// in the lane, which at 100k flows would be a cache miss per level.
 type entry struct {
-	tag, seq uint64
-	l        *lane
+	tag  uint64
+	seq  uint32
+	id   int32
+	l    *lane
+	head *Item
 }
 
 func (a *entry) less(b *entry) bool {
 	return a.tag < b.tag || (a.tag == b.tag && a.seq < b.seq)
 }
 
-// heap is a min-heap of entries; each lane records its index in idx. Those
-// stores to the lanes moved have a use beyond Remove: the first moves the
-// next root's lane into cache, one Dequeue ahead.
-type heap []entry
+// heap is a min-heap of entries, from e[root] on; pos[id] is the index in e
+// of the entry with that id.
+type heap struct {
+	e   []entry
+	pos []int32
+}
+
+// len returns the number of entries.
+func (h *heap) len() int { return max(len(h.e)-root, 0) }
+
+// entries returns the entries, in heap order.
+func (h *heap) entries() []entry {
+	if len(h.e) < root {
+		return nil
+	}
+	return h.e[root:]
+}
 
 func (h *heap) push(e entry) {
-	*h = append(*h, e)
-	h.up(len(*h) - 1)
+	if len(h.e) < root {
+		h.e = make([]entry, root, 64)
+	}
+	h.e = append(h.e, e)
+	h.up(len(h.e) - 1)
 }
 
 // remove deletes the entry at index i.
 func (h *heap) remove(i int) {
-	last := len(*h) - 1
+	last := len(h.e) - 1
 	if i != last {
-		(*h)[i] = (*h)[last]
+		h.e[i] = h.e[last]
 	}
-	(*h)[last] = entry{} // drop the lane pointer
-	*h = (*h)[:last]
+	h.e[last] = entry{} // drop the pointers
+	h.e = h.e[:last]
 	if i != last {
 		h.fix(i)
 	}
 }
 
 // fix restores the heap order after the key at index i changed.
-func (h heap) fix(i int) {
-	if i > 0 && h[i].less(&h[(i-1)/arity]) {
+func (h *heap) fix(i int) {
+	if i > root && h.e[i].less(&h.e[parent(i)]) {
 		h.up(i)
 	} else {
 		h.down(i)
 	}
 }
 
-func (h heap) up(i int) {
-	e := h[i]
-	for i > 0 {
-		p := (i - 1) / arity
-		if !e.less(&h[p]) {
+func (h *heap) up(i int) {
+	es, pos := h.e, h.pos
+	e := es[i]
+	for i > root {
+		p := parent(i)
+		if !e.less(&es[p]) {
 			break
 		}
-		h[i] = h[p]
-		h[i].l.idx = int32(i)
+		es[i] = es[p]
+		pos[es[i].id] = int32(i)
 		i = p
 	}
-	h[i] = e
-	e.l.idx = int32(i)
+	es[i] = e
+	pos[e.id] = int32(i)
 }
 
-func (h heap) down(i int) {
-	e := h[i]
-	n := len(h)
-	for c := arity*i + 1; c < n; c = arity*i + 1 {
+func (h *heap) down(i int) {
+	es, pos := h.e, h.pos
+	e := es[i]
+	n := len(es)
+	for c := firstChild(i); c < n; c = firstChild(i) {
 		var m int
+		if g := firstChild(c); g >= prefetchFrom && g+arity*arity <= n {
+			// The next level's children are among c's 16 grandchildren,
+			// side by side (8 lines, aligned as the root's comment
+			// says): prefetching them now overlaps the next level's
+			// cache miss with this one's, instead of paying the two in
+			// turn.
+			prefetchLines(uintptr(unsafe.Pointer(&es[g])), arity*arity*int(unsafe.Sizeof(entry{}))/64)
+		}
 		if c+arity <= n {
 			// Which of four children is smallest is a coin toss, so a
 			// branch per comparison would be mispredicted half the time;
 			// pick it with arithmetic instead, as a tournament: two
 			// independent comparisons, then one between their winners.
 			// (Written out: as a function it is too large to inline.)
-			s := (*[arity]entry)(h[c : c+arity])
+			s := (*[arity]entry)(es[c : c+arity])
 			a := before(&s[1], &s[0])     // 0 or 1
 			b := 2 + before(&s[3], &s[2]) // 2 or 3
 			m = c + (a ^ ((a ^ b) & -before(&s[b&3], &s[a&3])))
 		} else {
 			m = c
 			for j := c + 1; j < n; j++ {
-				if h[j].less(&h[m]) {
+				if es[j].less(&es[m]) {
 					m = j
 				}
 			}
 		}
-		if !h[m].less(&e) {
+		if !es[m].less(&e) {
 			break
 		}
-		h[i] = h[m]
-		h[i].l.idx = int32(i)
+		es[i] = es[m]
+		pos[es[i].id] = int32(i)
 		i = m
 	}
-	h[i] = e
-	e.l.idx = int32(i)
+	es[i] = e
+	pos[e.id] = int32(i)
 }
 
 // before returns 1 if a's key is below b's, else 0, without a branch: the
-// borrow out of the 128-bit subtraction (a.tag, a.seq) − (b.tag, b.seq).
+// borrow out of the 96-bit subtraction (a.tag, a.seq) − (b.tag, b.seq).
 func before(a, b *entry) int {
-	_, borrow := bits.Sub64(a.seq, b.seq, 0)
+	_, borrow := bits.Sub64(uint64(a.seq), uint64(b.seq), 0)
 	_, borrow = bits.Sub64(a.tag, b.tag, borrow)
 	return int(borrow)
 }
@@ -109,13 +159,13 @@ func before(a, b *entry) int {
 // candidates is a binary min-heap of indexes into h, ordered by h's keys:
 // the frontier of a best-first walk of h.
 type candidates struct {
-	h   heap
+	h   []entry
 	idx []int
 }
 
 // pushChildren adds the children of h[i] to the frontier.
 func (c *candidates) pushChildren(i int) {
-	for j, end := arity*i+1, min(arity*i+1+arity, len(c.h)); j < end; j++ {
+	for j, end := firstChild(i), min(firstChild(i)+arity, len(c.h)); j < end; j++ {
 		c.idx = append(c.idx, j)
 		for k := len(c.idx) - 1; k > 0; {
 			p := (k - 1) / 2

@@ -1,9 +1,12 @@
 package wfq
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"math/bits"
+	"slices"
+	"unsafe"
 )
 
 // TagUnit is the finish-tag increment of an item of cost 1 at weight 1: tags
@@ -32,21 +35,25 @@ type FlowKey struct{ Tenant, Model string }
 // must not change and the Item must not be copied or overwritten as a whole
 // (its unexported fields hold the queue's links).
 type Item struct {
-	// The queue's fields come first: 56 bytes that one cache line holds
-	// when the item is 64-byte aligned (a lone Item is: 128-byte size class).
-	tag        uint64 // finish tag, set by Enqueue
-	seq        uint64 // enqueue sequence number, unique per queue
-	lane       *lane  // the lane holding the item; nil when not queued
-	prev, next *Item  // neighbours in the lane's FIFO
+	// The queue's fields come first, then Cost and Weight, which Enqueue
+	// reads: 64 bytes, one cache line when the item is 64-byte aligned (a
+	// lone Item is: 128-byte size class; and so is each Item of a slice, at
+	// 128 bytes with the padding at the end).
+	tag uint64 // finish tag, set by Enqueue
 	// next's tag and seq, copied here when next is linked, so that serving
 	// this item re-keys its lane without loading next (a cache miss).
-	nextTag, nextSeq uint64
+	nextTag    uint64
+	seq        uint32 // enqueue sequence number, unique per queue (see renumber)
+	nextSeq    uint32
+	lane       *lane // the lane holding the item; nil when not queued
+	prev, next *Item // neighbours in the lane's FIFO
 
-	Flow     FlowKey
 	Cost     uint64 // > 0; a cost of 0 is served at the current virtual time
 	Weight   uint64 // ≥ 1; 0 is taken as 1
-	Critical bool   // served in the critical band, before every normal item
-	Value    any    // the caller's payload
+	Flow     FlowKey
+	Critical bool // served in the critical band, before every normal item
+	Value    any  // the caller's payload
+	_        [8]byte
 }
 
 // FinishTag returns the item's finish tag, in TagUnit units, as set by its
@@ -79,15 +86,16 @@ func bandOf(it *Item) int {
 	return normal
 }
 
-// lane is one flow's FIFO in one band.
+// lane is one flow's FIFO in one band. Its head is in its heap entry, not
+// here.
 type lane struct {
-	head, tail *Item
-	tailTag    uint64 // tail.tag, kept here so Enqueue need not load tail
-	n          int32
-	band       int32
-	idx        int32  // index of the lane's entry in its band's heap, while n > 0
-	weight     uint32 // the weight of the tail item (for WorkAhead), at most MaxUint32
-	flow       *Flow
+	tail    *Item
+	tailTag uint64 // tail.tag, kept here so Enqueue need not load tail
+	n       int32
+	band    int32
+	id      int32  // the lane's id in its band (see band), while n > 0
+	weight  uint32 // the weight of the tail item (for WorkAhead), at most MaxUint32
+	flow    *Flow
 }
 
 // Flow is a handle on a flow of a Queue, for callers that want to skip the
@@ -96,15 +104,14 @@ type lane struct {
 // forgotten, using the handle again looks the flow up by key.
 //
 // The fields an Enqueue and a Dequeue of a normal item touch (q, live, the
-// normal lane) fill the first 64 bytes and the key the next 32; the struct
-// is padded to 192 bytes, a size class whose objects are 64-byte aligned.
+// normal lane) fill the first 56 bytes; the struct is 128 bytes, a size
+// class whose objects are 64-byte aligned, so they share one cache line.
 type Flow struct {
 	q      *Queue
 	live   bool // in q.flows
 	normal lane
 	key    FlowKey
 	crit   lane
-	_      [192 - 8 - 8 - 48 - 32 - 48]byte
 }
 
 // lane returns f's lane in band b.
@@ -133,27 +140,55 @@ func (f *Flow) Len() int {
 }
 
 // band is one fair queue: a heap of non-empty lanes and a virtual time.
+// Each non-empty lane has an id, an index into heap.pos, that it holds
+// while it has items; ids are reused, most recent first.
 type band struct {
 	heap heap
-	v    uint64 // virtual time
-	n    int    // items queued
+	free []int32 // ids not in use
+	v    uint64  // virtual time
+	n    int     // items queued
 }
+
+// join gives lane l, whose only item is it, an id and a heap entry.
+func (bd *band) join(l *lane, it *Item) {
+	var id int32
+	if k := len(bd.free); k > 0 {
+		id, bd.free = bd.free[k-1], bd.free[:k-1]
+	} else {
+		id = int32(len(bd.heap.pos))
+		bd.heap.pos = append(bd.heap.pos, 0)
+	}
+	l.id = id
+	bd.heap.push(entry{tag: it.tag, seq: it.seq, id: id, l: l, head: it})
+}
+
+// leave drops the heap entry at index i, whose lane has emptied, and frees
+// its id.
+func (bd *band) leave(i int) {
+	id := bd.heap.e[i].id
+	bd.heap.remove(i)
+	bd.free = append(bd.free, id)
+}
+
+// head returns the head item of the lane at heap index i.
+func (bd *band) head(i int) *Item { return bd.heap.e[i].head }
 
 // Queue is a weighted fair queue in two bands. It is not safe for concurrent
 // use; its owner serialises calls.
 type Queue struct {
-	cfg    Config
-	bands  [nBands]band
-	flows  map[FlowKey]*Flow
-	n      int
-	seq    uint64
-	scan   []int  // Dequeue's scratch space for passing over heads
-	warmed uint64 // see warm
+	cfg   Config
+	bands [nBands]band
+	flows map[FlowKey]*Flow
+	n     int
+	seq   uint32 // the next item's sequence number
+	// seqLimit is where seq wraps: New sets MaxUint32, tests less.
+	seqLimit uint32
+	scan     []int // Dequeue's scratch space for passing over heads
 }
 
 // New returns an empty queue with bounds cfg.
 func New(cfg Config) *Queue {
-	return &Queue{cfg: cfg, flows: make(map[FlowKey]*Flow)}
+	return &Queue{cfg: cfg, flows: make(map[FlowKey]*Flow), seqLimit: math.MaxUint32}
 }
 
 // SetConfig replaces the bounds. Items already queued stay, even above the
@@ -272,12 +307,14 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 		start = l.tailTag
 	}
 	it.tag = satAdd(start, increment(it.Cost, it.Weight))
+	if q.seq >= q.seqLimit {
+		q.renumber()
+	}
 	it.seq = q.seq
 	q.seq++
 	it.lane, it.prev, it.next = l, l.tail, nil
 	if l.n == 0 {
-		l.head = it
-		bd.heap.push(entry{tag: it.tag, seq: it.seq, l: l})
+		bd.join(l, it)
 	} else {
 		t := l.tail
 		t.next, t.nextTag, t.nextSeq = it, it.tag, it.seq
@@ -333,7 +370,7 @@ func (q *Queue) WorkBefore(tag uint64, crit bool) uint64 {
 func (q *Queue) bandWork(b int, upTo uint64) uint64 {
 	bd := &q.bands[b]
 	var sum uint64
-	for _, e := range bd.heap {
+	for _, e := range bd.heap.entries() {
 		l := e.l
 		span := min(l.tailTag, upTo)
 		if span <= bd.v {
@@ -375,8 +412,8 @@ func satAdd(a, b uint64) uint64 {
 // smallest head, else the normal band's; nil if the queue is empty.
 func (q *Queue) Peek() *Item {
 	for _, b := range serveOrder {
-		if h := q.bands[b].heap; len(h) > 0 {
-			return h[0].l.head
+		if bd := &q.bands[b]; bd.heap.len() > 0 {
+			return bd.head(root)
 		}
 	}
 	return nil
@@ -391,12 +428,12 @@ func (q *Queue) Peek() *Item {
 func (q *Queue) Dequeue(fits func(*Item) bool, maxScan int) *Item {
 	for _, b := range serveOrder {
 		bd := &q.bands[b]
-		if len(bd.heap) == 0 {
+		if bd.heap.len() == 0 {
 			continue
 		}
-		i := 0
-		if fits != nil && !fits(bd.heap[0].l.head) {
-			if i = q.search(bd.heap, fits, maxScan); i < 0 {
+		i := root
+		if fits != nil && !fits(bd.head(root)) {
+			if i = q.search(bd, fits, maxScan); i < 0 {
 				continue
 			}
 		}
@@ -405,12 +442,12 @@ func (q *Queue) Dequeue(fits func(*Item) bool, maxScan int) *Item {
 	return nil
 }
 
-// pop dequeues the head of the lane at bd.heap[i]: unlink for a head, which
-// re-keys the lane from it.nextTag, it.nextSeq without loading the next item.
+// pop dequeues the head of the lane at bd.heap.e[i]: unlink for a head,
+// which re-keys the lane from it.nextTag, it.nextSeq without loading the next
+// item.
 func (q *Queue) pop(bd *band, i int) *Item {
-	e := &bd.heap[i]
-	l := e.l
-	it := l.head
+	e := &bd.heap.e[i]
+	l, it := e.l, e.head
 	next := it.next
 	it.lane, it.next = nil, nil
 	l.n--
@@ -420,29 +457,49 @@ func (q *Queue) pop(bd *band, i int) *Item {
 		bd.v = it.tag
 	}
 	if next == nil {
-		l.head, l.tail = nil, nil
-		bd.heap.remove(i)
+		l.tail = nil
+		bd.leave(i)
 		q.forgetIfEmpty(l.flow)
 		return it
 	}
 	next.prev = nil
-	l.head = next
+	e.head = next
 	e.tag, e.seq = it.nextTag, it.nextSeq
 	bd.heap.down(i) // the new head's key is larger
 	q.warm(bd)
 	return it
 }
 
-// warm loads the band's next head item, which the next Dequeue will need
-// (sifting has already touched its lane), so that the cache miss overlaps
-// with the caller's work instead of stalling that Dequeue. It loads both of
-// the item's cache lines: the queue's fields (tag) and the caller's (Cost,
-// next to Flow and Value, which whoever dequeues it reads). The sum is kept
-// only so that the loads are not optimised away.
+// warm prefetches what the next two Dequeues will read, so that their cache
+// misses overlap with the work in between instead of stalling them: the
+// next head item (both of its cache lines: the queue's, and the caller's,
+// which whoever dequeues it reads), its lane, and its successor, which pop
+// writes to; and the item and lane of the head after it, the root's
+// smallest child, which becomes the root when the root's lane is served.
+// All are named by heap entries, except the successor, named by the next
+// head item, which the last warm prefetched as the head after it.
+// Prefetching does not wait for memory, so a guess that turns out wrong (an
+// Enqueue or Remove reorders the heap) costs a little bandwidth, nothing
+// else.
 func (q *Queue) warm(bd *band) {
-	if len(bd.heap) > 0 {
-		it := bd.heap[0].l.head
-		q.warmed += it.tag + it.Cost
+	es := bd.heap.e
+	if bd.heap.len() == 0 {
+		return
+	}
+	e := &es[root]
+	prefetch(uintptr(unsafe.Pointer(e.head)))
+	prefetch(uintptr(unsafe.Pointer(&e.head.Value)))
+	prefetch(uintptr(unsafe.Pointer(e.l)))
+	if y := e.head.next; y != nil {
+		prefetch(uintptr(unsafe.Pointer(y)))
+	}
+	if c := firstChild(root); c+arity <= len(es) {
+		s := (*[arity]entry)(es[c : c+arity])
+		a := before(&s[1], &s[0])     // as in heap.down
+		b := 2 + before(&s[3], &s[2]) // 2 or 3
+		m := &s[a^((a^b)&-before(&s[b&3], &s[a&3]))]
+		prefetch(uintptr(unsafe.Pointer(m.head)))
+		prefetch(uintptr(unsafe.Pointer(m.l)))
 	}
 }
 
@@ -451,13 +508,13 @@ func (q *Queue) warm(bd *band) {
 // none does. It walks the heap best first: the next head in order is always
 // a child of one already examined, so a small heap of candidate indexes
 // (kept in q.scan) yields them in order without touching the queue.
-func (q *Queue) search(h heap, fits func(*Item) bool, maxScan int) int {
-	cand := candidates{h: h, idx: q.scan[:0]}
+func (q *Queue) search(bd *band, fits func(*Item) bool, maxScan int) int {
+	cand := candidates{h: bd.heap.e, idx: q.scan[:0]}
 	found := -1
-	cand.pushChildren(0)
+	cand.pushChildren(root)
 	for examined := 1; examined < maxScan && len(cand.idx) > 0; examined++ {
 		i := cand.pop()
-		if fits(h[i].l.head) {
+		if fits(bd.head(i)) {
 			found = i
 			break
 		}
@@ -494,8 +551,6 @@ func (q *Queue) unlink(it *Item) {
 	}
 	if prev != nil {
 		prev.next, prev.nextTag, prev.nextSeq = next, it.nextTag, it.nextSeq
-	} else {
-		l.head = next
 	}
 	it.lane, it.prev, it.next = nil, nil, nil
 	l.n--
@@ -514,16 +569,40 @@ func (q *Queue) unlink(it *Item) {
 		}
 		l.tailTag = l.tail.tag
 	}
-	switch {
+	switch i := int(bd.heap.pos[l.id]); {
 	case l.n == 0:
-		bd.heap.remove(int(l.idx))
+		bd.leave(i)
 		q.forgetIfEmpty(l.flow)
 	case prev == nil:
 		// The head left: re-key the lane's entry by the new head.
-		e := &bd.heap[int(l.idx)]
-		e.tag, e.seq = l.head.tag, l.head.seq
-		bd.heap.fix(int(l.idx))
+		e := &bd.heap.e[i]
+		e.tag, e.seq, e.head = next.tag, next.seq, next
+		bd.heap.fix(i)
 	}
+}
+
+// renumber gives the queued items the sequence numbers 0, 1, … in the order
+// of their present ones, and q.seq the next, when q.seq reaches q.seqLimit:
+// a sequence number only orders items of equal tag, and this keeps the
+// order while letting it fit 32 bits, and an entry 32 bytes. Once every
+// 2³² Enqueues, it costs O(n log n) for n queued items.
+func (q *Queue) renumber() {
+	its := make([]*Item, 0, q.n)
+	q.Each(func(it *Item) { its = append(its, it) })
+	slices.SortFunc(its, func(a, b *Item) int { return cmp.Compare(a.seq, b.seq) })
+	for i, it := range its {
+		it.seq = uint32(i)
+		if it.prev != nil {
+			it.prev.nextSeq = it.seq
+		}
+	}
+	for b := range q.bands {
+		bd := &q.bands[b]
+		for i := root; i < len(bd.heap.e); i++ {
+			bd.heap.e[i].seq = bd.head(i).seq
+		}
+	}
+	q.seq = uint32(len(its))
 }
 
 func satSub(a, b uint64) uint64 {
@@ -546,8 +625,9 @@ func (q *Queue) forgetIfEmpty(f *Flow) {
 // call the queue.
 func (q *Queue) Each(fn func(*Item)) {
 	for b := range q.bands {
-		for _, e := range q.bands[b].heap {
-			for it := e.l.head; it != nil; it = it.next {
+		bd := &q.bands[b]
+		for i := root; i < len(bd.heap.e); i++ {
+			for it := bd.head(i); it != nil; it = it.next {
 				fn(it)
 			}
 		}

@@ -350,7 +350,7 @@ func TestDequeueScanOrder(t *testing.T) {
 	}
 	for q.Len() > 0 {
 		// Every head in (tag, seq) order, by brute force.
-		entries := slices.Clone(q.bands[normal].heap)
+		entries := slices.Clone(q.bands[normal].heap.entries())
 		slices.SortFunc(entries, func(x, y entry) int {
 			if x.less(&y) {
 				return -1
@@ -359,7 +359,7 @@ func TestDequeueScanOrder(t *testing.T) {
 		})
 		heads := make([]*Item, len(entries))
 		for i, e := range entries {
-			heads[i] = e.l.head
+			heads[i] = e.head
 		}
 		var seen []*Item
 		want := 1 + r.IntN(8)
@@ -452,8 +452,8 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 
 func TestFlowLayout(t *testing.T) {
 	var f Flow
-	if s := unsafe.Sizeof(f); s != 192 {
-		t.Errorf("Flow is %d bytes, want 192 (a 64-byte-aligned size class)", s)
+	if s := unsafe.Sizeof(f); s != 128 {
+		t.Errorf("Flow is %d bytes, want 128 (a 64-byte-aligned size class)", s)
 	}
 	if end := unsafe.Offsetof(f.normal) + unsafe.Sizeof(f.normal); end > 64 {
 		t.Errorf("the normal lane ends at byte %d, past the first cache line", end)
@@ -462,7 +462,10 @@ func TestFlowLayout(t *testing.T) {
 		t.Errorf("the key ends at byte %d, past the second cache line", end)
 	}
 	var it Item
-	if end := unsafe.Offsetof(it.nextSeq) + unsafe.Sizeof(it.nextSeq); end > 64 {
-		t.Errorf("the queue's fields of Item end at byte %d, past the first cache line", end)
+	if end := unsafe.Offsetof(it.Weight) + unsafe.Sizeof(it.Weight); end > 64 {
+		t.Errorf("the queue's fields, Cost and Weight end at byte %d, past the first cache line", end)
+	}
+	if s := unsafe.Sizeof(it); s != 128 {
+		t.Errorf("Item is %d bytes, want 128 (the elements of a slice of Items 64-byte aligned)", s)
 	}
 }

@@ -73,7 +73,7 @@ func TestWorkAheadMatchesServiceOrder(t *testing.T) {
 		}
 		cost := rapid.Uint64Range(1, 100).Draw(rt, "newCost")
 		key := FlowKey{fmt.Sprint(f), ""}
-		lanes := uint64(len(q.bands[normal].heap))
+		lanes := uint64(q.bands[normal].heap.len())
 		est := q.WorkAhead(key, cost, w, false)
 		it := &Item{Flow: key, Cost: cost, Weight: w}
 		if err := q.Enqueue(it); err != nil {
