@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,7 +34,11 @@ func TestHundredThousandTenantsResidentMemory(t *testing.T) {
 		limit   = 64 << 20
 	)
 	bin := filepath.Join(t.TempDir(), "sluiced")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin, ".")
+	gobin, err := exec.LookPath("go") // go test runs with its own go first on PATH
+	if err != nil {
+		t.Fatalf("no go on PATH to build sluiced with: %v", err)
+	}
+	build := exec.Command(gobin, "build", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
