@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/wfq"
 )
 
@@ -188,6 +189,9 @@ func (p *placer) explainFind(now int64, r *pending, floor bool, from, upto int, 
 			kv, kvLimit := d.cap.KV()
 			c.Detail = fmt.Sprintf("needs prefill %.3g of %.3g FLOP (reserve %.3g), decode %.3g of %.3g B (reserve %.3g), KV %.3g B with %.3g of %.3g in use",
 				float64(cost.PrefillFLOP), float64(pf), float64(resP), float64(cost.DecodeBytes), float64(dc), float64(resD), float64(cost.KVBytes), float64(kv), float64(kvLimit))
+			if w, end := d.cap.Warmup(now); end != 0 {
+				c.Detail += fmt.Sprintf("; warming up: %.1f%% of its shared capacity, whole in %v", 100*float64(w)/pd.WarmupFull, time.Duration(end-now))
+			}
 			x.Placement = append(x.Placement, c)
 			if c.Fits {
 				x.Outcome, x.Domain, x.Model, x.Floor = Admitted.String(), d.ID(), m.name, floor

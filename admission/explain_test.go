@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -67,5 +68,23 @@ func TestExplainChangesNothing(t *testing.T) {
 		if pc.Fits {
 			t.Errorf("on a full cluster, %s fits: %+v", pc.Domain, pc)
 		}
+	}
+}
+
+// Explain says when a domain it looks at is warming up after a return.
+func TestExplainShowsWarmup(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	if err := h.e.Drain("d1", "swap"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.e.Undrain("d1"); err != nil {
+		t.Fatal(err)
+	}
+	x, err := h.e.Explain(context.Background(), req("a", "small", 10, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Placement) == 0 || !strings.Contains(x.Placement[0].Detail, "warming up: 25.0% of its shared capacity, whole in 1m0s") {
+		t.Fatalf("placement after an undrain: %+v, want the warm-up", x.Placement)
 	}
 }

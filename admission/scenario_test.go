@@ -608,6 +608,7 @@ func (s *scenario) print(e *admission.Engine) string {
 		if d.Draining {
 			state = " draining(" + d.DrainReason + ")"
 		}
+		state += warming(d)
 		fmt.Fprintf(&b, "domain %s: prefill %.0f%% decode %.0f%% kv %.1f%% reserved %.0f%% in-flight %d weight %.2f%s\n",
 			d.ID, pct(d.PrefillLevel, d.PrefillBurst), pct(d.DecodeLevel, d.DecodeBurst), pct(d.KVInUse, d.KVLimit),
 			100*d.ReservedFrac, d.InFlight, d.HealthWeight, state)
@@ -634,9 +635,20 @@ func (s *scenario) domain(t *testing.T, d *datadriven.TestData) string {
 		if di.Draining {
 			out += "; draining (" + di.DrainReason + ")"
 		}
+		if w := warming(di); w != "" {
+			out += ";" + w
+		}
 		return out
 	}
 	return "no domain " + id
+}
+
+// warming describes a domain's warm-up ramp, or is empty when it is whole.
+func warming(d admission.DomainInfo) string {
+	if d.WarmupLeft == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" warming %.1f%% (%v left)", 100*d.WarmupFraction, d.WarmupLeft)
 }
 
 func (s *scenario) tenant(t *testing.T, d *datadriven.TestData) string {

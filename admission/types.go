@@ -201,6 +201,11 @@ type DomainInfo struct {
 	KVInUse      int64
 	KVLimit      int64
 	ReservedFrac float64 // share of capacity reserved for floors
+	// WarmupFraction is the share of its shared capacity the domain has
+	// while it warms up after a return (1 when whole); WarmupLeft is how
+	// long until it is whole (0 when whole).
+	WarmupFraction float64
+	WarmupLeft     time.Duration
 }
 
 // TenantInfo describes one tenant for operators.
