@@ -45,11 +45,22 @@ func (e *Engine) FreezeCredit(until time.Time, reason string) {
 	e.mu.gates.freeze = creditFreeze{until: end, reason: reason}
 }
 
-// ThawCredit ends a credit freeze at once (none is not an error).
-func (e *Engine) ThawCredit() {
+// FreezeCreditFor freezes every tenant's burst credit for d from now on the
+// engine's clock, and returns the freeze (d ≤ 0 thaws).
+func (e *Engine) FreezeCreditFor(d time.Duration, reason string) CreditFreeze {
+	until := e.clk.Now().Add(d)
+	e.FreezeCredit(until, reason)
+	return CreditFreeze{Until: until, Reason: reason}
+}
+
+// ThawCredit ends a credit freeze at once and reports whether one was in
+// force (none is not an error).
+func (e *Engine) ThawCredit() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	was := e.mu.gates.frozenLocked(e.nowLocked()) > 0
 	e.mu.gates.freeze = creditFreeze{}
+	return was
 }
 
 // CreditFrozen returns the credit freeze in force, if any.
