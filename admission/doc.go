@@ -83,6 +83,24 @@
 // went negative, the tenant's breaker opens (creditBreakerOpen):
 // BURST_CREDIT_EXHAUSTED for `breaker_open`, then half-open
 // (creditHalfOpen: no credit) until the debt is repaid, then lending again.
+// An operator may freeze every tenant's credit until a deadline
+// (creditfreeze.go): meanwhile the token gate lends nothing, and a request
+// only credit could carry is BURST_CREDIT_FROZEN, retrying at the earlier
+// of its quota refilling and the freeze's end.
+//
+// # Warm-up
+//
+// A domain that returns (undrained, healthy GPUs back, new after start-up)
+// ramps its shared capacity — both buckets' rates and bursts and the KV
+// limit, each above the floor reserve it holds — linearly from
+// warmup.start_fraction to the whole over warmup.period (warmup.go;
+// pd.DomainCapacity.StartWarmup keeps the ramp and moves it lazily):
+//
+//	limit(t) = reserve + w(t)·(base − reserve),  w(t) = min(1, w0 + (1 − w0)·(t − t0)/T0)
+//
+// in integer millionths, where T0 = period·(1 − w0)/(1 − start_fraction).
+// Reserves are spread by the rates before warm-up, so floors hold and no
+// reserve moves while a domain ramps.
 //
 // # Leases
 //
