@@ -29,8 +29,13 @@ func init() {
 // FreezeBurstCredit/ThawBurstCredit on the sluiced at --server, which writes
 // the key itself when it follows etcd, else freezes only itself.
 func runCredit(args []string, out, _ io.Writer) error {
+	const usage = "usage: sluicectl credit freeze --for DURATION [--reason TEXT] | sluicectl credit thaw"
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprintln(out, usage) // then freeze's flags, a superset of thaw's
+		args = []string{"freeze", "-h"}
+	}
 	if len(args) == 0 || (args[0] != "freeze" && args[0] != "thaw") {
-		return errors.New("usage: sluicectl credit freeze --for DURATION [--reason TEXT] | sluicectl credit thaw")
+		return errors.New(usage)
 	}
 	freeze := args[0] == "freeze"
 	fs := flag.NewFlagSet("sluicectl credit "+args[0], flag.ContinueOnError)
