@@ -534,11 +534,10 @@ func (c *DomainCapacity) RetryAfter(now int64, cost Cost, floor bool) time.Durat
 		return tokenbucket.Never
 	}
 	c.warmTo(now)
-	pMin, dMin, kvMax := c.watermarks(floor)
-	if floor {
-		kvMax = c.baseKV
-	} else {
-		kvMax = c.baseKV - c.resKV
+	pMin, dMin, _ := c.watermarks(floor)
+	kvMax := c.baseKV // the KV a warmed-up domain holds: a ramp only delays
+	if !floor {
+		kvMax -= c.resKV
 	}
 	if cost.KVBytes > kvMax {
 		return tokenbucket.Never
