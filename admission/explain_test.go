@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Explain says what Admit would do, gate by gate and domain by domain, and
@@ -86,5 +87,28 @@ func TestExplainShowsWarmup(t *testing.T) {
 	}
 	if len(x.Placement) == 0 || !strings.Contains(x.Placement[0].Detail, "warming up: 25.0% of its shared capacity, whole in 1m0s") {
 		t.Fatalf("placement after an undrain: %+v, want the warm-up", x.Placement)
+	}
+}
+
+// Explain names an operator's credit freeze at the token gate.
+func TestExplainShowsCreditFreeze(t *testing.T) {
+	cfg := testConfig()
+	p := cfg.Tiers["bronze"]
+	p.Tokens = Limit{Rate: 100, Burst: 1000}
+	p.BurstCredit = BurstCredit{Multiple: 10}
+	cfg.Tiers["bronze"] = p
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	h.e.FreezeCreditFor(time.Minute, "incident")
+	x, err := h.e.Explain(context.Background(), req("b", "small", 1500, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Outcome != "REJECTED" || x.Reason != ReasonBurstCreditFrozen || x.RetryAfter != time.Minute {
+		t.Fatalf("over quota while frozen: %+v, want BURST_CREDIT_FROZEN until the freeze ends", x)
+	}
+	for _, g := range x.Gates {
+		if g.Gate == "tokens" && (g.Passed || !strings.Contains(g.Detail, "frozen by an operator")) {
+			t.Fatalf("token gate: %+v", g)
+		}
 	}
 }
