@@ -11,15 +11,16 @@
 // of its own beyond orchestrating a decision across them:
 //
 //   - tenant gates (tenantGates, tenantState; gates.go, tenant.go,
-//     burstcredit.go, budget.go): per tenant, the burst-credit breaker, the
-//     daily and monthly cost budget, the RPS bucket, the token bucket with
-//     its credit, the floor and critical buckets, and the concurrency limit.
-//     Idle tenants live only in the config.
+//     burstcredit.go, creditfreeze.go, budget.go): per tenant, the
+//     burst-credit breaker, the daily and monthly cost budget, the RPS
+//     bucket, the token bucket with its credit, the floor and critical
+//     buckets, and the concurrency limit; for all tenants, an operator's
+//     credit freeze. Idle tenants live only in the config.
 //   - placement (placer, domainState; placer.go, domain.go, reserves.go,
-//     drain.go): the catalog's models and degrade chains, the NVLink
-//     domains with their soft capacity (package pd), drain marks and health
-//     weights, the floor reserves, and the weighted rendezvous order of
-//     domains per (tenant, model).
+//     drain.go, warmup.go): the catalog's models and degrade chains, the
+//     NVLink domains with their soft capacity (package pd) and its warm-up
+//     after a return, drain marks and health weights, the floor reserves,
+//     and the weighted rendezvous order of domains per (tenant, model).
 //   - the waiting room (waitingRoom; waitingroom.go, idempotency.go): the
 //     weighted fair queue (package wfq), the deadlines of queued requests,
 //     the estimated work queued, and the idempotency records.

@@ -19,7 +19,7 @@ func (p *placer) changed() {
 		pr, dr := reservePerToken(p.cat, d.cap, p.cfg.OutputTokenWeight)
 		f := float64(p.floorTotal)
 		// Spread by the rates before warm-up: a ramp moves no reserve.
-		baseP, baseD := d.cap.BaseRates()
+		baseP, baseD, _ := d.cap.BaseLimits()
 		prefill := pr * f * float64(baseP) / prefillCap
 		decode := dr * f * float64(baseD) / decodeCap
 		d.cap.SetReserve(int64(math.Min(prefill, math.MaxInt64/2)), int64(math.Min(decode, math.MaxInt64/2)))
@@ -72,7 +72,7 @@ func reservePerToken(cat *pd.Catalog, c *pd.DomainCapacity, outWeight int64) (pr
 func (p *placer) eligibleBaseRates() (prefill, decode float64) {
 	for _, d := range p.domains {
 		if d.eligible() {
-			pr, dr := d.cap.BaseRates()
+			pr, dr, _ := d.cap.BaseLimits()
 			prefill += float64(pr)
 			decode += float64(dr)
 		}

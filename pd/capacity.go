@@ -606,9 +606,17 @@ func (c *DomainCapacity) ReservedFraction() float64 {
 	return float64(min(c.resPrefillRate, rate)) / float64(rate)
 }
 
-// BaseRates returns the prefill and decode rates before warm-up: the whole
-// domain's, or this replica's share. Floor reserves are spread by them, so
-// that a ramp does not move reserves between domains.
-func (c *DomainCapacity) BaseRates() (prefill, decode int64) {
-	return c.basePrefillRate, c.baseDecodeRate
+// BaseLimits returns the prefill and decode rates and the KV limit before
+// warm-up: the whole domain's, or this replica's share (FullLimits is always
+// the whole domain's). Floor reserves are spread by them, so that a ramp
+// moves no reserve between domains.
+func (c *DomainCapacity) BaseLimits() (prefillRate, decodeRate, kvLimit int64) {
+	return c.basePrefillRate, c.baseDecodeRate, c.baseKV
+}
+
+// FullBursts returns the prefill and decode bursts of the whole domain,
+// before warm-up (a replica's share keeps the whole bursts): what shared
+// state sizes the domain's buckets by, whatever this replica's ramp.
+func (c *DomainCapacity) FullBursts() (prefill, decode int64) {
+	return c.basePrefillBurst, c.baseDecodeBurst
 }
