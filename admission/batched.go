@@ -229,7 +229,8 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 			continue
 		}
 		pr, dr, kvLimit := d.cap.FullLimits()
-		pb, db := d.cap.FullBursts()                      // unramped: a replica's warm-up limits only its own admissions
+		// Unramped: a replica's warm-up limits only its own admissions.
+		pb, db := d.cap.FullBursts()
 		pf, dc := d.cap.Bucket(false), d.cap.Bucket(true) // copies: read only
 		dround := domainRound{d: d, cap: d.cap, at: len(req.Buckets), gauge: len(req.Gauges)}
 		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), kindPrefill}, d.cap, &pf, pr, pb, 0))
