@@ -131,8 +131,6 @@ type state struct {
 	lastCluster topology.Cluster       // the last cluster the agents built
 	replicas    int                    // last count passed to OnReplicas
 	badKeys     map[string]string      // key → why it was skipped, to log each problem once
-	// freezeApplied is set while the engine holds the freeze key's freeze.
-	freezeApplied bool
 	// started is set after the first full read: until then an agents'
 	// cluster is the start-up one and does not warm up.
 	started bool

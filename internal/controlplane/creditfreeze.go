@@ -98,17 +98,16 @@ func GetCreditFreeze(ctx context.Context, cli *clientv3.Client, prefix string) (
 }
 
 // reconcileFreeze applies the freeze key to the engine: a mark freezes until
-// its end (one already past thaws), and its deletion thaws, when this
-// controller had applied one (a replica's own Operator RPC freeze without
-// etcd is not this controller's to end). An unreadable mark is logged and
-// left alone.
+// its end (one already past thaws), and no key thaws. The key is
+// authoritative: with etcd, the Operator RPC freezes through it too (and
+// applies its freeze at once, which a put and a delete arriving in one
+// watch response must still undo). An unreadable mark is logged and left
+// alone.
 func (c *Controller) reconcileFreeze() {
 	key := CreditFreezeKey(c.prefix)
 	e, ok := c.st.kvs[kindFreeze][key]
 	if !ok {
-		if c.st.freezeApplied {
-			c.opts.Engine.ThawCredit()
-			c.st.freezeApplied = false
+		if c.opts.Engine.ThawCredit() {
 			c.opts.Logger.Info("credit freeze removed; burst credit lends again", "key", key)
 		}
 		return
@@ -120,6 +119,5 @@ func (c *Controller) reconcileFreeze() {
 	}
 	delete(c.st.badKeys, key)
 	c.opts.Engine.FreezeCredit(m.Until, m.Describe())
-	c.st.freezeApplied = true
 	c.opts.Logger.Info("credit freeze applied", "until", m.Until, "reason", m.Describe())
 }
