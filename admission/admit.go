@@ -240,7 +240,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 
-	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t))
+	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t), e.mu.gates.frozenLocked(now))
 	if why.reason == ReasonQuotaExceeded {
 		why.retry = e.shared.quotaRefusedLocked(t, why.retry)
 	}

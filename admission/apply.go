@@ -14,7 +14,7 @@ import (
 // The engine keeps its own copy of cfg.
 func (e *Engine) Apply(cfg Config) error {
 	e.mu.Lock()
-	answered, err := e.applyLocked(&cfg, nil, e.nowLocked(), true)
+	answered, err := e.applyLocked(&cfg, nil, e.nowLocked(), true, true)
 	e.mu.Unlock()
 	finish(answered)
 	return err
@@ -27,13 +27,26 @@ func (e *Engine) Apply(cfg Config) error {
 // notice. Floors then get what there is (each domain's reserve is capped
 // at its capacity, leaving shared traffic nothing) until capacity returns.
 // Only an invalid cluster or one the catalog cannot serve is refused.
+// Domains new to the engine, and domains whose healthy GPUs grew, warm up
+// (Config.Warmup).
 func (e *Engine) SetTopology(cluster topology.Cluster) error {
+	return e.setTopology(cluster, true)
+}
+
+// SetStartupTopology is SetTopology without warm-up: the cluster replaces
+// the one the engine started with as if it had been there from the start
+// (a control plane's first cluster from its node agents, read at start-up).
+func (e *Engine) SetStartupTopology(cluster topology.Cluster) error {
+	return e.setTopology(cluster, false)
+}
+
+func (e *Engine) setTopology(cluster topology.Cluster, warm bool) error {
 	if err := cluster.Validate(); err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
 	e.mu.Lock()
 	cfg := e.mu.cfg.clone()
-	answered, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), false)
+	answered, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), false, warm)
 	e.mu.Unlock()
 	finish(answered)
 	return err
@@ -64,19 +77,25 @@ type stagedDomain struct {
 }
 
 // applyLocked validates cfg (and cluster, when not nil) together and, only if
-// both are good, swaps them in. It returns the queued requests it had to
-// answer (their model is gone).
-func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, checkFloors bool) ([]*waiter, error) {
+// both are good, swaps them in. With warm, domains that join or gain
+// healthy GPUs warm up (never on the first apply: domains present at
+// start-up start whole). It returns the queued requests it had to answer
+// (their model is gone).
+func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, checkFloors, warm bool) ([]*waiter, error) {
 	st, err := e.mu.place.stage(in, cluster, now, checkFloors)
 	if err != nil {
 		return nil, err
 	}
 	// Commit: nothing below can fail.
+	old := e.mu.cfg
 	e.mu.cfg = &st.cfg
 	p := &e.mu.place
 	p.cfg, p.cat, p.maxWeight, p.floorTotal = &st.cfg, st.cat, st.maxWeight, st.floorTotal
 	p.rebuildModels()
-	p.commitDomains(st.domains, now, e.shared.capacityRebuiltLocked)
+	warming := p.commitDomains(st.domains, now, warm && old != nil, e.shared.capacityRebuiltLocked)
+	if old != nil && warmupChanged(&old.Warmup, &st.cfg.Warmup) {
+		p.retuneWarmups(now)
+	}
 	e.mu.gates.reconfigureLocked(&st.cfg, now, p.modelList, func(t *tenantState) {
 		e.shared.tenantReadyLocked(t, now, true)
 	})
@@ -99,6 +118,9 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 		}
 	}
 	p.changed()
+	for _, w := range warming { // after changed: each ramp starts above the floor reserve
+		p.startWarmup(now, w.d, w.from)
+	}
 	return answered, nil
 }
 
@@ -162,13 +184,17 @@ func (p *placer) stage(in *Config, cluster *topology.Cluster, now int64, checkFl
 // commitDomains swaps the staged domains in. Domains that stay keep their
 // objects, so leases and drains stay attached; their capacity is the
 // rebuilt one (rebuilt is told). Domains that leave are marked removed:
-// their leases finish, and a drained one comes back drained.
-func (p *placer) commitDomains(staged []stagedDomain, now int64, rebuilt func(now int64, d *domainState, old *pd.DomainCapacity)) {
+// their leases finish, and a drained one comes back drained. With warm,
+// domains new to the cluster and those whose healthy GPUs grew are
+// returned, to warm up once the floor reserves are spread.
+func (p *placer) commitDomains(staged []stagedDomain, now int64, warm bool, rebuilt func(now int64, d *domainState, old *pd.DomainCapacity)) []pendingWarmup {
+	var warming []pendingWarmup
 	domains := make([]*domainState, 0, len(staged))
 	byID := make(map[string]*domainState, len(staged))
 	for _, sd := range staged {
 		d := sd.live
 		var old *pd.DomainCapacity
+		gpusBefore := 0 // a domain new to the cluster had none
 		if d == nil {
 			d = newDomainState(sd.topo, sd.cap, now)
 			if reason, ok := p.drainedAway[sd.topo.ID]; ok {
@@ -178,9 +204,13 @@ func (p *placer) commitDomains(staged []stagedDomain, now int64, rebuilt func(no
 			}
 		} else {
 			old = d.cap
+			gpusBefore = d.topo.HealthyGPUCount()
 		}
 		delete(p.drainedAway, sd.topo.ID)
 		d.topo, d.cap, d.removed = sd.topo, sd.cap, false
+		if gpus := sd.topo.HealthyGPUCount(); warm && !d.draining && gpus > gpusBefore { // a drained one warms at its undrain
+			warming = append(warming, p.gainedGPUs(now, d, gpusBefore, gpus))
+		}
 		rebuilt(now, d, old)
 		domains = append(domains, d)
 		byID[d.ID()] = d
@@ -194,4 +224,5 @@ func (p *placer) commitDomains(staged []stagedDomain, now int64, rebuilt func(no
 		}
 	}
 	p.domains, p.byID = domains, byID
+	return warming
 }

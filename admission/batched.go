@@ -250,10 +250,12 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 			continue
 		}
 		pr, dr, kvLimit := d.cap.FullLimits()
+		// Unramped: a replica's warm-up limits only its own admissions.
+		pb, db := d.cap.FullBursts()
 		pf, dc := d.cap.Bucket(false), d.cap.Bucket(true) // copies: read only
 		dround := domainRound{d: d, cap: d.cap, at: len(req.Buckets), gauge: len(req.Gauges)}
-		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), kindPrefill}, d.cap, &pf, pr, d.cap.PrefillBurst(), 0))
-		decode := s.report(now, entryKey{d.ID(), kindDecode}, d.cap, &dc, dr, d.cap.DecodeBurst(), 0)
+		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), kindPrefill}, d.cap, &pf, pr, pb, 0))
+		decode := s.report(now, entryKey{d.ID(), kindDecode}, d.cap, &dc, dr, db, 0)
 		req.Buckets = append(req.Buckets, decode)
 		dround.prefill, dround.decode = s.entries[entryKey{d.ID(), kindPrefill}], s.entries[entryKey{d.ID(), kindDecode}]
 		s.round.domains = append(s.round.domains, dround)

@@ -23,6 +23,7 @@ type Config struct {
 	Leases   LeaseConfig             `json:"leases"`
 	Health   HealthConfig            `json:"health"`
 	Limits   RequestLimits           `json:"limits"`
+	Warmup   WarmupConfig            `json:"warmup"`
 	// Metrics is for sluiced's metrics adapter; the engine does not read it.
 	Metrics MetricsConfig `json:"metrics"`
 	// DegradeHeadroom is the share of a domain's buckets a request of the
@@ -146,6 +147,18 @@ type HealthConfig struct {
 	StepEvery  Duration `json:"step_every"`  // time between steps
 }
 
+// WarmupConfig sets how a domain that returns — undrained, its GPUs healthy
+// again, or new to the cluster after start-up — ramps its shared capacity
+// back, so that returning hardware does not take a full burst at once.
+type WarmupConfig struct {
+	// StartFraction is the share of its shared capacity a returning domain
+	// starts at, in (0, 1]; default 0.25 (1: no warm-up).
+	StartFraction float64 `json:"start_fraction"`
+	// Period is how long the linear ramp from StartFraction to the whole
+	// takes (nil: 60s; 0: no warm-up).
+	Period *Duration `json:"period,omitempty"`
+}
+
 // MetricsConfig bounds what the metrics expose.
 type MetricsConfig struct {
 	// MaxTenantSeries is how many tenants get metric series of their own
@@ -217,6 +230,7 @@ func (c *Config) clone() Config {
 	}
 	out.Queue.DegradeAfter = clonePtr(c.Queue.DegradeAfter)
 	out.Queue.TierShareWindow = clonePtr(c.Queue.TierShareWindow)
+	out.Warmup.Period = clonePtr(c.Warmup.Period)
 	return out
 }
 
@@ -340,6 +354,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	limits: max_prompt_tokens 1048576, max_output_tokens 262144
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
 //	queue.degrade_after 100ms (0 is allowed: degrade at once)
+//	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
 //	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
 //	models: the built-in catalog (pd.DefaultModels)
 func (c *Config) ApplyDefaults(present func(key string) bool) error {
@@ -383,6 +398,10 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	}
 	if c.Queue.TierShareWindow == nil {
 		c.Queue.TierShareWindow = &Duration{5 * time.Second}
+	}
+	d.float("warmup.start_fraction", &c.Warmup.StartFraction, 0.25)
+	if c.Warmup.Period == nil {
+		c.Warmup.Period = &Duration{60 * time.Second}
 	}
 	for _, name := range sortedKeys(c.Tiers) {
 		t, key := c.Tiers[name], "tiers."+name
@@ -547,6 +566,10 @@ func (c *Config) validateKnobs() error {
 		return cfgErr("output_token_weight", "must be in [1, 1000]")
 	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
 		return cfgErr("degrade_headroom", "must be in [0, 1)")
+	case !(c.Warmup.StartFraction > 0 && c.Warmup.StartFraction <= 1):
+		return cfgErr("warmup.start_fraction", "must be in (0, 1], got %g", c.Warmup.StartFraction)
+	case c.Warmup.Period != nil && (c.Warmup.Period.Duration < 0 || c.Warmup.Period.Duration > maxDuration):
+		return cfgErr("warmup.period", "must be in [0, %v] (0: no warm-up), got %v", maxDuration, c.Warmup.Period.Duration)
 	}
 	return nil
 }

@@ -11,15 +11,16 @@
 // of its own beyond orchestrating a decision across them:
 //
 //   - tenant gates (tenantGates, tenantState; gates.go, tenant.go,
-//     burstcredit.go, budget.go): per tenant, the burst-credit breaker, the
-//     daily and monthly cost budget, the RPS bucket, the token bucket with
-//     its credit, the floor and critical buckets, and the concurrency limit.
-//     Idle tenants live only in the config.
+//     burstcredit.go, creditfreeze.go, budget.go): per tenant, the
+//     burst-credit breaker, the daily and monthly cost budget, the RPS
+//     bucket, the token bucket with its credit, the floor and critical
+//     buckets, and the concurrency limit; for all tenants, an operator's
+//     credit freeze. Idle tenants live only in the config.
 //   - placement (placer, domainState; placer.go, domain.go, reserves.go,
-//     drain.go): the catalog's models and degrade chains, the NVLink
-//     domains with their soft capacity (package pd), drain marks and health
-//     weights, the floor reserves, and the weighted rendezvous order of
-//     domains per (tenant, model).
+//     drain.go, warmup.go): the catalog's models and degrade chains, the
+//     NVLink domains with their soft capacity (package pd) and its warm-up
+//     after a return, drain marks and health weights, the floor reserves,
+//     and the weighted rendezvous order of domains per (tenant, model).
 //   - the waiting room (waitingRoom; waitingroom.go, idempotency.go): the
 //     weighted fair queue (package wfq), the deadlines of queued requests,
 //     the estimated work queued, and the idempotency records.
@@ -86,6 +87,24 @@
 // went negative, the tenant's breaker opens (creditBreakerOpen):
 // BURST_CREDIT_EXHAUSTED for `breaker_open`, then half-open
 // (creditHalfOpen: no credit) until the debt is repaid, then lending again.
+// An operator may freeze every tenant's credit until a deadline
+// (creditfreeze.go): meanwhile the token gate lends nothing, and a request
+// only credit could carry is BURST_CREDIT_FROZEN, retrying at the earlier
+// of its quota refilling and the freeze's end.
+//
+// # Warm-up
+//
+// A domain that returns (undrained, healthy GPUs back, new after start-up)
+// ramps its shared capacity — both buckets' rates and bursts and the KV
+// limit, each above the floor reserve it holds — linearly from
+// warmup.start_fraction to the whole over warmup.period (warmup.go;
+// pd.DomainCapacity.StartWarmup keeps the ramp and moves it lazily):
+//
+//	limit(t) = reserve + w(t)·(base − reserve),  w(t) = min(1, w0 + (1 − w0)·(t − t0)/T0)
+//
+// in integer millionths, where T0 = period·(1 − w0)/(1 − start_fraction).
+// Reserves are spread by the rates before warm-up, so floors hold and no
+// reserve moves while a domain ramps.
 //
 // # Leases
 //

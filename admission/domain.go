@@ -1,6 +1,8 @@
 package admission
 
 import (
+	"time"
+
 	"github.com/sluice-sched/sluice/internal/rendezvous"
 	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
@@ -35,6 +37,11 @@ func (d *domainState) eligible() bool {
 func (d *domainState) info(now int64) DomainInfo {
 	p, dec := d.cap.Levels(now)
 	kv, kvLimit := d.cap.KV()
+	warm, warmEnd := d.cap.Warmup(now)
+	left := time.Duration(0)
+	if warmEnd != 0 {
+		left = time.Duration(warmEnd - now)
+	}
 	return DomainInfo{
 		ID:           d.ID(),
 		Kind:         d.topo.Kind,
@@ -52,6 +59,9 @@ func (d *domainState) info(now int64) DomainInfo {
 		KVInUse:      kv,
 		KVLimit:      kvLimit,
 		ReservedFrac: d.cap.ReservedFraction(),
+
+		WarmupFraction: float64(warm) / pd.WarmupFull, // display only
+		WarmupLeft:     left,
 	}
 }
 

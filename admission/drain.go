@@ -1,8 +1,9 @@
 package admission
 
 // setDrain drains or undrains a domain the cluster has. Undraining a domain
-// that left while drained lets it come back undrained.
-func (p *placer) setDrain(domain string, draining bool, reason string) error {
+// that left while drained lets it come back undrained; undraining a drained
+// one starts its warm-up.
+func (p *placer) setDrain(now int64, domain string, draining bool, reason string) error {
 	d, ok := p.byID[domain]
 	if !ok {
 		if _, away := p.drainedAway[domain]; away && !draining {
@@ -11,8 +12,12 @@ func (p *placer) setDrain(domain string, draining bool, reason string) error {
 		}
 		return &unknownDomainError{domain}
 	}
+	undrained := d.draining && !draining
 	d.draining, d.drainReason = draining, reason
 	p.changed()
+	if undrained { // after changed: the ramp starts above the floor reserve it now has
+		p.startWarmup(now, d, 0)
+	}
 	return nil
 }
 

@@ -89,7 +89,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), true); err != nil {
+	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), true, false); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -198,7 +198,7 @@ func (e *Engine) Close() {
 func (e *Engine) Drain(domain, reason string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.mu.place.setDrain(domain, true, reason)
+	return e.mu.place.setDrain(e.nowLocked(), domain, true, reason)
 }
 
 // DrainAhead drains domain now if the engine has it, or else from the
@@ -211,11 +211,12 @@ func (e *Engine) DrainAhead(domain, reason string) {
 	e.mu.place.drainAhead(domain, reason)
 }
 
-// Undrain makes a drained domain eligible again.
+// Undrain makes a drained domain eligible again; its shared capacity warms
+// up (Config.Warmup).
 func (e *Engine) Undrain(domain string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := e.mu.place.setDrain(domain, false, ""); err != nil {
+	if err := e.mu.place.setDrain(e.nowLocked(), domain, false, ""); err != nil {
 		return err
 	}
 	e.mu.room.wakeDispatcher()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/wfq"
 )
 
@@ -67,8 +68,8 @@ func (e *Engine) Explain(ctx context.Context, req Request) (Explanation, error) 
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 	var x Explanation
-	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t))
-	x.Gates = explainGates(t, now, &r, critical, why)
+	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t), e.mu.gates.frozenLocked(now))
+	x.Gates = explainGates(t, now, &r, critical, why, e.mu.gates.frozenLocked(now))
 	if why.refused() {
 		x.Outcome, x.Reason, x.RetryAfter = Rejected.String(), why.reason, durationUntil(why.retry)
 		return x, nil
@@ -80,7 +81,7 @@ func (e *Engine) Explain(ctx context.Context, req Request) (Explanation, error) 
 
 // explainGates describes each gate for a request screen has decided on
 // (why: its refusal, if any): the level before it and what it would leave.
-func explainGates(t *tenantState, now int64, r *pending, critical bool, why refusal) []GateCheck {
+func explainGates(t *tenantState, now int64, r *pending, critical bool, why refusal, frozen time.Duration) []GateCheck {
 	order := []struct {
 		gate   string
 		refuse Reason
@@ -94,7 +95,8 @@ func explainGates(t *tenantState, now int64, r *pending, critical bool, why refu
 	reached := true
 	for _, g := range order {
 		c := GateCheck{Gate: g.gate, Reached: reached, Passed: reached}
-		if reached && why.reason == g.refuse && (g.gate != "rps" || rpsRefused) && (g.gate != "tokens" || !rpsRefused) {
+		refuse := why.reason == g.refuse || (g.gate == "tokens" && why.reason == ReasonBurstCreditFrozen)
+		if reached && refuse && (g.gate != "rps" || rpsRefused) && (g.gate != "tokens" || !rpsRefused) {
 			c.Passed, reached = false, false
 		}
 		switch g.gate {
@@ -116,6 +118,9 @@ func explainGates(t *tenantState, now int64, r *pending, critical bool, why refu
 			} else {
 				c.Before, c.After = tokBefore, tokBefore-r.weighted
 				c.Detail = fmt.Sprintf("weighted tokens in the token bucket, %d asked; it may go %d into debt", r.weighted, t.tokens.Credit())
+				if frozen > 0 {
+					c.Detail = fmt.Sprintf("weighted tokens in the token bucket, %d asked; burst credit frozen by an operator for %v: no debt", r.weighted, frozen)
+				}
 			}
 		case "concurrency":
 			c.Before, c.After = t.inFlight+t.queued, t.inFlight+t.queued+1
@@ -188,6 +193,9 @@ func (p *placer) explainFind(now int64, r *pending, floor bool, from, upto int, 
 			kv, kvLimit := d.cap.KV()
 			c.Detail = fmt.Sprintf("needs prefill %.3g of %.3g FLOP (reserve %.3g), decode %.3g of %.3g B (reserve %.3g), KV %.3g B with %.3g of %.3g in use",
 				float64(cost.PrefillFLOP), float64(pf), float64(resP), float64(cost.DecodeBytes), float64(dc), float64(resD), float64(cost.KVBytes), float64(kv), float64(kvLimit))
+			if w, end := d.cap.Warmup(now); end != 0 {
+				c.Detail += fmt.Sprintf("; warming up: %.1f%% of its shared capacity, whole in %v", 100*float64(w)/pd.WarmupFull, time.Duration(end-now))
+			}
 			x.Placement = append(x.Placement, c)
 			if c.Fits {
 				x.Outcome, x.Domain, x.Model, x.Floor = Admitted.String(), d.ID(), m.name, floor

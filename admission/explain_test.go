@@ -3,7 +3,9 @@ package admission
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 // Explain says what Admit would do, gate by gate and domain by domain, and
@@ -66,6 +68,47 @@ func TestExplainChangesNothing(t *testing.T) {
 	for _, pc := range x.Placement {
 		if pc.Fits {
 			t.Errorf("on a full cluster, %s fits: %+v", pc.Domain, pc)
+		}
+	}
+}
+
+// Explain says when a domain it looks at is warming up after a return.
+func TestExplainShowsWarmup(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	if err := h.e.Drain("d1", "swap"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.e.Undrain("d1"); err != nil {
+		t.Fatal(err)
+	}
+	x, err := h.e.Explain(context.Background(), req("a", "small", 10, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Placement) == 0 || !strings.Contains(x.Placement[0].Detail, "warming up: 25.0% of its shared capacity, whole in 1m0s") {
+		t.Fatalf("placement after an undrain: %+v, want the warm-up", x.Placement)
+	}
+}
+
+// Explain names an operator's credit freeze at the token gate.
+func TestExplainShowsCreditFreeze(t *testing.T) {
+	cfg := testConfig()
+	p := cfg.Tiers["bronze"]
+	p.Tokens = Limit{Rate: 100, Burst: 1000}
+	p.BurstCredit = BurstCredit{Multiple: 10}
+	cfg.Tiers["bronze"] = p
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	h.e.FreezeCreditFor(time.Minute, "incident")
+	x, err := h.e.Explain(context.Background(), req("b", "small", 1500, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Outcome != "REJECTED" || x.Reason != ReasonBurstCreditFrozen || x.RetryAfter != time.Minute {
+		t.Fatalf("over quota while frozen: %+v, want BURST_CREDIT_FROZEN until the freeze ends", x)
+	}
+	for _, g := range x.Gates {
+		if g.Gate == "tokens" && (g.Passed || !strings.Contains(g.Detail, "frozen by an operator")) {
+			t.Fatalf("token gate: %+v", g)
 		}
 	}
 }

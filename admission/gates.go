@@ -4,11 +4,13 @@ import "time"
 
 // tenantGates is the first room a request passes through: per tenant, the
 // burst-credit breaker, the cost budget, the RPS and token buckets and the
-// concurrency limit. It owns the active tenants' state; an idle tenant
+// concurrency limit; for all of them, an operator's credit freeze
+// (creditfreeze.go). It owns the active tenants' state; an idle tenant
 // lives only in the config until its next request.
 type tenantGates struct {
 	cfg     *Config
 	tenants map[string]*tenantState
+	freeze  creditFreeze // an operator's freeze of every tenant's burst credit
 }
 
 // lookupLocked returns the tenant's state, building it from config on first

@@ -10,7 +10,7 @@ import (
 // invalidates every cached rendezvous order: eligibility or weights moved.
 func (p *placer) changed() {
 	p.gen++
-	prefillCap, decodeCap := p.eligibleRates()
+	prefillCap, decodeCap := p.eligibleBaseRates()
 	for _, d := range p.domains {
 		if !d.eligible() || p.floorTotal == 0 {
 			d.cap.SetReserve(0, 0)
@@ -18,8 +18,10 @@ func (p *placer) changed() {
 		}
 		pr, dr := reservePerToken(p.cat, d.cap, p.cfg.OutputTokenWeight)
 		f := float64(p.floorTotal)
-		prefill := pr * f * float64(d.cap.PrefillRate()) / prefillCap
-		decode := dr * f * float64(d.cap.DecodeRate()) / decodeCap
+		// Spread by the rates before warm-up: a ramp moves no reserve.
+		baseP, baseD, _ := d.cap.BaseLimits()
+		prefill := pr * f * float64(baseP) / prefillCap
+		decode := dr * f * float64(baseD) / decodeCap
 		d.cap.SetReserve(int64(math.Min(prefill, math.MaxInt64/2)), int64(math.Min(decode, math.MaxInt64/2)))
 	}
 }
@@ -63,4 +65,17 @@ func reservePerToken(cat *pd.Catalog, c *pd.DomainCapacity, outWeight int64) (pr
 		return 0, 0
 	}
 	return float64(p.PrefillFLOP), float64(d.DecodeBytes) / float64(outWeight)
+}
+
+// eligibleBaseRates sums the rates before warm-up of the domains open to
+// new placements.
+func (p *placer) eligibleBaseRates() (prefill, decode float64) {
+	for _, d := range p.domains {
+		if d.eligible() {
+			pr, dr, _ := d.cap.BaseLimits()
+			prefill += float64(pr)
+			decode += float64(dr)
+		}
+	}
+	return prefill, decode
 }

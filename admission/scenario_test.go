@@ -42,6 +42,9 @@ import (
 //	                        replace the cluster: N HGX nodes, or the body
 //	                        (a topology file)
 //	drain D [reason=R] [ahead] / undrain D
+//	freeze-credit for=D [reason=R] [on=rK] / thaw-credit [on=rK]
+//	                        an operator's freeze of every tenant's burst
+//	                        credit, for D from now; its end
 //	store-down / store-up   the shared store fails every call / answers again
 //	reconcile [on=rK]       one batched reconcile on every engine (or one)
 //	rounds n=K every=D      K times: advance the clock by D, Tick, reconcile
@@ -148,6 +151,25 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		})
 	case "drain", "undrain":
 		return s.drain(t, d)
+	case "freeze-credit":
+		var dur, reason string
+		d.ScanArgs(t, "for", &dur)
+		if d.HasArg("reason") {
+			d.ScanArgs(t, "reason", &reason)
+		}
+		for_, err := time.ParseDuration(dur)
+		if err != nil {
+			t.Fatalf("for=%s: %v", dur, err)
+		}
+		return s.each(t, d, func(r *replica) string {
+			r.e.FreezeCredit(s.clk.Now().Add(for_), reason)
+			return ""
+		})
+	case "thaw-credit":
+		return s.each(t, d, func(r *replica) string {
+			r.e.ThawCredit()
+			return ""
+		})
 	case "store-down", "store-up":
 		s.needStore(t, d)
 		s.flaky.SetDown(d.Cmd == "store-down")
@@ -608,9 +630,13 @@ func (s *scenario) print(e *admission.Engine) string {
 		if d.Draining {
 			state = " draining(" + d.DrainReason + ")"
 		}
+		state += warming(d)
 		fmt.Fprintf(&b, "domain %s: prefill %.0f%% decode %.0f%% kv %.1f%% reserved %.0f%% in-flight %d weight %.2f%s\n",
 			d.ID, pct(d.PrefillLevel, d.PrefillBurst), pct(d.DecodeLevel, d.DecodeBurst), pct(d.KVInUse, d.KVLimit),
 			100*d.ReservedFrac, d.InFlight, d.HealthWeight, state)
+	}
+	if f, ok := e.CreditFrozen(); ok {
+		fmt.Fprintf(&b, "burst credit frozen for %v: %s\n", f.Until.Sub(s.clk.Now()), f.Reason)
 	}
 	for _, ti := range e.Tenants() {
 		fmt.Fprintf(&b, "tenant %s: tokens %d/%d credit %d in-flight %d queued %d", ti.Name, ti.TokenLevel, ti.TokenBurst, ti.Credit, ti.InFlight, ti.Queued)
@@ -634,9 +660,20 @@ func (s *scenario) domain(t *testing.T, d *datadriven.TestData) string {
 		if di.Draining {
 			out += "; draining (" + di.DrainReason + ")"
 		}
+		if w := warming(di); w != "" {
+			out += ";" + w
+		}
 		return out
 	}
 	return "no domain " + id
+}
+
+// warming describes a domain's warm-up ramp, or is empty when it is whole.
+func warming(d admission.DomainInfo) string {
+	if d.WarmupLeft == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" warming %.1f%% (%v left)", 100*d.WarmupFraction, d.WarmupLeft)
 }
 
 func (s *scenario) tenant(t *testing.T, d *datadriven.TestData) string {

@@ -230,10 +230,11 @@ func (s *storeLink) sliceTenant(t *tenantState, now int64, refill bool) {
 func (s *storeLink) sliceDomain(d *domainState, now int64) {
 	n := int64(s.replicas)
 	pr, dr, kv := d.cap.FullLimits()
+	pb, db := d.cap.FullBursts()
 	p, dc := d.cap.Levels(now)
 	d.cap.ApplyShare(now, pd.ShareGrant{
-		PrefillRate: pr / n, PrefillLevel: min(p, d.cap.PrefillBurst()/n),
-		DecodeRate: dr / n, DecodeLevel: min(dc, d.cap.DecodeBurst()/n),
+		PrefillRate: pr / n, PrefillLevel: min(p, pb/n),
+		DecodeRate: dr / n, DecodeLevel: min(dc, db/n),
 		KVLimit: kv / n,
 	})
 }
@@ -249,11 +250,11 @@ func (s *storeLink) keepShare(now int64, d *domainState, old *pd.DomainCapacity)
 	}
 	oldP, oldD, oldKV := old.FullLimits()
 	newP, newD, newKV := d.cap.FullLimits()
-	_, kvLimit := old.KV()
+	shareP, shareD, shareKV := old.BaseLimits() // the share before any warm-up: the ramp carries over on its own
 	p, dc := d.cap.Levels(now)
 	d.cap.ApplyShare(now, pd.ShareGrant{
-		PrefillRate: mulDiv(old.PrefillRate(), newP, oldP), PrefillLevel: p,
-		DecodeRate: mulDiv(old.DecodeRate(), newD, oldD), DecodeLevel: dc,
-		KVLimit: mulDiv(kvLimit, newKV, oldKV),
+		PrefillRate: mulDiv(shareP, newP, oldP), PrefillLevel: p,
+		DecodeRate: mulDiv(shareD, newD, oldD), DecodeLevel: dc,
+		KVLimit: mulDiv(shareKV, newKV, oldKV),
 	})
 }

@@ -80,11 +80,12 @@ func (s *strictState) fallbackLocked(now int64, down bool) {
 		s.sliceDomain(d, now)
 		n := int64(s.replicas)
 		pr, dr, kv := d.cap.FullLimits()
+		pb, db := d.cap.FullBursts()
 		p, dc := d.cap.Levels(now)
-		if share, ok := s.knownShare(domainKey(d.ID(), kindPrefill), scaleFor(pr, d.cap.PrefillBurst()), now); ok {
+		if share, ok := s.knownShare(domainKey(d.ID(), kindPrefill), scaleFor(pr, pb), now); ok {
 			p = min(p, share)
 		}
-		if share, ok := s.knownShare(domainKey(d.ID(), kindDecode), scaleFor(dr, d.cap.DecodeBurst()), now); ok {
+		if share, ok := s.knownShare(domainKey(d.ID(), kindDecode), scaleFor(dr, db), now); ok {
 			dc = min(dc, share)
 		}
 		d.cap.ApplyShare(now, pd.ShareGrant{PrefillRate: pr / n, PrefillLevel: p, DecodeRate: dr / n, DecodeLevel: dc, KVLimit: kv / n})
@@ -138,9 +139,10 @@ func (s *strictState) resumeReportLocked(now int64) *ReconcileRequest {
 			continue
 		}
 		pr, dr, _ := d.cap.FullLimits()
+		pb, db := d.cap.FullBursts()
 		p, dc := d.cap.Levels(now)
-		add(domainKey(d.ID(), kindPrefill), pr, d.cap.PrefillBurst(), p)
-		add(domainKey(d.ID(), kindDecode), dr, d.cap.DecodeBurst(), dc)
+		add(domainKey(d.ID(), kindPrefill), pr, pb, p)
+		add(domainKey(d.ID(), kindDecode), dr, db, dc)
 	}
 	return req
 }
@@ -379,8 +381,9 @@ func (s *strictState) chargeLocked(l *lease, id uint64) (*StrictCharge, int) {
 	}
 	tenantTakes := len(c.Takes)
 	pr, dr, kvLimit := l.dom.cap.FullLimits()
-	add(domainKey(l.dom.ID(), kindPrefill), pr, l.dom.cap.PrefillBurst(), l.cost.PrefillFLOP, 0)
-	add(domainKey(l.dom.ID(), kindDecode), dr, l.dom.cap.DecodeBurst(), l.cost.DecodeBytes, 0)
+	pb, db := l.dom.cap.FullBursts()
+	add(domainKey(l.dom.ID(), kindPrefill), pr, pb, l.cost.PrefillFLOP, 0)
+	add(domainKey(l.dom.ID(), kindDecode), dr, db, l.cost.DecodeBytes, 0)
 	sc := scaleFor(kvLimit, kvLimit)
 	c.KV = KVHold{
 		Key: kvKey(l.dom.ID()), Lease: replicaLease(s.opts.Replica, id),
@@ -424,8 +427,9 @@ func (s *strictState) releasedLocked(id uint64, l lease, actualWeighted int64, a
 		add(tenantKey(t.name, kindFloor), rate, burst, unused)
 	}
 	pr, dr, _ := l.dom.cap.FullLimits()
-	add(domainKey(l.dom.ID(), kindPrefill), pr, l.dom.cap.PrefillBurst(), l.cost.PrefillFLOP-actual.PrefillFLOP)
-	add(domainKey(l.dom.ID(), kindDecode), dr, l.dom.cap.DecodeBurst(), l.cost.DecodeBytes-actual.DecodeBytes)
+	pb, db := l.dom.cap.FullBursts()
+	add(domainKey(l.dom.ID(), kindPrefill), pr, pb, l.cost.PrefillFLOP-actual.PrefillFLOP)
+	add(domainKey(l.dom.ID(), kindDecode), dr, db, l.cost.DecodeBytes-actual.DecodeBytes)
 	var pending <-chan struct{}
 	if p := s.commits[id]; p != nil {
 		pending = p.done

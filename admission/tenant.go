@@ -99,9 +99,11 @@ func (t *tenantState) idle(now int64) bool {
 // screen runs every gate in DESIGN order — burst-credit breaker, the
 // store's fail mode (store, from the shared-state strategy), budget, RPS,
 // tokens with credit, concurrency — and charges nothing. It does move the
-// breaker and the budget period to now. On a pass it reports whether the
-// request goes to the critical band.
-func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, wantCritical bool, store refusal) (critical bool, r refusal) {
+// breaker and the budget period to now. frozen is what is left of an
+// operator's credit freeze (0: none): while it lasts the token bucket lends
+// nothing. On a pass it reports whether the request goes to the critical
+// band.
+func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, wantCritical bool, store refusal, frozen time.Duration) (critical bool, r refusal) {
 	if wait := t.credit.advance(now, &t.tokens, &t.policy); wait > 0 {
 		return false, refusal{ReasonBurstCreditExhausted, wait}
 	}
@@ -116,13 +118,38 @@ func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, w
 		return false, refusal{ReasonQuotaExceeded, t.rps.RetryAfter(now, rpsUnit, 0)}
 	}
 	critical = wantCritical && t.critical.Fits(now, weighted, 0)
-	if !critical && !t.tokens.Fits(now, weighted, -t.tokens.Credit()) {
-		return false, refusal{ReasonQuotaExceeded, t.tokens.AllowRetryAfter(now, weighted)}
+	if !critical {
+		if why := t.tokenGate(now, weighted, frozen); why.refused() {
+			return false, why
+		}
 	}
 	if t.policy.MaxConcurrency > 0 && t.inFlight+t.queued >= t.policy.MaxConcurrency {
 		return false, refusal{ReasonConcurrencyExceeded, time.Second}
 	}
 	return critical, refusal{}
+}
+
+// tokenGate is the token bucket's gate: the request fits, down to the
+// credit, or down to 0 while burst credit is frozen. A request only the
+// freeze refuses is BURST_CREDIT_FROZEN; either way Retry-After is the
+// earliest time it passes: when the quota has refilled for it, or when the
+// freeze ends and the credit it would then borrow is there.
+func (t *tenantState) tokenGate(now, weighted int64, frozen time.Duration) refusal {
+	if frozen <= 0 {
+		if t.tokens.Fits(now, weighted, -t.tokens.Credit()) {
+			return refusal{}
+		}
+		return refusal{ReasonQuotaExceeded, t.tokens.AllowRetryAfter(now, weighted)}
+	}
+	if t.tokens.Fits(now, weighted, 0) {
+		return refusal{}
+	}
+	inQuota := t.tokens.RetryAfter(now, weighted, 0)
+	withCredit := max(t.tokens.AllowRetryAfter(now, weighted), frozen)
+	if t.tokens.Fits(now, weighted, -t.tokens.Credit()) {
+		return refusal{ReasonBurstCreditFrozen, min(inQuota, withCredit)}
+	}
+	return refusal{ReasonQuotaExceeded, min(inQuota, withCredit)}
 }
 
 // gateCharge is what the tenant gates took for one request, so that it can

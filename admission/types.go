@@ -55,6 +55,7 @@ const (
 	ReasonConcurrencyExceeded  Reason = 9  // the tenant's in-flight limit is reached
 	ReasonShuttingDown         Reason = 10 // the server stopped before the queued request was admitted
 	ReasonStateUnavailable     Reason = 11 // shared state unreachable and the tier fails closed
+	ReasonBurstCreditFrozen    Reason = 12 // over quota while an operator has frozen every tenant's burst credit
 )
 
 var reasonNames = [...]string{
@@ -70,6 +71,7 @@ var reasonNames = [...]string{
 	ReasonConcurrencyExceeded:  "CONCURRENCY_EXCEEDED",
 	ReasonShuttingDown:         "SHUTTING_DOWN",
 	ReasonStateUnavailable:     "STATE_UNAVAILABLE",
+	ReasonBurstCreditFrozen:    "BURST_CREDIT_FROZEN",
 }
 
 // String returns the reason's API name.
@@ -207,6 +209,11 @@ type DomainInfo struct {
 	KVInUse      int64
 	KVLimit      int64
 	ReservedFrac float64 // share of capacity reserved for floors
+	// WarmupFraction is the share of its shared capacity the domain has
+	// while it warms up after a return (1 when whole); WarmupLeft is how
+	// long until it is whole (0 when whole).
+	WarmupFraction float64
+	WarmupLeft     time.Duration
 }
 
 // TenantInfo describes one tenant for operators.

@@ -95,7 +95,19 @@ type DomainCapacity struct {
 	fullPrefillRate, fullDecodeRate, fullKV int64 // the whole domain's, before a replica share
 
 	resPrefillRate, resDecodeRate int64 // reserve rates as set, capped at the rates
+	resPR, resDR                  int64 // the reserve rates this slice keeps (scaled to a share)
 	resPrefill, resDecode, resKV  int64 // the watermarks shared traffic stops at
+
+	// The limits before warm-up: the whole domain's, or a replica's share.
+	basePrefillRate, basePrefillBurst int64
+	baseDecodeRate, baseDecodeBurst   int64
+	baseKV                            int64
+
+	// Warm-up (see StartWarmup): the shared part of every limit is warm
+	// millionths of its base, ramping linearly from warmFrom at warmAt to
+	// WarmupFull at warmEnd; warmEnd is 0 when the domain is whole.
+	warm, warmFrom  int64
+	warmAt, warmEnd int64
 
 	perModel []modelRates // by catalog id
 }
@@ -128,7 +140,7 @@ func NewDomainCapacity(d *topology.Domain, cat *Catalog, cfg Config, now int64) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &DomainCapacity{id: d.ID, cat: cat, cfg: cfg.withDefaults()}
+	c := &DomainCapacity{id: d.ID, cat: cat, cfg: cfg.withDefaults(), warm: WarmupFull}
 	lim, err := c.limits(d)
 	if err != nil {
 		return nil, err
@@ -219,13 +231,13 @@ func perToken(rate int64, tokensPerGPU float64, gpus int) (int64, error) {
 	return max(v, 1), nil
 }
 
-// apply installs lim (the buckets' limits are set by the caller or here)
-// and recomputes the reserve watermarks.
+// apply installs lim as the base limits and recomputes the reserve
+// watermarks and the buckets' (warmed) limits.
 func (c *DomainCapacity) apply(lim limits) {
 	c.gpus, c.gpuModel, c.perModel = lim.gpus, lim.gpuModel, lim.perModel
-	c.prefill.SetLimits(lim.prefillRate, lim.prefillBurst, 0)
-	c.decode.SetLimits(lim.decodeRate, lim.decodeBurst, 0)
-	c.kvLimit = lim.kvLimit
+	c.basePrefillRate, c.basePrefillBurst = lim.prefillRate, lim.prefillBurst
+	c.baseDecodeRate, c.baseDecodeBurst = lim.decodeRate, lim.decodeBurst
+	c.baseKV = lim.kvLimit
 	c.fullPrefillRate, c.fullDecodeRate, c.fullKV = lim.prefillRate, lim.decodeRate, lim.kvLimit
 	c.applyReserve()
 }
@@ -244,12 +256,12 @@ type ShareGrant struct {
 // Bursts stay whole so that a request the domain can hold fits any replica
 // that has the level for it. Resize restores the whole domain.
 func (c *DomainCapacity) ApplyShare(now int64, g ShareGrant) {
-	c.prefill.SetLimits(g.PrefillRate, c.prefill.Burst(), 0)
-	c.decode.SetLimits(g.DecodeRate, c.decode.Burst(), 0)
+	c.warmTo(now)
+	c.basePrefillRate, c.baseDecodeRate = max(g.PrefillRate, 0), max(g.DecodeRate, 0)
+	c.baseKV = max(g.KVLimit, 0)
+	c.applyReserve()
 	c.prefill.SetLevel(now, g.PrefillLevel)
 	c.decode.SetLevel(now, g.DecodeLevel)
-	c.kvLimit = max(g.KVLimit, 0)
-	c.applyReserve()
 }
 
 // FullLimits returns the whole domain's prefill and decode rates and KV
@@ -291,10 +303,13 @@ func (c *DomainCapacity) Resize(d *topology.Domain) error {
 	return nil
 }
 
-// CopyLevels sets this domain's bucket levels and KV in use to from's at now
-// (levels cut to this domain's bursts). With NewDomainCapacity it carries a
+// CopyLevels sets this domain's bucket levels, KV in use and warm-up ramp to
+// from's at now (levels cut to this domain's bursts). With NewDomainCapacity it carries a
 // domain's live state across a catalog or config reload.
 func (c *DomainCapacity) CopyLevels(now int64, from *DomainCapacity) {
+	from.warmTo(now)
+	c.warm, c.warmFrom, c.warmAt, c.warmEnd = from.warm, from.warmFrom, from.warmAt, from.warmEnd
+	c.applyLimits()
 	setLevel(&c.prefill, now, from.prefill.Level(now))
 	setLevel(&c.decode, now, from.decode.Level(now))
 	c.kvInUse = from.kvInUse
@@ -323,20 +338,96 @@ func (c *DomainCapacity) SetReserve(prefillFLOPPerSec, decodeBytesPerSec int64) 
 	c.applyReserve()
 }
 
+// applyReserve recomputes the watermarks from the base limits (a ramp never
+// shrinks a reserve) and then the buckets' limits.
 func (c *DomainCapacity) applyReserve() {
 	burstNanos := uint64(math.Round(c.cfg.BurstSeconds * billion))
 	// A replica holding a share of the domain keeps the same share of the
 	// reserves.
-	pr := min(scaleRate(c.resPrefillRate, c.prefill.Rate(), c.fullPrefillRate), c.prefill.Rate())
-	dr := min(scaleRate(c.resDecodeRate, c.decode.Rate(), c.fullDecodeRate), c.decode.Rate())
+	pr := min(scaleRate(c.resPrefillRate, c.basePrefillRate, c.fullPrefillRate), c.basePrefillRate)
+	dr := min(scaleRate(c.resDecodeRate, c.baseDecodeRate, c.fullDecodeRate), c.baseDecodeRate)
+	c.resPR, c.resDR = pr, dr
 	p, _ := mulDiv(uint64(pr), burstNanos, billion)
 	d, _ := mulDiv(uint64(dr), burstNanos, billion)
-	c.resPrefill = min(p, c.prefill.Burst())
-	c.resDecode = min(d, c.decode.Burst())
+	c.resPrefill = min(p, c.basePrefillBurst)
+	c.resDecode = min(d, c.baseDecodeBurst)
 	c.resKV = 0
-	if rate := c.prefill.Rate(); rate > 0 {
-		c.resKV, _ = mulDiv(uint64(c.kvLimit), uint64(pr), uint64(rate))
+	if rate := c.basePrefillRate; rate > 0 {
+		c.resKV, _ = mulDiv(uint64(c.baseKV), uint64(pr), uint64(rate))
 	}
+	c.applyLimits()
+}
+
+// applyLimits sets the buckets' rates and bursts and the KV limit to
+//
+//	limit = reserve + warm · (base − reserve)
+//
+// for each of them: the reserve part, which keeps tenants' floors, is whole
+// from the first moment; the shared part ramps.
+func (c *DomainCapacity) applyLimits() {
+	c.prefill.SetLimits(warmed(c.resPR, c.basePrefillRate, c.warm), warmed(c.resPrefill, c.basePrefillBurst, c.warm), 0)
+	c.decode.SetLimits(warmed(c.resDR, c.baseDecodeRate, c.warm), warmed(c.resDecode, c.baseDecodeBurst, c.warm), 0)
+	c.kvLimit = warmed(c.resKV, c.baseKV, c.warm)
+}
+
+// warmed is reserve + w·(base − reserve)/WarmupFull, in integers.
+func warmed(reserve, base, w int64) int64 {
+	if w >= WarmupFull || base <= reserve {
+		return base
+	}
+	shared, _ := mulDiv(uint64(base-reserve), uint64(max(w, 0)), WarmupFull)
+	return reserve + shared
+}
+
+// WarmupFull is the warm-up fraction of a whole domain, in millionths.
+const WarmupFull = 1_000_000
+
+// StartWarmup ramps the domain's shared capacity — each bucket's rate and
+// burst and the KV limit, less the floor reserves — linearly from from
+// millionths of it at now to the whole at end. Levels above the ramped
+// bursts are cut, so hardware that returns does not take a full burst at
+// once. from ≥ WarmupFull or end ≤ now makes the domain whole at once; a
+// from below 1 counts as 1. Every method that takes a time moves the ramp.
+func (c *DomainCapacity) StartWarmup(now, from, end int64) {
+	c.prefill.Level(now) // refill at the old rates up to now
+	c.decode.Level(now)
+	if from >= WarmupFull || end <= now {
+		c.warm, c.warmEnd = WarmupFull, 0
+		c.applyLimits()
+		return
+	}
+	c.warmFrom, c.warmAt, c.warmEnd = max(from, 1), now, end
+	c.warm = c.warmFrom
+	c.applyLimits()
+}
+
+// Warmup returns the warm-up fraction at now in millionths (WarmupFull when
+// whole) and when the ramp ends (0 when whole).
+func (c *DomainCapacity) Warmup(now int64) (fraction, end int64) {
+	c.warmTo(now)
+	return c.warm, c.warmEnd
+}
+
+// warmTo moves the ramp to now: one comparison while the domain is whole.
+func (c *DomainCapacity) warmTo(now int64) {
+	if c.warmEnd == 0 {
+		return
+	}
+	w := c.warmFrom
+	switch {
+	case now >= c.warmEnd:
+		w, c.warmEnd = WarmupFull, 0
+	case now > c.warmAt:
+		d, _ := mulDiv(uint64(WarmupFull-c.warmFrom), uint64(now-c.warmAt), uint64(c.warmEnd-c.warmAt))
+		w += d
+	}
+	if w == c.warm {
+		return
+	}
+	c.prefill.Level(now) // refill at the old rates up to now
+	c.decode.Level(now)
+	c.warm = w
+	c.applyLimits()
 }
 
 // scaleRate returns v · share/whole (v when whole is 0 or share is whole).
@@ -375,6 +466,7 @@ func (c *DomainCapacity) watermarks(floor bool) (prefillMin, decodeMin, kvMax in
 // KV in use stays within the limit (less the KV reserve, for shared). A
 // domain without healthy GPUs fits nothing, not even a zero cost.
 func (c *DomainCapacity) Fits(now int64, cost Cost, floor bool) bool {
+	c.warmTo(now)
 	if c.gpus == 0 || cost.PrefillFLOP < 0 || cost.DecodeBytes < 0 || cost.KVBytes < 0 {
 		return false
 	}
@@ -388,6 +480,7 @@ func (c *DomainCapacity) Fits(now int64, cost Cost, floor bool) bool {
 // unconditionally (call Fits first). A bucket's debt is bounded at one
 // burst: what would take it further is forgiven. Negative parts count as 0.
 func (c *DomainCapacity) Charge(now int64, cost Cost) {
+	c.warmTo(now)
 	take(&c.prefill, now, cost.PrefillFLOP)
 	take(&c.decode, now, cost.DecodeBytes)
 	if kv := max(cost.KVBytes, 0); kv > math.MaxInt64-c.kvInUse {
@@ -402,6 +495,7 @@ func (c *DomainCapacity) Charge(now int64, cost Cost) {
 // overrun taken where negative (debt bounded at one burst, as in Charge);
 // charged.KVBytes leaves the gauge, which never goes below 0.
 func (c *DomainCapacity) Release(now int64, charged, actual Cost) {
+	c.warmTo(now)
 	settle(&c.prefill, now, max(charged.PrefillFLOP, 0)-max(actual.PrefillFLOP, 0))
 	settle(&c.decode, now, max(charged.DecodeBytes, 0)-max(actual.DecodeBytes, 0))
 	c.kvInUse = max(c.kvInUse-max(charged.KVBytes, 0), 0)
@@ -432,24 +526,37 @@ func settle(b *tokenbucket.Bucket, now, diff int64) {
 // KV limit less the KV reserve, or a bucket does not refill). The KV gauge
 // frees only at releases, at times this cannot know, so a request short only
 // of KV gets 0 although Fits is false: the caller waits for a release.
+//
+// While the domain warms up, a request too large for the ramped limits but
+// not for the whole domain gets the time until the ramp ends.
 func (c *DomainCapacity) RetryAfter(now int64, cost Cost, floor bool) time.Duration {
 	if !c.CanEverFit(cost) {
 		return tokenbucket.Never
 	}
-	pMin, dMin, kvMax := c.watermarks(floor)
+	c.warmTo(now)
+	pMin, dMin, _ := c.watermarks(floor)
+	kvMax := c.baseKV // the KV a warmed-up domain holds: a ramp only delays
+	if !floor {
+		kvMax -= c.resKV
+	}
 	if cost.KVBytes > kvMax {
 		return tokenbucket.Never
 	}
-	return max(c.prefill.RetryAfter(now, cost.PrefillFLOP, pMin), c.decode.RetryAfter(now, cost.DecodeBytes, dMin))
+	wait := max(c.prefill.RetryAfter(now, cost.PrefillFLOP, pMin), c.decode.RetryAfter(now, cost.DecodeBytes, dMin))
+	if wait == tokenbucket.Never && c.warmEnd != 0 && c.prefill.Rate() > 0 && c.decode.Rate() > 0 &&
+		cost.PrefillFLOP <= c.basePrefillBurst-pMin && cost.DecodeBytes <= c.baseDecodeBurst-dMin {
+		return time.Duration(c.warmEnd - now)
+	}
+	return wait
 }
 
-// CanEverFit reports whether cost fits an idle, full domain as floor
-// traffic: the domain has healthy GPUs, and each part is non-negative and
-// within its bucket's burst and the KV limit.
+// CanEverFit reports whether cost fits an idle, full, warmed-up domain as
+// floor traffic: the domain has healthy GPUs, and each part is non-negative
+// and within its bucket's burst and the KV limit.
 func (c *DomainCapacity) CanEverFit(cost Cost) bool {
-	return c.gpus > 0 && cost.PrefillFLOP >= 0 && cost.PrefillFLOP <= c.prefill.Burst() &&
-		cost.DecodeBytes >= 0 && cost.DecodeBytes <= c.decode.Burst() &&
-		cost.KVBytes >= 0 && cost.KVBytes <= c.kvLimit
+	return c.gpus > 0 && cost.PrefillFLOP >= 0 && cost.PrefillFLOP <= c.basePrefillBurst &&
+		cost.DecodeBytes >= 0 && cost.DecodeBytes <= c.baseDecodeBurst &&
+		cost.KVBytes >= 0 && cost.KVBytes <= c.baseKV
 }
 
 // ID returns the domain's id.
@@ -464,6 +571,7 @@ func (c *DomainCapacity) GPUs() int { return c.gpus }
 // Levels returns the prefill (FLOP) and decode (byte) bucket levels at now;
 // negative while in debt after an overrun.
 func (c *DomainCapacity) Levels(now int64) (prefill, decode int64) {
+	c.warmTo(now)
 	return c.prefill.Level(now), c.decode.Level(now)
 }
 
@@ -496,4 +604,19 @@ func (c *DomainCapacity) ReservedFraction() float64 {
 		return 0
 	}
 	return float64(min(c.resPrefillRate, rate)) / float64(rate)
+}
+
+// BaseLimits returns the prefill and decode rates and the KV limit before
+// warm-up: the whole domain's, or this replica's share (FullLimits is always
+// the whole domain's). Floor reserves are spread by them, so that a ramp
+// moves no reserve between domains.
+func (c *DomainCapacity) BaseLimits() (prefillRate, decodeRate, kvLimit int64) {
+	return c.basePrefillRate, c.baseDecodeRate, c.baseKV
+}
+
+// FullBursts returns the prefill and decode bursts of the whole domain,
+// before warm-up (a replica's share keeps the whole bursts): what shared
+// state sizes the domain's buckets by, whatever this replica's ramp.
+func (c *DomainCapacity) FullBursts() (prefill, decode int64) {
+	return c.basePrefillBurst, c.baseDecodeBurst
 }

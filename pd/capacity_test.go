@@ -394,3 +394,71 @@ func TestApplyShare(t *testing.T) {
 		t.Errorf("Resize kept the share's rate %d, want the whole %d", c.PrefillRate(), pr)
 	}
 }
+
+// A warm-up ramps the shared part of every limit linearly from its start
+// fraction to the whole; the floor reserve is whole throughout.
+func TestWarmup(t *testing.T) {
+	cat := defaultCatalog(t)
+	c := newCap(t, domain(t, topology.Simulated(), "hgx-h200-1"), cat, DefaultConfig())
+	baseRate, baseBurst := c.PrefillRate(), c.PrefillBurst()
+	_, baseKV := c.KV()
+	c.SetReserve(baseRate/5, 0)
+	resP, _, resKV := c.Reserves()
+	resRate := baseRate / 5
+	c.StartWarmup(0, WarmupFull/4, 60*sec)
+	for _, tc := range []struct {
+		at, frac, end int64
+	}{
+		{0, 250_000, 60 * sec},
+		{15 * sec, 437_500, 60 * sec},
+		{30 * sec, 625_000, 60 * sec},
+		{60 * sec, WarmupFull, 0},
+		{90 * sec, WarmupFull, 0},
+	} {
+		frac, end := c.Warmup(tc.at)
+		if frac != tc.frac || end != tc.end {
+			t.Fatalf("at %ds: warm-up %d ending %d, want %d ending %d", tc.at/sec, frac, end, tc.frac, tc.end)
+		}
+		want := func(res, base int64) int64 {
+			shared, _ := mulDiv(uint64(base-res), uint64(tc.frac), WarmupFull)
+			return res + shared
+		}
+		_, kv := c.KV()
+		if c.PrefillRate() != want(resRate, baseRate) || c.PrefillBurst() != want(resP, baseBurst) || kv != want(resKV, baseKV) {
+			t.Errorf("at %ds: rate %d burst %d kv %d; want %d, %d, %d", tc.at/sec, c.PrefillRate(), c.PrefillBurst(), kv,
+				want(resRate, baseRate), want(resP, baseBurst), want(resKV, baseKV))
+		}
+		if p, _ := c.Levels(tc.at); p > c.PrefillBurst() {
+			t.Errorf("at %ds: level %d above the ramped burst %d", tc.at/sec, p, c.PrefillBurst())
+		}
+	}
+	if p, _ := c.Levels(90 * sec); p != baseBurst {
+		t.Errorf("whole again: level %d, want the full burst %d", p, baseBurst)
+	}
+}
+
+// While ramping, a request too large for the ramped domain but not for the
+// whole one can still fit: it waits until the ramp ends. The ramp survives
+// a rebuild (CopyLevels), and from ≥ WarmupFull is whole at once.
+func TestWarmupWaitAndCarry(t *testing.T) {
+	cat := defaultCatalog(t)
+	d := domain(t, topology.Simulated(), "hgx-h200-1")
+	c := newCap(t, d, cat, DefaultConfig())
+	big := Cost{PrefillFLOP: c.PrefillBurst() / 2}
+	c.StartWarmup(0, WarmupFull/4, 60*sec)
+	if c.Fits(0, big, false) || !c.CanEverFit(big) {
+		t.Fatal("half the whole burst: must not fit a quarter, but can ever fit")
+	}
+	if got := c.RetryAfter(0, big, false); got != time.Minute {
+		t.Errorf("RetryAfter while ramping = %v, want the ramp's end (1m)", got)
+	}
+	next := newCap(t, d, cat, DefaultConfig())
+	next.CopyLevels(30*sec, c)
+	if frac, end := next.Warmup(30 * sec); frac != 625_000 || end != 60*sec {
+		t.Errorf("after CopyLevels: %d ending %d", frac, end)
+	}
+	next.StartWarmup(30*sec, WarmupFull, 90*sec)
+	if frac, end := next.Warmup(30 * sec); frac != WarmupFull || end != 0 {
+		t.Errorf("from WarmupFull: %d ending %d, want whole", frac, end)
+	}
+}

@@ -73,6 +73,21 @@
 // reserve. Reserve that floor traffic does not use refills above the
 // watermark, where shared traffic takes it: idle reserve is lent, never lost.
 //
+// # Warm-up
+//
+// StartWarmup(now, w0, end) ramps the shared part of every limit — each
+// bucket's rate and burst, and the KV limit — linearly from w0 millionths
+// at now to the whole at end:
+//
+//	limit(t) = reserve + w(t) · (base − reserve),  w(t) = w0 + (1e6 − w0) · (t − now)/(end − now)
+//
+// where base is the limit before warm-up (the whole domain's, or a
+// replica's share) and reserve its floor watermark, which is whole from
+// the first moment. Every method that takes a time moves the ramp first
+// (one comparison when the domain is whole); buckets refill at the old
+// rate up to that time. CanEverFit judges against the whole domain, and a
+// request only the ramp keeps out gets the ramp's end from RetryAfter.
+//
 // # Admission and release
 //
 // The engine calls Fits (all three gates of one domain; a request never

@@ -54,6 +54,7 @@ type RegisterOption func(*registerOptions)
 type registerOptions struct {
 	configStatus ConfigStatusSource
 	tenantGuard  TenantGuard
+	freezer      CreditFreezer
 }
 
 // WithConfigStatus makes the Operator's GetConfigStatus answer from src.
@@ -86,6 +87,7 @@ func (s *operatorServer) GetConfigStatus(context.Context, *admissionv1.GetConfig
 		Revision:              st.Revision,
 		ControlPlaneConnected: st.ControlPlaneConnected,
 		ControlPlane:          st.ControlPlane,
+		CreditFreeze:          s.creditFreeze(),
 	}
 	if !st.AppliedAt.IsZero() {
 		out.AppliedAt = timestamppb.New(st.AppliedAt)

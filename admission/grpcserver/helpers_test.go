@@ -27,19 +27,24 @@ import (
 // testEngine is a fake of the Engine port. Each func field, when set,
 // replaces the default behaviour; admitCalls and releaseCalls count calls.
 type testEngine struct {
-	admit   func(ctx context.Context, req admission.Request) (admission.Decision, error)
-	release func(ctx context.Context, rel admission.Release) (admission.ReleaseResult, error)
-	drain   func(domain, reason string) error
-	undrain func(domain string) error
-	explain func(ctx context.Context, req admission.Request) (admission.Explanation, error)
-	domains []admission.DomainInfo
-	tenants []admission.TenantInfo
+	admit    func(ctx context.Context, req admission.Request) (admission.Decision, error)
+	release  func(ctx context.Context, rel admission.Release) (admission.ReleaseResult, error)
+	drain    func(domain, reason string) error
+	undrain  func(domain string) error
+	explain  func(ctx context.Context, req admission.Request) (admission.Explanation, error)
+	freezeMu sync.Mutex
+	freeze   *admission.CreditFreeze // the credit freeze in force; nil when none
+	domains  []admission.DomainInfo
+	tenants  []admission.TenantInfo
 
 	admitCalls   atomic.Int64
 	releaseCalls atomic.Int64
 }
 
-var _ Engine = (*testEngine)(nil)
+var (
+	_ Engine       = (*testEngine)(nil)
+	_ CreditEngine = (*testEngine)(nil)
+)
 
 func (e *testEngine) Admit(ctx context.Context, req admission.Request) (admission.Decision, error) {
 	e.admitCalls.Add(1)
@@ -74,6 +79,30 @@ func (e *testEngine) Undrain(domain string) error {
 }
 
 func (e *testEngine) Tenants() []admission.TenantInfo { return e.tenants }
+
+func (e *testEngine) FreezeCreditFor(d time.Duration, reason string) admission.CreditFreeze {
+	e.freezeMu.Lock()
+	defer e.freezeMu.Unlock()
+	e.freeze = &admission.CreditFreeze{Until: time.Unix(1_700_000_000, 0).Add(d), Reason: reason}
+	return *e.freeze
+}
+
+func (e *testEngine) ThawCredit() bool {
+	e.freezeMu.Lock()
+	defer e.freezeMu.Unlock()
+	was := e.freeze != nil
+	e.freeze = nil
+	return was
+}
+
+func (e *testEngine) CreditFrozen() (admission.CreditFreeze, bool) {
+	e.freezeMu.Lock()
+	defer e.freezeMu.Unlock()
+	if e.freeze == nil {
+		return admission.CreditFreeze{}, false
+	}
+	return *e.freeze, true
+}
 
 func (e *testEngine) Explain(ctx context.Context, req admission.Request) (admission.Explanation, error) {
 	if e.explain != nil {

@@ -3,6 +3,7 @@ package grpcserver
 import (
 	"context"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,6 +19,17 @@ type operatorServer struct {
 	admissionv1.UnimplementedOperatorServer
 	eng          Engine
 	configStatus ConfigStatusSource // nil: GetConfigStatus is UNIMPLEMENTED
+	credit       CreditEngine       // nil: eng freezes no credit
+	freezer      CreditFreezer      // where a credit freeze goes: the fleet's control plane, or credit; nil: none
+}
+
+func newOperatorServer(eng Engine, o *registerOptions) *operatorServer {
+	s := &operatorServer{eng: eng, configStatus: o.configStatus, freezer: o.freezer}
+	s.credit, _ = eng.(CreditEngine)
+	if s.freezer == nil && s.credit != nil {
+		s.freezer = localFreezer{s.credit}
+	}
+	return s
 }
 
 // Bounds on what the Operator API accepts and echoes.
@@ -49,6 +61,7 @@ func (s *operatorServer) ListDomains(context.Context, *admissionv1.ListDomainsRe
 	for i := range ds {
 		out.Domains[i] = domainToProto(&ds[i])
 	}
+	out.CreditFreeze = s.creditFreeze()
 	return out, nil
 }
 
@@ -148,7 +161,18 @@ func domainToProto(d *admission.DomainInfo) *admissionv1.DomainInfo {
 		KvInUse:      d.KVInUse,
 		KvLimit:      d.KVLimit,
 		ReservedFrac: d.ReservedFrac,
+
+		WarmupFraction: d.WarmupFraction,
+		WarmupLeft:     durationOrNil(d.WarmupLeft),
 	}
+}
+
+// durationOrNil renders d, or nil (absent) when it is not positive.
+func durationOrNil(d time.Duration) *durationpb.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return durationpb.New(d)
 }
 
 // tenantToProto renders t; a zero BreakerUntil is left absent.

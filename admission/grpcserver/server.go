@@ -63,6 +63,21 @@ type Engine interface {
 	Explain(ctx context.Context, req admission.Request) (admission.Explanation, error)
 }
 
+// CreditEngine is the part of an Engine that freezes burst credit
+// (*admission.Engine has it). An Engine without it serves no credit freeze:
+// FreezeBurstCredit and ThawBurstCredit are UNIMPLEMENTED unless a
+// CreditFreezer is given, and no freeze is ever reported.
+type CreditEngine interface {
+	// FreezeCreditFor freezes every tenant's burst credit for d from now,
+	// on this replica.
+	FreezeCreditFor(d time.Duration, reason string) admission.CreditFreeze
+	// ThawCredit ends a credit freeze on this replica; it reports whether
+	// one was in force.
+	ThawCredit() bool
+	// CreditFrozen returns the credit freeze in force, if any.
+	CreditFrozen() (admission.CreditFreeze, bool)
+}
+
 // Register registers the Admission and Operator services backed by eng, the
 // standard health service and server reflection on s. It returns the health
 // server, which reports SERVING for the whole server ("") and for both
@@ -79,7 +94,7 @@ func Register(s *grpc.Server, eng Engine, opts ...RegisterOption) *health.Server
 		opt(&o)
 	}
 	admissionv1.RegisterAdmissionServer(s, &admissionServer{eng: eng, guard: o.tenantGuard})
-	admissionv1.RegisterOperatorServer(s, &operatorServer{eng: eng, configStatus: o.configStatus})
+	admissionv1.RegisterOperatorServer(s, newOperatorServer(eng, &o))
 	hs := health.NewServer()
 	hs.SetServingStatus(admissionv1.Admission_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(admissionv1.Operator_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -98,7 +113,7 @@ func NewOperator(eng Engine, opts ...RegisterOption) admissionv1.OperatorServer 
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &operatorServer{eng: eng, configStatus: o.configStatus}
+	return newOperatorServer(eng, &o)
 }
 
 // admissionServer implements admissionv1.AdmissionServer over an Engine.

@@ -325,6 +325,7 @@ func TestOperator(t *testing.T) {
 		ID: "c.1", Kind: "nvl72", GPUs: 72, Draining: true, DrainReason: "maintenance",
 		HealthWeight: 0.05, InFlight: 3, PrefillRate: 1, PrefillLevel: 2, PrefillBurst: 3,
 		DecodeRate: 4, DecodeLevel: 5, DecodeBurst: 6, KVInUse: 7, KVLimit: 8, ReservedFrac: 0.25,
+		WarmupFraction: 0.4, WarmupLeft: 36 * time.Second,
 	}
 	until := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
 	ten := admission.TenantInfo{
@@ -359,6 +360,7 @@ func TestOperator(t *testing.T) {
 		Id: "c.1", Kind: "nvl72", Gpus: 72, Draining: true, DrainReason: "maintenance",
 		HealthWeight: 0.05, InFlight: 3, PrefillRate: 1, PrefillLevel: 2, PrefillBurst: 3,
 		DecodeRate: 4, DecodeLevel: 5, DecodeBurst: 6, KvInUse: 7, KvLimit: 8, ReservedFrac: 0.25,
+		WarmupFraction: 0.4, WarmupLeft: durationpb.New(36 * time.Second),
 	}
 	wantTen := &admissionv1.TenantInfo{
 		Name: "acme", Tier: "enterprise", Weight: 4, FloorTokens: 1000, TokenRate: 2000,
@@ -468,10 +470,10 @@ func TestReflectionListsServices(t *testing.T) {
 }
 
 func TestEnumNumbersMatchEngine(t *testing.T) {
-	if n := len(admissionv1.Reason_name); n != int(admission.ReasonStateUnavailable)+1 {
-		t.Errorf("proto has %d reasons, engine %d", n, admission.ReasonStateUnavailable+1)
+	if n := len(admissionv1.Reason_name); n != int(admission.ReasonBurstCreditFrozen)+1 {
+		t.Errorf("proto has %d reasons, engine %d", n, admission.ReasonBurstCreditFrozen+1)
 	}
-	for r := admission.ReasonNone; r <= admission.ReasonStateUnavailable; r++ {
+	for r := admission.ReasonNone; r <= admission.ReasonBurstCreditFrozen; r++ {
 		want := "REASON_" + r.String()
 		if r == admission.ReasonNone {
 			want = r.String()

@@ -173,6 +173,11 @@ const (
 	Reason_REASON_SHUTTING_DOWN Reason = 10
 	// Shared state (Redis) is unreachable and the tenant's tier fails closed.
 	Reason_REASON_STATE_UNAVAILABLE Reason = 11
+	// The request is over the tenant's quota and would borrow burst credit,
+	// which an operator has frozen for every tenant (FreezeBurstCredit).
+	// retry_after is the earlier of the quota refilling for it and the
+	// freeze's end.
+	Reason_REASON_BURST_CREDIT_FROZEN Reason = 12
 )
 
 // Enum value maps for Reason.
@@ -190,6 +195,7 @@ var (
 		9:  "REASON_CONCURRENCY_EXCEEDED",
 		10: "REASON_SHUTTING_DOWN",
 		11: "REASON_STATE_UNAVAILABLE",
+		12: "REASON_BURST_CREDIT_FROZEN",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":            0,
@@ -204,6 +210,7 @@ var (
 		"REASON_CONCURRENCY_EXCEEDED":   9,
 		"REASON_SHUTTING_DOWN":          10,
 		"REASON_STATE_UNAVAILABLE":      11,
+		"REASON_BURST_CREDIT_FROZEN":    12,
 	}
 )
 
@@ -878,7 +885,14 @@ type DomainInfo struct {
 	// KV gauge limit (bytes).
 	KvLimit int64 `protobuf:"varint,15,opt,name=kv_limit,json=kvLimit,proto3" json:"kv_limit,omitempty"`
 	// Share of capacity reserved for floors.
-	ReservedFrac  float64 `protobuf:"fixed64,16,opt,name=reserved_frac,json=reservedFrac,proto3" json:"reserved_frac,omitempty"`
+	ReservedFrac float64 `protobuf:"fixed64,16,opt,name=reserved_frac,json=reservedFrac,proto3" json:"reserved_frac,omitempty"`
+	// Share of its shared capacity (above the floor reserve) the domain has
+	// while it warms up after a return — undrained, GPUs back, or new after
+	// start-up — ramping linearly to 1; 1 when whole. 0 from servers older
+	// than this field.
+	WarmupFraction float64 `protobuf:"fixed64,17,opt,name=warmup_fraction,json=warmupFraction,proto3" json:"warmup_fraction,omitempty"`
+	// Time until the domain is whole; absent when it is.
+	WarmupLeft    *durationpb.Duration `protobuf:"bytes,18,opt,name=warmup_left,json=warmupLeft,proto3" json:"warmup_left,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1023,6 +1037,20 @@ func (x *DomainInfo) GetReservedFrac() float64 {
 		return x.ReservedFrac
 	}
 	return 0
+}
+
+func (x *DomainInfo) GetWarmupFraction() float64 {
+	if x != nil {
+		return x.WarmupFraction
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetWarmupLeft() *durationpb.Duration {
+	if x != nil {
+		return x.WarmupLeft
+	}
+	return nil
 }
 
 // TenantInfo describes one tenant.
@@ -1238,7 +1266,9 @@ func (*ListDomainsRequest) Descriptor() ([]byte, []int) {
 type ListDomainsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The domains.
-	Domains       []*DomainInfo `protobuf:"bytes,1,rep,name=domains,proto3" json:"domains,omitempty"`
+	Domains []*DomainInfo `protobuf:"bytes,1,rep,name=domains,proto3" json:"domains,omitempty"`
+	// The operator's freeze of burst credit in force; absent when none.
+	CreditFreeze  *CreditFreeze `protobuf:"bytes,2,opt,name=credit_freeze,json=creditFreeze,proto3" json:"credit_freeze,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1280,6 +1310,252 @@ func (x *ListDomainsResponse) GetDomains() []*DomainInfo {
 	return nil
 }
 
+func (x *ListDomainsResponse) GetCreditFreeze() *CreditFreeze {
+	if x != nil {
+		return x.CreditFreeze
+	}
+	return nil
+}
+
+// CreditFreeze is an operator's freeze of every tenant's burst credit.
+type CreditFreeze struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When it ends (an absolute time, which replicas share).
+	Until *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=until,proto3" json:"until,omitempty"`
+	// Why, as the operator gave it.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreditFreeze) Reset() {
+	*x = CreditFreeze{}
+	mi := &file_admission_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreditFreeze) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreditFreeze) ProtoMessage() {}
+
+func (x *CreditFreeze) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreditFreeze.ProtoReflect.Descriptor instead.
+func (*CreditFreeze) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *CreditFreeze) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *CreditFreeze) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// FreezeBurstCreditRequest freezes every tenant's burst credit.
+type FreezeBurstCreditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long from now; required, positive and at most 7 days.
+	Duration *durationpb.Duration `protobuf:"bytes,1,opt,name=duration,proto3" json:"duration,omitempty"`
+	// Free text shown with the freeze and in the audit log (at most 1024 bytes).
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FreezeBurstCreditRequest) Reset() {
+	*x = FreezeBurstCreditRequest{}
+	mi := &file_admission_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FreezeBurstCreditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FreezeBurstCreditRequest) ProtoMessage() {}
+
+func (x *FreezeBurstCreditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FreezeBurstCreditRequest.ProtoReflect.Descriptor instead.
+func (*FreezeBurstCreditRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *FreezeBurstCreditRequest) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *FreezeBurstCreditRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// FreezeBurstCreditResponse is the freeze now in force.
+type FreezeBurstCreditResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The freeze.
+	Freeze        *CreditFreeze `protobuf:"bytes,1,opt,name=freeze,proto3" json:"freeze,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FreezeBurstCreditResponse) Reset() {
+	*x = FreezeBurstCreditResponse{}
+	mi := &file_admission_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FreezeBurstCreditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FreezeBurstCreditResponse) ProtoMessage() {}
+
+func (x *FreezeBurstCreditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FreezeBurstCreditResponse.ProtoReflect.Descriptor instead.
+func (*FreezeBurstCreditResponse) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *FreezeBurstCreditResponse) GetFreeze() *CreditFreeze {
+	if x != nil {
+		return x.Freeze
+	}
+	return nil
+}
+
+// ThawBurstCreditRequest ends a credit freeze.
+type ThawBurstCreditRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ThawBurstCreditRequest) Reset() {
+	*x = ThawBurstCreditRequest{}
+	mi := &file_admission_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThawBurstCreditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThawBurstCreditRequest) ProtoMessage() {}
+
+func (x *ThawBurstCreditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThawBurstCreditRequest.ProtoReflect.Descriptor instead.
+func (*ThawBurstCreditRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{12}
+}
+
+// ThawBurstCreditResponse says whether a freeze was in force.
+type ThawBurstCreditResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether a freeze was ended.
+	WasFrozen     bool `protobuf:"varint,1,opt,name=was_frozen,json=wasFrozen,proto3" json:"was_frozen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ThawBurstCreditResponse) Reset() {
+	*x = ThawBurstCreditResponse{}
+	mi := &file_admission_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThawBurstCreditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThawBurstCreditResponse) ProtoMessage() {}
+
+func (x *ThawBurstCreditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThawBurstCreditResponse.ProtoReflect.Descriptor instead.
+func (*ThawBurstCreditResponse) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ThawBurstCreditResponse) GetWasFrozen() bool {
+	if x != nil {
+		return x.WasFrozen
+	}
+	return false
+}
+
 // DrainDomainRequest stops new placements on a domain.
 type DrainDomainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1293,7 +1569,7 @@ type DrainDomainRequest struct {
 
 func (x *DrainDomainRequest) Reset() {
 	*x = DrainDomainRequest{}
-	mi := &file_admission_proto_msgTypes[9]
+	mi := &file_admission_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1305,7 +1581,7 @@ func (x *DrainDomainRequest) String() string {
 func (*DrainDomainRequest) ProtoMessage() {}
 
 func (x *DrainDomainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[9]
+	mi := &file_admission_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1318,7 +1594,7 @@ func (x *DrainDomainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainDomainRequest.ProtoReflect.Descriptor instead.
 func (*DrainDomainRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{9}
+	return file_admission_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DrainDomainRequest) GetDomain() string {
@@ -1346,7 +1622,7 @@ type DrainDomainResponse struct {
 
 func (x *DrainDomainResponse) Reset() {
 	*x = DrainDomainResponse{}
-	mi := &file_admission_proto_msgTypes[10]
+	mi := &file_admission_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1634,7 @@ func (x *DrainDomainResponse) String() string {
 func (*DrainDomainResponse) ProtoMessage() {}
 
 func (x *DrainDomainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[10]
+	mi := &file_admission_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1647,7 @@ func (x *DrainDomainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainDomainResponse.ProtoReflect.Descriptor instead.
 func (*DrainDomainResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{10}
+	return file_admission_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainDomainResponse) GetDomain() *DomainInfo {
@@ -1392,7 +1668,7 @@ type UndrainDomainRequest struct {
 
 func (x *UndrainDomainRequest) Reset() {
 	*x = UndrainDomainRequest{}
-	mi := &file_admission_proto_msgTypes[11]
+	mi := &file_admission_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1680,7 @@ func (x *UndrainDomainRequest) String() string {
 func (*UndrainDomainRequest) ProtoMessage() {}
 
 func (x *UndrainDomainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[11]
+	mi := &file_admission_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1693,7 @@ func (x *UndrainDomainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainDomainRequest.ProtoReflect.Descriptor instead.
 func (*UndrainDomainRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{11}
+	return file_admission_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UndrainDomainRequest) GetDomain() string {
@@ -1438,7 +1714,7 @@ type UndrainDomainResponse struct {
 
 func (x *UndrainDomainResponse) Reset() {
 	*x = UndrainDomainResponse{}
-	mi := &file_admission_proto_msgTypes[12]
+	mi := &file_admission_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1726,7 @@ func (x *UndrainDomainResponse) String() string {
 func (*UndrainDomainResponse) ProtoMessage() {}
 
 func (x *UndrainDomainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[12]
+	mi := &file_admission_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1739,7 @@ func (x *UndrainDomainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainDomainResponse.ProtoReflect.Descriptor instead.
 func (*UndrainDomainResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{12}
+	return file_admission_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UndrainDomainResponse) GetDomain() *DomainInfo {
@@ -1489,7 +1765,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_admission_proto_msgTypes[13]
+	mi := &file_admission_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1777,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[13]
+	mi := &file_admission_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1790,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{13}
+	return file_admission_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListTenantsRequest) GetPageSize() int32 {
@@ -1544,7 +1820,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_admission_proto_msgTypes[14]
+	mi := &file_admission_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1832,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[14]
+	mi := &file_admission_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1845,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{14}
+	return file_admission_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*TenantInfo {
@@ -1597,7 +1873,7 @@ type GetTenantRequest struct {
 
 func (x *GetTenantRequest) Reset() {
 	*x = GetTenantRequest{}
-	mi := &file_admission_proto_msgTypes[15]
+	mi := &file_admission_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1885,7 @@ func (x *GetTenantRequest) String() string {
 func (*GetTenantRequest) ProtoMessage() {}
 
 func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[15]
+	mi := &file_admission_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1898,7 @@ func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{15}
+	return file_admission_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetTenantRequest) GetName() string {
@@ -1643,7 +1919,7 @@ type GetTenantResponse struct {
 
 func (x *GetTenantResponse) Reset() {
 	*x = GetTenantResponse{}
-	mi := &file_admission_proto_msgTypes[16]
+	mi := &file_admission_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1931,7 @@ func (x *GetTenantResponse) String() string {
 func (*GetTenantResponse) ProtoMessage() {}
 
 func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[16]
+	mi := &file_admission_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1944,7 @@ func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{16}
+	return file_admission_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetTenantResponse) GetTenant() *TenantInfo {
@@ -1687,7 +1963,7 @@ type GetConfigStatusRequest struct {
 
 func (x *GetConfigStatusRequest) Reset() {
 	*x = GetConfigStatusRequest{}
-	mi := &file_admission_proto_msgTypes[17]
+	mi := &file_admission_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1975,7 @@ func (x *GetConfigStatusRequest) String() string {
 func (*GetConfigStatusRequest) ProtoMessage() {}
 
 func (x *GetConfigStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[17]
+	mi := &file_admission_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1988,7 @@ func (x *GetConfigStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConfigStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConfigStatusRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{17}
+	return file_admission_proto_rawDescGZIP(), []int{22}
 }
 
 // ConfigRefusal is a config document that was refused; the last good one
@@ -1735,7 +2011,7 @@ type ConfigRefusal struct {
 
 func (x *ConfigRefusal) Reset() {
 	*x = ConfigRefusal{}
-	mi := &file_admission_proto_msgTypes[18]
+	mi := &file_admission_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +2023,7 @@ func (x *ConfigRefusal) String() string {
 func (*ConfigRefusal) ProtoMessage() {}
 
 func (x *ConfigRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[18]
+	mi := &file_admission_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +2036,7 @@ func (x *ConfigRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigRefusal.ProtoReflect.Descriptor instead.
 func (*ConfigRefusal) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{18}
+	return file_admission_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ConfigRefusal) GetSource() string {
@@ -1815,14 +2091,16 @@ type GetConfigStatusResponse struct {
 	// The control plane: "etcd" when the server uses one (its reachability
 	// is control_plane_connected), "none" when it runs on its local config
 	// alone. Empty from servers older than this field.
-	ControlPlane  string `protobuf:"bytes,6,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	ControlPlane string `protobuf:"bytes,6,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	// The operator's freeze of burst credit in force; absent when none.
+	CreditFreeze  *CreditFreeze `protobuf:"bytes,7,opt,name=credit_freeze,json=creditFreeze,proto3" json:"credit_freeze,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetConfigStatusResponse) Reset() {
 	*x = GetConfigStatusResponse{}
-	mi := &file_admission_proto_msgTypes[19]
+	mi := &file_admission_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +2112,7 @@ func (x *GetConfigStatusResponse) String() string {
 func (*GetConfigStatusResponse) ProtoMessage() {}
 
 func (x *GetConfigStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[19]
+	mi := &file_admission_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2125,7 @@ func (x *GetConfigStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConfigStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConfigStatusResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{19}
+	return file_admission_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetConfigStatusResponse) GetSource() string {
@@ -1892,6 +2170,13 @@ func (x *GetConfigStatusResponse) GetControlPlane() string {
 	return ""
 }
 
+func (x *GetConfigStatusResponse) GetCreditFreeze() *CreditFreeze {
+	if x != nil {
+		return x.CreditFreeze
+	}
+	return nil
+}
+
 // ExplainAdmitResponse is what Admit would do with a request now.
 type ExplainAdmitResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1920,7 +2205,7 @@ type ExplainAdmitResponse struct {
 
 func (x *ExplainAdmitResponse) Reset() {
 	*x = ExplainAdmitResponse{}
-	mi := &file_admission_proto_msgTypes[20]
+	mi := &file_admission_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2217,7 @@ func (x *ExplainAdmitResponse) String() string {
 func (*ExplainAdmitResponse) ProtoMessage() {}
 
 func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[20]
+	mi := &file_admission_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2230,7 @@ func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainAdmitResponse.ProtoReflect.Descriptor instead.
 func (*ExplainAdmitResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{20}
+	return file_admission_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExplainAdmitResponse) GetOutcome() string {
@@ -2030,7 +2315,7 @@ type GateCheck struct {
 
 func (x *GateCheck) Reset() {
 	*x = GateCheck{}
-	mi := &file_admission_proto_msgTypes[21]
+	mi := &file_admission_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2327,7 @@ func (x *GateCheck) String() string {
 func (*GateCheck) ProtoMessage() {}
 
 func (x *GateCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[21]
+	mi := &file_admission_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2340,7 @@ func (x *GateCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateCheck.ProtoReflect.Descriptor instead.
 func (*GateCheck) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{21}
+	return file_admission_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GateCheck) GetGate() string {
@@ -2116,7 +2401,7 @@ type PlacementCheck struct {
 
 func (x *PlacementCheck) Reset() {
 	*x = PlacementCheck{}
-	mi := &file_admission_proto_msgTypes[22]
+	mi := &file_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2413,7 @@ func (x *PlacementCheck) String() string {
 func (*PlacementCheck) ProtoMessage() {}
 
 func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[22]
+	mi := &file_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2426,7 @@ func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementCheck.ProtoReflect.Descriptor instead.
 func (*PlacementCheck) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{22}
+	return file_admission_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PlacementCheck) GetModel() string {
@@ -2233,7 +2518,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12'\n" +
 	"\x0frefunded_tokens\x18\x03 \x01(\x03R\x0erefundedTokens\x12,\n" +
 	"\x12actual_cost_micros\x18\x04 \x01(\x03R\x10actualCostMicros\x124\n" +
-	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\"\xf5\x03\n" +
+	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\"\xda\x04\n" +
 	"\n" +
 	"DomainInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2253,7 +2538,10 @@ const file_admission_proto_rawDesc = "" +
 	"\fdecode_burst\x18\r \x01(\x03R\vdecodeBurst\x12\x1a\n" +
 	"\tkv_in_use\x18\x0e \x01(\x03R\akvInUse\x12\x19\n" +
 	"\bkv_limit\x18\x0f \x01(\x03R\akvLimit\x12#\n" +
-	"\rreserved_frac\x18\x10 \x01(\x01R\freservedFrac\"\xfa\x03\n" +
+	"\rreserved_frac\x18\x10 \x01(\x01R\freservedFrac\x12'\n" +
+	"\x0fwarmup_fraction\x18\x11 \x01(\x01R\x0ewarmupFraction\x12:\n" +
+	"\vwarmup_left\x18\x12 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"warmupLeft\"\xfa\x03\n" +
 	"\n" +
 	"TenantInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -2275,9 +2563,22 @@ const file_admission_proto_rawDesc = "" +
 	"\rbreaker_until\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\fbreakerUntil\x12,\n" +
 	"\x12spent_today_micros\x18\x0e \x01(\x03R\x10spentTodayMicros\x12,\n" +
 	"\x12spent_month_micros\x18\x0f \x01(\x03R\x10spentMonthMicros\"\x14\n" +
-	"\x12ListDomainsRequest\"P\n" +
+	"\x12ListDomainsRequest\"\x98\x01\n" +
 	"\x13ListDomainsResponse\x129\n" +
-	"\adomains\x18\x01 \x03(\v2\x1f.sluice.admission.v1.DomainInfoR\adomains\"D\n" +
+	"\adomains\x18\x01 \x03(\v2\x1f.sluice.admission.v1.DomainInfoR\adomains\x12F\n" +
+	"\rcredit_freeze\x18\x02 \x01(\v2!.sluice.admission.v1.CreditFreezeR\fcreditFreeze\"X\n" +
+	"\fCreditFreeze\x120\n" +
+	"\x05until\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"i\n" +
+	"\x18FreezeBurstCreditRequest\x125\n" +
+	"\bduration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"V\n" +
+	"\x19FreezeBurstCreditResponse\x129\n" +
+	"\x06freeze\x18\x01 \x01(\v2!.sluice.admission.v1.CreditFreezeR\x06freeze\"\x18\n" +
+	"\x16ThawBurstCreditRequest\"8\n" +
+	"\x17ThawBurstCreditResponse\x12\x1d\n" +
+	"\n" +
+	"was_frozen\x18\x01 \x01(\bR\twasFrozen\"D\n" +
 	"\x12DrainDomainRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"N\n" +
@@ -2304,7 +2605,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\x12*\n" +
-	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xac\x02\n" +
+	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf4\x02\n" +
 	"\x17GetConfigStatusResponse\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x129\n" +
@@ -2312,7 +2613,8 @@ const file_admission_proto_rawDesc = "" +
 	"applied_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\x12E\n" +
 	"\flast_refusal\x18\x04 \x01(\v2\".sluice.admission.v1.ConfigRefusalR\vlastRefusal\x126\n" +
 	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected\x12#\n" +
-	"\rcontrol_plane\x18\x06 \x01(\tR\fcontrolPlane\"\xa0\x03\n" +
+	"\rcontrol_plane\x18\x06 \x01(\tR\fcontrolPlane\x12F\n" +
+	"\rcredit_freeze\x18\a \x01(\v2!.sluice.admission.v1.CreditFreezeR\fcreditFreeze\"\xa0\x03\n" +
 	"\x14ExplainAdmitResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x123\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\x06reason\x12:\n" +
@@ -2345,7 +2647,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bADMITTED\x10\x01\x12\f\n" +
 	"\bDEGRADED\x10\x02\x12\f\n" +
-	"\bREJECTED\x10\x03*\xe0\x02\n" +
+	"\bREJECTED\x10\x03*\x80\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REASON_QUOTA_EXCEEDED\x10\x01\x12\x1c\n" +
@@ -2359,7 +2661,8 @@ const file_admission_proto_rawDesc = "" +
 	"\x1bREASON_CONCURRENCY_EXCEEDED\x10\t\x12\x18\n" +
 	"\x14REASON_SHUTTING_DOWN\x10\n" +
 	"\x12\x1c\n" +
-	"\x18REASON_STATE_UNAVAILABLE\x10\v*E\n" +
+	"\x18REASON_STATE_UNAVAILABLE\x10\v\x12\x1e\n" +
+	"\x1aREASON_BURST_CREDIT_FROZEN\x10\f*E\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
@@ -2367,7 +2670,7 @@ const file_admission_proto_rawDesc = "" +
 	"\rOUTCOME_ERROR\x10\x022\xb1\x01\n" +
 	"\tAdmission\x12N\n" +
 	"\x05Admit\x12!.sluice.admission.v1.AdmitRequest\x1a\".sluice.admission.v1.AdmitResponse\x12T\n" +
-	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xc0\x05\n" +
+	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xa2\a\n" +
 	"\bOperator\x12`\n" +
 	"\vListDomains\x12'.sluice.admission.v1.ListDomainsRequest\x1a(.sluice.admission.v1.ListDomainsResponse\x12`\n" +
 	"\vDrainDomain\x12'.sluice.admission.v1.DrainDomainRequest\x1a(.sluice.admission.v1.DrainDomainResponse\x12f\n" +
@@ -2375,7 +2678,9 @@ const file_admission_proto_rawDesc = "" +
 	"\vListTenants\x12'.sluice.admission.v1.ListTenantsRequest\x1a(.sluice.admission.v1.ListTenantsResponse\x12Z\n" +
 	"\tGetTenant\x12%.sluice.admission.v1.GetTenantRequest\x1a&.sluice.admission.v1.GetTenantResponse\x12l\n" +
 	"\x0fGetConfigStatus\x12+.sluice.admission.v1.GetConfigStatusRequest\x1a,.sluice.admission.v1.GetConfigStatusResponse\x12\\\n" +
-	"\fExplainAdmit\x12!.sluice.admission.v1.AdmitRequest\x1a).sluice.admission.v1.ExplainAdmitResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
+	"\fExplainAdmit\x12!.sluice.admission.v1.AdmitRequest\x1a).sluice.admission.v1.ExplainAdmitResponse\x12r\n" +
+	"\x11FreezeBurstCredit\x12-.sluice.admission.v1.FreezeBurstCreditRequest\x1a..sluice.admission.v1.FreezeBurstCreditResponse\x12l\n" +
+	"\x0fThawBurstCredit\x12+.sluice.admission.v1.ThawBurstCreditRequest\x1a,.sluice.admission.v1.ThawBurstCreditResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
 
 var (
 	file_admission_proto_rawDescOnce sync.Once
@@ -2390,85 +2695,100 @@ func file_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_admission_proto_goTypes = []any{
-	(Priority)(0),                   // 0: sluice.admission.v1.Priority
-	(Decision)(0),                   // 1: sluice.admission.v1.Decision
-	(Reason)(0),                     // 2: sluice.admission.v1.Reason
-	(Outcome)(0),                    // 3: sluice.admission.v1.Outcome
-	(*AdmitRequest)(nil),            // 4: sluice.admission.v1.AdmitRequest
-	(*AdmitResponse)(nil),           // 5: sluice.admission.v1.AdmitResponse
-	(*Trace)(nil),                   // 6: sluice.admission.v1.Trace
-	(*ReleaseRequest)(nil),          // 7: sluice.admission.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),         // 8: sluice.admission.v1.ReleaseResponse
-	(*DomainInfo)(nil),              // 9: sluice.admission.v1.DomainInfo
-	(*TenantInfo)(nil),              // 10: sluice.admission.v1.TenantInfo
-	(*ListDomainsRequest)(nil),      // 11: sluice.admission.v1.ListDomainsRequest
-	(*ListDomainsResponse)(nil),     // 12: sluice.admission.v1.ListDomainsResponse
-	(*DrainDomainRequest)(nil),      // 13: sluice.admission.v1.DrainDomainRequest
-	(*DrainDomainResponse)(nil),     // 14: sluice.admission.v1.DrainDomainResponse
-	(*UndrainDomainRequest)(nil),    // 15: sluice.admission.v1.UndrainDomainRequest
-	(*UndrainDomainResponse)(nil),   // 16: sluice.admission.v1.UndrainDomainResponse
-	(*ListTenantsRequest)(nil),      // 17: sluice.admission.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),     // 18: sluice.admission.v1.ListTenantsResponse
-	(*GetTenantRequest)(nil),        // 19: sluice.admission.v1.GetTenantRequest
-	(*GetTenantResponse)(nil),       // 20: sluice.admission.v1.GetTenantResponse
-	(*GetConfigStatusRequest)(nil),  // 21: sluice.admission.v1.GetConfigStatusRequest
-	(*ConfigRefusal)(nil),           // 22: sluice.admission.v1.ConfigRefusal
-	(*GetConfigStatusResponse)(nil), // 23: sluice.admission.v1.GetConfigStatusResponse
-	(*ExplainAdmitResponse)(nil),    // 24: sluice.admission.v1.ExplainAdmitResponse
-	(*GateCheck)(nil),               // 25: sluice.admission.v1.GateCheck
-	(*PlacementCheck)(nil),          // 26: sluice.admission.v1.PlacementCheck
-	(*durationpb.Duration)(nil),     // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 28: google.protobuf.Timestamp
+	(Priority)(0),                     // 0: sluice.admission.v1.Priority
+	(Decision)(0),                     // 1: sluice.admission.v1.Decision
+	(Reason)(0),                       // 2: sluice.admission.v1.Reason
+	(Outcome)(0),                      // 3: sluice.admission.v1.Outcome
+	(*AdmitRequest)(nil),              // 4: sluice.admission.v1.AdmitRequest
+	(*AdmitResponse)(nil),             // 5: sluice.admission.v1.AdmitResponse
+	(*Trace)(nil),                     // 6: sluice.admission.v1.Trace
+	(*ReleaseRequest)(nil),            // 7: sluice.admission.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 8: sluice.admission.v1.ReleaseResponse
+	(*DomainInfo)(nil),                // 9: sluice.admission.v1.DomainInfo
+	(*TenantInfo)(nil),                // 10: sluice.admission.v1.TenantInfo
+	(*ListDomainsRequest)(nil),        // 11: sluice.admission.v1.ListDomainsRequest
+	(*ListDomainsResponse)(nil),       // 12: sluice.admission.v1.ListDomainsResponse
+	(*CreditFreeze)(nil),              // 13: sluice.admission.v1.CreditFreeze
+	(*FreezeBurstCreditRequest)(nil),  // 14: sluice.admission.v1.FreezeBurstCreditRequest
+	(*FreezeBurstCreditResponse)(nil), // 15: sluice.admission.v1.FreezeBurstCreditResponse
+	(*ThawBurstCreditRequest)(nil),    // 16: sluice.admission.v1.ThawBurstCreditRequest
+	(*ThawBurstCreditResponse)(nil),   // 17: sluice.admission.v1.ThawBurstCreditResponse
+	(*DrainDomainRequest)(nil),        // 18: sluice.admission.v1.DrainDomainRequest
+	(*DrainDomainResponse)(nil),       // 19: sluice.admission.v1.DrainDomainResponse
+	(*UndrainDomainRequest)(nil),      // 20: sluice.admission.v1.UndrainDomainRequest
+	(*UndrainDomainResponse)(nil),     // 21: sluice.admission.v1.UndrainDomainResponse
+	(*ListTenantsRequest)(nil),        // 22: sluice.admission.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),       // 23: sluice.admission.v1.ListTenantsResponse
+	(*GetTenantRequest)(nil),          // 24: sluice.admission.v1.GetTenantRequest
+	(*GetTenantResponse)(nil),         // 25: sluice.admission.v1.GetTenantResponse
+	(*GetConfigStatusRequest)(nil),    // 26: sluice.admission.v1.GetConfigStatusRequest
+	(*ConfigRefusal)(nil),             // 27: sluice.admission.v1.ConfigRefusal
+	(*GetConfigStatusResponse)(nil),   // 28: sluice.admission.v1.GetConfigStatusResponse
+	(*ExplainAdmitResponse)(nil),      // 29: sluice.admission.v1.ExplainAdmitResponse
+	(*GateCheck)(nil),                 // 30: sluice.admission.v1.GateCheck
+	(*PlacementCheck)(nil),            // 31: sluice.admission.v1.PlacementCheck
+	(*durationpb.Duration)(nil),       // 32: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
 }
 var file_admission_proto_depIdxs = []int32{
 	0,  // 0: sluice.admission.v1.AdmitRequest.priority:type_name -> sluice.admission.v1.Priority
 	1,  // 1: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
 	2,  // 2: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	27, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	27, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
+	32, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	32, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
 	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
-	27, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
+	32, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
 	3,  // 7: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	27, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	28, // 9: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
-	9,  // 10: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
-	9,  // 11: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	9,  // 12: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	10, // 13: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
-	10, // 14: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	28, // 15: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	28, // 16: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
-	22, // 17: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
-	2,  // 18: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	27, // 19: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	27, // 20: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
-	25, // 21: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
-	26, // 22: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
-	4,  // 23: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 24: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 25: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	13, // 26: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	15, // 27: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	17, // 28: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	19, // 29: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	21, // 30: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	4,  // 31: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
-	5,  // 32: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 33: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 34: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	14, // 35: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	16, // 36: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	18, // 37: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	20, // 38: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	23, // 39: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	24, // 40: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	32, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	32, // 9: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
+	33, // 10: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	9,  // 11: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
+	13, // 12: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
+	33, // 13: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
+	32, // 14: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
+	13, // 15: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
+	9,  // 16: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	9,  // 17: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	10, // 18: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
+	10, // 19: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
+	33, // 20: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	33, // 21: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	27, // 22: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
+	13, // 23: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
+	2,  // 24: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
+	32, // 25: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	32, // 26: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
+	30, // 27: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
+	31, // 28: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
+	4,  // 29: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	7,  // 30: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	11, // 31: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	18, // 32: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	20, // 33: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	22, // 34: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	24, // 35: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	26, // 36: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	4,  // 37: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
+	14, // 38: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
+	16, // 39: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
+	5,  // 40: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	8,  // 41: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	12, // 42: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	19, // 43: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	21, // 44: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	23, // 45: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	25, // 46: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	28, // 47: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	29, // 48: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
+	15, // 49: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
+	17, // 50: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
+	40, // [40:51] is the sub-list for method output_type
+	29, // [29:40] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
@@ -2482,7 +2802,7 @@ func file_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admission_proto_rawDesc), len(file_admission_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   23,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

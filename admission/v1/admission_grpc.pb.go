@@ -188,13 +188,15 @@ var Admission_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Operator_ListDomains_FullMethodName     = "/sluice.admission.v1.Operator/ListDomains"
-	Operator_DrainDomain_FullMethodName     = "/sluice.admission.v1.Operator/DrainDomain"
-	Operator_UndrainDomain_FullMethodName   = "/sluice.admission.v1.Operator/UndrainDomain"
-	Operator_ListTenants_FullMethodName     = "/sluice.admission.v1.Operator/ListTenants"
-	Operator_GetTenant_FullMethodName       = "/sluice.admission.v1.Operator/GetTenant"
-	Operator_GetConfigStatus_FullMethodName = "/sluice.admission.v1.Operator/GetConfigStatus"
-	Operator_ExplainAdmit_FullMethodName    = "/sluice.admission.v1.Operator/ExplainAdmit"
+	Operator_ListDomains_FullMethodName       = "/sluice.admission.v1.Operator/ListDomains"
+	Operator_DrainDomain_FullMethodName       = "/sluice.admission.v1.Operator/DrainDomain"
+	Operator_UndrainDomain_FullMethodName     = "/sluice.admission.v1.Operator/UndrainDomain"
+	Operator_ListTenants_FullMethodName       = "/sluice.admission.v1.Operator/ListTenants"
+	Operator_GetTenant_FullMethodName         = "/sluice.admission.v1.Operator/GetTenant"
+	Operator_GetConfigStatus_FullMethodName   = "/sluice.admission.v1.Operator/GetConfigStatus"
+	Operator_ExplainAdmit_FullMethodName      = "/sluice.admission.v1.Operator/ExplainAdmit"
+	Operator_FreezeBurstCredit_FullMethodName = "/sluice.admission.v1.Operator/FreezeBurstCredit"
+	Operator_ThawBurstCredit_FullMethodName   = "/sluice.admission.v1.Operator/ThawBurstCredit"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -223,6 +225,16 @@ type OperatorClient interface {
 	// gate and domain by domain, charging nothing: why a tenant is refused,
 	// queued or degraded. Invalid input is INVALID_ARGUMENT, as for Admit.
 	ExplainAdmit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*ExplainAdmitResponse, error)
+	// FreezeBurstCredit is the emergency switch for bursts across many
+	// tenants: for duration no tenant borrows burst credit, so only requests
+	// within quota pass (over-quota ones are REASON_BURST_CREDIT_FROZEN). With
+	// an etcd control plane the freeze is written there, with its end as an
+	// absolute time, and every replica applies it; without one it applies to
+	// this replica. A later freeze replaces it. Operator role; audited.
+	FreezeBurstCredit(ctx context.Context, in *FreezeBurstCreditRequest, opts ...grpc.CallOption) (*FreezeBurstCreditResponse, error)
+	// ThawBurstCredit ends a credit freeze at once, on every replica when the
+	// freeze is in etcd. No freeze is not an error. Operator role; audited.
+	ThawBurstCredit(ctx context.Context, in *ThawBurstCreditRequest, opts ...grpc.CallOption) (*ThawBurstCreditResponse, error)
 }
 
 type operatorClient struct {
@@ -303,6 +315,26 @@ func (c *operatorClient) ExplainAdmit(ctx context.Context, in *AdmitRequest, opt
 	return out, nil
 }
 
+func (c *operatorClient) FreezeBurstCredit(ctx context.Context, in *FreezeBurstCreditRequest, opts ...grpc.CallOption) (*FreezeBurstCreditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FreezeBurstCreditResponse)
+	err := c.cc.Invoke(ctx, Operator_FreezeBurstCredit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *operatorClient) ThawBurstCredit(ctx context.Context, in *ThawBurstCreditRequest, opts ...grpc.CallOption) (*ThawBurstCreditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ThawBurstCreditResponse)
+	err := c.cc.Invoke(ctx, Operator_ThawBurstCredit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -329,6 +361,16 @@ type OperatorServer interface {
 	// gate and domain by domain, charging nothing: why a tenant is refused,
 	// queued or degraded. Invalid input is INVALID_ARGUMENT, as for Admit.
 	ExplainAdmit(context.Context, *AdmitRequest) (*ExplainAdmitResponse, error)
+	// FreezeBurstCredit is the emergency switch for bursts across many
+	// tenants: for duration no tenant borrows burst credit, so only requests
+	// within quota pass (over-quota ones are REASON_BURST_CREDIT_FROZEN). With
+	// an etcd control plane the freeze is written there, with its end as an
+	// absolute time, and every replica applies it; without one it applies to
+	// this replica. A later freeze replaces it. Operator role; audited.
+	FreezeBurstCredit(context.Context, *FreezeBurstCreditRequest) (*FreezeBurstCreditResponse, error)
+	// ThawBurstCredit ends a credit freeze at once, on every replica when the
+	// freeze is in etcd. No freeze is not an error. Operator role; audited.
+	ThawBurstCredit(context.Context, *ThawBurstCreditRequest) (*ThawBurstCreditResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -359,6 +401,12 @@ func (UnimplementedOperatorServer) GetConfigStatus(context.Context, *GetConfigSt
 }
 func (UnimplementedOperatorServer) ExplainAdmit(context.Context, *AdmitRequest) (*ExplainAdmitResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExplainAdmit not implemented")
+}
+func (UnimplementedOperatorServer) FreezeBurstCredit(context.Context, *FreezeBurstCreditRequest) (*FreezeBurstCreditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FreezeBurstCredit not implemented")
+}
+func (UnimplementedOperatorServer) ThawBurstCredit(context.Context, *ThawBurstCreditRequest) (*ThawBurstCreditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ThawBurstCredit not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -507,6 +555,42 @@ func _Operator_ExplainAdmit_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_FreezeBurstCredit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FreezeBurstCreditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).FreezeBurstCredit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_FreezeBurstCredit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).FreezeBurstCredit(ctx, req.(*FreezeBurstCreditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Operator_ThawBurstCredit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ThawBurstCreditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).ThawBurstCredit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_ThawBurstCredit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).ThawBurstCredit(ctx, req.(*ThawBurstCreditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -541,6 +625,14 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExplainAdmit",
 			Handler:    _Operator_ExplainAdmit_Handler,
+		},
+		{
+			MethodName: "FreezeBurstCredit",
+			Handler:    _Operator_FreezeBurstCredit_Handler,
+		},
+		{
+			MethodName: "ThawBurstCredit",
+			Handler:    _Operator_ThawBurstCredit_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

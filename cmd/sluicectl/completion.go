@@ -47,6 +47,7 @@ _sluicectl() {
   case ${COMP_WORDS[1]} in
     completion) COMPREPLY=($(compgen -W "bash zsh" -- "$cur")); return ;;
     config) if [[ $COMP_CWORD -eq 2 ]]; then COMPREPLY=($(compgen -W "validate apply status" -- "$cur")); return; fi ;;
+    credit) if [[ $COMP_CWORD -eq 2 ]]; then COMPREPLY=($(compgen -W "freeze thaw" -- "$cur")); return; fi ;;
   esac
   if [[ $cur == -* ]]; then
     COMPREPLY=($(compgen -W "$(sluicectl "${COMP_WORDS[1]}" -h 2>&1 | sed -n 's/^  -\([a-zA-Z0-9-]*\).*/--\1/p')" -- "$cur"))
@@ -72,6 +73,7 @@ _sluicectl() {
   case $words[2] in
     completion) compadd bash zsh; return ;;
     config) if (( CURRENT == 3 )); then compadd validate apply status; return; fi ;;
+    credit) if (( CURRENT == 3 )); then compadd freeze thaw; return; fi ;;
   esac
   if [[ $words[CURRENT] == -* ]]; then
     flags=(${(f)"$(sluicectl $words[2] -h 2>&1 | sed -n 's/^  -\([a-zA-Z0-9-]*\).*/--\1/p')"})

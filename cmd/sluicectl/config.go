@@ -263,6 +263,14 @@ func configStatus(of *operatorFlags, format string, out io.Writer) error {
 	default:
 		fmt.Fprintf(out, "etcd:       UNREACHABLE (serving the last good config)\n")
 	}
+	if f := st.GetCreditFreeze(); f != nil {
+		until := f.GetUntil().AsTime()
+		fmt.Fprintf(out, "burst credit: FROZEN until %s (%s left)", until.UTC().Format(time.RFC3339), time.Until(until).Round(time.Second))
+		if f.GetReason() != "" {
+			fmt.Fprintf(out, ": %s", f.GetReason())
+		}
+		fmt.Fprintln(out)
+	}
 	if r := st.GetLastRefusal(); r != nil {
 		where := r.GetSource()
 		if r.GetKey() != "" {

@@ -11,8 +11,10 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/sluice-sched/sluice/admission/client"
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
 
@@ -36,6 +38,11 @@ type domainRow struct {
 	InFlight     int64   `json:"in_flight"`     // summed over the replicas
 	HealthWeight float64 `json:"health_weight"` // the lowest of the replicas'
 	OnServer     bool    `json:"on_server"`     // some replica has the domain
+	// WarmupFraction is the share of its shared capacity the domain has
+	// while it warms up after a return (the lowest of the replicas'; 1 when
+	// whole); WarmupLeftSeconds is the longest time left.
+	WarmupFraction    float64 `json:"warmup_fraction"`
+	WarmupLeftSeconds float64 `json:"warmup_left_seconds,omitempty"`
 	// Replicas is each answering replica's view, with --etcd and no
 	// --server: a replica that has not applied a mark shows here.
 	Replicas []replicaDomain         `json:"replicas,omitempty"`
@@ -90,12 +97,13 @@ func runDomains(args []string, out, errw io.Writer) error {
 	rows := map[string]*domainRow{}
 	var views []replicaView
 	if *server != "" {
-		doms, err := listDomains(ctx, *server, sf.sec)
+		resp, err := listDomains(ctx, *server, sf.sec)
 		if err != nil {
 			return err
 		}
-		views = []replicaView{{Member: client.Member{ID: *server, Addr: *server}, domains: doms}}
+		views = []replicaView{{Member: client.Member{ID: *server, Addr: *server}, domains: resp.GetDomains(), freeze: resp.GetCreditFreeze()}}
 	}
+	var freezeMark *controlplane.CreditFreezeMark
 	var unreachable []error
 	if ef.endpoints != "" {
 		cli, err := ef.client()
@@ -118,6 +126,11 @@ func runDomains(args []string, out, errw io.Writer) error {
 		if err != nil {
 			return err
 		}
+		if m, ok, err := controlplane.GetCreditFreeze(ctx, cli, prefix); err != nil {
+			return err
+		} else if ok && m.Until.After(time.Now()) {
+			freezeMark = &m
+		}
 		for _, m := range marks {
 			rows[m.Domain] = &domainRow{ID: m.Domain, Mark: &m}
 		}
@@ -135,8 +148,11 @@ func runDomains(args []string, out, errw io.Writer) error {
 		if err := enc.Encode(list); err != nil {
 			return err
 		}
-	} else if err := writeDomains(out, list, answered > 0, ef.endpoints != "", fleet); err != nil {
-		return err
+	} else {
+		writeFreeze(out, views, freezeMark)
+		if err := writeDomains(out, list, answered > 0, ef.endpoints != "", fleet); err != nil {
+			return err
+		}
 	}
 	switch {
 	case fleet && len(views) == 0:
@@ -163,8 +179,13 @@ func addViews(rows map[string]*domainRow, views []replicaView, fleet bool) {
 			}
 			if !r.OnServer {
 				r.Kind, r.GPUs, r.HealthWeight, r.Draining, r.DrainReason = d.GetKind(), d.GetGpus(), d.GetHealthWeight(), true, d.GetDrainReason()
+				r.WarmupFraction = 1
 			}
 			r.OnServer = true
+			if left := d.GetWarmupLeft().AsDuration(); left > 0 { // an older server sends neither field: whole
+				r.WarmupFraction = min(r.WarmupFraction, d.GetWarmupFraction())
+				r.WarmupLeftSeconds = max(r.WarmupLeftSeconds, left.Seconds())
+			}
 			r.InFlight += d.GetInFlight()
 			r.HealthWeight = min(r.HealthWeight, d.GetHealthWeight())
 			r.Draining = r.Draining && d.GetDraining()
@@ -223,12 +244,13 @@ func drainingCell(r domainRow, fleet bool) string {
 // replica "(not on the replicas)".
 func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tDRAIN MARK")
+	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tCAPACITY\tDRAIN MARK")
 	for _, r := range list {
-		kind, gpus, draining, inflight, health := "-", "-", "-", "-", "-"
+		kind, gpus, draining, inflight, health, capacity := "-", "-", "-", "-", "-", "-"
 		if r.OnServer {
 			kind, gpus, inflight = r.Kind, fmt.Sprint(r.GPUs), fmt.Sprint(r.InFlight)
 			draining, health = drainingCell(r, fleet), fmt.Sprintf("%.2f", r.HealthWeight)
+			capacity = warmupCell(r)
 		} else if server {
 			kind = "(not on the replicas)"
 			if !fleet {
@@ -246,7 +268,48 @@ func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error
 		case !etcd:
 			mark = "(no --etcd)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kind, gpus, draining, inflight, health, mark)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kind, gpus, draining, inflight, health, capacity, mark)
 	}
 	return tw.Flush()
+}
+
+// warmupCell renders the CAPACITY column: "full", or the warm-up ramp of a
+// domain that returned ("warming 40% (36s left)").
+func warmupCell(r domainRow) string {
+	if r.WarmupLeftSeconds <= 0 {
+		return "full"
+	}
+	return fmt.Sprintf("warming %.0f%% (%s left)", 100*r.WarmupFraction, (time.Duration(r.WarmupLeftSeconds * float64(time.Second))).Round(time.Second))
+}
+
+// writeFreeze prints a line above the table while burst credit is frozen:
+// the etcd mark's, and how many answering replicas apply a freeze.
+func writeFreeze(w io.Writer, views []replicaView, mark *controlplane.CreditFreezeMark) {
+	if mark != nil {
+		fmt.Fprintf(w, "burst credit: FROZEN until %s (%s left; etcd mark, %s)\n",
+			mark.Until.UTC().Format(time.RFC3339), time.Until(mark.Until).Round(time.Second), mark.Describe())
+	}
+	answered, frozen := 0, 0
+	var first *admissionv1.CreditFreeze
+	for _, v := range views {
+		if v.err != nil {
+			continue
+		}
+		answered++
+		if v.freeze != nil {
+			frozen++
+			if first == nil {
+				first = v.freeze
+			}
+		}
+	}
+	switch {
+	case frozen == 0:
+		return
+	case answered == 1:
+		fmt.Fprintf(w, "burst credit: FROZEN until %s (%s left): %s\n",
+			first.GetUntil().AsTime().UTC().Format(time.RFC3339), time.Until(first.GetUntil().AsTime()).Round(time.Second), first.GetReason())
+	default:
+		fmt.Fprintf(w, "burst credit: frozen on %d of %d replicas\n", frozen, answered)
+	}
 }

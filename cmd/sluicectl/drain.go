@@ -150,8 +150,8 @@ func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server strin
 	known := slices.Clone(agents)
 	var views []replicaView
 	if server != "" {
-		doms, err := listDomains(ctx, server, sec)
-		views = []replicaView{{Member: client.Member{ID: server, Addr: server}, domains: doms, err: err}}
+		resp, err := listDomains(ctx, server, sec)
+		views = []replicaView{{Member: client.Member{ID: server, Addr: server}, domains: resp.GetDomains(), err: err}}
 	} else if views, err = fleetViews(ctx, cli, prefix, sec, errw); err != nil {
 		return err
 	}

@@ -17,11 +17,12 @@ import (
 type replicaView struct {
 	client.Member
 	domains []*admissionv1.DomainInfo
+	freeze  *admissionv1.CreditFreeze // the replica's credit freeze; nil when none
 	err     error
 }
 
-// listDomains asks the sluiced at addr for its domains.
-func listDomains(ctx context.Context, addr string, sec client.Security) ([]*admissionv1.DomainInfo, error) {
+// listDomains asks the sluiced at addr for its domains and its credit freeze.
+func listDomains(ctx context.Context, addr string, sec client.Security) (*admissionv1.ListDomainsResponse, error) {
 	conn, err := dialServer(addr, sec)
 	if err != nil {
 		return nil, err
@@ -31,7 +32,7 @@ func listDomains(ctx context.Context, addr string, sec client.Security) ([]*admi
 	if err != nil {
 		return nil, fmt.Errorf("server %s: %w", addr, err)
 	}
-	return resp.GetDomains(), nil
+	return resp, nil
 }
 
 // fleetViews asks every replica registered under prefix for its domains, all
@@ -49,7 +50,10 @@ func fleetViews(ctx context.Context, cli *clientv3.Client, prefix string, sec cl
 	var wg sync.WaitGroup
 	for i, m := range members {
 		views[i].Member = m
-		wg.Go(func() { views[i].domains, views[i].err = listDomains(ctx, m.Addr, sec) })
+		wg.Go(func() {
+			resp, err := listDomains(ctx, m.Addr, sec)
+			views[i].domains, views[i].freeze, views[i].err = resp.GetDomains(), resp.GetCreditFreeze(), err
+		})
 	}
 	wg.Wait()
 	return views, nil

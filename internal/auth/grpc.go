@@ -50,6 +50,8 @@ var methodAccess = map[string]access{
 	admissionv1.Operator_ExplainAdmit_FullMethodName:      accessViewer,
 	admissionv1.Operator_DrainDomain_FullMethodName:       accessOperator,
 	admissionv1.Operator_UndrainDomain_FullMethodName:     accessOperator,
+	admissionv1.Operator_FreezeBurstCredit_FullMethodName: accessOperator,
+	admissionv1.Operator_ThawBurstCredit_FullMethodName:   accessOperator,
 	healthpb.Health_Check_FullMethodName:                  accessOpen,
 	healthpb.Health_Watch_FullMethodName:                  accessOpen,
 	healthpb.Health_List_FullMethodName:                   accessOpen,
@@ -63,8 +65,10 @@ var operatorService = "/" + admissionv1.Operator_ServiceDesc.ServiceName + "/"
 
 // auditedWrites are the methods audited whatever their outcome.
 var auditedWrites = map[string]bool{
-	admissionv1.Operator_DrainDomain_FullMethodName:   true,
-	admissionv1.Operator_UndrainDomain_FullMethodName: true,
+	admissionv1.Operator_DrainDomain_FullMethodName:       true,
+	admissionv1.Operator_UndrainDomain_FullMethodName:     true,
+	admissionv1.Operator_FreezeBurstCredit_FullMethodName: true,
+	admissionv1.Operator_ThawBurstCredit_FullMethodName:   true,
 }
 
 // principalKey keys the caller's principal in a context.
@@ -227,10 +231,17 @@ func (a *Authenticator) auditCall(ctx context.Context, method string, p *Princip
 		return
 	}
 	e := Event{Principal: principalName(p, a.Open()), Peer: peerAddr, Action: method[strings.LastIndexByte(method, '/')+1:], Err: err}
-	if r, ok := req.(interface{ GetDomain() string }); ok {
+	switch r := req.(type) {
+	case interface{ GetDomain() string }:
 		e.Target = r.GetDomain()
-	} else if r, ok := req.(interface{ GetName() string }); ok {
+	case interface{ GetName() string }:
 		e.Target = r.GetName()
+	case *admissionv1.FreezeBurstCreditRequest:
+		// Every tenant's credit is the target; the length is what an
+		// auditor asks next.
+		e.Target = "burst credit for " + r.GetDuration().AsDuration().String()
+	case *admissionv1.ThawBurstCreditRequest:
+		e.Target = "burst credit"
 	}
 	if r, ok := req.(interface{ GetReason() string }); ok {
 		e.Reason = r.GetReason()

@@ -92,6 +92,11 @@ func TestBadConfigNamesFileKeyAndReason(t *testing.T) {
 		{"zero breaker", edit("breaker_open: 60s}\n    budget: {daily_usd: 5000", "breaker_open: 0}\n    budget: {daily_usd: 5000"), "tiers.enterprise.burst_credit.breaker_open", "must not be 0"},
 		{"zero credit window", edit("window: 30s", "window: 0s"), "tiers.enterprise.burst_credit.window", "must not be 0"},
 		{"no tiers", "tenants: {}\n", "tiers", "at least one"},
+		{"zero warm-up fraction", edit("start_fraction: 0.25", "start_fraction: 0"), "warmup.start_fraction", "must not be 0 (omit the key for the default, 0.25)"},
+		{"warm-up fraction above 1", edit("start_fraction: 0.25", "start_fraction: 1.5"), "warmup.start_fraction", "must be in (0, 1]"},
+		{"negative warm-up period", edit("period: 60s", "period: -1s"), "warmup.period", "must be in [0"},
+		{"bad warm-up period", edit("period: 60s", "period: slowly"), "warmup.period", "duration"},
+		{"unknown warm-up key", edit("period: 60s", "perod: 60s"), "warmup", `unknown key "perod"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -38,6 +38,15 @@ type Engine interface {
 	Undrain(domain string) error
 	// Domains describes the domains the engine has.
 	Domains() []admission.DomainInfo
+	// SetStartupTopology is SetTopology without warm-up: the agents' first
+	// cluster, read at start-up, is as present from the start as the local
+	// one it replaces.
+	SetStartupTopology(c topology.Cluster) error
+	// FreezeCredit freezes every tenant's burst credit until until (an
+	// absolute time every replica shares); one already past thaws.
+	FreezeCredit(until time.Time, reason string)
+	// ThawCredit ends a credit freeze; it reports whether one was in force.
+	ThawCredit() bool
 }
 
 // Options configure a Controller.
@@ -122,6 +131,9 @@ type state struct {
 	lastCluster topology.Cluster       // the last cluster the agents built
 	replicas    int                    // last count passed to OnReplicas
 	badKeys     map[string]string      // key → why it was skipped, to log each problem once
+	// started is set after the first full read: until then an agents'
+	// cluster is the start-up one and does not warm up.
+	started bool
 }
 
 // markDrain is a drain mark the controller applied.
@@ -262,7 +274,8 @@ func (c *Controller) syncLocked(ctx context.Context) error {
 		}
 	}
 	c.st.synced = true
-	c.reconcile(resp.Header.Revision, touched{config: true, agents: true, drains: true, members: true})
+	c.reconcile(resp.Header.Revision, touched{config: true, agents: true, drains: true, members: true, freeze: true})
+	c.st.started = true
 	c.mu.Lock()
 	c.mu.synced = true
 	c.mu.Unlock()
@@ -273,7 +286,7 @@ func (c *Controller) syncLocked(ctx context.Context) error {
 }
 
 // touched says which kinds of key an update changed.
-type touched struct{ config, agents, drains, members bool }
+type touched struct{ config, agents, drains, members, freeze bool }
 
 func (t *touched) add(k kind) {
 	switch k {
@@ -285,6 +298,8 @@ func (t *touched) add(k kind) {
 		t.drains = true
 	case kindMember:
 		t.members = true
+	case kindFreeze:
+		t.freeze = true
 	}
 }
 
@@ -400,6 +415,9 @@ func (c *Controller) reconcile(rev int64, t touched) {
 	}
 	if t.members {
 		c.reconcileMembers()
+	}
+	if t.freeze {
+		c.reconcileFreeze()
 	}
 	c.st.rev = rev
 	c.opts.Metrics.gauges(max(c.st.replicas, 1), len(c.st.lastAgents), len(c.st.kvs[kindDrain]))
@@ -518,7 +536,13 @@ func (c *Controller) reconcileTopology() bool {
 		nodes = append(nodes, agents[n].Discovery())
 	}
 	cluster, err := topology.Merge(nodes)
-	if err == nil {
+	switch {
+	case err != nil:
+	case !c.st.started:
+		// Read at start-up: the fleet's domains, present from the start,
+		// start whole. Agents that return later warm their domains up.
+		err = c.opts.Engine.SetStartupTopology(cluster)
+	default:
 		err = c.opts.Engine.SetTopology(cluster)
 	}
 	if err != nil {

@@ -530,6 +530,17 @@ func (e *recordingEngine) SetTopology(c topology.Cluster) error {
 	return e.Engine.SetTopology(c)
 }
 
+// SetStartupTopology records as SetTopology does: the tests follow which
+// cluster the engine serves; whether it warms up is the engine's.
+func (e *recordingEngine) SetStartupTopology(c topology.Cluster) error {
+	var ids []string
+	for _, d := range c.Domains {
+		ids = append(ids, d.ID)
+	}
+	e.record("topology " + strings.Join(ids, ","))
+	return e.Engine.SetStartupTopology(c)
+}
+
 func (e *recordingEngine) DrainAhead(domain, reason string) {
 	e.record("drain " + domain)
 	e.Engine.DrainAhead(domain, reason)

@@ -12,6 +12,7 @@
 //	PREFIX drains/DOMAIN       a drain mark: JSON DrainMark {domain, reason, by, at}
 //	PREFIX agents/NODE         a node agent's GPUs: JSON AgentRecord, under the agent's lease
 //	PREFIX members/ID          a replica: JSON client.Member {id, grpc_addr}, under its lease
+//	PREFIX credit-freeze       every tenant's burst credit frozen: JSON CreditFreezeMark {until, reason, by, at}
 //
 // Tenants have keys of their own so that a fleet of 100k tenants fits under
 // etcd's request size limit and one tenant's change is one small write.
@@ -57,6 +58,21 @@
 // keeps that drain and its reason, unless the Operator RPC undrained it
 // meanwhile. Domains no mark names are left alone; an unreadable mark still
 // drains.
+//
+// The agents' cluster read by the first full read at start-up replaces the
+// replica's own as if present from the start (the engine's
+// SetStartupTopology): its domains start whole. Later, a domain that joins
+// or whose healthy GPUs grow (an agent returns), and a domain a deleted mark
+// undrains, warm up (admission.WarmupConfig).
+//
+// # Credit freeze
+//
+// The credit-freeze key freezes every tenant's burst credit on every
+// replica until its until, an absolute time, so that replicas that read it
+// at different moments end it together (the engine's FreezeCredit); its
+// deletion thaws. A mark without a readable end is logged and not applied:
+// a freeze must end. sluiced's Operator FreezeBurstCredit writes it
+// (PutCreditFreeze) when the replica follows etcd.
 //
 // # Outages
 //

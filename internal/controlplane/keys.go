@@ -55,6 +55,7 @@ const (
 	kindDrain
 	kindAgent
 	kindMember
+	kindFreeze
 )
 
 // classify returns what key holds and the name after its directory.
@@ -63,8 +64,11 @@ func classify(prefix, key string) (kind, string) {
 	if !ok {
 		return kindOther, ""
 	}
-	if rest == configKey {
+	switch rest {
+	case configKey:
 		return kindConfig, ""
+	case creditFreezeKey:
+		return kindFreeze, ""
 	}
 	for _, d := range []struct {
 		dir string

@@ -618,3 +618,41 @@ func equalMaps(a, b map[string]int) bool {
 	}
 	return true
 }
+
+// The event stream carries a domain's warm-up after an undrain and the
+// operator's credit freeze.
+func TestEventsStreamShowsWarmupAndFreeze(t *testing.T) {
+	f := newFixture(t, fixtureOpts{})
+	if err := f.eng.Drain("hgx-h200-2", "swap"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.eng.Undrain("hgx-h200-2"); err != nil {
+		t.Fatal(err)
+	}
+	f.eng.FreezeCreditFor(time.Hour, "incident 42")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.url+"/api/v1/events?n=2", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := make(chan [2]string, 64)
+	go readEvents(resp.Body, events)
+	waitSnapshot(t, events, "the warm-up and the freeze", func(s dashboard.Snapshot) bool {
+		var warming, whole bool
+		for _, v := range s.Domains {
+			switch {
+			case strings.Contains(string(v.Domain), `"id":"hgx-h200-2"`):
+				warming = v.Warmup != nil && v.Warmup.Fraction >= 0.25 && v.Warmup.Fraction < 1 && v.Warmup.LeftSeconds > 0
+			case strings.Contains(string(v.Domain), `"id":"hgx-h200-1"`):
+				whole = v.Warmup == nil
+			}
+		}
+		return warming && whole && s.Totals["warming"] == 1 && strings.Contains(string(s.CreditFreeze), `"reason":"incident 42"`)
+	})
+	f.dash.Close()
+	for range events {
+	}
+}

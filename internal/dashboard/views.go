@@ -44,7 +44,10 @@ type Snapshot struct {
 	Leases      int            `json:"leases"`
 	Topology    string         `json:"topologyVersion"` // changes when the topology does
 	Session     SessionView    `json:"session"`
-	Totals      map[string]int `json:"totals"` // "domains", "draining"
+	Totals      map[string]int `json:"totals"` // "domains", "draining", "warming"
+	// CreditFreeze is the operator's freeze of burst credit in force
+	// (admission.v1.CreditFreeze); absent when none.
+	CreditFreeze json.RawMessage `json:"creditFreeze,omitempty"`
 }
 
 // DomainView is one domain: the Operator's DomainInfo and what the page
@@ -62,9 +65,16 @@ type DomainView struct {
 	// principal is in the audit log only.
 	DrainedBy string     `json:"drainedBy,omitempty"`
 	DrainedAt *time.Time `json:"drainedAt,omitempty"`
-	// Warmup is the domain's warm-up ramp; always null until the engine
-	// has one.
-	Warmup *struct{} `json:"warmup"`
+	// Warmup is the domain's warm-up ramp after a return (undrained, GPUs
+	// back, new after start-up); null when the domain is whole.
+	Warmup *WarmupView `json:"warmup"`
+}
+
+// WarmupView is a domain's warm-up ramp: the share of its shared capacity
+// it has, rising linearly to 1, and the seconds until it is whole.
+type WarmupView struct {
+	Fraction    float64 `json:"fraction"`
+	LeftSeconds float64 `json:"leftSeconds"`
 }
 
 // TenantTable is the tenant table: at most n rows of the tenants matching
@@ -218,6 +228,10 @@ func (d *Dashboard) snapshot(ctx context.Context, q tableQuery, sess SessionView
 			DecodeUse:  use(di.GetDecodeLevel(), di.GetDecodeBurst()),
 			KVUse:      share(di.GetKvInUse(), di.GetKvLimit()),
 		}
+		if left := di.GetWarmupLeft(); left != nil {
+			v.Warmup = &WarmupView{Fraction: di.GetWarmupFraction(), LeftSeconds: left.AsDuration().Seconds()}
+			s.Totals["warming"]++
+		}
 		if di.GetDraining() {
 			s.Totals["draining"]++
 			if m, ok := d.mark(di.GetId(), di.GetDrainReason()); ok {
@@ -226,6 +240,9 @@ func (d *Dashboard) snapshot(ctx context.Context, q tableQuery, sess SessionView
 			}
 		}
 		s.Domains = append(s.Domains, v)
+	}
+	if f := ld.GetCreditFreeze(); f != nil {
+		s.CreditFreeze = protoJSON(f)
 	}
 	s.Tenants, err = d.tenantTable(ctx, q)
 	return s, err

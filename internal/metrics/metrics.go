@@ -28,7 +28,7 @@ import (
 // decision is one atomic add with no label hashing.
 const (
 	maxOutcome = int(admission.Rejected) + 1
-	maxReason  = int(admission.ReasonStateUnavailable) + 1
+	maxReason  = int(admission.ReasonBurstCreditFrozen) + 1
 )
 
 // Options configure Metrics.
@@ -204,6 +204,12 @@ type Views interface {
 	Tenant(name string) (admission.TenantInfo, bool)
 }
 
+// CreditViews is what the state gauges read of a credit freeze, when the
+// Views have it (*admission.Engine does).
+type CreditViews interface {
+	CreditFrozen() (admission.CreditFreeze, bool)
+}
+
 // RegisterState adds gauges read from the engine at each scrape: the
 // domains' state, and each named tenant's queue, buckets, credit and
 // spend (one engine lookup per named tenant, so a scrape costs
@@ -235,6 +241,12 @@ var (
 		"Request ids forgotten before their TTL because leases.max_idempotency_records was reached.", nil, nil)
 	descUtil = prometheus.NewDesc("sluice_domain_utilization_ratio",
 		"Share of the domain's soft-capacity burst in use per phase (prefill: SM-bound FLOPs, decode: HBM bytes): 1 − level/burst; 1 means the bucket is empty and requests wait.", []string{"domain", "phase"}, nil)
+	descWarmup = prometheus.NewDesc("sluice_domain_warmup_fraction",
+		"Share of its shared capacity the domain has while it warms up after a return (undrained, GPUs back, new after start-up): warmup.start_fraction rising linearly to 1 over warmup.period; 1 when whole.", []string{"domain"}, nil)
+	descFrozen = prometheus.NewDesc("sluice_burst_credit_frozen",
+		"1 while an operator has frozen every tenant's burst credit (FreezeBurstCredit; over-quota requests are BURST_CREDIT_FROZEN).", nil, nil)
+	descFrozenLeft = prometheus.NewDesc("sluice_burst_credit_frozen_seconds",
+		"Seconds until the credit freeze ends; 0 when none.", nil, nil)
 	descTenantQueue = prometheus.NewDesc("sluice_tenant_queue_length",
 		"Requests the tenant has waiting in the fair queue (tenant=\"other\": everybody else's).", []string{"tenant"}, nil)
 	descTenantLevel = prometheus.NewDesc("sluice_tenant_token_bucket_level_tokens",
@@ -260,7 +272,7 @@ type stateCollector struct {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases, descIdemRecords, descIdemEvicted,
-		descUtil, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
+		descUtil, descWarmup, descFrozen, descFrozenLeft, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
 		ch <- d
 	}
 }
@@ -280,6 +292,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, d.HealthWeight, d.ID)
 		ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, max(0, 1-ratio(d.PrefillLevel, d.PrefillBurst)), d.ID, "prefill")
 		ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, max(0, 1-ratio(d.DecodeLevel, d.DecodeBurst)), d.ID, "decode")
+		warm := 1.0
+		if d.WarmupLeft > 0 {
+			warm = d.WarmupFraction
+		}
+		ch <- prometheus.MustNewConstMetric(descWarmup, prometheus.GaugeValue, warm, d.ID)
+	}
+	if cv, ok := c.v.(CreditViews); ok {
+		frozen, left := 0.0, 0.0
+		if f, ok := cv.CreditFrozen(); ok {
+			frozen, left = 1, max(0, time.Until(f.Until).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(descFrozen, prometheus.GaugeValue, frozen)
+		ch <- prometheus.MustNewConstMetric(descFrozenLeft, prometheus.GaugeValue, left)
 	}
 	queued := c.v.QueueLen()
 	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(queued))

@@ -87,11 +87,11 @@ type DomainReport struct {
 }
 
 // ownLimit reports whether a refusal is the tenant's own doing (its quota,
-// credit, budget or concurrency), which the fair share and the floor do
-// not count as unmet demand.
+// credit, a frozen credit, budget or concurrency), which the fair share and
+// the floor do not count as unmet demand.
 func ownLimit(r admission.Reason) bool {
 	switch r {
-	case admission.ReasonQuotaExceeded, admission.ReasonBurstCreditExhausted, admission.ReasonBudgetExhausted,
+	case admission.ReasonQuotaExceeded, admission.ReasonBurstCreditExhausted, admission.ReasonBurstCreditFrozen, admission.ReasonBudgetExhausted,
 		admission.ReasonConcurrencyExceeded, admission.ReasonUnknownTenant:
 		return true
 	}

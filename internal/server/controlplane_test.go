@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/config"
@@ -210,4 +211,42 @@ func TestFileReloadRefusalInConfigStatus(t *testing.T) {
 	if st, _ = op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{}); st.GetLastRefusal() != nil || st.GetSource() != path {
 		t.Fatalf("after a good reload: %v", st)
 	}
+}
+
+// FreezeBurstCredit on one replica of a fleet writes the freeze to etcd,
+// every replica applies it (the same absolute end), and ThawBurstCredit on
+// another ends it everywhere.
+func TestCreditFreezeAcrossReplicas(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a, _, _, _ := start(t, Options{Etcd: etcdOpts(etcd.Endpoint())})
+	b, _, _, _ := start(t, Options{Etcd: etcdOpts(etcd.Endpoint())})
+	opA, opB := admissionv1.NewOperatorClient(dial(t, a)), admissionv1.NewOperatorClient(dial(t, b))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	fr, err := opA.FreezeBurstCredit(ctx, &admissionv1.FreezeBurstCreditRequest{Duration: durationpb.New(5 * time.Minute), Reason: "incident 42"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := fr.GetFreeze().GetUntil().AsTime()
+	if d := time.Until(until); d <= 4*time.Minute || d > 5*time.Minute || !strings.Contains(fr.GetFreeze().GetReason(), "incident 42") {
+		t.Fatalf("FreezeBurstCredit = %v", fr)
+	}
+	eventually(t, func() bool {
+		ld, err := opB.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
+		return err == nil && ld.GetCreditFreeze().GetUntil().AsTime().Equal(until)
+	})
+	st, err := opB.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
+	if err != nil || !st.GetCreditFreeze().GetUntil().AsTime().Equal(until) {
+		t.Fatalf("GetConfigStatus on the other replica = %v, %v", st, err)
+	}
+
+	th, err := opB.ThawBurstCredit(ctx, &admissionv1.ThawBurstCreditRequest{})
+	if err != nil || !th.GetWasFrozen() {
+		t.Fatalf("ThawBurstCredit = %v, %v", th, err)
+	}
+	eventually(t, func() bool {
+		ld, err := opA.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
+		return err == nil && ld.GetCreditFreeze() == nil
+	})
 }

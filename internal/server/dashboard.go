@@ -84,10 +84,11 @@ type serverState struct {
 }
 
 var (
-	_ dashboard.State        = (*serverState)(nil)
-	_ grpcserver.TenantPager = (*pagedEngine)(nil)
-	_ admission.Observer     = observers(nil)
-	_ grpcserver.Engine      = (*pagedEngine)(nil)
+	_ dashboard.State         = (*serverState)(nil)
+	_ grpcserver.TenantPager  = (*pagedEngine)(nil)
+	_ admission.Observer      = observers(nil)
+	_ grpcserver.Engine       = (*pagedEngine)(nil)
+	_ grpcserver.CreditEngine = (*pagedEngine)(nil)
 )
 
 // configChanged re-reads the config's tenants after a config change.
@@ -170,6 +171,16 @@ func (t *trackedEngine) Apply(cfg admission.Config) error {
 // SetTopology applies c and, when the engine took it, records it.
 func (t *trackedEngine) SetTopology(c topology.Cluster) error {
 	if err := t.Engine.SetTopology(c); err != nil {
+		return err
+	}
+	t.st.topologyChanged(c)
+	return nil
+}
+
+// SetStartupTopology applies c without warm-up and, when the engine took
+// it, records it.
+func (t *trackedEngine) SetStartupTopology(c topology.Cluster) error {
+	if err := t.Engine.SetStartupTopology(c); err != nil {
 		return err
 	}
 	t.st.topologyChanged(c)

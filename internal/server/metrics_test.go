@@ -334,3 +334,34 @@ func TestMetricsNativeHistogram(t *testing.T) {
 		return
 	}
 }
+
+// A domain back from a drain reports its warm-up ramp, the others 1; a
+// credit freeze shows while it lasts.
+func TestMetricsWarmupAndCreditFreeze(t *testing.T) {
+	srv, _, _, _ := start(t, Options{Clock: clock.NewManual(time.Now())})
+	eng := srv.Engine()
+	if err := eng.Drain("nvl72-b", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := eng.Undrain("nvl72-b"); err != nil {
+		t.Fatal(err)
+	}
+	eng.FreezeCreditFor(time.Hour, "test")
+	fams := scrape(t, srv)
+	if got := value(t, fams, "sluice_domain_warmup_fraction", map[string]string{"domain": "nvl72-b"}); got != 0.25 {
+		t.Errorf("nvl72-b warm-up = %v, want 0.25 (the clock stands still)", got)
+	}
+	if got := value(t, fams, "sluice_domain_warmup_fraction", map[string]string{"domain": "nvl72-a"}); got != 1 {
+		t.Errorf("nvl72-a warm-up = %v, want 1", got)
+	}
+	if got := value(t, fams, "sluice_burst_credit_frozen", nil); got != 1 {
+		t.Errorf("sluice_burst_credit_frozen = %v, want 1", got)
+	}
+	if got := value(t, fams, "sluice_burst_credit_frozen_seconds", nil); got <= 0 || got > 3600 {
+		t.Errorf("sluice_burst_credit_frozen_seconds = %v", got)
+	}
+	eng.ThawCredit()
+	if got := value(t, scrape(t, srv), "sluice_burst_credit_frozen", nil); got != 0 {
+		t.Errorf("after the thaw, sluice_burst_credit_frozen = %v, want 0", got)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
@@ -225,6 +226,21 @@ func (f *secureFixture) rpcs() []rpc {
 			_, err := admissionv1.NewOperatorClient(c).GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
 			return err
 		}},
+		{name: "FreezeBurstCredit", prepare: func(*testing.T) any { return nil },
+			call: func(ctx context.Context, c *grpc.ClientConn, _ any) error {
+				_, err := admissionv1.NewOperatorClient(c).FreezeBurstCredit(ctx, &admissionv1.FreezeBurstCreditRequest{Duration: durationpb.New(time.Minute), Reason: "test"})
+				return err
+			},
+			changed: func(any) bool { return eng.ThawCredit() }},
+		{name: "ThawBurstCredit", prepare: func(*testing.T) any {
+			eng.FreezeCreditFor(time.Minute, "prepared")
+			return nil
+		},
+			call: func(ctx context.Context, c *grpc.ClientConn, _ any) error {
+				_, err := admissionv1.NewOperatorClient(c).ThawBurstCredit(ctx, &admissionv1.ThawBurstCreditRequest{})
+				return err
+			},
+			changed: func(any) bool { return !eng.ThawCredit() }},
 	}
 }
 
@@ -236,16 +252,16 @@ func TestRolesOverEveryRPC(t *testing.T) {
 	f := startSecure(t, nil)
 	const ok = codes.OK
 	unauth, denied := codes.Unauthenticated, codes.PermissionDenied
-	//            Admit  Release ListDomains Drain   Undrain ListTenants GetTenant GetConfigStatus
-	want := map[string][8]codes.Code{
-		"router-acme": {ok, ok, denied, denied, denied, denied, denied, denied},
-		"router-all":  {ok, ok, denied, denied, denied, denied, denied, denied},
-		"sre":         {denied, denied, ok, ok, ok, ok, ok, ok},
-		"viewer":      {denied, denied, ok, denied, denied, ok, ok, ok},
-		"dashboard":   {denied, denied, ok, denied, denied, ok, ok, ok},
-		"stranger":    {unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth},
-		"bad-token":   {unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth},
-		"anonymous":   {unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth},
+	//            Admit  Release ListDomains Drain   Undrain ListTenants GetTenant GetConfigStatus FreezeBurstCredit ThawBurstCredit
+	want := map[string][10]codes.Code{
+		"router-acme": {ok, ok, denied, denied, denied, denied, denied, denied, denied, denied},
+		"router-all":  {ok, ok, denied, denied, denied, denied, denied, denied, denied, denied},
+		"sre":         {denied, denied, ok, ok, ok, ok, ok, ok, ok, ok},
+		"viewer":      {denied, denied, ok, denied, denied, ok, ok, ok, denied, denied},
+		"dashboard":   {denied, denied, ok, denied, denied, ok, ok, ok, denied, denied},
+		"stranger":    {unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth},
+		"bad-token":   {unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth},
+		"anonymous":   {unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth, unauth},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -311,6 +327,8 @@ func TestRolesOverEveryRPC(t *testing.T) {
 	for _, c := range []struct{ action, outcome string }{
 		{"DrainDomain", auth.OutcomeOK}, {"DrainDomain", auth.OutcomeDenied}, {"DrainDomain", auth.OutcomeUnauthenticated},
 		{"UndrainDomain", auth.OutcomeOK}, {"ListTenants", auth.OutcomeDenied},
+		{"FreezeBurstCredit", auth.OutcomeOK}, {"FreezeBurstCredit", auth.OutcomeDenied}, {"FreezeBurstCredit", auth.OutcomeUnauthenticated},
+		{"ThawBurstCredit", auth.OutcomeOK}, {"ThawBurstCredit", auth.OutcomeDenied},
 	} {
 		if auth.AuditCount(reg, c.action, c.outcome) == 0 {
 			t.Errorf("no audit count of %s %s", c.action, c.outcome)

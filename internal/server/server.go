@@ -150,7 +150,7 @@ func New(opts Options) (*Server, error) {
 	debug.FreeOSMemory()
 
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
-	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(s.registerOptions(), s.newConfigStatus(cfgName))...)
+	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(append(s.registerOptions(), s.newConfigStatus(cfgName)), s.creditFreezer()...)...)
 	if err := s.registerRLS(cfg); err != nil {
 		return nil, err
 	}

@@ -143,7 +143,7 @@ function updateDomains(snap) {
       fact("prefill", si(num(d.prefillRate), "FLOP/s")),
       fact("decode", si(num(d.decodeRate), "B/s")),
       fact("KV", bytes(num(d.kvInUse)) + " / " + bytes(num(d.kvLimit))),
-      fact("warm-up", v.warmup ? String(v.warmup) : "—"),
+      fact("capacity", v.warmup ? "warming " + Math.round(100 * v.warmup.fraction) + "% (" + Math.round(v.warmup.leftSeconds) + "s left)" : "full"),
     );
     p.actions.hidden = !state.canAct;
     p.drain.disabled = d.draining;
@@ -246,6 +246,9 @@ function handleEvent(chunk) {
     $("#t-draining").textContent = msg.totals.draining || 0;
     $("#t-leases").textContent = msg.leases;
     $("#t-queue").textContent = msg.queueLength;
+    const f = msg.creditFreeze;
+    $("#t-freeze").hidden = !f;
+    $("#t-freeze").textContent = f ? "burst credit frozen until " + new Date(f.until).toLocaleTimeString() + (f.reason ? ": " + f.reason : "") : "";
     updateDomains(msg);
     updateTenants(msg);
     document.body.dataset.updated = msg.at;
