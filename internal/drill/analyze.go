@@ -140,7 +140,7 @@ func (r *run) measure(phase string, from, to time.Duration, answers []answer, re
 				continue
 			}
 			on++
-			if r.mark >= 0 && a.sent >= r.mark+r.o.Grace && a.sent < r.begun {
+			if r.forbidden(a) {
 				forbidden++
 			}
 		}
@@ -150,6 +150,14 @@ func (r *run) measure(phase string, from, to time.Duration, answers []answer, re
 		}
 	}
 	return p
+}
+
+// forbidden reports whether a placed the request where the drill forbids
+// it: on the drained (or departed) domain, sent from the grace after the
+// mark until the recovery action began.
+func (r *run) forbidden(a *answer) bool {
+	return r.domain != "" && r.mark >= 0 && a.admitted() && a.domain == r.domain &&
+		a.sent >= r.mark+r.o.Grace && a.sent < r.mend
 }
 
 // excusedRelease reports whether a failed Release is the drill's own doing:
@@ -281,7 +289,14 @@ func (r *run) judge(name string, answers []answer, releases []release) {
 	}
 	during := r.rep.Phases[1]
 	what := map[string]string{DrainDomain: "the mark", KillAgent: "its node's departure"}[name]
-	add("no placement after "+what, *during.Forbidden == 0, "%d placements on %s of requests sent from %v after %s until the recovery action", *during.Forbidden, r.domain, r.o.Grace, what)
+	first := ""
+	for i := range answers {
+		if a := &answers[i]; r.forbidden(a) {
+			first = fmt.Sprintf(" (the first sent at %.3fs, %.3fs after %s, granted by %s)", secs(a.sent), secs(a.sent-r.mark), what, a.replica)
+			break
+		}
+	}
+	add("no placement after "+what, *during.Forbidden == 0, "%d placements on %s of requests sent from %v after %s until the recovery action%s", *during.Forbidden, r.domain, r.o.Grace, what, first)
 	var onDomain, failed int64
 	for _, rel := range releases {
 		if rel.domain == r.domain && r.mark >= 0 && rel.granted < r.mark && rel.at >= r.mark {

@@ -194,6 +194,7 @@ type run struct {
 	pols   map[string]policy
 	mu     sync.Mutex
 	fault  time.Duration // when the fault began
+	mend   time.Duration // when the recovery action began
 	begun  time.Duration // when the recovery action ended: the after phase
 	ended  time.Duration
 	domain string        // the domain no placement may go to, from mark
@@ -388,6 +389,7 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 	if stopWatch != nil {
 		stopWatch()
 	}
+	r.mend = r.now()
 	switch name {
 	case DrainDomain:
 		if err := r.drain(ctx, target, false); err != nil {
