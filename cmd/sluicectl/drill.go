@@ -10,8 +10,10 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
+	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/drill"
 	"github.com/sluice-sched/sluice/internal/load"
@@ -32,6 +34,9 @@ var errPromiseBroken = errors.New("a promise broke (see the report)")
 // self-contained one it starts, and prints the report; the exit status is
 // non-zero when a promise broke.
 func runDrill(args []string, out, errw io.Writer) error {
+	// The fleet's children and the drill's watchers write progress from
+	// their own goroutines.
+	errw = &lockedWriter{w: errw}
 	fs := flag.NewFlagSet("sluicectl drill", flag.ContinueOnError)
 	fs.SetOutput(errw)
 	fs.Usage = func() {
@@ -70,7 +75,8 @@ func runDrill(args []string, out, errw io.Writer) error {
 	fs.DurationVar(&d.RecoverWithin, "recover-within", d.RecoverWithin, "bound on the time to recover")
 	fs.Float64Var(&d.LateBudget, "late-budget", d.LateBudget, "share of a phase's Admits that may end past their deadline")
 	creditTenant := fs.String("credit-tenant", "", "credit-exhaustion's tenant (default: spiky self-contained; required otherwise)")
-	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open (default: the self-contained fleet's)")
+	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open, where the fleet's config is unknown")
+	configPath := fs.String("config", "", "a fleet the drill did not start: its config file, where the tenants' floors, quotas and breaker are read (default: the config in etcd, else each tenant's replica is asked, which in batched mode knows only its share)")
 	format := fs.String("o", "table", "output format: table or json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -99,7 +105,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 		return fmt.Errorf("--fault %q: the only fault is ignore-drains, with --self-contained", *fault)
 	}
 	if *self {
-		for _, f := range []string{"etcd", "server", "stop", "start"} {
+		for _, f := range []string{"etcd", "server", "stop", "start", "config"} {
 			if set[f] {
 				return fmt.Errorf("--%s names a fleet the drill did not start: not with --self-contained", f)
 			}
@@ -173,11 +179,30 @@ func runDrill(args []string, out, errw io.Writer) error {
 		default:
 			return errors.New("which fleet? --etcd (or SLUICE_ETCD), --server ADDR[,ADDR…], or --self-contained")
 		}
+		if *configPath != "" {
+			c, err := config.Load(*configPath)
+			if err != nil {
+				return err
+			}
+			d.Config = &c
+		} else if co.Etcd != nil {
+			cctx, cancel := context.WithTimeout(ctx, ef.timeout)
+			d.Config, err = drill.EtcdConfig(cctx, co.Etcd, co.Prefix)
+			cancel()
+			if err != nil {
+				return err
+			}
+		}
 		if fleet, err = drill.Connect(ctx, co); err != nil {
 			return err
 		}
 	}
 	defer fleet.Close()
+	if *self {
+		if d.Config, err = drill.FleetPolicy(); err != nil {
+			return err
+		}
+	}
 	d.Log = progress
 	names := []string{name}
 	if name == "all" {
@@ -210,4 +235,16 @@ func runDrill(args []string, out, errw io.Writer) error {
 		return errPromiseBroken
 	}
 	return nil
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -215,7 +215,11 @@ func (r *run) judgeCredit(ctx context.Context, t string, pol policy, opened time
 	var otherBCE int64
 	worstRate := math.Inf(1)
 	worstTenant := ""
+	steadyFrom := min(time.Second, r.fault/2) // past the buckets' initial burst
 	for _, m := range r.o.Tenants {
+		if m.Tenant == r.o.QuotaTenant {
+			continue // held to its quota by "quota kept" instead
+		}
 		var b, d float64
 		for _, a := range answers {
 			if a.tenant != m.Tenant {
@@ -224,7 +228,7 @@ func (r *run) judgeCredit(ctx context.Context, t string, pol policy, opened time
 			if a.reason == "BURST_CREDIT_EXHAUSTED" {
 				otherBCE++
 			}
-			if a.admitted() && a.sent < r.fault {
+			if a.admitted() && a.sent >= steadyFrom && a.sent < r.fault {
 				b++
 			}
 			if a.admitted() && a.sent >= r.fault && a.sent < r.begun {
@@ -234,13 +238,13 @@ func (r *run) judgeCredit(ctx context.Context, t string, pol policy, opened time
 		if b == 0 {
 			continue
 		}
-		ratio := (d / (r.begun - r.fault).Seconds()) / (b / r.fault.Seconds())
+		ratio := (d / (r.begun - r.fault).Seconds()) / (b / (r.fault - steadyFrom).Seconds())
 		if ratio < worstRate {
 			worstRate, worstTenant = ratio, m.Tenant
 		}
 	}
 	add("others untouched", otherBCE == 0 && worstRate >= r.o.RecoverFraction,
-		"%d BURST_CREDIT_EXHAUSTED for others; lowest admitted rate during / before: %.2f (%s; bound %.2f)", otherBCE, worstRate, worstTenant, r.o.RecoverFraction)
+		"%d BURST_CREDIT_EXHAUSTED for others; lowest admitted rate during / before, the quota tenant aside: %.2f (%s; bound %.2f)", otherBCE, worstRate, worstTenant, r.o.RecoverFraction)
 }
 
 func absDur(d time.Duration) time.Duration {

@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/load"
@@ -69,13 +70,19 @@ type Options struct {
 	FloorTolerance float64
 	// CreditTenant is credit-exhaustion's tenant, offered CreditOverload
 	// times its token rate during the fault and CreditCalm times it
-	// otherwise; BreakerOpen is its tier's burst_credit.breaker_open.
+	// otherwise; BreakerOpen is its tier's burst_credit.breaker_open (taken
+	// from Config when it is known).
 	CreditTenant               string
 	CreditOverload, CreditCalm float64
 	BreakerOpen                time.Duration
 	// RetryAfterTolerance bounds |answer time + retry_after − breaker
 	// close| for BURST_CREDIT_EXHAUSTED answers.
 	RetryAfterTolerance time.Duration
+	// Config is the fleet's config, where the tenants' floors, quotas and
+	// burst credit are read; nil: each tenant's replica is asked
+	// (GetTenant), which in batched mode reports the replica's share of the
+	// rate rather than the tenant's.
+	Config *admission.Config
 	// Log receives progress lines (nil: none).
 	Log io.Writer
 }
@@ -207,8 +214,8 @@ func (r *run) note(format string, args ...any) {
 	at := r.now()
 	what := fmt.Sprintf(format, args...)
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.rep.Timeline = append(r.rep.Timeline, Mark{At: secs(at), What: what})
-	r.mu.Unlock()
 	if r.o.Log != nil {
 		fmt.Fprintf(r.o.Log, "drill %s: %6.2fs %s\n", r.rep.Drill, secs(at), what)
 	}
@@ -249,6 +256,15 @@ func Run(ctx context.Context, f *Fleet, name, target string, o Options) (*Report
 	if name == StopEtcd && f.Etcd == nil {
 		return nil, errors.New("drill stop-etcd: the fleet has no etcd (--etcd)")
 	}
+	if c := o.Config; c != nil {
+		// The config is the truth where it speaks.
+		if c.OutputTokenWeight > 0 {
+			o.OutputWeight = c.OutputTokenWeight
+		}
+		if p, ok := c.Policy(o.CreditTenant); ok && p.BurstCredit.BreakerOpen.Duration > 0 {
+			o.BreakerOpen = p.BurstCredit.BreakerOpen.Duration
+		}
+	}
 	r := &run{f: f, o: o, t0: time.Now(), mark: -1, rep: &Report{Drill: name, Fleet: describe(f)}}
 	r.rec = newRecorder(r.t0, f.Router, o.OutputWeight)
 	var err error
@@ -284,7 +300,8 @@ func describe(f *Fleet) string {
 	return s
 }
 
-// policies asks each load tenant's replica for its floor and quota.
+// policies reads each tenant's floor and quota from the config, or else
+// asks its replica.
 func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 	out := map[string]policy{}
 	names := []string{}
@@ -295,6 +312,15 @@ func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 		names = append(names, r.o.CreditTenant)
 	}
 	for _, n := range names {
+		if c := r.o.Config; c != nil {
+			p, ok := c.Policy(n)
+			if !ok {
+				return nil, fmt.Errorf("tenant %s: not in the fleet's config", n)
+			}
+			out[n] = policy{floor: p.Floor, rate: int64(p.Tokens.Rate), burst: int64(p.Tokens.Burst),
+				credit: int64(p.BurstCredit.Multiple * p.Tokens.Rate)}
+			continue
+		}
 		m, ok := r.f.Router.Route(n)
 		if !ok {
 			return nil, errors.New("no replica is registered")

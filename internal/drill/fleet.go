@@ -4,18 +4,20 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
-	"log/slog"
 	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
+	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/controlplane"
 )
 
 // Part names a piece of a fleet a drill stops and starts.
@@ -138,7 +140,9 @@ type ShellFaults struct {
 }
 
 // Stop runs the stop command for p.
-func (s ShellFaults) Stop(ctx context.Context, p Part) error { return s.run(ctx, "--stop", s.StopCmd, p) }
+func (s ShellFaults) Stop(ctx context.Context, p Part) error {
+	return s.run(ctx, "--stop", s.StopCmd, p)
+}
 
 // Start runs the start command for p.
 func (s ShellFaults) Start(ctx context.Context, p Part) error {
@@ -175,6 +179,23 @@ type ConnectOptions struct {
 	Faults   Faults
 	// Timeout bounds the wait for the first member list.
 	Timeout time.Duration
+}
+
+// EtcdConfig reads the fleet's config from etcd: nil when etcd holds no
+// policy document (the replicas then serve their local files).
+func EtcdConfig(ctx context.Context, cli *clientv3.Client, prefix string) (*admission.Config, error) {
+	base, tenants, _, err := controlplane.ReadDocuments(ctx, cli, prefix)
+	if err != nil {
+		return nil, err
+	}
+	if len(base) == 0 {
+		return nil, nil
+	}
+	c, err := controlplane.ParseDocuments(prefix, base, tenants)
+	if err != nil {
+		return nil, fmt.Errorf("the config in etcd: %w", err)
+	}
+	return &c, nil
 }
 
 // Connect returns a Fleet over replicas the drill did not start: the members

@@ -24,8 +24,10 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	"github.com/sluice-sched/sluice/internal/config"
 )
 
 // FleetConfig is the self-contained fleet's config: tenants gold and silver
@@ -40,6 +42,16 @@ var FleetConfig []byte
 //
 //go:embed fleet-topology.yaml
 var FleetTopology []byte
+
+// FleetPolicy is FleetConfig parsed: the drills read the tenants' floors,
+// quotas and breaker from it.
+func FleetPolicy() (*admission.Config, error) {
+	c, err := config.Parse("fleet-config.yaml", FleetConfig)
+	if err != nil {
+		return nil, fmt.Errorf("the self-contained fleet's config: %w", err)
+	}
+	return &c, nil
+}
 
 // FleetNodes are FleetTopology's nodes, one agent each.
 var FleetNodes = []string{"hgx-1", "hgx-2", "hgx-3", "hgx-4"}
