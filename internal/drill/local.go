@@ -56,11 +56,13 @@ func FleetPolicy() (*admission.Config, error) {
 // FleetNodes are FleetTopology's nodes, one agent each.
 var FleetNodes = []string{"hgx-1", "hgx-2", "hgx-3", "hgx-4"}
 
-// Self-contained fleet settings: short TTLs so that a killed agent or
-// replica leaves within seconds (the defaults, 10 s, would make every
-// drill phase longer than that).
+// Self-contained fleet settings: TTLs shorter than the defaults (10 s) so
+// that a killed agent or replica leaves within a drill's phase, yet longer
+// than the etcd client's redial backoff (capped at 2 s): with 2 s, an etcd
+// restart let every agent's lease lapse before the agents reconnected, and
+// the replicas refused CAPACITY_EXCEEDED everywhere until they republished.
 const (
-	localTTL      = 2 * time.Second
+	localTTL      = 5 * time.Second
 	localInterval = 100 * time.Millisecond
 	localPrefix   = "/sluice/"
 	rogueSuffix   = "-rogue/"
