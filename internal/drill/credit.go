@@ -85,7 +85,7 @@ func (r *run) creditExhaustion(ctx context.Context) error {
 	r.ended = r.now()
 	calm.stop(r.drainWait())
 	r.note("load stops")
-	r.judgeCredit(ctx, t, pol, opened)
+	r.judgeCredit(ctx, t, opened)
 	return nil
 }
 
@@ -101,13 +101,14 @@ func (r *run) firstBCE(t string) (answer, bool) {
 	return answer{}, false
 }
 
-// breakerState is GetTenant's view of the breaker: open, half-open (closed
-// but lending nothing) or closed (lending its credit).
-func breakerState(ti *admissionv1.TenantInfo, credit int64) string {
+// breakerState is GetTenant's view of the breaker: open, half-open (not
+// open, but lending nothing) or closed (lending credit again; in batched
+// mode a replica may lend only its share of the tenant's credit).
+func breakerState(ti *admissionv1.TenantInfo) string {
 	switch {
 	case ti.GetBreakerOpen():
 		return "open"
-	case ti.GetCredit() < credit:
+	case ti.GetCredit() == 0:
 		return "half-open"
 	}
 	return "closed"
@@ -118,13 +119,12 @@ func breakerState(ti *admissionv1.TenantInfo, credit int64) string {
 func (r *run) watchBreaker(ctx context.Context, t string) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	credit := r.pols[t].credit
 	go func() {
 		defer close(done)
 		last := "closed"
 		for ctx.Err() == nil {
 			if ti, err := r.tenantInfo(ctx, t); err == nil {
-				if s := breakerState(ti, credit); s != last {
+				if s := breakerState(ti); s != last {
 					until := ""
 					if ti.GetBreakerUntil() != nil {
 						until = fmt.Sprintf(" until %s", ti.GetBreakerUntil().AsTime().Format("15:04:05.000"))
@@ -164,9 +164,23 @@ func (r *run) tenantInfo(ctx context.Context, t string) (*admissionv1.TenantInfo
 // judgeCredit adds credit-exhaustion's promises: the breaker opened, every
 // BURST_CREDIT_EXHAUSTED's Retry-After points at the end of the open
 // period, the refusals stop there (half-open), the tenant is admitted
-// again, its breaker is closed with its credit back, and no other tenant
-// was refused for credit or lost its rate.
-func (r *run) judgeCredit(ctx context.Context, t string, pol policy, opened time.Duration) {
+// again, no other tenant was refused for credit or lost its rate, and its
+// breaker is closed (lending again) at the end.
+func (r *run) judgeCredit(ctx context.Context, t string, opened time.Duration) {
+	r.judgeCreditAnswers(t, opened)
+	if r.firstBCEOf(t) {
+		ti, err := r.tenantInfo(ctx, t)
+		if err != nil {
+			r.rep.Promises = append(r.rep.Promises, Promise{Name: "closes", Held: false, Detail: err.Error()})
+			return
+		}
+		r.rep.Promises = append(r.rep.Promises, Promise{Name: "closes", Held: breakerState(ti) == "closed",
+			Detail: fmt.Sprintf("GetTenant at the end: breaker %s, credit %d", breakerState(ti), ti.GetCredit())})
+	}
+}
+
+// judgeCreditAnswers judges what the recorded answers show.
+func (r *run) judgeCreditAnswers(t string, opened time.Duration) {
 	add := func(name string, held bool, format string, args ...any) {
 		r.rep.Promises = append(r.rep.Promises, Promise{Name: name, Held: held, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -205,12 +219,6 @@ func (r *run) judgeCredit(ctx context.Context, t string, pol policy, opened time
 		}
 	}
 	add("half-opens on time", lateBCE == 0 && admittedAfter > 0, "after the open period: %d BURST_CREDIT_EXHAUSTED, %d admitted", lateBCE, admittedAfter)
-	ti, err := r.tenantInfo(ctx, t)
-	if err != nil {
-		add("closes", false, "%v", err)
-	} else {
-		add("closes", breakerState(ti, pol.credit) == "closed", "GetTenant at the end: breaker %s, credit %d of %d", breakerState(ti, pol.credit), ti.GetCredit(), pol.credit)
-	}
 	// Others untouched.
 	var otherBCE int64
 	worstRate := math.Inf(1)
@@ -245,6 +253,12 @@ func (r *run) judgeCredit(ctx context.Context, t string, pol policy, opened time
 	}
 	add("others untouched", otherBCE == 0 && worstRate >= r.o.RecoverFraction,
 		"%d BURST_CREDIT_EXHAUSTED for others; lowest admitted rate during / before, the quota tenant aside: %.2f (%s; bound %.2f)", otherBCE, worstRate, worstTenant, r.o.RecoverFraction)
+}
+
+// firstBCEOf reports whether the tenant was refused for its credit at all.
+func (r *run) firstBCEOf(t string) bool {
+	_, ok := r.firstBCE(t)
+	return ok
 }
 
 func absDur(d time.Duration) time.Duration {
