@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
@@ -22,7 +23,7 @@ import (
 func init() {
 	register(command{
 		name:    "drill",
-		summary: "a chaos drill under live load (drain-domain, kill-redis, stop-etcd, kill-agent, kill-replica, credit-exhaustion, all): what held",
+		summary: "a chaos drill under live load (drain-domain, kill-redis, stop-etcd, kill-agent, kill-replica, credit-exhaustion, all, soak): what held",
 		run:     runDrill,
 	})
 }
@@ -41,7 +42,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 	fs.SetOutput(errw)
 	fs.Usage = func() {
 		fmt.Fprintf(errw, "usage: sluicectl drill NAME [TARGET] [flags]\n\n"+
-			"NAME: %s, or all\nTARGET: drain-domain's DOMAIN, kill-agent's NODE, kill-replica's ID (default: the busiest domain, its node, the first tenant's replica)\n\n", strings.Join(drill.Names, ", "))
+			"NAME: %s, all (each once), or soak (random drills for --duration)\nTARGET: drain-domain's DOMAIN, kill-agent's NODE, kill-replica's ID (default: the busiest domain, its node, the first tenant's replica)\n\n", strings.Join(drill.Names, ", "))
 		fs.PrintDefaults()
 	}
 	var ef etcdFlags
@@ -77,6 +78,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 	creditTenant := fs.String("credit-tenant", "", "credit-exhaustion's tenant (default: spiky self-contained; required otherwise)")
 	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open, where the fleet's config is unknown")
 	configPath := fs.String("config", "", "a fleet the drill did not start: its config file, where the tenants' floors, quotas and breaker are read (default: the config in etcd, else each tenant's replica is asked, which in batched mode knows only its share)")
+	duration := fs.Duration("duration", 30*time.Minute, "soak: how long to run random drills back to back")
 	format := fs.String("o", "table", "output format: table or json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -93,14 +95,20 @@ func runDrill(args []string, out, errw io.Writer) error {
 	if len(pos) == 2 {
 		target = pos[1]
 	}
-	if name != "all" && !slices.Contains(drill.Names, name) {
-		return fmt.Errorf("drill %q: want one of %s, or all", name, strings.Join(drill.Names, ", "))
+	if name != "all" && name != "soak" && !slices.Contains(drill.Names, name) {
+		return fmt.Errorf("drill %q: want one of %s, all or soak", name, strings.Join(drill.Names, ", "))
 	}
-	if name == "all" && target != "" {
-		return errors.New("drill all picks its own targets: no TARGET")
+	if (name == "all" || name == "soak") && target != "" {
+		return fmt.Errorf("drill %s picks its own targets: no TARGET", name)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["duration"] && name != "soak" {
+		return errors.New("--duration is the soak's")
+	}
+	if *duration <= 0 {
+		return fmt.Errorf("--duration %v: want a positive duration", *duration)
+	}
 	if *fault != "" && (*fault != "ignore-drains" || !*self) {
 		return fmt.Errorf("--fault %q: the only fault is ignore-drains, with --self-contained", *fault)
 	}
@@ -209,6 +217,12 @@ func runDrill(args []string, out, errw io.Writer) error {
 		names = drill.Names
 	}
 	sum := &drill.Summary{Held: true}
+	if name == "soak" {
+		names = nil
+		if sum = drill.Soak(ctx, fleet, *duration, d, d.Seed); ctx.Err() != nil {
+			return fmt.Errorf("drill soak: interrupted: %w", ctx.Err())
+		}
+	}
 	for _, n := range names {
 		rep, err := drill.Run(ctx, fleet, n, target, d)
 		if err != nil {

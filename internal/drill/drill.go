@@ -267,6 +267,11 @@ func Run(ctx context.Context, f *Fleet, name, target string, o Options) (*Report
 	}
 	r := &run{f: f, o: o, t0: time.Now(), mark: -1, rep: &Report{Drill: name, Fleet: describe(f)}}
 	r.rec = newRecorder(r.t0, f.Router, o.OutputWeight)
+	if opts := r.loadOptions(); opts.Validate() != nil {
+		// A segment's load.Run fails only here; say so before the fleet is
+		// touched rather than run a drill without load.
+		return nil, fmt.Errorf("load: %w", opts.Validate())
+	}
 	var err error
 	if r.pols, err = r.policies(ctx); err != nil {
 		return nil, err

@@ -16,6 +16,8 @@ type Summary struct {
 	Held bool `json:"held"`
 	// Errors are the drills that could not be run, with why.
 	Errors []string `json:"errors,omitempty"`
+	// Totals add up a soak's drills (nil for one drill or all).
+	Totals *SoakTotals `json:"totals,omitempty"`
 }
 
 // WriteJSON prints s as indented JSON.
@@ -29,10 +31,20 @@ func (s *Summary) WriteJSON(w io.Writer) error {
 }
 
 // WriteTable prints each report: the timeline, a table of the phases and
-// the promises, then one line per drill.
+// the promises, then one line per drill. A soak's reports are many: it
+// prints only those with a broken promise, then its totals.
 func (s *Summary) WriteTable(w io.Writer) error {
 	for _, r := range s.Reports {
+		if s.Totals != nil && r.Held {
+			continue
+		}
 		if err := r.WriteTable(w); err != nil {
+			return err
+		}
+		fmt.Fprintln(w)
+	}
+	if s.Totals != nil {
+		if err := s.Totals.WriteTotals(w); err != nil {
 			return err
 		}
 		fmt.Fprintln(w)
