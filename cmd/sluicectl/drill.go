@@ -257,6 +257,7 @@ type lockedWriter struct {
 	w  io.Writer
 }
 
+// Write implements io.Writer.
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -180,6 +180,33 @@ func TestDrillCatchesAReplicaThatIgnoresDrains(t *testing.T) {
 	}
 }
 
+// A short soak runs at least one drill (the seed picks which, its target
+// and its phases) on a self-contained fleet, holds, and adds up its reports.
+func TestDrillSoakSelfContained(t *testing.T) {
+	bins := drillBinaries(t)
+	args := append(append([]string{"soak", "--duration", "1s", "--self-contained", "--seed", "3"}, bins...), shortPhases...)
+	code, sum, errs := drillJSON(t, args...)
+	if left := strayChildren(t); len(left) > 0 {
+		t.Errorf("children left running after the soak: %v", left)
+	}
+	if code != 0 || !sum.Held || len(sum.Reports) == 0 || sum.Totals == nil {
+		t.Fatalf("soak: exit %d, held %v, %d reports, totals %+v\n%s", code, sum.Held, len(sum.Reports), sum.Totals, errs)
+	}
+	var sent int64
+	drills := 0
+	for _, r := range sum.Reports {
+		for _, p := range r.Phases {
+			sent += p.Sent
+		}
+	}
+	for _, n := range sum.Totals.Drills {
+		drills += n
+	}
+	if drills != len(sum.Reports) || sum.Totals.Sent != sent || sent == 0 || sum.Totals.Lost != 0 {
+		t.Errorf("totals %+v: want %d drills and %d Admits sent, none lost", *sum.Totals, len(sum.Reports), sent)
+	}
+}
+
 // Bad invocations are refused before any fleet is started or dialled.
 func TestDrillFlagErrors(t *testing.T) {
 	t.Setenv("SLUICE_ETCD", "")
@@ -190,6 +217,9 @@ func TestDrillFlagErrors(t *testing.T) {
 		{nil, "want a drill NAME"},
 		{[]string{"explode"}, `drill "explode"`},
 		{[]string{"all", "hgx-1"}, "no TARGET"},
+		{[]string{"soak", "hgx-1"}, "no TARGET"},
+		{[]string{"kill-redis", "--duration", "1m"}, "--duration is the soak's"},
+		{[]string{"soak", "--duration", "0s", "--self-contained"}, "--duration 0s"},
 		{[]string{"drain-domain"}, "which fleet?"},
 		{[]string{"drain-domain", "--self-contained", "--etcd", "http://127.0.0.1:1"}, "--etcd names a fleet"},
 		{[]string{"drain-domain", "--sluiced", "x", "--server", "127.0.0.1:1"}, "--sluiced is for --self-contained"},

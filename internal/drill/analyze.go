@@ -154,10 +154,12 @@ func (r *run) measure(phase string, from, to time.Duration, answers []answer, re
 
 // forbidden reports whether a placed the request where the drill forbids
 // it: on the drained (or departed) domain, sent from the grace after the
-// mark until the recovery action began.
+// mark and answered before the recovery action began, so that it was
+// decided while the mark held (one sent just before the undrain may be
+// decided just after it, rightly).
 func (r *run) forbidden(a *answer) bool {
 	return r.domain != "" && r.mark >= 0 && a.admitted() && a.domain == r.domain &&
-		a.sent >= r.mark+r.o.Grace && a.sent < r.mend
+		a.sent >= r.mark+r.o.Grace && a.answered < r.mend
 }
 
 // excusedRelease reports whether a failed Release is the drill's own doing:
@@ -296,7 +298,7 @@ func (r *run) judge(name string, answers []answer, releases []release) {
 			break
 		}
 	}
-	add("no placement after "+what, *during.Forbidden == 0, "%d placements on %s of requests sent from %v after %s until the recovery action%s", *during.Forbidden, r.domain, r.o.Grace, what, first)
+	add("no placement after "+what, *during.Forbidden == 0, "%d placements on %s of requests sent from %v after %s and answered before the recovery action%s", *during.Forbidden, r.domain, r.o.Grace, what, first)
 	var onDomain, failed int64
 	for _, rel := range releases {
 		if rel.domain == r.domain && r.mark >= 0 && rel.granted < r.mark && rel.at >= r.mark {

@@ -372,6 +372,30 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 	r.rep.Target = target
 	part := map[string]Part{KillAgent: {Kind: "agent", Name: target}, KillReplica: {Kind: "replica", Name: target},
 		StopEtcd: {Kind: "etcd"}, KillRedis: {Kind: "redis"}}[name]
+	// mend undoes the fault. Interrupted before it ran (Ctrl-C), it still
+	// runs, on a context of its own: a fleet the drill did not start must
+	// not be left drained or without its Redis.
+	mend := func(ctx context.Context) error {
+		if name == DrainDomain {
+			return r.drain(ctx, target, false)
+		}
+		r.note("start %s", part)
+		if err := r.f.Faults.Start(ctx, part); err != nil {
+			return err
+		}
+		r.note("%s started", part)
+		return nil
+	}
+	mended := false
+	defer func() {
+		if !mended {
+			mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := mend(mctx); err != nil {
+				r.note("undoing the fault after the interruption failed: %v", err)
+			}
+		}
+	}()
 	r.fault = r.now()
 	var stopWatch func()
 	switch name {
@@ -421,17 +445,9 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 		stopWatch()
 	}
 	r.mend = r.now()
-	switch name {
-	case DrainDomain:
-		if err := r.drain(ctx, target, false); err != nil {
-			return err
-		}
-	default:
-		r.note("start %s", part)
-		if err := r.f.Faults.Start(ctx, part); err != nil {
-			return err
-		}
-		r.note("%s started", part)
+	mended = true
+	if err := mend(ctx); err != nil {
+		return err
 	}
 	r.begun = r.now()
 	if err := r.sleepUntil(ctx, r.begun+r.o.After); err != nil {

@@ -28,6 +28,7 @@ type Part struct {
 	Name string `json:"name,omitempty"`
 }
 
+// String is the part as the timeline names it: "redis", "agent hgx-1".
 func (p Part) String() string {
 	if p.Name == "" {
 		return p.Kind
