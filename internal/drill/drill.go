@@ -186,7 +186,8 @@ type QuotaReport struct {
 	Under     float64 `json:"undershoot_pct"`
 }
 
-// policy is what a tenant's replica says of it.
+// policy is a tenant's floor, quota and credit: from the config, or as its
+// replica describes it.
 type policy struct {
 	floor, rate, burst, credit int64
 }
