@@ -72,7 +72,8 @@ var errStopped = status.Error(codes.Canceled, "drill: this load segment has ende
 type segment struct {
 	rec         *recorder
 	stopped     atomic.Bool
-	outstanding atomic.Int64 // Admits in flight and leases not yet released
+	outstanding atomic.Int64    // Admits in flight and leases not yet released
+	parent      context.Context // the drill's: once it ends, stop waits for nothing
 	cancel      context.CancelFunc
 	done        chan struct{}
 	err         error
@@ -81,7 +82,7 @@ type segment struct {
 // startSegment runs opts (its Duration ignored: the segment runs until
 // stop) through rec.
 func startSegment(ctx context.Context, rec *recorder, opts load.Options) *segment {
-	s := &segment{rec: rec, done: make(chan struct{})}
+	s := &segment{rec: rec, parent: ctx, done: make(chan struct{})}
 	ctx, s.cancel = context.WithCancel(ctx)
 	opts.Duration = 24 * time.Hour
 	go func() {
@@ -92,10 +93,11 @@ func startSegment(ctx context.Context, rec *recorder, opts load.Options) *segmen
 }
 
 // stop ends the segment: no new call, then at most wait for the calls in
-// flight and the leases held to be released.
+// flight and the leases held to be released (not at all when the drill was
+// interrupted).
 func (s *segment) stop(wait time.Duration) {
 	s.stopped.Store(true)
-	_ = waitFor(context.Background(), wait, func() bool { return s.outstanding.Load() == 0 })
+	_ = waitFor(s.parent, wait, func() bool { return s.outstanding.Load() == 0 })
 	s.cancel()
 	<-s.done
 }
