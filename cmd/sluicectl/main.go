@@ -1,6 +1,7 @@
 // Command sluicectl is the operator CLI for Sluice: it shows topology,
 // domains and tenants, drains and undrains domains, applies config, replays
-// traces, and offers live gRPC load to a running server (load).
+// traces, offers live gRPC load to a running server (load), and runs chaos
+// drills under that load (drill).
 // Each subcommand lives in its own file and registers itself in init; every
 // one that prints takes -o table|json.
 package main

@@ -1,0 +1,316 @@
+package drill
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// Phase names.
+const (
+	PhaseBefore = "before"
+	PhaseDuring = "during"
+	PhaseAfter  = "after"
+)
+
+// recoverBin is the resolution of the time to recover.
+const recoverBin = 250 * time.Millisecond
+
+// analyze cuts the recorded answers into phases, measures each and judges
+// the promises. Answers belong to the phase in which they were sent, so a
+// slow answer counts where its request was made.
+func (r *run) analyze(name string) {
+	answers, releases := r.rec.snapshot()
+	bounds := []struct {
+		name     string
+		from, to time.Duration
+	}{{PhaseBefore, 0, r.fault}, {PhaseDuring, r.fault, r.begun}, {PhaseAfter, r.begun, r.ended}}
+	var before *PhaseReport
+	for _, b := range bounds {
+		p := r.measure(b.name, b.from, b.to, answers, releases, name)
+		if before == nil {
+			before = p
+		} else if before.P50Ms > 0 {
+			c50, c99 := p.P50Ms/before.P50Ms, p.P99Ms/before.P99Ms
+			p.P50Change, p.P99Change = &c50, &c99
+		}
+		r.rep.Phases = append(r.rep.Phases, p)
+	}
+	r.rep.RecoverSeconds = r.recovery(answers)
+	r.judge(name, answers, releases)
+}
+
+// measure is one phase's report.
+func (r *run) measure(phase string, from, to time.Duration, answers []answer, releases []release, name string) *PhaseReport {
+	p := &PhaseReport{Name: phase, From: secs(from), To: secs(to), Refusals: map[string]int64{}, Errors: map[string]int64{},
+		ReleaseErrors: map[string]int64{}}
+	var lat []time.Duration
+	for i := range answers {
+		a := &answers[i]
+		if a.sent < from || a.sent >= to {
+			continue
+		}
+		p.Sent++
+		switch {
+		case a.code == codes.DeadlineExceeded:
+			p.PastDeadline++
+		case a.code != codes.OK:
+			p.Lost++
+			p.Errors[a.code.String()]++
+		case a.admitted():
+			p.Admitted++
+		default:
+			p.Rejected++
+			p.Refusals[a.reason]++
+		}
+		if a.code == codes.OK {
+			lat = append(lat, a.answered-a.sent)
+		}
+	}
+	if d := to - from; d > 0 {
+		p.AdmittedPerSec = float64(p.Admitted) / d.Seconds()
+	}
+	slices.Sort(lat)
+	p.P50Ms, p.P99Ms = quantileMs(lat, 0.50), quantileMs(lat, 0.99)
+	for _, rel := range releases {
+		if rel.at >= from && rel.at < to && rel.code != codes.OK && !r.excusedRelease(name, rel) {
+			p.ReleaseErrors[rel.code.String()]++
+		}
+	}
+	// Floors, per whole second of the phase.
+	for _, m := range r.o.Tenants {
+		pol := r.pols[m.Tenant]
+		if pol.floor <= 0 {
+			continue
+		}
+		fr := FloorReport{Tenant: m.Tenant, Floor: pol.floor}
+		for s := from; s+time.Second <= to; s += time.Second {
+			var offered, admitted int64
+			for i := range answers {
+				a := &answers[i]
+				if a.tenant != m.Tenant || a.sent < s || a.sent >= s+time.Second {
+					continue
+				}
+				offered += a.weight
+				if a.admitted() {
+					admitted += a.weight
+				}
+			}
+			fr.Seconds++
+			if float64(admitted) >= (1-r.o.FloorTolerance)*float64(min(pol.floor, offered)) {
+				fr.Held++
+			}
+		}
+		p.Floors = append(p.Floors, fr)
+	}
+	// The quota tenant.
+	if pol, ok := r.pols[r.o.QuotaTenant]; ok && r.inMix(r.o.QuotaTenant) && to > from {
+		var offered, admitted int64
+		for i := range answers {
+			a := &answers[i]
+			if a.tenant == r.o.QuotaTenant && a.sent >= from && a.sent < to {
+				offered += a.weight
+				if a.admitted() {
+					admitted += a.weight
+				}
+			}
+		}
+		quota := int64(float64(pol.rate) * (to - from).Seconds())
+		n := int64(max(r.f.Replicas, 1))
+		upper := quota + pol.burst + pol.credit + (n-1)*int64(float64(pol.rate)*r.f.Interval.Seconds())
+		q := &QuotaReport{Tenant: r.o.QuotaTenant, Admitted: admitted, Quota: min(quota, offered), Upper: upper}
+		if quota > 0 {
+			if admitted > quota {
+				q.Overshoot = 100 * float64(admitted-quota) / float64(quota)
+			}
+			if lower := min(quota, offered); admitted < lower && lower > 0 {
+				q.Under = 100 * float64(lower-admitted) / float64(lower)
+			}
+		}
+		p.Quota = q
+	}
+	if r.domain != "" {
+		var on, forbidden int64
+		for i := range answers {
+			a := &answers[i]
+			if a.sent < from || a.sent >= to || !a.admitted() || a.domain != r.domain {
+				continue
+			}
+			on++
+			if r.forbidden(a) {
+				forbidden++
+			}
+		}
+		p.OnTarget = &on
+		if phase == PhaseDuring {
+			p.Forbidden = &forbidden
+		}
+	}
+	return p
+}
+
+// forbidden reports whether a placed the request where the drill forbids
+// it: on the drained (or departed) domain, sent from the grace after the
+// mark and answered before the recovery action began, so that it was
+// decided while the mark held (one sent just before the undrain may be
+// decided just after it, rightly).
+func (r *run) forbidden(a *answer) bool {
+	return r.domain != "" && r.mark >= 0 && a.admitted() && a.domain == r.domain &&
+		a.sent >= r.mark+r.o.Grace && a.answered < r.mend
+}
+
+// excusedRelease reports whether a failed Release is the drill's own doing:
+// a lease of the replica kill-replica killed (its leases died with it).
+func (r *run) excusedRelease(name string, rel release) bool {
+	return name == KillReplica && rel.replica == r.rep.Target
+}
+
+func (r *run) inMix(tenant string) bool {
+	for _, m := range r.o.Tenants {
+		if m.Tenant == tenant {
+			return true
+		}
+	}
+	return false
+}
+
+// quantileMs is the q-quantile of sorted durations, in milliseconds.
+func quantileMs(sorted []time.Duration, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q * float64(len(sorted)-1))
+	return float64(sorted[i]) / 1e6
+}
+
+// recovery is the time from the recovery action until the admitted rate
+// of the load's mix (over two bins of recoverBin) is back to
+// RecoverFraction of its steady rate before the fault.
+func (r *run) recovery(answers []answer) *float64 {
+	steady := r.steadyRate(answers)
+	if steady == 0 {
+		return nil
+	}
+	want := r.o.RecoverFraction * steady * (2 * recoverBin).Seconds()
+	for b := r.begun; b+2*recoverBin <= r.ended; b += recoverBin {
+		n := 0
+		for i := range answers {
+			if a := &answers[i]; a.admitted() && a.sent >= b && a.sent < b+2*recoverBin && r.inMix(a.tenant) {
+				n++
+			}
+		}
+		if float64(n) >= want {
+			s := secs(b - r.begun)
+			return &s
+		}
+	}
+	return nil
+}
+
+// steadyRate is the mix's admitted rate before the fault, less its first
+// second (or half), when buckets that started full admit a burst.
+func (r *run) steadyRate(answers []answer) float64 {
+	from := min(time.Second, r.fault/2)
+	if r.fault <= from {
+		return 0
+	}
+	n := 0
+	for i := range answers {
+		if a := &answers[i]; a.admitted() && a.sent >= from && a.sent < r.fault && r.inMix(a.tenant) {
+			n++
+		}
+	}
+	return float64(n) / (r.fault - from).Seconds()
+}
+
+// judge adds the promises every drill checks, and its own.
+func (r *run) judge(name string, answers []answer, releases []release) {
+	add := func(name string, held bool, format string, args ...any) {
+		r.rep.Promises = append(r.rep.Promises, Promise{Name: name, Held: held, Detail: fmt.Sprintf(format, args...)})
+	}
+	var lost, sent, late int64
+	lateOK := true
+	var relErr []string
+	floorsOK, quotaOK := true, true
+	var floorMiss, quotaMiss []string
+	for _, p := range r.rep.Phases {
+		lost += p.Lost
+		sent += p.Sent
+		late += p.PastDeadline
+		if float64(p.PastDeadline) > r.o.LateBudget*float64(p.Sent) {
+			lateOK = false
+		}
+		for code, n := range p.ReleaseErrors {
+			relErr = append(relErr, fmt.Sprintf("%s: %d %s", p.Name, n, code))
+		}
+		for _, f := range p.Floors {
+			if f.Held < f.Seconds {
+				floorsOK = false
+				floorMiss = append(floorMiss, fmt.Sprintf("%s %s %d/%d s", p.Name, f.Tenant, f.Held, f.Seconds))
+			}
+		}
+		if q := p.Quota; q != nil {
+			if q.Admitted > q.Upper || q.Under > 100*r.o.Undershoot {
+				quotaOK = false
+				quotaMiss = append(quotaMiss, fmt.Sprintf("%s: %d tokens (quota %d, bound %d)", p.Name, q.Admitted, q.Quota, q.Upper))
+			}
+		}
+	}
+	add("no answer lost", lost == 0, "%d of %d Admits got no decision", lost, sent)
+	add("answers before their deadline", lateOK, "%d of %d past their deadline (budget %.2g%% a phase)", late, sent, 100*r.o.LateBudget)
+	if floorsOK {
+		add("floors held every second", true, "every floor tenant, every second of every phase")
+	} else {
+		add("floors held every second", false, "missed: %s", strings.Join(floorMiss, "; "))
+	}
+	if r.inMix(r.o.QuotaTenant) {
+		if quotaOK {
+			add("quota kept", true, "%s within [%.0f%% of its quota, quota + burst + (N−1)·R·W] in every phase", r.o.QuotaTenant, 100*(1-r.o.Undershoot))
+		} else {
+			add("quota kept", false, "%s", strings.Join(quotaMiss, "; "))
+		}
+	}
+	detail := "every Release answered OK"
+	if name == KillReplica {
+		detail += " (leases of the killed replica excepted: they died with it)"
+	}
+	if len(relErr) > 0 {
+		detail = strings.Join(relErr, "; ")
+	}
+	add("no lease lost", len(relErr) == 0, "%s", detail)
+	if rs := r.rep.RecoverSeconds; rs != nil {
+		add("recovered", *rs <= r.o.RecoverWithin.Seconds(), "admitted rate back to %.0f%% of before's %.2fs after the recovery action (bound %v)", 100*r.o.RecoverFraction, *rs, r.o.RecoverWithin)
+	} else {
+		add("recovered", false, "admitted rate never back to %.0f%% of before's", 100*r.o.RecoverFraction)
+	}
+	if r.domain == "" {
+		return
+	}
+	during := r.rep.Phases[1]
+	what := map[string]string{DrainDomain: "the mark", KillAgent: "its node's departure"}[name]
+	first := ""
+	for i := range answers {
+		if a := &answers[i]; r.forbidden(a) {
+			first = fmt.Sprintf(" (the first sent at %.3fs, %.3fs after %s, granted by %s)", secs(a.sent), secs(a.sent-r.mark), what, a.replica)
+			break
+		}
+	}
+	add("no placement after "+what, *during.Forbidden == 0, "%d placements on %s of requests sent from %v after %s and answered before the recovery action%s", *during.Forbidden, r.domain, r.o.Grace, what, first)
+	var onDomain, failed int64
+	for _, rel := range releases {
+		if rel.domain == r.domain && r.mark >= 0 && rel.granted < r.mark && rel.at >= r.mark {
+			onDomain++
+			if rel.code != codes.OK {
+				failed++
+			}
+		}
+	}
+	add("leases there complete", failed == 0, "%d leases granted on %s before the mark and released after it, %d failed", onDomain, r.domain, failed)
+	if b, a := *r.rep.Phases[0].OnTarget, *r.rep.Phases[2].OnTarget; b > 0 {
+		verb := map[string]string{DrainDomain: "undrain restores", KillAgent: "capacity returns with the agent"}[name]
+		add(verb, a > 0, "%d placements on %s before, %d after", b, r.domain, a)
+	}
+}

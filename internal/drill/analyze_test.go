@@ -1,0 +1,146 @@
+package drill
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+)
+
+// scripted is a drain drill over answers written by hand: 10 s, the mark at
+// 3 s, the undrain at 6 s; gold (floor 700 tokens/s) sends 10 requests of
+// 140 tokens a second, placed on d2 (d1 before the mark and after the
+// undrain); bronze (7,000 tokens/s) sends 100 a second and gets 50.
+func scripted() *run {
+	o := Defaults()
+	o.Tenants = o.Tenants[:1]
+	o.Tenants = append(o.Tenants, Defaults().Tenants[2]) // gold, bronze
+	r := &run{f: &Fleet{Replicas: 2, Interval: 100 * time.Millisecond}, o: o, mark: 3 * time.Second,
+		rep: &Report{Drill: DrainDomain}, rec: newRecorder(time.Now(), nil, 4), domain: "d1",
+		fault: 3 * time.Second, mend: 6 * time.Second, begun: 6 * time.Second, ended: 10 * time.Second,
+		pols: map[string]policy{"gold": {floor: 700, rate: 100000, burst: 100000}, "bronze": {rate: 7000, burst: 7000}}}
+	for ms := 0; ms < 10000; ms += 10 {
+		at := time.Duration(ms) * time.Millisecond
+		a := answer{sent: at, answered: at + time.Millisecond, tenant: "bronze", weight: 140, decision: admissionv1.Decision_REJECTED, reason: "QUOTA_EXCEEDED"}
+		if ms%20 == 0 {
+			a.decision, a.reason, a.domain = admissionv1.Decision_ADMITTED, "", "d2"
+		}
+		r.rec.answers = append(r.rec.answers, a)
+		if ms%100 == 0 {
+			dom := "d2"
+			if at < r.mark || at >= r.mend {
+				dom = "d1"
+			}
+			r.rec.answers = append(r.rec.answers, answer{sent: at, answered: at + time.Millisecond, tenant: "gold", weight: 140,
+				decision: admissionv1.Decision_ADMITTED, domain: dom, replica: "replica-1"})
+		}
+	}
+	return r
+}
+
+func promiseOf(t *testing.T, r *run, name string) Promise {
+	t.Helper()
+	for _, p := range r.rep.Promises {
+		if p.Name == name {
+			return p
+		}
+	}
+	t.Fatalf("no promise %q in %+v", name, r.rep.Promises)
+	return Promise{}
+}
+
+// A clean run holds every promise, with the measures the script implies.
+func TestAnalyzeCleanDrain(t *testing.T) {
+	r := scripted()
+	r.analyze(DrainDomain)
+	for _, p := range r.rep.Promises {
+		if !p.Held {
+			t.Errorf("%s broke: %s", p.Name, p.Detail)
+		}
+	}
+	before, during, after := r.rep.Phases[0], r.rep.Phases[1], r.rep.Phases[2]
+	if before.Sent != 330 || before.Admitted != 180 || before.Refusals["QUOTA_EXCEEDED"] != 150 {
+		t.Errorf("before: sent %d, admitted %d, refusals %v; want 330, 180, 150 QUOTA_EXCEEDED", before.Sent, before.Admitted, before.Refusals)
+	}
+	if *before.OnTarget != 30 || *during.OnTarget != 0 || *during.Forbidden != 0 || *after.OnTarget != 40 {
+		t.Errorf("on d1: %d before, %d during (%d forbidden), %d after; want 30, 0, 0, 40", *before.OnTarget, *during.OnTarget, *during.Forbidden, *after.OnTarget)
+	}
+	if q := during.Quota; q.Admitted != 21000 || q.Quota != 21000 || q.Overshoot != 0 || q.Under != 0 {
+		t.Errorf("during quota: %+v; want 21000 admitted of 21000, exact", q)
+	}
+	if f := after.Floors; len(f) != 1 || f[0].Held != 4 || f[0].Seconds != 4 {
+		t.Errorf("after floors: %+v; want gold held 4 of 4 seconds", f)
+	}
+	if r.rep.RecoverSeconds == nil || *r.rep.RecoverSeconds != 0 {
+		t.Errorf("time to recover %v; want 0 (nothing was lost)", r.rep.RecoverSeconds)
+	}
+}
+
+// Placements on the drained domain count once the grace after the mark has
+// passed, and break the promise naming the first; a lost answer, one past
+// its deadline, a floor missed and a failed Release break theirs.
+func TestAnalyzeCatchesBrokenPromises(t *testing.T) {
+	r := scripted()
+	ans := r.rec.answers
+	for i := range ans {
+		a := &ans[i]
+		switch {
+		case a.tenant == "gold" && a.sent >= 4*time.Second && a.sent < 5*time.Second:
+			a.domain = "d1" // a replica that ignores the drain, for a second
+		case a.tenant == "gold" && a.sent == 3200*time.Millisecond:
+			a.domain = "d1" // within the grace: allowed
+		case a.tenant == "gold" && a.sent >= 7*time.Second && a.sent < 8*time.Second:
+			a.decision, a.reason, a.domain = admissionv1.Decision_REJECTED, "CAPACITY_EXCEEDED", ""
+		}
+	}
+	ans[3].code, ans[5].code = codes.Unavailable, codes.DeadlineExceeded
+	r.rec.releases = append(r.rec.releases, release{at: 8 * time.Second, code: codes.NotFound})
+	r.analyze(DrainDomain)
+	if n := *r.rep.Phases[1].Forbidden; n != 10 {
+		t.Errorf("placements after the mark: %d; want the 10 of the fifth second (not the one within the grace)", n)
+	}
+	p := promiseOf(t, r, "no placement after the mark")
+	if p.Held || !strings.Contains(p.Detail, "the first sent at 4.000s") {
+		t.Errorf("no placement after the mark: %+v; want broken, naming the first at 4.000s", p)
+	}
+	if p := promiseOf(t, r, "no answer lost"); p.Held || !strings.Contains(p.Detail, "1 of") {
+		t.Errorf("no answer lost: %+v; want broken by the UNAVAILABLE", p)
+	}
+	if r.rep.Phases[0].PastDeadline != 1 {
+		t.Errorf("past deadline before: %d; want 1", r.rep.Phases[0].PastDeadline)
+	}
+	if p := promiseOf(t, r, "floors held every second"); p.Held || !strings.Contains(p.Detail, "after gold 3/4") {
+		t.Errorf("floors held every second: %+v; want gold missing one second after", p)
+	}
+	if p := promiseOf(t, r, "no lease lost"); p.Held || !strings.Contains(p.Detail, "NotFound") {
+		t.Errorf("no lease lost: %+v; want broken by the NOT_FOUND Release", p)
+	}
+}
+
+// Every BURST_CREDIT_EXHAUSTED must point at the end of one open period:
+// one answer whose retry_after is a second off breaks the promise.
+func TestCreditRetryAfterJudged(t *testing.T) {
+	r := scripted()
+	r.o.BreakerOpen = 3 * time.Second
+	r.pols["spiky"] = policy{rate: 3000, burst: 3000, credit: 3000}
+	for i, at := range []time.Duration{4000, 4100, 4200, 4300} {
+		at *= time.Millisecond
+		ra := 7*time.Second - at
+		if i == 2 {
+			ra += time.Second
+		}
+		r.rec.answers = append(r.rec.answers, answer{sent: at, answered: at, tenant: "spiky", weight: 140,
+			decision: admissionv1.Decision_REJECTED, reason: "BURST_CREDIT_EXHAUSTED", retryAfter: ra})
+	}
+	r.f.Router = nil
+	r.judgeCreditAnswers("spiky", 4*time.Second)
+	if p := promiseOf(t, r, "breaker opens"); !p.Held {
+		t.Errorf("breaker opens: %+v", p)
+	}
+	if p := promiseOf(t, r, "Retry-After is the breaker's"); p.Held || !strings.Contains(p.Detail, "within 1s") {
+		t.Errorf("Retry-After is the breaker's: %+v; want broken by the answer 1s off", p)
+	}
+}

@@ -1,0 +1,49 @@
+// Package drill runs chaos drills against a live Sluice fleet under a load
+// it generates itself, and says which of Sluice's failure promises held.
+// `sluicectl drill NAME` is its command. It is an adapter: it speaks the
+// wire contract (admission/v1 through client.Router, the Operator API) and
+// the control plane's keys, and never touches the engine.
+//
+// # A drill
+//
+// Every drill has three phases: before (steady load), during (the fault)
+// and after (the recovery action, then steady load again). The load is
+// internal/load's open loop (Poisson arrivals of a tenant mix), sent through
+// a client.Router as a router would: each tenant to its replica by
+// rendezvous, failing over on UNAVAILABLE with the same request id. A
+// recorder between the two keeps every answer (when sent and answered,
+// tenant, cost in weighted tokens, decision, reason, domain, retry_after,
+// the replica that granted it) and every Release, and the report cuts them
+// into the phases by the time each request was sent:
+//
+//   - lost: Admits that got no decision at all (a gRPC error other than the
+//     deadline); past deadline: those that got none in time;
+//   - admitted per second, refusals by reason, Admit p50 and p99 and their
+//     change from before;
+//   - floors held per whole second: a floor tenant's admitted weighted
+//     tokens reach (1 − tolerance) · min(floor, offered);
+//   - the quota tenant (offered more than its quota): admitted tokens
+//     against rate · T, within [(1 − undershoot) · rate · T,
+//     rate · T + burst + credit + (N − 1) · rate · W];
+//   - placements on the drained (or departed) domain of requests sent from
+//     the grace after the mark until the recovery action;
+//   - the time to recover: from the recovery action until the mix's
+//     admitted rate, over two 250 ms bins, is back to a fraction of its
+//     steady rate before the fault.
+//
+// The drills are drain-domain (a drain mark in etcd, or the Operator API
+// of every replica), kill-agent, kill-replica, stop-etcd, kill-redis
+// (Faults: the self-contained fleet's own processes, or the operator's
+// --stop/--start commands) and credit-exhaustion, which drives one tenant
+// past its burst credit and watches its breaker open, answer
+// BURST_CREDIT_EXHAUSTED with a Retry-After that points at the end of the
+// open period, half-open and close, while the others keep their rates.
+//
+// # The self-contained fleet
+//
+// StartLocal starts redis-server, an etcd server in this process (embed),
+// one sluice-agent per node of a four-node HGX topology and N sluiced
+// replicas, on free loopback ports, with TTLs of 5 s so that a dead agent
+// or replica leaves within a phase. Children die with the drill (Close, and
+// on Linux the parent-death signal for a drill killed outright).
+package drill

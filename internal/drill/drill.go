@@ -1,0 +1,664 @@
+package drill
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-sched/sluice/admission"
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/controlplane"
+	"github.com/sluice-sched/sluice/internal/load"
+)
+
+// The drills, in the order `all` runs them (each leaves the fleet as it
+// found it).
+const (
+	DrainDomain      = "drain-domain"
+	KillAgent        = "kill-agent"
+	KillReplica      = "kill-replica"
+	StopEtcd         = "stop-etcd"
+	KillRedis        = "kill-redis"
+	CreditExhaustion = "credit-exhaustion"
+)
+
+// Names lists the drills in the order `all` runs them.
+var Names = []string{DrainDomain, KillAgent, KillReplica, StopEtcd, KillRedis, CreditExhaustion}
+
+// Options say how a drill loads the fleet, how long its phases are and how
+// strictly its promises are judged. Zero fields take the defaults of
+// Defaults.
+type Options struct {
+	// Before, During and After are the phases' lengths: steady load, the
+	// fault (it lasts at least as long as its stop takes), and after the
+	// recovery action.
+	Before, During, After time.Duration
+	// Rate is the load's Poisson arrivals per second; Tenants its mix;
+	// Prompt and Output each request's tokens; OutputWeight the config's
+	// output_token_weight (a request costs Prompt + OutputWeight·Output).
+	Rate           float64
+	Tenants        []load.Mix
+	Prompt, Output int64
+	OutputWeight   int64
+	// Deadline is each Admit's deadline; Hold how long a lease is held.
+	Deadline, Hold time.Duration
+	Seed           uint64
+	// QuotaTenant is the tenant driven past its quota, whose admitted
+	// tokens are held to [R·T·(1−Undershoot), R·T + burst + (N−1)·R·W].
+	QuotaTenant string
+	Undershoot  float64
+	// Grace is how long after a drain mark (or a node's departure) the fleet
+	// may still place there: one watch round-trip.
+	Grace time.Duration
+	// RecoverWithin bounds the time to recover: from the recovery action
+	// until the admitted rate is back to RecoverFraction of before's.
+	RecoverWithin   time.Duration
+	RecoverFraction float64
+	// LateBudget is the share of answers that may come past their deadline.
+	LateBudget float64
+	// FloorTolerance: a floor is held in a second when the tenant's admitted
+	// tokens reach (1−FloorTolerance)·min(floor, offered).
+	FloorTolerance float64
+	// CreditTenant is credit-exhaustion's tenant, offered CreditOverload
+	// times its token rate during the fault and CreditCalm times it
+	// otherwise; BreakerOpen is its tier's burst_credit.breaker_open (taken
+	// from Config when it is known).
+	CreditTenant               string
+	CreditOverload, CreditCalm float64
+	BreakerOpen                time.Duration
+	// RetryAfterTolerance bounds |answer time + retry_after − breaker
+	// close| for BURST_CREDIT_EXHAUSTED answers.
+	RetryAfterTolerance time.Duration
+	// Config is the fleet's config, where the tenants' floors, quotas and
+	// burst credit are read; nil: each tenant's replica is asked
+	// (GetTenant), which in batched mode reports the replica's share of the
+	// rate rather than the tenant's.
+	Config *admission.Config
+	// Log receives progress lines (nil: none).
+	Log io.Writer
+}
+
+// Defaults are the options of the self-contained fleet (its config's tenants
+// and breaker).
+func Defaults() Options {
+	return Options{
+		Before: 3 * time.Second, During: 3 * time.Second, After: 4 * time.Second,
+		Rate:    200,
+		Tenants: []load.Mix{{Tenant: "gold", Model: "small", Share: 0.3}, {Tenant: "silver", Model: "small", Share: 0.2}, {Tenant: "bronze", Model: "small", Share: 0.5}},
+		Prompt:  100, Output: 10, OutputWeight: 4,
+		Deadline: 2 * time.Second, Hold: 50 * time.Millisecond, Seed: 1,
+		QuotaTenant: "bronze", Undershoot: 0.10,
+		Grace:         500 * time.Millisecond,
+		RecoverWithin: 5 * time.Second, RecoverFraction: 0.85,
+		LateBudget: 0.01, FloorTolerance: 0.10,
+		CreditTenant: "spiky", CreditOverload: 3, CreditCalm: 0.5, BreakerOpen: 3 * time.Second,
+		RetryAfterTolerance: 250 * time.Millisecond,
+	}
+}
+
+// Report is what one drill found.
+type Report struct {
+	Drill  string `json:"drill"`
+	Target string `json:"target,omitempty"`
+	Fleet  string `json:"fleet"`
+	// Timeline lists what the drill did and saw, in seconds from its start.
+	Timeline []Mark         `json:"timeline"`
+	Phases   []*PhaseReport `json:"phases"`
+	// RecoverSeconds is the time from the recovery action until the
+	// admitted rate was back; nil when it did not come back.
+	RecoverSeconds *float64  `json:"time_to_recover_s"`
+	Promises       []Promise `json:"promises"`
+	// Held is true when every promise held.
+	Held bool `json:"held"`
+}
+
+// Mark is one event of a drill's timeline.
+type Mark struct {
+	At   float64 `json:"at_s"`
+	What string  `json:"what"`
+}
+
+// Promise is one promise and whether it held.
+type Promise struct {
+	Name   string `json:"promise"`
+	Held   bool   `json:"held"`
+	Detail string `json:"detail"`
+}
+
+// PhaseReport measures one phase: answers by fate, latency, floors, the
+// quota tenant and placements where none may go.
+type PhaseReport struct {
+	Name string  `json:"phase"`
+	From float64 `json:"from_s"`
+	To   float64 `json:"to_s"`
+	Sent int64   `json:"sent"`
+	// Lost: Admits that got no decision (a gRPC error other than the
+	// deadline); PastDeadline: Admits that got none before their deadline.
+	Lost           int64            `json:"lost"`
+	PastDeadline   int64            `json:"past_deadline"`
+	Admitted       int64            `json:"admitted"`
+	Rejected       int64            `json:"rejected"`
+	AdmittedPerSec float64          `json:"admitted_per_s"`
+	Refusals       map[string]int64 `json:"refusals,omitempty"`
+	Errors         map[string]int64 `json:"errors,omitempty"`
+	// P50Ms and P99Ms are the Admit latencies; the changes are relative to
+	// the before phase (1.0: unchanged).
+	P50Ms     float64  `json:"p50_ms"`
+	P99Ms     float64  `json:"p99_ms"`
+	P50Change *float64 `json:"p50_change,omitempty"`
+	P99Change *float64 `json:"p99_change,omitempty"`
+	// Floors: per floor tenant, the whole seconds in which it was held.
+	Floors []FloorReport `json:"floors,omitempty"`
+	Quota  *QuotaReport  `json:"quota,omitempty"`
+	// Forbidden counts placements on the drained (or departed) domain of
+	// requests sent after its mark and the grace.
+	Forbidden *int64 `json:"placements_after_mark,omitempty"`
+	// OnTarget counts placements on the drill's domain.
+	OnTarget      *int64           `json:"placements_on_domain,omitempty"`
+	ReleaseErrors map[string]int64 `json:"release_errors,omitempty"`
+}
+
+// FloorReport is one floor tenant in one phase.
+type FloorReport struct {
+	Tenant  string `json:"tenant"`
+	Floor   int64  `json:"floor"`
+	Held    int    `json:"seconds_held"`
+	Seconds int    `json:"seconds"`
+}
+
+// QuotaReport is the quota tenant in one phase: admitted weighted tokens
+// against rate × the phase's length.
+type QuotaReport struct {
+	Tenant    string  `json:"tenant"`
+	Admitted  int64   `json:"admitted_tokens"`
+	Quota     int64   `json:"quota_tokens"`
+	Upper     int64   `json:"upper_bound_tokens"`
+	Overshoot float64 `json:"overshoot_pct"`
+	Under     float64 `json:"undershoot_pct"`
+}
+
+// policy is a tenant's floor, quota and credit: from the config, or as its
+// replica describes it.
+type policy struct {
+	floor, rate, burst, credit int64
+}
+
+// run is one drill in progress.
+type run struct {
+	f      *Fleet
+	o      Options
+	rep    *Report
+	rec    *recorder
+	t0     time.Time
+	pols   map[string]policy
+	mu     sync.Mutex
+	fault  time.Duration // when the fault began
+	mend   time.Duration // when the recovery action began
+	begun  time.Duration // when the recovery action ended: the after phase
+	ended  time.Duration
+	domain string        // the domain no placement may go to, from mark
+	mark   time.Duration // when it became forbidden (-1: never)
+}
+
+func (r *run) now() time.Duration { return time.Since(r.t0) }
+
+func (r *run) note(format string, args ...any) {
+	at := r.now()
+	what := fmt.Sprintf(format, args...)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rep.Timeline = append(r.rep.Timeline, Mark{At: secs(at), What: what})
+	if r.o.Log != nil {
+		fmt.Fprintf(r.o.Log, "drill %s: %6.2fs %s\n", r.rep.Drill, secs(at), what)
+	}
+}
+
+func secs(d time.Duration) float64 { return float64(d.Round(time.Millisecond)) / 1e9 }
+
+// sleepUntil waits until offset at of the drill.
+func (r *run) sleepUntil(ctx context.Context, at time.Duration) error {
+	d := at - r.now()
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Run runs one drill on f. target is the drill's DOMAIN, NODE or replica ID
+// ("" picks one: the busiest domain, its node, the replica of the first
+// floor tenant). The report says which promises held; an error means the
+// drill could not be run (a hook failed, the fleet did not answer).
+func Run(ctx context.Context, f *Fleet, name, target string, o Options) (*Report, error) {
+	if !slices.Contains(Names, name) {
+		return nil, fmt.Errorf("drill %q: want one of %v or all", name, Names)
+	}
+	if f.Faults == nil && name != DrainDomain && name != CreditExhaustion {
+		return nil, fmt.Errorf("drill %s stops part of the fleet: give --stop and --start (or --self-contained)", name)
+	}
+	if name == KillAgent && f.Etcd == nil {
+		return nil, errors.New("drill kill-agent watches the agent's record: the fleet needs etcd (--etcd)")
+	}
+	if name == StopEtcd && f.Etcd == nil {
+		return nil, errors.New("drill stop-etcd: the fleet has no etcd (--etcd)")
+	}
+	if c := o.Config; c != nil {
+		// The config is the truth where it speaks.
+		if c.OutputTokenWeight > 0 {
+			o.OutputWeight = c.OutputTokenWeight
+		}
+		if p, ok := c.Policy(o.CreditTenant); ok && p.BurstCredit.BreakerOpen.Duration > 0 {
+			o.BreakerOpen = p.BurstCredit.BreakerOpen.Duration
+		}
+	}
+	r := &run{f: f, o: o, t0: time.Now(), mark: -1, rep: &Report{Drill: name, Fleet: describe(f)}}
+	r.rec = newRecorder(r.t0, f.Router, o.OutputWeight)
+	if opts := r.loadOptions(); opts.Validate() != nil {
+		// A segment's load.Run fails only here; say so before the fleet is
+		// touched rather than run a drill without load.
+		return nil, fmt.Errorf("load: %w", opts.Validate())
+	}
+	var err error
+	if r.pols, err = r.policies(ctx); err != nil {
+		return nil, err
+	}
+	if name == CreditExhaustion {
+		err = r.creditExhaustion(ctx)
+	} else {
+		err = r.faultDrill(ctx, name, target)
+	}
+	if err != nil {
+		return r.rep, err
+	}
+	r.analyze(name)
+	r.rep.Held = true
+	for _, p := range r.rep.Promises {
+		r.rep.Held = r.rep.Held && p.Held
+	}
+	return r.rep, nil
+}
+
+func describe(f *Fleet) string {
+	s := fmt.Sprintf("%d replicas", f.Replicas)
+	if f.Etcd != nil {
+		s += ", etcd " + f.Prefix
+	} else {
+		s += ", no etcd (Operator API)"
+	}
+	if f.Local != nil {
+		s = "self-contained: " + s + ", redis-server, agents " + fmt.Sprint(FleetNodes)
+	}
+	return s
+}
+
+// policies reads each tenant's floor and quota from the config, or else
+// asks its replica.
+func (r *run) policies(ctx context.Context) (map[string]policy, error) {
+	out := map[string]policy{}
+	names := []string{}
+	for _, m := range r.o.Tenants {
+		names = append(names, m.Tenant)
+	}
+	if r.rep.Drill == CreditExhaustion {
+		names = append(names, r.o.CreditTenant)
+	}
+	for _, n := range names {
+		if c := r.o.Config; c != nil {
+			p, ok := c.Policy(n)
+			if !ok {
+				return nil, fmt.Errorf("tenant %s: not in the fleet's config", n)
+			}
+			out[n] = policy{floor: p.Floor, rate: int64(p.Tokens.Rate), burst: int64(p.Tokens.Burst),
+				credit: int64(p.BurstCredit.Multiple * p.Tokens.Rate)}
+			continue
+		}
+		m, ok := r.f.Router.Route(n)
+		if !ok {
+			return nil, errors.New("no replica is registered")
+		}
+		op, err := r.f.operator(m.Addr)
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ti, err := op.GetTenant(cctx, &admissionv1.GetTenantRequest{Name: n})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("tenant %s on replica %s: %w", n, m.ID, err)
+		}
+		t := ti.GetTenant()
+		out[n] = policy{floor: t.GetFloorTokens(), rate: t.GetTokenRate(), burst: t.GetTokenBurst(), credit: t.GetCredit()}
+	}
+	return out, nil
+}
+
+// loadOptions is the steady load of the drill's mix.
+func (r *run) loadOptions() load.Options {
+	return load.Options{Mode: load.ModeOpen, Rate: r.o.Rate, Poisson: true, Tenants: r.o.Tenants,
+		Prompt: r.o.Prompt, Output: r.o.Output, Deadline: r.o.Deadline, Hold: r.o.Hold, Release: true,
+		RequestIDs: true, Seed: r.o.Seed, Duration: time.Hour}
+}
+
+// drainWait is how long a stopped segment waits for its calls and leases.
+func (r *run) drainWait() time.Duration { return r.o.Deadline + r.o.Hold + 3*time.Second }
+
+// faultDrill runs the drills that break something and mend it: before,
+// the fault, during, the recovery, after.
+func (r *run) faultDrill(ctx context.Context, name, target string) error {
+	seg := startSegment(ctx, r.rec, r.loadOptions())
+	defer seg.stop(r.drainWait())
+	r.note("load: %.0f Admits/s (Poisson) over %s, deadline %v, hold %v", r.o.Rate, mixString(r.o.Tenants), r.o.Deadline, r.o.Hold)
+	if err := r.sleepUntil(ctx, r.o.Before); err != nil {
+		return err
+	}
+	var err error
+	if target, err = r.pickTarget(ctx, name, target); err != nil {
+		return err
+	}
+	r.rep.Target = target
+	part := map[string]Part{KillAgent: {Kind: "agent", Name: target}, KillReplica: {Kind: "replica", Name: target},
+		StopEtcd: {Kind: "etcd"}, KillRedis: {Kind: "redis"}}[name]
+	// mend undoes the fault. Interrupted before it ran (Ctrl-C), it still
+	// runs, on a context of its own: a fleet the drill did not start must
+	// not be left drained or without its Redis.
+	mend := func(ctx context.Context) error {
+		if name == DrainDomain {
+			return r.drain(ctx, target, false)
+		}
+		r.note("start %s", part)
+		if err := r.f.Faults.Start(ctx, part); err != nil {
+			return err
+		}
+		r.note("%s started", part)
+		return nil
+	}
+	mended := false
+	defer func() {
+		if !mended {
+			mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := mend(mctx); err != nil {
+				r.note("undoing the fault after the interruption failed: %v", err)
+			}
+		}
+	}()
+	r.fault = r.now()
+	var stopWatch func()
+	switch name {
+	case DrainDomain:
+		r.domain = target
+		r.mark = r.now()
+		if err := r.drain(ctx, target, true); err != nil {
+			return err
+		}
+		stopWatch = r.watchDrainApplied(ctx, target)
+	case KillAgent:
+		dom, alone, err := r.nodeDomain(ctx, target)
+		if err != nil {
+			return err
+		}
+		r.rep.Target = target + " (domain " + dom + ")"
+		if alone {
+			r.domain = dom
+		}
+		gone := r.watchAgentGone(ctx, target)
+		r.note("stop %s", part)
+		if err := r.f.Faults.Stop(ctx, part); err != nil {
+			return err
+		}
+		r.note("%s stopped", part)
+		select {
+		case at := <-gone:
+			r.mark = at
+			r.note("agent %s's record left etcd (at %.2fs): its GPUs leave capacity", target, secs(at))
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("agent %s: its record is still in etcd 30s after the stop", target)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	default:
+		r.note("stop %s", part)
+		if err := r.f.Faults.Stop(ctx, part); err != nil {
+			return err
+		}
+		r.note("%s stopped", part)
+	}
+	faultDone := r.now()
+	if err := r.sleepUntil(ctx, max(r.fault+r.o.During, faultDone+r.o.During/2)); err != nil {
+		return err
+	}
+	if stopWatch != nil {
+		stopWatch()
+	}
+	r.mend = r.now()
+	mended = true
+	if err := mend(ctx); err != nil {
+		return err
+	}
+	r.begun = r.now()
+	if err := r.sleepUntil(ctx, r.begun+r.o.After); err != nil {
+		return err
+	}
+	r.ended = r.now()
+	r.note("load stops; waiting for the calls and leases outstanding")
+	return nil
+}
+
+// pickTarget returns target, or the drill's default one.
+func (r *run) pickTarget(ctx context.Context, name, target string) (string, error) {
+	if target != "" || name == StopEtcd || name == KillRedis {
+		return target, nil
+	}
+	switch name {
+	case DrainDomain, KillAgent:
+		answers, _ := r.rec.snapshot()
+		count := map[string]int{}
+		for _, a := range answers {
+			if a.admitted() && a.domain != "" {
+				count[a.domain]++
+			}
+		}
+		if len(count) == 0 {
+			return "", errors.New("no placement before the fault: cannot pick a domain (give one)")
+		}
+		doms := slices.Sorted(maps.Keys(count))
+		best := doms[0]
+		for _, d := range doms {
+			if count[d] > count[best] {
+				best = d
+			}
+		}
+		if name == DrainDomain {
+			return best, nil
+		}
+		// The node whose record makes that domain.
+		if r.f.Local != nil {
+			return best, nil // the self-contained fleet's nodes are their domains
+		}
+		return "", errors.New("kill-agent: give the NODE")
+	case KillReplica:
+		m, ok := r.f.Router.Route(r.o.Tenants[0].Tenant)
+		if !ok {
+			return "", errors.New("no replica is registered")
+		}
+		return m.ID, nil
+	}
+	return "", nil
+}
+
+// drain writes (or deletes) the domain's drain mark in etcd, or without
+// etcd calls every replica's Operator API.
+func (r *run) drain(ctx context.Context, domain string, on bool) error {
+	verb := map[bool]string{true: "drain", false: "undrain"}[on]
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if r.f.Etcd != nil {
+		var err error
+		if on {
+			_, err = controlplane.PutDrain(cctx, r.f.Etcd, r.f.Prefix, controlplane.DrainMark{Domain: domain,
+				Reason: "sluicectl drill", By: "sluicectl drill", At: time.Now().UTC()})
+		} else {
+			_, err = controlplane.DeleteDrain(cctx, r.f.Etcd, r.f.Prefix, domain)
+		}
+		if err != nil {
+			return err
+		}
+		r.note("%s %s: mark %s in etcd", verb, domain, map[bool]string{true: "written", false: "deleted"}[on])
+		return nil
+	}
+	for _, m := range r.f.members() {
+		op, err := r.f.operator(m.Addr)
+		if err != nil {
+			return err
+		}
+		if on {
+			_, err = op.DrainDomain(cctx, &admissionv1.DrainDomainRequest{Domain: domain, Reason: "sluicectl drill"})
+		} else {
+			_, err = op.UndrainDomain(cctx, &admissionv1.UndrainDomainRequest{Domain: domain})
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s on replica %s: %w", verb, domain, m.ID, err)
+		}
+	}
+	r.note("%s %s: Operator API of %d replicas", verb, domain, len(r.f.members()))
+	return nil
+}
+
+// watchDrainApplied polls every replica's ListDomains until each shows the
+// domain draining, and notes when; the returned func stops it.
+func (r *run) watchDrainApplied(ctx context.Context, domain string) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			all, n := true, 0
+			for _, m := range r.f.members() {
+				op, err := r.f.operator(m.Addr)
+				if err != nil {
+					all = false
+					break
+				}
+				cctx, c := context.WithTimeout(ctx, time.Second)
+				resp, err := op.ListDomains(cctx, &admissionv1.ListDomainsRequest{})
+				c()
+				drained := false
+				for _, d := range resp.GetDomains() {
+					drained = drained || (d.GetId() == domain && d.GetDraining())
+				}
+				if err != nil || !drained {
+					all = false
+					continue
+				}
+				n++
+			}
+			if all && n > 0 {
+				r.note("every replica (%d) shows %s draining", n, domain)
+				r.mu.Lock()
+				r.rep.Promises = append(r.rep.Promises, Promise{Name: "drain applied within the grace",
+					Held: r.now()-r.mark <= r.o.Grace, Detail: fmt.Sprintf("%d replicas draining %.0f ms after the mark (grace %v)", n, float64(r.now()-r.mark)/1e6, r.o.Grace)})
+				r.mu.Unlock()
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		r.mu.Lock()
+		r.rep.Promises = append(r.rep.Promises, Promise{Name: "drain applied within the grace", Held: false,
+			Detail: "some replica never showed the domain draining during the drain"})
+		r.mu.Unlock()
+	}()
+	return func() { cancel(); <-done }
+}
+
+// nodeDomain reads the agent's record: its domain, and whether the node is
+// the domain's only one (then the domain leaves with it).
+func (r *run) nodeDomain(ctx context.Context, node string) (string, bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := r.f.Etcd.Get(cctx, controlplane.AgentKey(r.f.Prefix, ""), clientv3.WithPrefix())
+	if err != nil {
+		return "", false, fmt.Errorf("read the agents' records: %w", err)
+	}
+	doms := map[string]string{}
+	for _, kv := range resp.Kvs {
+		var rec controlplane.AgentRecord
+		if json.Unmarshal(kv.Value, &rec) != nil {
+			continue
+		}
+		d := rec.Domain
+		if d == "" {
+			d = rec.Node
+		}
+		doms[rec.Node] = d
+	}
+	dom, ok := doms[node]
+	if !ok {
+		return "", false, fmt.Errorf("agent %q: no record in etcd (nodes: %v)", node, slices.Sorted(maps.Keys(doms)))
+	}
+	alone := true
+	for n, d := range doms {
+		alone = alone && (n == node || d != dom)
+	}
+	return dom, alone, nil
+}
+
+// watchAgentGone sends the time the node's record leaves etcd.
+func (r *run) watchAgentGone(ctx context.Context, node string) <-chan time.Duration {
+	out := make(chan time.Duration, 1)
+	key := controlplane.AgentKey(r.f.Prefix, node)
+	go func() {
+		for ctx.Err() == nil {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			resp, err := r.f.Etcd.Get(cctx, key, clientv3.WithCountOnly())
+			cancel()
+			if err == nil && resp.Count == 0 {
+				out <- r.now()
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return out
+}
+
+func mixString(m []load.Mix) string {
+	s := ""
+	for i, x := range m {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf("%s:%s:%.2g", x.Tenant, x.Model, x.Share)
+	}
+	return s
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	k := make([]string, 0, len(m))
+	for x := range m {
+		k = append(k, x)
+	}
+	sort.Strings(k)
+	return k
+}
