@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -450,6 +451,9 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 	if err := mend(ctx); err != nil {
 		return err
 	}
+	if name == DrainDomain {
+		defer r.watchWarmup(ctx, target)()
+	}
 	r.begun = r.now()
 	if err := r.sleepUntil(ctx, r.begun+r.o.After); err != nil {
 		return err
@@ -583,6 +587,66 @@ func (r *run) watchDrainApplied(ctx context.Context, domain string) func() {
 		r.mu.Lock()
 		r.rep.Promises = append(r.rep.Promises, Promise{Name: "drain applied within the grace", Held: false,
 			Detail: "some replica never showed the domain draining during the drain"})
+		r.mu.Unlock()
+	}()
+	return func() { cancel(); <-done }
+}
+
+// watchWarmup polls every replica's ListDomains until each shows the
+// undrained domain back, and records whether each ramps it (a warm-up
+// fraction under 1, warmup.start_fraction rising to 1 over warmup.period)
+// rather than giving it its whole capacity at once; with warm-up off in
+// the fleet's config there is nothing to see. The returned func stops it.
+func (r *run) watchWarmup(ctx context.Context, domain string) func() {
+	if c := r.o.Config; c != nil && (c.Warmup.StartFraction >= 1 || (c.Warmup.Period != nil && c.Warmup.Period.Duration == 0)) {
+		r.note("warm-up is off in the fleet's config: %s returns whole", domain)
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		seen := map[string]float64{} // replica → the fraction it first showed once the domain was back
+		for ctx.Err() == nil {
+			members := r.f.members()
+			for _, m := range members {
+				if _, ok := seen[m.ID]; ok {
+					continue
+				}
+				op, err := r.f.operator(m.Addr)
+				if err != nil {
+					continue
+				}
+				cctx, c := context.WithTimeout(ctx, time.Second)
+				resp, err := op.ListDomains(cctx, &admissionv1.ListDomainsRequest{})
+				c()
+				for _, d := range resp.GetDomains() {
+					if err == nil && d.GetId() == domain && !d.GetDraining() {
+						seen[m.ID] = d.GetWarmupFraction()
+					}
+				}
+			}
+			if len(members) > 0 && len(seen) == len(members) {
+				held, parts := true, []string{}
+				for _, id := range sortedKeys(seen) {
+					held = held && seen[id] < 1
+					parts = append(parts, fmt.Sprintf("%s %.0f%%", id, 100*seen[id]))
+				}
+				r.note("every replica (%d) has %s back: capacity %s", len(seen), domain, strings.Join(parts, ", "))
+				r.mu.Lock()
+				r.rep.Promises = append(r.rep.Promises, Promise{Name: "returning domain warms up", Held: held,
+					Detail: fmt.Sprintf("share of its capacity when back: %s (whole would be 100%%)", strings.Join(parts, ", "))})
+				r.mu.Unlock()
+				return
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		r.mu.Lock()
+		r.rep.Promises = append(r.rep.Promises, Promise{Name: "returning domain warms up", Held: false,
+			Detail: fmt.Sprintf("%d of %d replicas showed %s back during the after phase", len(seen), len(r.f.members()), domain)})
 		r.mu.Unlock()
 	}()
 	return func() { cancel(); <-done }
