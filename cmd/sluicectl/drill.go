@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/drill"
 	"github.com/sluice-sched/sluice/internal/load"
+	"github.com/sluice-sched/sluice/internal/replay"
 )
 
 func init() {
@@ -79,6 +80,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open, where the fleet's config is unknown")
 	configPath := fs.String("config", "", "a fleet the drill did not start: its config file, where the tenants' floors, quotas and breaker are read (default: the config in etcd, else each tenant's replica is asked, which in batched mode knows only its share)")
 	duration := fs.Duration("duration", 30*time.Minute, "soak: how long to run random drills back to back")
+	tracePath := fs.String("trace", "", "play a trace's arrivals and token counts instead of Poisson arrivals (a trace file as replay's --trace, e.g. testdata/traces/AzureLLMInferenceTrace_code.csv): an azure trace's rows are given the --tenants mix; its times are scaled to a mean of --rate; each drill starts at another offset into it")
 	format := fs.String("o", "table", "output format: table or json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -146,6 +148,11 @@ func runDrill(args []string, out, errw io.Writer) error {
 	}
 	if d.Rate <= 0 || d.Before <= 0 || d.During <= 0 || d.After <= 0 {
 		return errors.New("--rate, --before, --during and --after must be positive")
+	}
+	if *tracePath != "" {
+		if d.Arrivals, err = drillTrace(*tracePath, d.Tenants, d.Rate, d.Seed); err != nil {
+			return err
+		}
 	}
 	if *fleetLog {
 		d.Log = errw
@@ -262,4 +269,27 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// drillTrace reads a trace for a drill's load: an azure trace's rows get
+// the mix's tenants and models (drawn by seed); the times are scaled so
+// that the mean rate is rate.
+func drillTrace(path string, mix []load.Mix, rate float64, seed uint64) ([]load.Arrival, error) {
+	entries := make([]replay.MixEntry, len(mix))
+	for i, m := range mix {
+		entries[i] = replay.MixEntry{Tenant: m.Tenant, Model: m.Model, Share: m.Share}
+	}
+	rows, err := replay.LoadTrace(path, replay.TraceOptions{Mix: entries, Seed: seed, Speed: 1})
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) < 2 || rows[len(rows)-1].At <= rows[0].At {
+		return nil, fmt.Errorf("--trace %s: want at least two rows at different times", path)
+	}
+	scale := float64(len(rows)) / (rate * (rows[len(rows)-1].At - rows[0].At).Seconds())
+	out := make([]load.Arrival, len(rows))
+	for i, r := range rows {
+		out[i] = load.Arrival{At: time.Duration(float64(r.At-rows[0].At) * scale), Tenant: r.Tenant, Model: r.Model, Prompt: r.Prompt, Output: r.Output}
+	}
+	return out, nil
 }

@@ -232,6 +232,7 @@ func TestDrillFlagErrors(t *testing.T) {
 		{[]string{"credit-exhaustion", "--server", "127.0.0.1:1"}, "--credit-tenant"},
 		{[]string{"kill-redis", "--self-contained", "--rate", "0"}, "--rate"},
 		{[]string{"drain-domain", "--server", "127.0.0.1:1", "-o", "yaml"}, `-o "yaml"`},
+		{[]string{"drain-domain", "--self-contained", "--trace", "/nonexistent/trace.csv"}, "/nonexistent/trace.csv"},
 	} {
 		code, _, errs := sluicectl(append([]string{"drill"}, tc.args...)...)
 		if code != 1 || !strings.Contains(errs, tc.want) {

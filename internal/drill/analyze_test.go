@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/load"
 )
 
 // scripted is a drain drill over answers written by hand: 10 s, the mark at
@@ -142,5 +144,28 @@ func TestCreditRetryAfterJudged(t *testing.T) {
 	}
 	if p := promiseOf(t, r, "Retry-After is the breaker's"); p.Held || !strings.Contains(p.Detail, "within 1s") {
 		t.Errorf("Retry-After is the breaker's: %+v; want broken by the answer 1s off", p)
+	}
+}
+
+// A drill's trace segment starts at an offset into the trace (the same for
+// the same seed), keeps the trace's gaps, and goes round again at its end.
+func TestTraceFromGoesRound(t *testing.T) {
+	trace := []load.Arrival{{At: 0, Tenant: "a"}, {At: time.Second, Tenant: "b"}, {At: 3 * time.Second, Tenant: "c"}}
+	got := traceFrom(trace, 7)
+	if again := traceFrom(trace, 7); !slices.Equal(got, again) {
+		t.Fatalf("the same seed gave two segments: %v and %v", got, again)
+	}
+	if len(got) < (traceLaps-1)*len(trace) || got[0].At < 0 || got[0].At > 3*time.Second {
+		t.Fatalf("segment %v: want at least %d calls, the first within one trace of the start", got, (traceLaps-1)*len(trace))
+	}
+	// The trace's gaps, round: a→b 1s, b→c 2s, c→the next lap's a 1ms.
+	next := map[string]struct {
+		tenant string
+		gap    time.Duration
+	}{"a": {"b", time.Second}, "b": {"c", 2 * time.Second}, "c": {"a", time.Millisecond}}
+	for i := 1; i < len(got); i++ {
+		if want := next[got[i-1].Tenant]; got[i].Tenant != want.tenant || got[i].At-got[i-1].At != want.gap {
+			t.Fatalf("call %d: %s %v after %s; want %s %v after it", i, got[i].Tenant, got[i].At-got[i-1].At, got[i-1].Tenant, want.tenant, want.gap)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -50,6 +51,11 @@ type Options struct {
 	Tenants        []load.Mix
 	Prompt, Output int64
 	OutputWeight   int64
+	// Arrivals, when set, are a trace's calls (tenants and models drawn,
+	// sorted by At, timed for Rate): each load segment plays them from an
+	// offset drawn by Seed, round again at the trace's end, in place of
+	// Poisson arrivals of Prompt and Output tokens.
+	Arrivals []load.Arrival
 	// Deadline is each Admit's deadline; Hold how long a lease is held.
 	Deadline, Hold time.Duration
 	Seed           uint64
@@ -350,9 +356,34 @@ func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 
 // loadOptions is the steady load of the drill's mix.
 func (r *run) loadOptions() load.Options {
-	return load.Options{Mode: load.ModeOpen, Rate: r.o.Rate, Poisson: true, Tenants: r.o.Tenants,
+	o := load.Options{Mode: load.ModeOpen, Rate: r.o.Rate, Poisson: true, Tenants: r.o.Tenants,
 		Prompt: r.o.Prompt, Output: r.o.Output, Deadline: r.o.Deadline, Hold: r.o.Hold, Release: true,
 		RequestIDs: true, Seed: r.o.Seed, Duration: time.Hour}
+	if len(r.o.Arrivals) > 0 {
+		o.Mode, o.Arrivals = load.ModeTrace, traceFrom(r.o.Arrivals, r.o.Seed)
+	}
+	return o
+}
+
+// traceLaps is how many times over a segment may play its trace: more
+// than any drill's phases need at a drill's rate.
+const traceLaps = 4
+
+// traceFrom returns trace's arrivals from an offset drawn by seed to its
+// end, then round again from its start, traceLaps times over, timed from
+// the offset: each drill hears another stretch of the trace.
+func traceFrom(trace []load.Arrival, seed uint64) []load.Arrival {
+	span := trace[len(trace)-1].At + time.Millisecond // the last call and the first of the next lap are not at one instant
+	offset := time.Duration(rand.New(rand.NewPCG(seed, 0x7ace)).Int64N(int64(span)))
+	out := make([]load.Arrival, 0, traceLaps*len(trace))
+	for lap := range traceLaps {
+		for _, a := range trace {
+			if a.At += time.Duration(lap)*span - offset; a.At >= 0 {
+				out = append(out, a)
+			}
+		}
+	}
+	return out
 }
 
 // drainWait is how long a stopped segment waits for its calls and leases.
@@ -363,7 +394,11 @@ func (r *run) drainWait() time.Duration { return r.o.Deadline + r.o.Hold + 3*tim
 func (r *run) faultDrill(ctx context.Context, name, target string) error {
 	seg := startSegment(ctx, r.rec, r.loadOptions())
 	defer seg.stop(r.drainWait())
-	r.note("load: %.0f Admits/s (Poisson) over %s, deadline %v, hold %v", r.o.Rate, mixString(r.o.Tenants), r.o.Deadline, r.o.Hold)
+	arrivals := "(Poisson)"
+	if len(r.o.Arrivals) > 0 {
+		arrivals = "(a trace's arrivals and tokens)"
+	}
+	r.note("load: %.0f Admits/s %s over %s, deadline %v, hold %v", r.o.Rate, arrivals, mixString(r.o.Tenants), r.o.Deadline, r.o.Hold)
 	if err := r.sleepUntil(ctx, r.o.Before); err != nil {
 		return err
 	}
