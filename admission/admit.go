@@ -257,6 +257,9 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	if !ok {
 		from, upto := e.sharedTiersLocked(ctx, now, wall, req, r)
 		pl, ok = place.find(now, r, false, from, upto)
+		if from == 0 && upto > 0 && (!ok || pl.tier > 0) && place.outlook(now, r).own {
+			e.mu.room.tiers.full(now, r.tierBuf[0].name) // its own tier, tried, did not fit
+		}
 	}
 	if !ok {
 		o := place.outlook(now, r)
@@ -297,6 +300,9 @@ func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Tim
 	q := &e.mu.cfg.Queue
 	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
 	turn := waiting == 0 && e.mu.room.tiers.turn(now, r.tierBuf[0].name, r.tenant.name)
+	if waiting == 0 && !turn {
+		e.notTurnLocked(now, r)
+	}
 	switch {
 	case turn && degradeNow:
 		return 0, r.ntiers
@@ -306,6 +312,23 @@ func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Tim
 		return 1, r.ntiers
 	}
 	return 0, 0
+}
+
+// notTurnLocked notes a request kept from its own tier because it is not
+// its tenant's turn there. The tier stays contended if the tenant whose
+// turn it is waits for it in the queue, or if the tier would not have held
+// this request anyway. A tier kept from a tenant only by the turns, with
+// room on it and nobody waiting, does not: else the turns would keep
+// themselves going on a tier nobody lacks.
+func (e *Engine) notTurnLocked(now int64, r *pending) {
+	place, tiers, model := &e.mu.place, &e.mu.room.tiers, r.tierBuf[0].name
+	if tiers.leastWaiting(model) {
+		tiers.full(now, model) // kept for a tenant that is waiting for it
+		return
+	}
+	if _, fits := place.find(now, r, false, 0, 1); !fits && place.outlook(now, r).own {
+		tiers.full(now, model)
+	}
 }
 
 // grantLocked places a request whose gates are charged, opens its lease and
@@ -379,7 +402,16 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 	}
 	defer func() { place.blocked = place.blocked[:0] }()
 	fits := func(w *waiter) bool {
-		return place.fitsQueued(now, w, w.p.ntiers == 1 || room.tiers.turn(now, w.p.tierBuf[0].name, w.p.tenant.name))
+		model := w.p.tierBuf[0].name
+		turn := w.p.ntiers == 1 || room.tiers.turn(now, model, w.p.tenant.name)
+		ok := place.fitsQueued(now, w, turn)
+		switch {
+		case turn && w.contends && (!ok || w.pl.tier > 0):
+			room.tiers.full(now, model) // its turn, and its own tier did not fit
+		case !turn && w.contends:
+			e.notTurnLocked(now, &w.p)
+		}
+		return ok
 	}
 	for {
 		place.blocked = place.blocked[:0]

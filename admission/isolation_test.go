@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -60,17 +61,21 @@ type simLease struct {
 
 // sim drives the real engine on a manual clock.
 type sim struct {
-	t       testing.TB
-	e       *admission.Engine
-	clk     *clock.Manual
-	start   time.Time
-	now     time.Duration
-	hold    time.Duration // how long an admitted request keeps its lease
-	measure time.Duration // results count from here on
-	clients []*simClient
-	pending []simPending
-	leases  []simLease
-	outW    int64 // output token weight
+	t     testing.TB
+	e     *admission.Engine
+	clk   *clock.Manual
+	start time.Time
+	now   time.Duration
+	hold  time.Duration // how long an admitted request keeps its lease
+	// holdJitter, when set, adds up to that much more to each lease, drawn
+	// by rng.
+	holdJitter time.Duration
+	rng        *rand.Rand
+	measure    time.Duration // results count from here on
+	clients    []*simClient
+	pending    []simPending
+	leases     []simLease
+	outW       int64 // output token weight
 }
 
 func newSim(t testing.TB, cfg admission.Config, cluster topology.Cluster, clients ...*simClient) *sim {
@@ -83,7 +88,8 @@ func newSim(t testing.TB, cfg admission.Config, cluster topology.Cluster, client
 	for _, c := range clients {
 		c.answers, c.byModel, c.perSecond, c.demand = map[string]int{}, map[string]int{}, map[int]int64{}, map[int]int64{}
 	}
-	return &sim{t: t, e: e, clk: clk, start: clk.Now(), hold: 2 * time.Second, clients: clients, outW: e.Config().OutputTokenWeight}
+	return &sim{t: t, e: e, clk: clk, start: clk.Now(), hold: 2 * time.Second, clients: clients, outW: e.Config().OutputTokenWeight,
+		rng: rand.New(rand.NewPCG(1, 2))}
 }
 
 func (s *sim) weighted(c *simClient) int64 { return c.prompt + s.outW*c.output }
@@ -159,7 +165,11 @@ func (s *sim) record(c *simClient, d admission.Decision) {
 		}
 		return
 	}
-	s.leases = append(s.leases, simLease{c: c, id: d.LeaseID, end: s.now + s.hold})
+	hold := s.hold
+	if s.holdJitter > 0 { // generations of different lengths: the closed loops' waves spread out
+		hold += time.Duration(s.rng.Int64N(int64(s.holdJitter)))
+	}
+	s.leases = append(s.leases, simLease{c: c, id: d.LeaseID, end: s.now + hold})
 	if s.now < s.measure {
 		return
 	}
@@ -302,12 +312,13 @@ func TestSaturatedRackSharesByWeight(t *testing.T) {
 }
 
 // Degradation by weight: two tenants both ask for large and accept medium
-// and small, more than large can serve. Their shares of large go by weight
-// (tierShares: each takes its tier on its turn, the least use of it over
-// weight), and the lower weight degrades first. The clients here are
-// lockstep closed loops: every request of a wave is answered within a few
-// steps, and the next wave comes when the leases end, 2 s later — shorter
-// than queue.tier_share_window, so a tenant keeps its place between waves.
+// and small, each more than large can serve. Their shares of large go by
+// weight (tierShares: each takes its tier on its turn, the least use of it
+// over weight), and the lower weight degrades first. The clients are closed
+// loops whose generations last 2–3 s, so that their requests do not come
+// in lockstep waves. (In lockstep — every request of a wave at one instant,
+// the queue empty between waves — the first arrivals of a wave take the
+// tier before the turns apply, and 8:2 gives about 3:1.)
 func TestTopTierGoesByWeight(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -316,10 +327,11 @@ func TestTopTierGoesByWeight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := rackConfig(map[string]int64{"light": tc.light, "heavy": tc.heavy})
 			mk := func(name string) *simClient {
-				return &simClient{tenant: name, model: "large", accept: []string{"medium", "small"}, prompt: 2000, output: 100, outstanding: 64, deadline: 5 * time.Second}
+				return &simClient{tenant: name, model: "large", accept: []string{"medium", "small"}, prompt: 2000, output: 100, outstanding: 128, deadline: 5 * time.Second}
 			}
 			light, heavy := mk("light"), mk("heavy")
 			s := newSim(t, cfg, oneRack(t), light, heavy)
+			s.holdJitter = time.Second
 			s.measure = 5 * time.Second
 			s.run(35 * time.Second)
 			for _, c := range s.clients {
@@ -342,6 +354,42 @@ func TestTopTierGoesByWeight(t *testing.T) {
 				t.Errorf("weight %d degraded %.0f%% of its admissions, weight %d %.0f%%: the low weight must degrade first", tc.light, 100*degraded(light), tc.heavy, 100*degraded(heavy))
 			}
 		})
+	}
+}
+
+// A tier with room serves whoever asks: once a burst that filled it is over
+// (and queue.tier_share_window with it), two tenants asking for it at
+// rates 1:2 get it every time — the turns of the burst do not go on by
+// themselves, degrading requests the tier could hold.
+func TestTopTierWithRoomServesWhoeverAsks(t *testing.T) {
+	cfg := rackConfig(map[string]int64{"a": 4, "c": 4, "burst": 4})
+	mk := func(name string, rate float64) *simClient {
+		return &simClient{tenant: name, model: "large", accept: []string{"medium", "small"}, prompt: 2000, output: 100, rate: rate, deadline: 5 * time.Second}
+	}
+	a, c, b := mk("a", 5), mk("c", 10), mk("burst", 400)
+	b.burst = func(at time.Duration) float64 { // one second that fills large, then nothing
+		if at < time.Second {
+			return 1
+		}
+		return 0
+	}
+	s := newSim(t, cfg, oneRack(t), a, c, b)
+	s.run(2 * time.Second)
+	if b.answers["DEGRADED"] == 0 {
+		t.Fatalf("the burst: %v: it must fill large (some degraded) for the test to mean anything", b.answers)
+	}
+	for _, cl := range []*simClient{a, c} { // count from 10 s on
+		cl.answers, cl.byModel = map[string]int{}, map[string]int{}
+	}
+	s.measure = 10 * time.Second
+	s.run(38 * time.Second)
+	for _, cl := range s.clients {
+		t.Log(cl)
+	}
+	for _, cl := range []*simClient{a, c} {
+		if n := cl.answers["DEGRADED"]; n > 0 || cl.byModel["large"] == 0 {
+			t.Errorf("%s: %d degraded, %d on large, from 10 s on: want every request on large (the tier has room)", cl.tenant, n, cl.byModel["large"])
+		}
 	}
 }
 

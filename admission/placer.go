@@ -301,8 +301,10 @@ func (p *placer) fitsQueued(now int64, w *waiter, turn bool) bool {
 	}
 	pl, ok := p.find(now, &w.p, false, from, upto)
 	if !ok {
-		if d := p.reservedFor(now, w); turn && d != nil {
-			p.blocked = append(p.blocked, d)
+		if turn {
+			if d := p.reservedFor(now, w); d != nil {
+				p.blocked = append(p.blocked, d)
+			}
 		}
 		return false
 	}

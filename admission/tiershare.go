@@ -14,22 +14,26 @@ import (
 // with one set of counters per model) and gives the model to the
 // least-used:
 //
-//   - a tenant contends for model m while it has a queued request for m
-//     (that m could ever hold) and for a window (queue.tier_share_window)
-//     after it last wanted m and did not get it — queued for it, or
-//     degraded from it — or got it while others contended;
-//   - each grant of m while somebody contends for it adds ⌈cost·2¹⁶/weight⌉
-//     to its tenant's use (fixed point, as wfq's tags), and makes that
-//     tenant a contender for the window;
+//   - model m is contended for a window (queue.tier_share_window) after it
+//     last was full: a request whose turn it was did not fit on it (and
+//     some domain could hold it there). Only then are there turns; a tier
+//     with room serves whoever asks;
+//   - a tenant contends for m while it has a queued request for m (that m
+//     could ever hold) and for the window after it last wanted m and did
+//     not get it — queued for it, or degraded from it — or got it while m
+//     was contended;
+//   - each grant of m while m is contended adds ⌈cost·2¹⁶/weight⌉ to its
+//     tenant's use (fixed point, as wfq's tags), and makes that tenant a
+//     contender for the window;
 //   - a tenant that starts contending is lifted to the least use among the
 //     contenders, so time away earns no credit (VTC's counter lift);
-//   - a request that accepts lower tiers may take its own tier only on its
-//     tenant's turn: when the tenant does not contend for it, or its use is
-//     the least among those who do. Otherwise it takes a lower tier (at
-//     once on arrival; from queue.degrade_after when queued), and the tier
-//     is left for the tenant whose turn it is. A request with no lower tier
-//     takes its tier whenever it fits: it has no choice, and its grants
-//     count all the same.
+//   - while m is contended, a request that accepts lower tiers may take m
+//     only on its tenant's turn: when the tenant does not contend for it,
+//     or its use is the least among those who do. Otherwise it takes a
+//     lower tier (at once on arrival; from queue.degrade_after when
+//     queued), and m is left for the tenant whose turn it is. A request
+//     with no lower tier takes m whenever it fits: it has no choice, and
+//     its grants count all the same.
 //
 // While two tenants both want more of m than they get, their uses stay
 // within one request's increment of each other, so their shares of m go
@@ -37,7 +41,7 @@ import (
 //
 // Contenders leave lazily, when they come to the least use (the only one
 // that matters); a model's counters are forgotten when nobody contends for
-// it: nobody is ahead of anybody when nobody wants more.
+// it any more.
 type tierShares struct {
 	models map[string]*tierLedger // by model name: only models somebody contends for
 	window int64                  // queue.tier_share_window, ns
@@ -47,6 +51,33 @@ type tierShares struct {
 type tierLedger struct {
 	entries    map[string]*tierUse // by tenant: the contenders
 	contenders useHeap             // the same, least use first
+	full       int64               // engine time the model last did not fit a request whose turn it was
+	wasFull    bool                // full is set
+}
+
+// contended reports whether the model was full within window of now.
+func (l *tierLedger) contended(now, window int64) bool {
+	return l.wasFull && now-l.full < window
+}
+
+// ledger returns model's ledger, made if need be.
+func (s *tierShares) ledger(model string) *tierLedger {
+	if s.models == nil {
+		s.models = make(map[string]*tierLedger)
+	}
+	l := s.models[model]
+	if l == nil {
+		l = &tierLedger{entries: make(map[string]*tierUse)}
+		s.models[model] = l
+	}
+	return l
+}
+
+// full records that model did not fit a request whose turn it was, at now:
+// the model is contended for the window.
+func (s *tierShares) full(now int64, model string) {
+	l := s.ledger(model)
+	l.full, l.wasFull = now, true
 }
 
 // tierUse is one tenant's use of one model.
@@ -67,15 +98,7 @@ func (u *tierUse) contending(now, window int64) bool {
 // want records that tenant wanted model at now and did not get it (yet):
 // it was queued for it (queued: one more request waiting) or degraded.
 func (s *tierShares) want(now int64, model, tenant string, queued bool) {
-	if s.models == nil {
-		s.models = make(map[string]*tierLedger)
-	}
-	l := s.models[model]
-	if l == nil {
-		l = &tierLedger{entries: make(map[string]*tierUse)}
-		s.models[model] = l
-	}
-	u := l.enter(now, s.window, tenant)
+	u := s.ledger(model).enter(now, s.window, tenant)
 	u.active = now
 	if queued {
 		u.waiting++
@@ -106,15 +129,15 @@ func (s *tierShares) leave(now int64, model, tenant string) {
 }
 
 // charge records a grant of model to tenant, of cost weighted tokens at
-// weight. A grant of a model others contend for makes its tenant one of
-// them (it has the tier others want); a grant of a model nobody contends
-// for is nobody's business.
+// weight. A grant of a contended model makes its tenant a contender (it
+// has the tier others want); a grant of a model with room is nobody's
+// business.
 func (s *tierShares) charge(now int64, model, tenant string, cost, weight int64) {
 	if len(s.models) == 0 { // the common case: nobody wants more of any tier
 		return
 	}
 	l := s.models[model]
-	if l == nil {
+	if l == nil || !l.contended(now, s.window) {
 		return
 	}
 	u := l.enter(now, s.window, tenant)
@@ -123,8 +146,9 @@ func (s *tierShares) charge(now int64, model, tenant string, cost, weight int64)
 	heap.Fix(&l.contenders, u.heapIdx)
 }
 
-// turn reports whether tenant may take model at now: it does not contend
-// for it, or its use is the least among those who do.
+// turn reports whether tenant may take model at now: the model is not
+// contended, or the tenant does not contend for it, or its use is the
+// least among those who do.
 func (s *tierShares) turn(now int64, model, tenant string) bool {
 	if len(s.models) == 0 {
 		return true
@@ -134,12 +158,22 @@ func (s *tierShares) turn(now int64, model, tenant string) bool {
 		return true
 	}
 	least := l.least(now, s.window)
-	if len(l.contenders) == 0 {
+	if len(l.contenders) == 0 && !l.contended(now, s.window) {
 		delete(s.models, model)
 		return true
 	}
+	if !l.contended(now, s.window) {
+		return true
+	}
 	u := l.entries[tenant]
-	return u == nil || u.used <= least
+	return u == nil || !u.contending(now, s.window) || u.used <= least
+}
+
+// leastWaiting reports whether the tenant whose turn it is at model has a
+// request queued for it.
+func (s *tierShares) leastWaiting(model string) bool {
+	l := s.models[model]
+	return l != nil && len(l.contenders) > 0 && l.contenders[0].waiting > 0
 }
 
 // least drops the contenders that no longer contend from the bottom of the

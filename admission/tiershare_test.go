@@ -25,6 +25,7 @@ func TestTierSharesStayWithinOneGrant(t *testing.T) {
 		for step := range rapid.IntRange(1, 300).Draw(rt, "steps") {
 			i := rapid.IntRange(0, n-1).Draw(rt, fmt.Sprint("asker", step))
 			now += rapid.Int64Range(0, int64(time.Second)).Draw(rt, fmt.Sprint("gap", step))
+			s.full(now, "large") // they all want more than it holds
 			if s.turn(now, "large", fmt.Sprint("t", i)) {
 				s.charge(now, "large", fmt.Sprint("t", i), rapid.Int64Range(1, maxCost).Draw(rt, fmt.Sprint("cost", step)), weights[i])
 			}
@@ -54,8 +55,9 @@ func TestTierSharesTurns(t *testing.T) {
 		t.Fatalf("a grant nobody contends for was recorded: %+v", s.models)
 	}
 
-	// b wants large and is queued; a, granted large now, joins at the least
-	// and is charged: b's turn next.
+	// Large is full: b wants it and is queued; a, granted large now, joins at
+	// the least and is charged: b's turn next.
+	s.full(0, "large")
 	s.want(0, "large", "b", true)
 	s.charge(0, "large", "a", 1000, 2)
 	if s.turn(0, "large", "a") || !s.turn(0, "large", "b") {
@@ -76,13 +78,16 @@ func TestTierSharesTurns(t *testing.T) {
 		t.Fatalf("after a's second grant: b's turn, not a's")
 	}
 
-	// b leaves the queue and stops asking; a keeps a request queued. b
-	// keeps its place for the window, then it is a's turn again.
+	// b leaves the queue and stops asking; a keeps a request queued, and
+	// large stays full. b keeps its place for the window, then it is a's
+	// turn again.
+	s.full(sec, "large")
 	s.want(sec, "large", "a", true)
 	s.leave(sec, "large", "b")
 	if s.turn(2*sec, "large", "a") {
 		t.Fatalf("b asked 1 s ago: still its turn")
 	}
+	s.full(6*sec, "large")
 	if !s.turn(6*sec, "large", "a") {
 		t.Fatalf("b last asked 5 s ago: its place is gone")
 	}
@@ -94,7 +99,12 @@ func TestTierSharesTurns(t *testing.T) {
 		t.Fatalf("b came back at use %d, want the least, a's %d", b, a)
 	}
 
-	// When nobody contends any more, the model's counters are forgotten.
+	// When large has room again, everybody's turn, whatever the uses; and
+	// when nobody contends any more, the model's counters are forgotten.
+	s.charge(6*sec, "large", "b", 1000, 1)
+	if !s.turn(12*sec, "large", "b") {
+		t.Fatalf("large last full 6 s ago: every tenant's turn")
+	}
 	s.leave(6*sec, "large", "a")
 	s.leave(6*sec, "large", "b")
 	if !s.turn(20*sec, "large", "a") || len(s.models) != 0 {
