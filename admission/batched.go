@@ -144,7 +144,8 @@ func (s *batchedState) gateLocked(t *tenantState) refusal {
 			now := s.e.nowLocked()
 			for k, b := range t.buckets() {
 				rate, _ := tenantLimits(t, bucketKind(k))
-				b.SetLimits(rate/int64(s.replicas), b.Burst(), b.Credit()) // from the level it froze at
+				b.Level(now) // brings the bucket to now at rate 0: the frozen time refills nothing
+				b.SetLimits(rate/int64(s.replicas), b.Burst(), b.Credit())
 				if en := s.entries[entryKey{t.name, bucketKind(k)}]; en != nil {
 					en.frozen = false
 				}
