@@ -239,7 +239,7 @@ var noOverrides TenantOverrides
 
 // Overrides returns the tenant's overrides (all nil when it has none).
 // The result is shared: do not modify it.
-func (t *TenantConfig) Overrides() *TenantOverrides {
+func (t TenantConfig) Overrides() *TenantOverrides {
 	if t.TenantOverrides == nil {
 		return &noOverrides
 	}

@@ -30,7 +30,7 @@ failed=0
 # median FILE NAME UNIT: the median of the values given in UNIT by the
 # benchmark lines of NAME (its -N GOMAXPROCS suffix aside).
 median() {
-	grep -E "^$2(-[0-9]+)?[[:space:]]" "$1" |
+	{ grep -E "^$2(-[0-9]+)?[[:space:]]" "$1" || true; } |
 		awk -v u="$3" '{ for (i = 2; i <= NF; i++) if ($i == u) print $(i-1) }' |
 		sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)] }'
 }
@@ -107,6 +107,10 @@ if [[ $GRPC == 1 ]]; then
 	for spec in "admit-release:Admit+Release, client a process:0.9" "admit-only:Admit only (leases accumulate):0.9" "admit-release-held:Admit+Release, 200k leases held:0.85"; do
 		IFS=: read -r name label target <<<"$spec"
 		j=$OUT/grpc/$name.json
+		if [[ ! -f $j ]]; then
+			row "gRPC $label" "?" "" "" ">=" "$target" nan
+			continue
+		fi
 		ratio=$(jq -r '.ratio' "$j")
 		row "gRPC $label" "$(jq -r '.load.calls_per_sec|floor' "$j") calls/s" "health Check $(jq -r '.reference.calls_per_sec|floor' "$j") calls/s" "$(calc "$ratio") (CPU $(calc "$(jq -r '.cpu_ratio' "$j")"))" ">=" "$target" "$ratio"
 	done

@@ -98,8 +98,9 @@ func (s Security) DialOptions(addr string) ([]grpc.DialOption, error) {
 	return opts, nil
 }
 
-// reconnect is how a connection to a replica retries after it broke:
-// grpc-go's backoff (1 s, ×1.6) capped at 1 s instead of 120 s. A replica
+// reconnect is how a connection to a replica retries after it broke: from
+// 100 ms, ×1.6, capped at 1 s (grpc-go's default: from 1 s, capped at
+// 120 s). A replica
 // that restarts on its address is back in seconds, and a router must not
 // wait out a backoff meant for far-away servers meanwhile: its tenants'
 // Admits would fail over to the next replica for that long.

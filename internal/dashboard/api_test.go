@@ -41,8 +41,8 @@ type fakeState struct {
 func (s *fakeState) Topology() topology.Cluster { return s.cluster }
 func (s *fakeState) TenantNames() []string      { return s.names }
 func (s *fakeState) TenantBudget(name, tier string) admission.Budget {
-	if tc := s.cfg.Tenants[name]; tc.Overrides().Budget != nil {
-		return *tc.Budget
+	if b := s.cfg.Tenants[name].Overrides().Budget; b != nil {
+		return *b
 	}
 	return s.cfg.Tiers[tier].Budget
 }

@@ -360,25 +360,25 @@ func (r *run) loadOptions() load.Options {
 		Prompt: r.o.Prompt, Output: r.o.Output, Deadline: r.o.Deadline, Hold: r.o.Hold, Release: true,
 		RequestIDs: true, Seed: r.o.Seed, Duration: time.Hour}
 	if len(r.o.Arrivals) > 0 {
-		o.Mode, o.Arrivals = load.ModeTrace, traceFrom(r.o.Arrivals, r.o.Seed)
+		// A segment runs the drill's phases, and a fault may outlast
+		// --during by its stop's time (a departing agent's record: up to
+		// 30 s): twice the phases and a minute more cover any drill.
+		o.Mode, o.Arrivals = load.ModeTrace, traceFrom(r.o.Arrivals, r.o.Seed, 2*(r.o.Before+r.o.During+r.o.After)+time.Minute)
 	}
 	return o
 }
 
-// traceLaps is how many times over a segment may play its trace: more
-// than any drill's phases need at a drill's rate.
-const traceLaps = 4
-
 // traceFrom returns trace's arrivals from an offset drawn by seed to its
-// end, then round again from its start, traceLaps times over, timed from
-// the offset: each drill hears another stretch of the trace.
-func traceFrom(trace []load.Arrival, seed uint64) []load.Arrival {
+// end, then round again from its start, as many times as it takes to
+// cover cover, timed from the offset: each drill hears another stretch of
+// the trace.
+func traceFrom(trace []load.Arrival, seed uint64, cover time.Duration) []load.Arrival {
 	span := trace[len(trace)-1].At + time.Millisecond // the last call and the first of the next lap are not at one instant
 	offset := time.Duration(rand.New(rand.NewPCG(seed, 0x7ace)).Int64N(int64(span)))
-	out := make([]load.Arrival, 0, traceLaps*len(trace))
-	for lap := range traceLaps {
+	var out []load.Arrival
+	for lap := time.Duration(0); lap*span-offset < cover; lap++ {
 		for _, a := range trace {
-			if a.At += time.Duration(lap)*span - offset; a.At >= 0 {
+			if a.At += lap*span - offset; a.At >= 0 && a.At < cover {
 				out = append(out, a)
 			}
 		}
@@ -482,10 +482,10 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 		stopWatch()
 	}
 	r.mend = r.now()
-	mended = true
 	if err := mend(ctx); err != nil {
-		return err
+		return err // the deferred undo tries again on a context of its own
 	}
+	mended = true
 	if name == DrainDomain {
 		defer r.watchWarmup(ctx, target)()
 	}
