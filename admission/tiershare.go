@@ -60,26 +60,6 @@ func (l *tierLedger) contended(now, window int64) bool {
 	return l.wasFull && now-l.full < window
 }
 
-// ledger returns model's ledger, made if need be.
-func (s *tierShares) ledger(model string) *tierLedger {
-	if s.models == nil {
-		s.models = make(map[string]*tierLedger)
-	}
-	l := s.models[model]
-	if l == nil {
-		l = &tierLedger{entries: make(map[string]*tierUse)}
-		s.models[model] = l
-	}
-	return l
-}
-
-// full records that model did not fit a request whose turn it was, at now:
-// the model is contended for the window.
-func (s *tierShares) full(now int64, model string) {
-	l := s.ledger(model)
-	l.full, l.wasFull = now, true
-}
-
 // tierUse is one tenant's use of one model.
 type tierUse struct {
 	tenant  string
@@ -93,6 +73,27 @@ type tierUse struct {
 // it last wanted the model.
 func (u *tierUse) contending(now, window int64) bool {
 	return u.waiting > 0 || now-u.active < window
+}
+
+// ledger returns model's ledger, made if need be.
+func (s *tierShares) ledger(model string) *tierLedger {
+	if s.models == nil {
+		s.models = make(map[string]*tierLedger)
+	}
+	l := s.models[model]
+	if l == nil {
+		l = &tierLedger{entries: make(map[string]*tierUse)}
+		s.models[model] = l
+	}
+	return l
+}
+
+// full records that model was full at now — a request whose turn it was
+// did not fit on it, or one was kept from it that it would not have held
+// or for a tenant waiting for it — so that it is contended for the window.
+func (s *tierShares) full(now int64, model string) {
+	l := s.ledger(model)
+	l.full, l.wasFull = now, true
 }
 
 // want records that tenant wanted model at now and did not get it (yet):
@@ -158,11 +159,10 @@ func (s *tierShares) turn(now int64, model, tenant string) bool {
 		return true
 	}
 	least := l.least(now, s.window)
-	if len(l.contenders) == 0 && !l.contended(now, s.window) {
-		delete(s.models, model)
-		return true
-	}
 	if !l.contended(now, s.window) {
+		if len(l.contenders) == 0 {
+			delete(s.models, model)
+		}
 		return true
 	}
 	u := l.entries[tenant]
