@@ -255,7 +255,10 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 		pl, ok = place.find(now, r, true, 0, r.ntiers)
 	}
 	if !ok {
-		from, upto := e.sharedTiersLocked(ctx, now, wall, req, r)
+		from, upto, notTurn := e.sharedTiersLocked(ctx, now, wall, req, r)
+		if notTurn {
+			e.notTurnLocked(now, r)
+		}
 		pl, ok = place.find(now, r, false, from, upto)
 		if from == 0 && upto > 0 && (!ok || pl.tier > 0) && place.outlook(now, r).own {
 			e.mu.room.tiers.full(now, r.tierBuf[0].name) // its own tier, tried, did not fit
@@ -286,32 +289,33 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 // nearer than degrade_after: a caller that must be answered now) — and
 // then, with others waiting, only the lower tiers: the requested one is
 // theirs first.
-func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (from, upto int) {
+//
+// notTurn says the requested tier was held back because it is not the
+// tenant's turn there (the caller notes it: notTurnLocked).
+func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (from, upto int, notTurn bool) {
 	waiting := e.mu.room.queue.Len()
 	if r.critical {
 		waiting = e.mu.room.queue.CriticalLen()
 	}
 	if r.ntiers == 1 { // nothing to degrade to: the requested tier, if nobody waits
 		if waiting == 0 {
-			return 0, 1
+			return 0, 1, false
 		}
-		return 0, 0
+		return 0, 0, false
 	}
 	q := &e.mu.cfg.Queue
 	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
 	turn := waiting == 0 && e.mu.room.tiers.turn(now, r.tierBuf[0].name, r.tenant.name)
-	if waiting == 0 && !turn {
-		e.notTurnLocked(now, r)
-	}
+	notTurn = waiting == 0 && !turn
 	switch {
 	case turn && degradeNow:
-		return 0, r.ntiers
+		return 0, r.ntiers, false
 	case turn:
-		return 0, 1
+		return 0, 1, false
 	case degradeNow:
-		return 1, r.ntiers
+		return 1, r.ntiers, notTurn
 	}
-	return 0, 0
+	return 0, 0, notTurn
 }
 
 // notTurnLocked notes a request kept from its own tier because it is not

@@ -152,7 +152,11 @@ func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall tim
 			return
 		}
 	}
-	from, upto := e.sharedTiersLocked(ctx, now, wall, req, r)
+	from, upto, notTurn := e.sharedTiersLocked(ctx, now, wall, req, r)
+	if notTurn {
+		x.Placement = append(x.Placement, PlacementCheck{Model: r.tierBuf[0].name,
+			Detail: fmt.Sprintf("not tenant %s's turn at %s: others contending for it have used less of it over their weights (queue.tier_share_window); lower tiers only", t.name, r.tierBuf[0].name)})
+	}
 	if e.mu.place.explainFind(now, r, false, from, upto, x) {
 		return
 	}

@@ -112,3 +112,30 @@ func TestExplainShowsCreditFreeze(t *testing.T) {
 		}
 	}
 }
+
+// Explain says when a degradable request is kept from its tier because it
+// is not its tenant's turn there, and leaves the tier's contention as it
+// was (a request not on its turn marks a full tier contended again).
+func TestExplainShowsNotItsTurn(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	now := h.e.nowLocked()
+	tiers := &h.e.mu.room.tiers
+	tiers.full(now, "large")
+	tiers.want(now, "large", "b", false)     // b wants large, at the least use
+	tiers.charge(now, "large", "a", 1000, 1) // a has had some
+	full := tiers.models["large"].full
+	r := req("a", "large", 10, 10)
+	r.AcceptDowngrade = []string{"medium"}
+	x, err := h.e.Explain(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// It would wait its turn in the fair order (queue.degrade_after), then
+	// take medium.
+	if x.Outcome != "QUEUED" || len(x.Placement) == 0 || !strings.Contains(x.Placement[0].Detail, "not tenant a's turn at large") {
+		t.Fatalf("a, not its turn at large: %+v, want QUEUED and the reason", x)
+	}
+	if tiers.models["large"].full != full {
+		t.Fatal("Explain marked large full")
+	}
+}
