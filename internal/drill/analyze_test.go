@@ -70,8 +70,10 @@ func TestAnalyzeCleanDrain(t *testing.T) {
 	if *before.OnTarget != 30 || *during.OnTarget != 0 || *during.Forbidden != 0 || *after.OnTarget != 40 {
 		t.Errorf("on d1: %d before, %d during (%d forbidden), %d after; want 30, 0, 0, 40", *before.OnTarget, *during.OnTarget, *during.Forbidden, *after.OnTarget)
 	}
-	if q := during.Quota; q.Admitted != 21000 || q.Quota != 21000 || q.Overshoot != 0 || q.Under != 0 {
-		t.Errorf("during quota: %+v; want 21000 admitted of 21000, exact", q)
+	// One exact bucket of 7,000 tokens/s, empty at 3 s, admits a request of
+	// 140 every 20 ms from 3.02 s: 149 of them.
+	if q := during.Quota; q.Admitted != 21000 || q.Quota != 149*140 || q.Overshoot != 0 || q.Under != 0 {
+		t.Errorf("during quota: %+v; want 21000 admitted against the exact bucket's 20860, no overshoot", q)
 	}
 	if f := after.Floors; len(f) != 1 || f[0].Held != 4 || f[0].Seconds != 4 {
 		t.Errorf("after floors: %+v; want gold held 4 of 4 seconds", f)
@@ -168,5 +170,17 @@ func TestTraceFromGoesRound(t *testing.T) {
 		if want := next[got[i-1].Tenant]; got[i].Tenant != want.tenant || got[i].At-got[i-1].At != want.gap {
 			t.Fatalf("call %d: %s %v after %s; want %s %v after it", i, got[i].Tenant, got[i].At-got[i-1].At, got[i-1].Tenant, want.tenant, want.gap)
 		}
+	}
+}
+
+// The quota promise's lower bound is what one exact token bucket, empty at
+// the phase's start, admits of the same requests: a lull refills nothing
+// past the burst.
+func TestBucketAdmits(t *testing.T) {
+	at := func(ms int) answer { return answer{sent: time.Duration(ms) * time.Millisecond, weight: 50} }
+	asked := []answer{at(10000), at(1000), at(0), at(1100), at(1000)} // out of order, as answers come back
+	// rate 100/s, burst 100: 0 s empty (no); 1 s 100 (yes, yes); 1.1 s 10 (no); 10 s full again at 100 (yes).
+	if got := bucketAdmits(asked, 0, 100, 100); got != 150 {
+		t.Fatalf("bucketAdmits = %d, want 150", got)
 	}
 }

@@ -23,13 +23,15 @@
 //   - floors held per whole second: a floor tenant's admitted weighted
 //     tokens reach (1 − tolerance) · min(floor, offered);
 //   - the quota tenant (offered more than its quota): admitted tokens
-//     against rate · T, within [(1 − undershoot) · rate · T,
-//     rate · T + burst + credit + (N − 1) · rate · W];
+//     within [(1 − undershoot) · B, rate · T + burst + credit +
+//     (N − 1) · rate · W], B what one exact token bucket of its rate and
+//     burst, empty at the phase's start, admits of the same requests
+//     (rate · T under steady overload; less under a bursty trace);
 //   - placements on the drained (or departed) domain of requests sent from
 //     the grace after the mark until the recovery action;
-//   - the time to recover: from the recovery action until the mix's
-//     admitted rate, over two 250 ms bins, is back to a fraction of its
-//     steady rate before the fault.
+//   - the time to recover: from the recovery action until the share of
+//     the mix's requests admitted, over two 250 ms bins, is back to a
+//     fraction of its steady share before the fault.
 //
 // The drills are drain-domain (a drain mark in etcd, or the Operator API
 // of every replica), kill-agent, kill-replica, stop-etcd, kill-redis

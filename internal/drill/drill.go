@@ -67,7 +67,8 @@ type Options struct {
 	// may still place there: one watch round-trip.
 	Grace time.Duration
 	// RecoverWithin bounds the time to recover: from the recovery action
-	// until the admitted rate is back to RecoverFraction of before's.
+	// until the share of requests admitted is back to RecoverFraction of
+	// before's.
 	RecoverWithin   time.Duration
 	RecoverFraction float64
 	// LateBudget is the share of answers that may come past their deadline.
@@ -121,7 +122,7 @@ type Report struct {
 	Timeline []Mark         `json:"timeline"`
 	Phases   []*PhaseReport `json:"phases"`
 	// RecoverSeconds is the time from the recovery action until the
-	// admitted rate was back; nil when it did not come back.
+	// share of requests admitted was back; nil when it did not come back.
 	RecoverSeconds *float64  `json:"time_to_recover_s"`
 	Promises       []Promise `json:"promises"`
 	// Held is true when every promise held.
@@ -187,7 +188,7 @@ type FloorReport struct {
 type QuotaReport struct {
 	Tenant    string  `json:"tenant"`
 	Admitted  int64   `json:"admitted_tokens"`
-	Quota     int64   `json:"quota_tokens"`
+	Quota     int64   `json:"quota_tokens"` // what one exact token bucket of its rate and burst, empty at the phase start, admits of the same requests
 	Upper     int64   `json:"upper_bound_tokens"`
 	Overshoot float64 `json:"overshoot_pct"`
 	Under     float64 `json:"undershoot_pct"`
