@@ -405,6 +405,10 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		return answered
 	}
 	defer func() { place.blocked = place.blocked[:0] }()
+	// A head whose turn it is not takes a lower tier or waits without
+	// holding a domain. (If the tenant whose turn it is lies further back
+	// than dispatchScanLimit heads, the tier waits for it until its tag
+	// comes up, or until the turns lapse with the contention.)
 	fits := func(w *waiter) bool {
 		model := w.p.tierBuf[0].name
 		turn := w.p.ntiers == 1 || room.tiers.turn(now, model, w.p.tenant.name)
