@@ -29,6 +29,7 @@ func (r *run) creditExhaustion(ctx context.Context) error {
 	per := float64(r.o.Prompt + r.o.OutputWeight*r.o.Output)
 	spike := func(mult float64, seed uint64) load.Options {
 		o := r.loadOptions()
+		o.Mode, o.Arrivals = load.ModeOpen, nil // the credit tenant's own load is Poisson at a multiple of its rate, trace or not
 		o.Tenants = []load.Mix{{Tenant: t, Model: model, Share: 1}}
 		o.Rate = mult * float64(pol.rate) / per
 		o.Seed = r.o.Seed + seed
