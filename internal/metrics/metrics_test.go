@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -134,5 +135,16 @@ func BenchmarkAdmit(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// Every reason the engine names has a pre-built counter: a reason added
+// after the last one the counters were sized for would be dropped silently.
+func TestEveryReasonHasACounter(t *testing.T) {
+	if name := admission.Reason(maxReason).String(); !strings.HasPrefix(name, "Reason(") {
+		t.Fatalf("reason %d (%s) has no decision counter: maxReason must follow the last reason", maxReason, name)
+	}
+	if name := admission.Reason(maxReason - 1).String(); strings.HasPrefix(name, "Reason(") {
+		t.Fatalf("maxReason %d is past the last reason", maxReason)
 	}
 }
