@@ -29,9 +29,6 @@ import (
 // detector, which multiplies memory), on the embedded default with its
 // tenants replaced by 100k on a tier without a floor.
 func TestHundredThousandTenantsResidentMemory(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: builds sluiced and starts it with 100k tenants")
-	}
 	const (
 		tenants = 100_000
 		limit   = 64 << 20
