@@ -66,9 +66,9 @@ func runCredit(args []string, out, _ io.Writer) error {
 	var err error
 	switch {
 	case ef.endpoints != "" && freeze:
-		res, err = freezeInEtcd(&ef, *period, *reason, *by)
+		res, err = creditInEtcd(&ef, true, *period, *reason, *by)
 	case ef.endpoints != "":
-		res, err = thawInEtcd(&ef)
+		res, err = creditInEtcd(&ef, false, 0, "", "")
 	case freeze:
 		of := operatorFlags{server: *server, timeout: ef.timeout, serverFlags: sf}
 		err = of.call(func(ctx context.Context, op admissionv1.OperatorClient) error {
@@ -123,8 +123,8 @@ func (r creditResult) sentence() string {
 	return "burst credit thawed (" + r.Where + "): tenants borrow again"
 }
 
-// freezeInEtcd writes the fleet's freeze key.
-func freezeInEtcd(ef *etcdFlags, d time.Duration, reason, by string) (creditResult, error) {
+// creditInEtcd writes the fleet's freeze key (freeze) or deletes it.
+func creditInEtcd(ef *etcdFlags, freeze bool, d time.Duration, reason, by string) (creditResult, error) {
 	cli, err := ef.client()
 	if err != nil {
 		return creditResult{}, err
@@ -132,26 +132,18 @@ func freezeInEtcd(ef *etcdFlags, d time.Duration, reason, by string) (creditResu
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
 	defer cancel()
+	prefix := controlplane.NormalizePrefix(ef.prefix)
+	if !freeze {
+		was, err := controlplane.DeleteCreditFreeze(ctx, cli, prefix)
+		if err != nil {
+			return creditResult{}, err
+		}
+		return creditResult{Action: "thaw", WasFrozen: was, Where: "etcd"}, nil
+	}
 	now := time.Now() // the operator's moment, not a decision: replicas compare the absolute end
 	m := controlplane.CreditFreezeMark{Until: now.Add(d), Reason: reason, By: by, At: now}
-	if _, err := controlplane.PutCreditFreeze(ctx, cli, controlplane.NormalizePrefix(ef.prefix), m); err != nil {
+	if _, err := controlplane.PutCreditFreeze(ctx, cli, prefix, m); err != nil {
 		return creditResult{}, err
 	}
 	return creditResult{Action: "freeze", Frozen: true, Until: m.Until, Reason: m.Describe(), Where: "etcd"}, nil
-}
-
-// thawInEtcd deletes the fleet's freeze key.
-func thawInEtcd(ef *etcdFlags) (creditResult, error) {
-	cli, err := ef.client()
-	if err != nil {
-		return creditResult{}, err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
-	defer cancel()
-	was, err := controlplane.DeleteCreditFreeze(ctx, cli, controlplane.NormalizePrefix(ef.prefix))
-	if err != nil {
-		return creditResult{}, err
-	}
-	return creditResult{Action: "thaw", WasFrozen: was, Where: "etcd"}, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -27,20 +26,7 @@ type CreditFreezeMark struct {
 }
 
 // Describe is the freeze's reason as replicas show it: who, when and why.
-func (m CreditFreezeMark) Describe() string {
-	var b strings.Builder
-	b.WriteString("frozen")
-	if m.By != "" {
-		b.WriteString(" by " + m.By)
-	}
-	if !m.At.IsZero() {
-		b.WriteString(" at " + m.At.UTC().Format(time.RFC3339))
-	}
-	if m.Reason != "" {
-		b.WriteString(": " + m.Reason)
-	}
-	return b.String()
-}
+func (m CreditFreezeMark) Describe() string { return describeMark("frozen", m.By, m.At, m.Reason) }
 
 // decodeCreditFreeze reads the freeze mark. Unlike a drain mark, one
 // without a readable end cannot be applied: a freeze must end.

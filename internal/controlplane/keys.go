@@ -92,17 +92,21 @@ type DrainMark struct {
 
 // Describe is the drain reason replicas show for the mark (ListDomains'
 // drain_reason): who, when and why.
-func (m DrainMark) Describe() string {
+func (m DrainMark) Describe() string { return describeMark("drained", m.By, m.At, m.Reason) }
+
+// describeMark says what an operator's mark did, by whom, when and why:
+// "drained by alice at 2026-03-10T12:00:00Z: swap".
+func describeMark(did, by string, at time.Time, reason string) string {
 	var b strings.Builder
-	b.WriteString("drained")
-	if m.By != "" {
-		b.WriteString(" by " + m.By)
+	b.WriteString(did)
+	if by != "" {
+		b.WriteString(" by " + by)
 	}
-	if !m.At.IsZero() {
-		b.WriteString(" at " + m.At.UTC().Format(time.RFC3339))
+	if !at.IsZero() {
+		b.WriteString(" at " + at.UTC().Format(time.RFC3339))
 	}
-	if m.Reason != "" {
-		b.WriteString(": " + m.Reason)
+	if reason != "" {
+		b.WriteString(": " + reason)
 	}
 	return b.String()
 }

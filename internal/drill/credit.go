@@ -153,7 +153,7 @@ func (r *run) tenantInfo(ctx context.Context, t string) (*admissionv1.TenantInfo
 	if err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	resp, err := op.GetTenant(cctx, &admissionv1.GetTenantRequest{Name: t})
 	if err != nil {

@@ -335,22 +335,11 @@ func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 				credit: int64(p.BurstCredit.Multiple * p.Tokens.Rate)}
 			continue
 		}
-		m, ok := r.f.Router.Route(n)
-		if !ok {
-			return nil, errors.New("no replica is registered")
-		}
-		op, err := r.f.operator(m.Addr)
+		ti, err := r.tenantInfo(ctx, n)
 		if err != nil {
 			return nil, err
 		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ti, err := op.GetTenant(cctx, &admissionv1.GetTenantRequest{Name: n})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("tenant %s on replica %s: %w", n, m.ID, err)
-		}
-		t := ti.GetTenant()
-		out[n] = policy{floor: t.GetFloorTokens(), rate: t.GetTokenRate(), burst: t.GetTokenBurst(), credit: t.GetCredit()}
+		out[n] = policy{floor: ti.GetFloorTokens(), rate: ti.GetTokenRate(), burst: ti.GetTokenBurst(), credit: ti.GetCredit()}
 	}
 	return out, nil
 }
@@ -582,50 +571,17 @@ func (r *run) drain(ctx context.Context, domain string, on bool) error {
 // watchDrainApplied polls every replica's ListDomains until each shows the
 // domain draining, and notes when; the returned func stops it.
 func (r *run) watchDrainApplied(ctx context.Context, domain string) func() {
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ctx.Err() == nil {
-			all, n := true, 0
-			for _, m := range r.f.members() {
-				op, err := r.f.operator(m.Addr)
-				if err != nil {
-					all = false
-					break
-				}
-				cctx, c := context.WithTimeout(ctx, time.Second)
-				resp, err := op.ListDomains(cctx, &admissionv1.ListDomainsRequest{})
-				c()
-				drained := false
-				for _, d := range resp.GetDomains() {
-					drained = drained || (d.GetId() == domain && d.GetDraining())
-				}
-				if err != nil || !drained {
-					all = false
-					continue
-				}
-				n++
-			}
-			if all && n > 0 {
-				r.note("every replica (%d) shows %s draining", n, domain)
-				r.mu.Lock()
-				r.rep.Promises = append(r.rep.Promises, Promise{Name: "drain applied within the grace",
-					Held: r.now()-r.mark <= r.o.Grace, Detail: fmt.Sprintf("%d replicas draining %.0f ms after the mark (grace %v)", n, float64(r.now()-r.mark)/1e6, r.o.Grace)})
-				r.mu.Unlock()
-				return
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-		r.mu.Lock()
-		r.rep.Promises = append(r.rep.Promises, Promise{Name: "drain applied within the grace", Held: false,
-			Detail: "some replica never showed the domain draining during the drain"})
-		r.mu.Unlock()
-	}()
-	return func() { cancel(); <-done }
+	return r.watchDomain(ctx, domain, (*admissionv1.DomainInfo).GetDraining,
+		func(seen map[string]*admissionv1.DomainInfo) {
+			n := len(seen)
+			r.note("every replica (%d) shows %s draining", n, domain)
+			r.promise(Promise{Name: "drain applied within the grace", Held: r.now()-r.mark <= r.o.Grace,
+				Detail: fmt.Sprintf("%d replicas draining %.0f ms after the mark (grace %v)", n, float64(r.now()-r.mark)/1e6, r.o.Grace)})
+		},
+		func(map[string]*admissionv1.DomainInfo) {
+			r.promise(Promise{Name: "drain applied within the grace", Held: false,
+				Detail: "some replica never showed the domain draining during the drain"})
+		})
 }
 
 // watchWarmup polls every replica's ListDomains until each shows the
@@ -638,41 +594,47 @@ func (r *run) watchWarmup(ctx context.Context, domain string) func() {
 		r.note("warm-up is off in the fleet's config: %s returns whole", domain)
 		return func() {}
 	}
+	back := func(d *admissionv1.DomainInfo) bool { return !d.GetDraining() }
+	return r.watchDomain(ctx, domain, back,
+		func(seen map[string]*admissionv1.DomainInfo) {
+			held, parts := true, []string{}
+			for _, id := range sortedKeys(seen) {
+				f := seen[id].GetWarmupFraction()
+				held = held && f < 1
+				parts = append(parts, fmt.Sprintf("%s %.0f%%", id, 100*f))
+			}
+			r.note("every replica (%d) has %s back: capacity %s", len(seen), domain, strings.Join(parts, ", "))
+			r.promise(Promise{Name: "returning domain warms up", Held: held,
+				Detail: fmt.Sprintf("share of its capacity when back: %s (whole would be 100%%)", strings.Join(parts, ", "))})
+		},
+		func(seen map[string]*admissionv1.DomainInfo) {
+			r.promise(Promise{Name: "returning domain warms up", Held: false,
+				Detail: fmt.Sprintf("%d of %d replicas showed %s back during the after phase", len(seen), len(r.f.members()), domain)})
+		})
+}
+
+// watchDomain polls every replica's ListDomains every 50 ms until each has
+// shown domain in a state shows accepts, then calls done with what each
+// showed first; stopped before (the returned func), it calls never with
+// those seen so far.
+func (r *run) watchDomain(ctx context.Context, domain string, shows func(*admissionv1.DomainInfo) bool,
+	done, never func(seen map[string]*admissionv1.DomainInfo)) func() {
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
+	finished := make(chan struct{})
 	go func() {
-		defer close(done)
-		seen := map[string]float64{} // replica → the fraction it first showed once the domain was back
+		defer close(finished)
+		seen := map[string]*admissionv1.DomainInfo{}
 		for ctx.Err() == nil {
 			members := r.f.members()
 			for _, m := range members {
-				if _, ok := seen[m.ID]; ok {
-					continue
-				}
-				op, err := r.f.operator(m.Addr)
-				if err != nil {
-					continue
-				}
-				cctx, c := context.WithTimeout(ctx, time.Second)
-				resp, err := op.ListDomains(cctx, &admissionv1.ListDomainsRequest{})
-				c()
-				for _, d := range resp.GetDomains() {
-					if err == nil && d.GetId() == domain && !d.GetDraining() {
-						seen[m.ID] = d.GetWarmupFraction()
+				if seen[m.ID] == nil {
+					if d := r.domainOn(ctx, m.Addr, domain); d != nil && shows(d) {
+						seen[m.ID] = d
 					}
 				}
 			}
 			if len(members) > 0 && len(seen) == len(members) {
-				held, parts := true, []string{}
-				for _, id := range sortedKeys(seen) {
-					held = held && seen[id] < 1
-					parts = append(parts, fmt.Sprintf("%s %.0f%%", id, 100*seen[id]))
-				}
-				r.note("every replica (%d) has %s back: capacity %s", len(seen), domain, strings.Join(parts, ", "))
-				r.mu.Lock()
-				r.rep.Promises = append(r.rep.Promises, Promise{Name: "returning domain warms up", Held: held,
-					Detail: fmt.Sprintf("share of its capacity when back: %s (whole would be 100%%)", strings.Join(parts, ", "))})
-				r.mu.Unlock()
+				done(seen)
 				return
 			}
 			select {
@@ -680,12 +642,38 @@ func (r *run) watchWarmup(ctx context.Context, domain string) func() {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		r.mu.Lock()
-		r.rep.Promises = append(r.rep.Promises, Promise{Name: "returning domain warms up", Held: false,
-			Detail: fmt.Sprintf("%d of %d replicas showed %s back during the after phase", len(seen), len(r.f.members()), domain)})
-		r.mu.Unlock()
+		never(seen)
 	}()
-	return func() { cancel(); <-done }
+	return func() { cancel(); <-finished }
+}
+
+// domainOn is domain as the replica at addr lists it, or nil when it does
+// not answer or list it.
+func (r *run) domainOn(ctx context.Context, addr, domain string) *admissionv1.DomainInfo {
+	op, err := r.f.operator(addr)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := op.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
+	if err != nil {
+		return nil
+	}
+	for _, d := range resp.GetDomains() {
+		if d.GetId() == domain {
+			return d
+		}
+	}
+	return nil
+}
+
+// promise adds p to the report; the watchers add theirs from their own
+// goroutines.
+func (r *run) promise(p Promise) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.rep.Promises = append(r.rep.Promises, p)
 }
 
 // nodeDomain reads the agent's record: its domain, and whether the node is
