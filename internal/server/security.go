@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -107,6 +108,7 @@ func (s *Server) grpcServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(s.sec.auth.StreamServerInterceptor()),
+		grpc.NumStreamWorkers(streamWorkers()),
 	}
 	if s.sec.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.sec.tls.Config("h2"))))
@@ -279,4 +281,13 @@ func connectionsFor(nofile uint64) int {
 		return maxMaxConnections
 	}
 	return max(int((int64(nofile)-fdReserve)/2), minMaxConnections)
+}
+
+// streamWorkers is the number of long-lived goroutines that serve gRPC
+// streams. Without them grpc-go starts a goroutine per RPC, whose stack
+// grows (a copy) the first time an Admit reaches the engine's deeper frames:
+// over a tenth of the server's CPU. A worker's stack stays grown; when every
+// worker is busy, grpc-go starts a goroutine as before.
+func streamWorkers() uint32 {
+	return uint32(32 * runtime.GOMAXPROCS(0))
 }
