@@ -25,7 +25,7 @@
 //     weighted fair queue (package wfq), the deadlines of queued requests,
 //     the estimated work queued, and the idempotency records.
 //   - the lease table (leaseTable; leases.go): admitted requests in a slab,
-//     found by a random 64-bit id, with a heap of expiries.
+//     found by a random 64-bit id, in lists by expiry.
 //
 // A charge (charge.go) is what one admission took from these rooms: the
 // tenant's gates and, once placed, the domain's capacity. Like

@@ -23,7 +23,7 @@ func (tk *Ticket) Answered() bool {
 func (e *Engine) LeaseNumber(id uint64) uint32 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	slot, ok := e.mu.leases.byID[id]
+	slot, ok := e.mu.leases.find(id)
 	if !ok {
 		return 0
 	}

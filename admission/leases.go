@@ -18,26 +18,42 @@ type lease struct {
 	expires   int64
 }
 
-// leaseTable holds live leases in a slab indexed by slot, with a min-heap of
-// slots by expiry, and finds a slot by its lease's id. A lease id is 64
-// random bits from a ChaCha8 stream seeded by crypto/rand, so that an id
-// cannot be guessed from another: a lease can be released only by a caller
-// that was told its id. The slab keeps leases out of the garbage
-// collector's way (no pointer per lease in a map), and steady-state
-// admission and release allocate nothing. The heap holds live leases only
-// (release removes its entry), so it is bounded by what is in flight.
+// leaseTable holds live leases in a slab indexed by slot, finds a slot by
+// its lease's id, and keeps the live leases in order of expiry. A lease id
+// is 64 random bits from a ChaCha8 stream seeded by crypto/rand, so that an
+// id cannot be guessed from another: a lease can be released only by a
+// caller that was told its id.
+//
+// Everything is O(1) and allocation-free in steady state, and nothing per
+// lease is a pointer into the Go heap's maps: the ids are their own hash in
+// an open-addressed index (leaseIndex), and expiry order is a doubly linked
+// list through the slots, one per lease TTL (expiryList) — leases granted
+// with one TTL expire in the order they were granted, so a new one goes at
+// its list's tail. (A heap, before, cost a release O(log leases) cache
+// misses at 200k leases held.)
 type leaseTable struct {
 	slots []leaseSlot
-	free  []uint32          // vacant slots
-	heap  []uint32          // slots of live leases, by expires
-	byID  map[uint64]uint32 // live lease id → slot
+	free  []uint32 // vacant slots, reused last-freed first
+	index leaseIndex
+	lists []expiryList // one per TTL of a live lease; a config reload adds one
+	n     int
 	ids   *rand.ChaCha8
 }
 
+// noSlot ends an expiry list.
+const noSlot = ^uint32(0)
+
 type leaseSlot struct {
 	lease
-	id      uint64 // 0 while vacant
-	heapIdx int
+	id         uint64 // 0 while vacant
+	prev, next uint32 // neighbours in the lease's expiry list, or noSlot
+}
+
+// expiryList is the live leases granted with one TTL, earliest expiry
+// first.
+type expiryList struct {
+	ttl        int64
+	head, tail uint32
 }
 
 func newLeaseTable() leaseTable {
@@ -45,7 +61,7 @@ func newLeaseTable() leaseTable {
 	if _, err := cryptorand.Read(seed[:]); err != nil {
 		panic(fmt.Sprintf("admission: no randomness for lease ids: %v", err)) // crypto/rand does not fail on supported platforms
 	}
-	return leaseTable{byID: make(map[uint64]uint32), ids: rand.NewChaCha8(seed)}
+	return leaseTable{ids: rand.NewChaCha8(seed)}
 }
 
 // add stores l and returns its id.
@@ -58,37 +74,22 @@ func (t *leaseTable) add(l lease) uint64 {
 		t.slots = append(t.slots, leaseSlot{})
 		slot = uint32(len(t.slots) - 1)
 	}
-	// A fresh id for the slot. A collision with a live lease's id (a chance
-	// of live/2⁶⁴) shows as a map that did not grow: that lease gets its
-	// entry back and another id is drawn.
+	// A fresh id for the slot: 0 means vacant, and an id a live lease
+	// holds (a chance of live/2⁶⁴) is drawn again.
 	var id uint64
-	for {
+	for id == 0 || !t.index.insert(id, slot) {
 		id = t.ids.Uint64()
-		if id == 0 {
-			continue
-		}
-		n := len(t.byID)
-		t.byID[id] = slot
-		if len(t.byID) > n {
-			break
-		}
-		for i := range t.slots {
-			if t.slots[i].id == id {
-				t.byID[id] = uint32(i)
-			}
-		}
 	}
 	s := &t.slots[slot]
 	s.lease, s.id = l, id
-	s.heapIdx = len(t.heap)
-	t.heap = append(t.heap, slot)
-	t.up(s.heapIdx)
+	t.link(slot)
+	t.n++
 	return id
 }
 
 // get returns the live lease with id.
 func (t *leaseTable) get(id uint64) (*lease, bool) {
-	slot, ok := t.byID[id]
+	slot, ok := t.index.find(id)
 	if !ok {
 		return nil, false
 	}
@@ -97,13 +98,12 @@ func (t *leaseTable) get(id uint64) (*lease, bool) {
 
 // find returns the slot of the live lease with id.
 func (t *leaseTable) find(id uint64) (uint32, bool) {
-	slot, ok := t.byID[id]
-	return slot, ok
+	return t.index.find(id)
 }
 
 // remove deletes the live lease with id and returns it.
 func (t *leaseTable) remove(id uint64) (lease, bool) {
-	slot, ok := t.byID[id]
+	slot, ok := t.index.find(id)
 	if !ok {
 		return lease{}, false
 	}
@@ -112,85 +112,176 @@ func (t *leaseTable) remove(id uint64) (lease, bool) {
 
 // take deletes the live lease in slot and returns it.
 func (t *leaseTable) take(slot uint32) lease {
-	out := t.slots[slot].lease
-	t.removeSlot(slot)
-	return out
-}
-
-func (t *leaseTable) removeSlot(slot uint32) {
 	s := &t.slots[slot]
-	i := s.heapIdx
-	last := len(t.heap) - 1
-	if i != last {
-		t.swap(i, last)
-	}
-	t.heap = t.heap[:last]
-	if i != last {
-		t.down(i)
-		t.up(i)
-	}
-	delete(t.byID, s.id)
+	out := s.lease
+	t.unlink(slot)
+	t.index.remove(s.id)
 	s.lease, s.id = lease{}, 0
 	t.free = append(t.free, slot)
+	t.n--
+	return out
 }
 
 // popExpired removes and returns the earliest lease if it expires at or before now.
 func (t *leaseTable) popExpired(now int64) (lease, bool) {
-	if len(t.heap) == 0 {
+	first := noSlot
+	for _, l := range t.lists {
+		if first == noSlot || t.slots[l.head].expires < t.slots[first].expires {
+			first = l.head
+		}
+	}
+	if first == noSlot || t.slots[first].expires > now {
 		return lease{}, false
 	}
-	slot := t.heap[0]
-	if t.slots[slot].expires > now {
-		return lease{}, false
-	}
-	return t.take(slot), true
+	return t.take(first), true
 }
 
-func (t *leaseTable) len() int { return len(t.heap) }
+func (t *leaseTable) len() int { return t.n }
 
 // each calls fn for every live lease.
 func (t *leaseTable) each(fn func(*lease)) {
-	for _, slot := range t.heap {
-		fn(&t.slots[slot].lease)
+	for _, l := range t.lists {
+		for slot := l.head; slot != noSlot; slot = t.slots[slot].next {
+			fn(&t.slots[slot].lease)
+		}
 	}
 }
 
-func (t *leaseTable) less(i, j int) bool {
-	return t.slots[t.heap[i]].expires < t.slots[t.heap[j]].expires
-}
-
-func (t *leaseTable) swap(i, j int) {
-	t.heap[i], t.heap[j] = t.heap[j], t.heap[i]
-	t.slots[t.heap[i]].heapIdx = i
-	t.slots[t.heap[j]].heapIdx = j
-}
-
-func (t *leaseTable) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !t.less(i, p) {
-			return
+// list returns the expiry list of leases granted with ttl, adding it if
+// there is none.
+func (t *leaseTable) list(ttl int64) *expiryList {
+	for i := range t.lists {
+		if t.lists[i].ttl == ttl {
+			return &t.lists[i]
 		}
-		t.swap(i, p)
-		i = p
+	}
+	t.lists = append(t.lists, expiryList{ttl: ttl, head: noSlot, tail: noSlot})
+	return &t.lists[len(t.lists)-1]
+}
+
+// link puts a new lease in its expiry list. It goes at the tail but for
+// the nanoseconds by which Admits that read the clock before taking the
+// lock may pass each other: it steps back past any that expire later.
+func (t *leaseTable) link(slot uint32) {
+	s := &t.slots[slot]
+	l := t.list(s.expires - s.granted)
+	prev := l.tail
+	for prev != noSlot && t.slots[prev].expires > s.expires {
+		prev = t.slots[prev].prev
+	}
+	s.prev = prev
+	if prev == noSlot {
+		s.next, l.head = l.head, slot
+	} else {
+		s.next, t.slots[prev].next = t.slots[prev].next, slot
+	}
+	if s.next == noSlot {
+		l.tail = slot
+	} else {
+		t.slots[s.next].prev = slot
 	}
 }
 
-func (t *leaseTable) down(i int) {
-	n := len(t.heap)
-	for {
-		l, r, m := 2*i+1, 2*i+2, i
-		if l < n && t.less(l, m) {
-			m = l
+// unlink takes a lease out of its expiry list, and drops the list once
+// empty.
+func (t *leaseTable) unlink(slot uint32) {
+	s := &t.slots[slot]
+	l := t.list(s.expires - s.granted)
+	if s.prev == noSlot {
+		l.head = s.next
+	} else {
+		t.slots[s.prev].next = s.next
+	}
+	if s.next == noSlot {
+		l.tail = s.prev
+	} else {
+		t.slots[s.next].prev = s.prev
+	}
+	if l.head == noSlot {
+		i := len(t.lists) - 1
+		*l = t.lists[i]
+		t.lists = t.lists[:i]
+	}
+}
+
+// leaseIndex maps live lease ids to slots. Ids are uniformly random, so an
+// id's low bits serve as its hash: an open-addressed table with linear
+// probing, at most 3/4 full, that deletes by shifting back the cells after
+// the hole (no tombstones), the way a Go map would but without hashing,
+// growth in place or a pointer for the collector per entry.
+type leaseIndex struct {
+	cells []indexCell
+	n     int
+}
+
+type indexCell struct {
+	id   uint64 // 0: empty
+	slot uint32
+}
+
+// find returns the slot of id.
+func (x *leaseIndex) find(id uint64) (uint32, bool) {
+	if len(x.cells) == 0 {
+		return 0, false
+	}
+	mask := uint64(len(x.cells) - 1)
+	for i := id & mask; ; i = (i + 1) & mask {
+		switch c := x.cells[i]; c.id {
+		case id:
+			return c.slot, true
+		case 0:
+			return 0, false
 		}
-		if r < n && t.less(r, m) {
-			m = r
+	}
+}
+
+// insert adds id → slot and reports true, or false if id is already
+// there.
+func (x *leaseIndex) insert(id uint64, slot uint32) bool {
+	if 4*(x.n+1) > 3*len(x.cells) {
+		x.grow()
+	}
+	mask := uint64(len(x.cells) - 1)
+	for i := id & mask; ; i = (i + 1) & mask {
+		switch x.cells[i].id {
+		case id:
+			return false
+		case 0:
+			x.cells[i] = indexCell{id: id, slot: slot}
+			x.n++
+			return true
 		}
-		if m == i {
-			return
+	}
+}
+
+// remove deletes id, which must be there.
+func (x *leaseIndex) remove(id uint64) {
+	mask := uint64(len(x.cells) - 1)
+	hole := id & mask
+	for x.cells[hole].id != id {
+		hole = (hole + 1) & mask
+	}
+	// Shift back every cell after the hole whose home is not between the
+	// hole and it (cyclically), so that no probe meets an empty cell
+	// before its id.
+	for j := (hole + 1) & mask; x.cells[j].id != 0; j = (j + 1) & mask {
+		if home := x.cells[j].id & mask; (j-home)&mask >= (j-hole)&mask {
+			x.cells[hole] = x.cells[j]
+			hole = j
 		}
-		t.swap(i, m)
-		i = m
+	}
+	x.cells[hole] = indexCell{}
+	x.n--
+}
+
+func (x *leaseIndex) grow() {
+	old := x.cells
+	x.cells = make([]indexCell, max(2*len(old), 64))
+	x.n = 0
+	for _, c := range old {
+		if c.id != 0 {
+			x.insert(c.id, c.slot)
+		}
 	}
 }
 
