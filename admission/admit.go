@@ -159,9 +159,11 @@ func durationUntil(d time.Duration) time.Duration {
 // admit runs steps 2–6 of the data flow under the lock. It returns either a
 // decision or a waiter to wait on.
 func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, error) {
-	wall := e.clk.Now()
+	// The monotonic clock alone (Since), the wall time derived from it, as
+	// Release does: one clock read instead of two.
+	now := int64(e.clk.Since(e.base))
+	wall := e.base.Add(time.Duration(now))
 	e.mu.Lock()
-	now := int64(wall.Sub(e.base))
 	var r pending
 	if err := e.mu.place.resolve(req, &r); err != nil {
 		e.mu.Unlock()

@@ -96,7 +96,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 }
 
 // nowLocked returns the engine's monotonic time in nanoseconds.
-func (e *Engine) nowLocked() int64 { return int64(e.clk.Now().Sub(e.base)) }
+func (e *Engine) nowLocked() int64 { return int64(e.clk.Since(e.base)) }
 
 // Run dispatches queued requests, expires leases and runs the shared
 // strategy's background work until ctx ends or the engine is closed. The

@@ -13,6 +13,8 @@ type Clock interface {
 	// Now returns the current time. Real clocks carry a monotonic reading,
 	// so differences between two Now calls never jump with wall-clock steps.
 	Now() time.Time
+	// Since returns the time elapsed since t, a time this clock gave.
+	Since(t time.Time) time.Duration
 }
 
 // Real is the process clock.
@@ -20,6 +22,11 @@ type Real struct{}
 
 // Now returns time.Now().
 func (Real) Now() time.Time { return time.Now() }
+
+// Since returns time.Since(t): for a t with a monotonic reading it reads
+// only the monotonic clock, half of what Now reads (each a vDSO call, tens
+// of nanoseconds on some virtual machines).
+func (Real) Since(t time.Time) time.Duration { return time.Since(t) }
 
 // Manual is a clock that moves only when told to. It is safe for concurrent use.
 type Manual struct {
@@ -36,6 +43,9 @@ func (m *Manual) Now() time.Time {
 	defer m.mu.Unlock()
 	return m.now
 }
+
+// Since returns the manual time elapsed since t.
+func (m *Manual) Since(t time.Time) time.Duration { return m.Now().Sub(t) }
 
 // Advance moves the clock forward (or backward, for a negative d) by d.
 func (m *Manual) Advance(d time.Duration) {
