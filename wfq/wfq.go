@@ -465,7 +465,11 @@ func (q *Queue) pop(bd *band, i int) *Item {
 	next.prev = nil
 	e.head = next
 	e.tag, e.seq = it.nextTag, it.nextSeq
-	bd.heap.down(i) // the new head's key is larger
+	// The new head's key is larger, except where a Remove of an item whose
+	// tag and increment saturated moved the items behind it up past the
+	// head (see unlink): fix, not down, so that serving a head below the
+	// root keeps the heap in order.
+	bd.heap.fix(i)
 	q.warm(bd)
 	return it
 }

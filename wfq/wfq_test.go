@@ -306,6 +306,28 @@ func TestRemove(t *testing.T) {
 	}
 }
 
+// TestRemoveSaturatedThenServeBelowRoot: a Remove whose increment
+// saturated moves the item behind it up past its lane's head (to tag 0
+// here); when fits then serves that head from below the root, the new head
+// is smaller than the root and must rise to it.
+func TestRemoveSaturatedThenServeBelowRoot(t *testing.T) {
+	q := New(Config{})
+	r1 := item(fb, 1, 1)     // tag 1
+	a1 := item(fa, 2, 1)     // tag 2
+	a2 := item(fa, 1<<48, 1) // increment and tag saturate
+	a3 := item(fa, 1, 1)     // tag saturated too
+	mustEnqueue(t, q, r1, a1, a2, a3)
+	if !q.Remove(a2) || a3.tag != 0 {
+		t.Fatalf("after removing a2, a3's tag is %d, want 0 (saturated at 0)", a3.tag)
+	}
+	if got := q.Dequeue(func(it *Item) bool { return it != r1 }, 2); got != a1 {
+		t.Fatalf("Dequeue passing over r1 = %+v, want a1", got)
+	}
+	if got := q.Peek(); got != a3 {
+		t.Fatalf("Peek = %+v (tag %d), want a3 (tag 0)", got, got.tag)
+	}
+}
+
 func TestDequeueFits(t *testing.T) {
 	q := New(Config{})
 	a1, b1, c1, b2 := item(fa, 1, 1), item(fb, 2, 1), item(fc, 3, 1), item(fb, 4, 1)
