@@ -381,7 +381,7 @@ func TestDequeueScanOrder(t *testing.T) {
 		})
 		heads := make([]*Item, len(entries))
 		for i, e := range entries {
-			heads[i] = e.head
+			heads[i] = q.bands[normal].lanes[e.id].at(0)
 		}
 		var seen []*Item
 		want := 1 + r.IntN(8)
@@ -474,14 +474,18 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 
 func TestFlowLayout(t *testing.T) {
 	var f Flow
-	if s := unsafe.Sizeof(f); s != 128 {
-		t.Errorf("Flow is %d bytes, want 128 (a 64-byte-aligned size class)", s)
+	if s := unsafe.Sizeof(f); s > 64 {
+		t.Errorf("Flow is %d bytes, want at most 64 (one cache line)", s)
 	}
-	if end := unsafe.Offsetof(f.normal) + unsafe.Sizeof(f.normal); end > 64 {
-		t.Errorf("the normal lane ends at byte %d, past the first cache line", end)
+	var l lane
+	if s := unsafe.Sizeof(l); s != 2*cacheLine {
+		t.Errorf("lane is %d bytes, want 128 (two cache lines in the band's array)", s)
 	}
-	if end := unsafe.Offsetof(f.key) + unsafe.Sizeof(f.key); end > 128 {
-		t.Errorf("the key ends at byte %d, past the second cache line", end)
+	if off := unsafe.Offsetof(l.item); off != cacheLine {
+		t.Errorf("the lane's items start at byte %d, want 64 (the second line)", off)
+	}
+	if s := unsafe.Sizeof(entry{}); s*arity != cacheLine {
+		t.Errorf("a heap entry is %d bytes, want four siblings to a cache line", s)
 	}
 	var it Item
 	if end := unsafe.Offsetof(it.Weight) + unsafe.Sizeof(it.Weight); end > 64 {
