@@ -142,8 +142,10 @@ func printQueue(q *Queue) string {
 			return 1
 		})
 		for _, e := range lanes {
-			fmt.Fprintf(&b, "  %s/%s:", e.l.flow.key.Tenant, e.l.flow.key.Model)
-			for it := e.head; it != nil; it = it.next {
+			l := &bd.lanes[e.id]
+			fmt.Fprintf(&b, "  %s/%s:", l.flow.key.Tenant, l.flow.key.Model)
+			for k := range l.n {
+				it := l.at(k)
 				fmt.Fprintf(&b, " %s(%s)", it.Value, tagString(it.tag))
 			}
 			b.WriteString("\n")

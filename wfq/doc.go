@@ -48,28 +48,39 @@
 //
 // Forgetting. A flow with no queued item in either band is deleted: each of
 // its dequeued tags is ≤ V_b, so max(F_last, V_b) = V_b and remembering it
-// would change nothing. Memory is proportional to the flows with queued items.
+// would change nothing. Memory is proportional to the flows with queued
+// items, but for each band's array of lanes, which keeps room for the most
+// lanes the band has held at once (see Costs).
 //
 // # Costs
 //
 // Enqueue and Dequeue (when the first head examined fits) are
 // O(log flows): the heap holds one entry per non-empty (flow, band), 4-ary,
-// keyed by the head's (F, s). An entry carries its key, so sifting reads no
-// item, and its lane's id, head item and lane: 32 bytes, four siblings to
-// two cache lines. Each band keeps the heap index of each lane id in a dense
-// array, so sifting writes no lane either. A Dequeue that passes over k
-// heads costs O(k log k) more. Enqueue looks the flow up in a map;
-// EnqueueFlow, with a *Flow handle from Queue.Flow, skips that lookup.
-// Nothing is allocated per item: items are the caller's, and each flow is a
-// doubly linked list threaded through them. Sequence numbers are 32 bits:
-// when they run out, the queued items are renumbered in their order, in
-// O(n log n) once every 2³² Enqueues.
+// keyed by the head's (F, s). An entry is 16 bytes, the key and the lane's
+// id, so four siblings share one cache line and sifting reads no lane and
+// no item. Each band keeps its lanes in a dense array by id, and the heap
+// index of each id in another, so sifting writes no lane either. A lane
+// holds its items and a copy of their keys in a ring: in the lane itself up
+// to four items, past that in a ring of its own, which doubles when full
+// and halves when a quarter full. So Enqueue writes the lane and not the
+// item before it, and Dequeue reads the next head's key from the lane, not
+// from the next item. A Dequeue that passes over k heads costs
+// O(k log k) more; Remove finds the item from its lane's tail, in
+// O(items behind it). Enqueue looks the flow up in a map; EnqueueFlow,
+// with a *Flow handle from Queue.Flow, skips that lookup. Nothing is
+// allocated per item: items are the caller's, and a lane allocates only as
+// its length passes a power of two above four. A band's lane array is as
+// long as the most lanes it has held at once, 128 bytes a lane. Sequence
+// numbers are 32 bits: when they run out, the queued items are renumbered
+// in their order, in O(n log n) once every 2³² Enqueues.
 //
-// Memory is laid out for the cache: each item carries its successor's key,
-// so a Dequeue loads only the item it returns, and a Flow's hot fields share
-// one cache line. At 100k flows these are cache misses all the same, so
-// Dequeue prefetches (PREFETCHT0, PRFM: a hint that does not wait) what the
-// next two Dequeues will read, and a sift the heap level below the next.
+// Memory is laid out for the cache: a lane is two cache lines (keys, then
+// items), a Flow one, and the queue's fields of an Item are in its first.
+// At 100k flows these are cache misses all the same, so Dequeue prefetches
+// (PREFETCHT0, PRFM: a hint that does not wait) the item and flow that the
+// Dequeue after next serves, and the lane of the one after that, the heads
+// next in order being the top of the heap; and a sift prefetches the heap
+// level below the next.
 //
 // # Position
 //

@@ -6,14 +6,14 @@ import (
 )
 
 // arity is the heap's fan-out. A 4-ary heap is half as deep as a binary one,
-// and a node's four children, 128 bytes, fill two cache lines (see root).
+// and a node's four children, 64 bytes, fill one cache line (see root).
 const arity = 4
 
 // root is the root's index in heap.e; indexes below it are unused. The
 // children of the node at p are at arity·(p−2) … arity·(p−2)+3, the parent
 // of c at c/arity + 2: with the root at 3, every group of four siblings
-// starts at a multiple of four entries, 128 bytes, and a large slice starts
-// on a page, so a sift loads two cache lines per level instead of three.
+// starts at a multiple of four entries, 64 bytes, and a large slice starts
+// on a page, so a sift loads one cache line per level instead of two.
 const root = 3
 
 func firstChild(p int) int { return arity * (p - 2) }
@@ -21,20 +21,19 @@ func parent(c int) int     { return c/arity + 2 }
 
 // prefetchFrom is the index from which heap.down prefetches grandchildren:
 // the levels above it, 32 KiB, stay in cache anyway.
-const prefetchFrom = 1024
+const prefetchFrom = 2048
 
 // entry is a non-empty lane in its band's heap, keyed by its head's finish
-// tag and sequence number, copied here so that sifting reads no item. It
-// holds the lane and its head item, so that Dequeue loads both at once from
-// the root, and the lane's id (see band): sifting records each moved
-// entry's index in pos[id], a dense array that stays in cache, instead of
-// in the lane, which at 100k flows would be a cache miss per level.
+// tag and sequence number, copied here so that sifting reads no lane and no
+// item, and naming the lane by its id (see band). At 16 bytes, four
+// siblings share a cache line; the lane itself, band.lanes[id], is an
+// address computed from the id, so that Dequeue can prefetch it without
+// loading anything first. Sifting records each moved entry's index in
+// pos[id], a dense array that stays in cache.
 type entry struct {
-	tag  uint64
-	seq  uint32
-	id   int32
-	l    *lane
-	head *Item
+	tag uint64
+	seq uint32
+	id  int32
 }
 
 func (a *entry) less(b *entry) bool {
@@ -73,7 +72,6 @@ func (h *heap) remove(i int) {
 	if i != last {
 		h.e[i] = h.e[last]
 	}
-	h.e[last] = entry{} // drop the pointers
 	h.e = h.e[:last]
 	if i != last {
 		h.fix(i)
@@ -113,11 +111,11 @@ func (h *heap) down(i int) {
 		var m int
 		if g := firstChild(c); g >= prefetchFrom && g+arity*arity <= n {
 			// The next level's children are among c's 16 grandchildren,
-			// side by side (8 lines, aligned as the root's comment
+			// side by side (4 lines, aligned as the root's comment
 			// says): prefetching them now overlaps the next level's
 			// cache miss with this one's, instead of paying the two in
 			// turn.
-			prefetchLines(uintptr(unsafe.Pointer(&es[g])), arity*arity*int(unsafe.Sizeof(entry{}))/64)
+			prefetchLines(uintptr(unsafe.Pointer(&es[g])), arity*arity*int(unsafe.Sizeof(entry{}))/cacheLine)
 		}
 		if c+arity <= n {
 			// Which of four children is smallest is a coin toss, so a

@@ -295,8 +295,8 @@ func show(it *Item) any {
 }
 
 // checkInvariants checks the queue's internal structure: heap order, lane
-// ids and heap positions, entry keys equal to head keys, lane links and
-// counts, free ids.
+// ids and heap positions, entry keys equal to head keys, lanes' keys equal
+// to their items' in enqueue order, counts, free ids.
 func checkInvariants(t *rapid.T, q *Queue) {
 	total := 0
 	for b := range q.bands {
@@ -305,39 +305,46 @@ func checkInvariants(t *rapid.T, q *Queue) {
 		ids := map[int32]bool{}
 		for _, id := range bd.free {
 			ids[id] = true
+			if l := &bd.lanes[id]; l.n != 0 || l.flow != nil || l.more != nil || l.item != [inline]*Item{} {
+				t.Fatalf("band %d: free lane %d not cleared", b, id)
+			}
 		}
 		for i := root; i < len(bd.heap.e); i++ {
 			e := &bd.heap.e[i]
 			if i > root && e.less(&bd.heap.e[parent(i)]) {
 				t.Fatalf("band %d: heap order broken at %d", b, i)
 			}
-			l, head := e.l, e.head
-			if ids[e.id] || l.id != e.id || int(bd.heap.pos[e.id]) != i || l.n == 0 || head.tag != e.tag || head.seq != e.seq {
+			l := &bd.lanes[e.id]
+			head := l.at(0)
+			if ids[e.id] || l.flow.lane[b] != e.id || int(bd.heap.pos[e.id]) != i || l.n == 0 || head.tag != e.tag || head.seq != e.seq {
 				t.Fatalf("band %d: entry %d out of step with its lane", b, i)
 			}
 			ids[e.id] = true
 			if f := q.flows[l.flow.key]; f != l.flow {
 				t.Fatalf("band %d: lane of a flow that is not registered", b)
 			}
-			c := 0
-			var prev *Item
-			for it := head; it != nil; it = it.next {
-				if it.lane != l || it.prev != prev || bandOf(it) != b || int(l.band) != b {
-					t.Fatalf("band %d: broken lane links", b)
-				}
-				if it.next != nil && (it.nextTag != it.next.tag || it.nextSeq != it.next.seq) {
-					t.Fatalf("band %d: item's copy of its successor's key is stale", b)
-				}
-				prev = it
-				c++
+			if c := l.cap(); c < inline || c&(c-1) != 0 || int(l.n) > c || c > inline && int(l.n) <= c/4 {
+				t.Fatalf("band %d: lane of %d items in a ring of %d", b, l.n, c)
 			}
-			if c != int(l.n) || prev != l.tail || (prev != nil && l.tailTag != prev.tag) {
-				t.Fatalf("band %d: lane holds %d items, counts %d", b, c, l.n)
+			for k := range l.n {
+				it := l.at(k)
+				tag, seq := l.key(k)
+				if it.flow != l.flow || bandOf(it) != b || it.Flow != l.flow.key {
+					t.Fatalf("band %d: item in the wrong lane", b)
+				}
+				if tag != it.tag || seq != it.seq {
+					t.Fatalf("band %d: lane's copy of an item's key is stale", b)
+				}
+				if k > 0 {
+					if _, prev := l.key(k - 1); prev >= seq {
+						t.Fatalf("band %d: lane out of enqueue order", b)
+					}
+				}
 			}
-			n += c
+			n += int(l.n)
 		}
-		if len(ids) != len(bd.heap.pos) {
-			t.Fatalf("band %d: %d ids in use or free, %d allocated", b, len(ids), len(bd.heap.pos))
+		if len(ids) != len(bd.heap.pos) || len(ids) != len(bd.lanes) {
+			t.Fatalf("band %d: %d ids in use or free, %d allocated, %d lanes", b, len(ids), len(bd.heap.pos), len(bd.lanes))
 		}
 		if n != bd.n {
 			t.Fatalf("band %d: %d items, counts %d", b, n, bd.n)

@@ -29,31 +29,27 @@ var (
 type FlowKey struct{ Tenant, Model string }
 
 // Item is one queued request. The caller allocates it, fills the exported
-// fields, and keeps the pointer to Remove it later; the queue links it into
-// its flow without copying or allocating. An item may be enqueued again once
-// it has been dequeued or removed. While it is queued, its exported fields
-// must not change and the Item must not be copied or overwritten as a whole
-// (its unexported fields hold the queue's links).
+// fields, and keeps the pointer to Remove it later; the queue puts it into
+// its flow without copying it, and allocates nothing per item (see Costs in
+// the package doc). An item may be enqueued again once it has been
+// dequeued or removed. While it is queued, its exported fields must not
+// change and the Item must not be copied or overwritten as a whole (its
+// unexported fields hold the queue's state).
 type Item struct {
 	// The queue's fields come first, then Cost and Weight, which Enqueue
-	// reads: 64 bytes, one cache line when the item is 64-byte aligned (a
-	// lone Item is: 128-byte size class; and so is each Item of a slice, at
-	// 128 bytes with the padding at the end).
-	tag uint64 // finish tag, set by Enqueue
-	// next's tag and seq, copied here when next is linked, so that serving
-	// this item re-keys its lane without loading next (a cache miss).
-	nextTag    uint64
-	seq        uint32 // enqueue sequence number, unique per queue (see renumber)
-	nextSeq    uint32
-	lane       *lane // the lane holding the item; nil when not queued
-	prev, next *Item // neighbours in the lane's FIFO
+	// reads: one cache line when the item is 64-byte aligned (a lone Item
+	// is: 128-byte size class; and so is each Item of a slice, at 128 bytes
+	// with the padding at the end).
+	tag  uint64 // finish tag, set by Enqueue
+	seq  uint32 // enqueue sequence number, unique per queue (see renumber)
+	flow *Flow  // the flow holding the item; nil when not queued
 
 	Cost     uint64 // > 0; a cost of 0 is served at the current virtual time
 	Weight   uint64 // ≥ 1; 0 is taken as 1
 	Flow     FlowKey
 	Critical bool // served in the critical band, before every normal item
 	Value    any  // the caller's payload
-	_        [8]byte
+	_        [32]byte
 }
 
 // FinishTag returns the item's finish tag, in TagUnit units, as set by its
@@ -61,7 +57,7 @@ type Item struct {
 func (it *Item) FinishTag() uint64 { return it.tag }
 
 // Queued reports whether the item is in a queue.
-func (it *Item) Queued() bool { return it.lane != nil }
+func (it *Item) Queued() bool { return it.flow != nil }
 
 // Config holds the queue's bounds; a bound ≤ 0 is no bound.
 type Config struct {
@@ -86,44 +82,33 @@ func bandOf(it *Item) int {
 	return normal
 }
 
-// lane is one flow's FIFO in one band. Its head is in its heap entry, not
-// here.
-type lane struct {
-	tail    *Item
-	tailTag uint64 // tail.tag, kept here so Enqueue need not load tail
-	n       int32
-	band    int32
-	id      int32  // the lane's id in its band (see band), while n > 0
-	weight  uint32 // the weight of the tail item (for WorkAhead), at most MaxUint32
-	flow    *Flow
-}
+// noLane is Flow.lane's id for a band the flow has no item in.
+const noLane = -1
 
 // Flow is a handle on a flow of a Queue, for callers that want to skip the
 // map lookup Enqueue does (see Queue.Flow and Queue.EnqueueFlow). A handle
 // stays valid for the queue's life: once its flow has emptied and been
 // forgotten, using the handle again looks the flow up by key.
 //
-// The fields an Enqueue and a Dequeue of a normal item touch (q, live, the
-// normal lane) fill the first 56 bytes; the struct is 128 bytes, a size
-// class whose objects are 64-byte aligned, so they share one cache line.
+// A Flow is what Enqueue reads before it finds the lane: 56 bytes, in a
+// 64-byte size class, one cache line. Its lanes are in the bands' arrays.
 type Flow struct {
-	q      *Queue
-	live   bool // in q.flows
-	normal lane
-	key    FlowKey
-	crit   lane
-}
-
-// lane returns f's lane in band b.
-func (f *Flow) lane(b int) *lane {
-	if b == critical {
-		return &f.crit
-	}
-	return &f.normal
+	q    *Queue
+	key  FlowKey
+	lane [nBands]int32 // the flow's lane id in each band, or noLane
+	live bool          // in q.flows
 }
 
 // n returns the number of items f has queued, both bands together.
-func (f *Flow) n() int { return int(f.normal.n + f.crit.n) }
+func (f *Flow) n() int {
+	n := 0
+	for b, id := range f.lane {
+		if id != noLane {
+			n += int(f.q.bands[b].lanes[id].n)
+		}
+	}
+	return n
+}
 
 // Key returns the flow's key.
 func (f *Flow) Key() FlowKey { return f.key }
@@ -140,38 +125,53 @@ func (f *Flow) Len() int {
 }
 
 // band is one fair queue: a heap of non-empty lanes and a virtual time.
-// Each non-empty lane has an id, an index into heap.pos, that it holds
-// while it has items; ids are reused, most recent first.
+// Each non-empty lane has an id, its index in lanes and heap.pos, that it
+// holds while it has items; ids are reused, most recent first, so the
+// arrays are as long as the most lanes the band has held at once.
 type band struct {
-	heap heap
-	free []int32 // ids not in use
-	v    uint64  // virtual time
-	n    int     // items queued
+	heap  heap
+	lanes []lane
+	free  []int32 // ids not in use
+	v     uint64  // virtual time
+	n     int     // items queued
 }
 
-// join gives lane l, whose only item is it, an id and a heap entry.
-func (bd *band) join(l *lane, it *Item) {
+// join gives flow f a new lane, whose only item is it with key (tag, seq),
+// and a heap entry, and returns the lane's id.
+func (bd *band) join(f *Flow, tag uint64, seq uint32, it *Item) int32 {
 	var id int32
 	if k := len(bd.free); k > 0 {
 		id, bd.free = bd.free[k-1], bd.free[:k-1]
 	} else {
 		id = int32(len(bd.heap.pos))
 		bd.heap.pos = append(bd.heap.pos, 0)
+		bd.lanes = append(bd.lanes, lane{})
 	}
-	l.id = id
-	bd.heap.push(entry{tag: it.tag, seq: it.seq, id: id, l: l, head: it})
+	l := &bd.lanes[id]
+	l.flow = f
+	l.push(tag, seq, it)
+	bd.heap.push(entry{tag: tag, seq: seq, id: id})
+	return id
 }
 
-// leave drops the heap entry at index i, whose lane has emptied, and frees
-// its id.
-func (bd *band) leave(i int) {
+// leave drops the heap entry at index i, whose lane has emptied, frees its
+// id, and returns the lane's flow, which no longer holds the id.
+func (bd *band) leave(b, i int) *Flow {
 	id := bd.heap.e[i].id
 	bd.heap.remove(i)
 	bd.free = append(bd.free, id)
+	l := &bd.lanes[id]
+	f := l.flow
+	f.lane[b] = noLane
+	*l = lane{} // drop the pointers
+	return f
 }
 
+// laneAt returns the lane of the heap entry at index i.
+func (bd *band) laneAt(i int) *lane { return &bd.lanes[bd.heap.e[i].id] }
+
 // head returns the head item of the lane at heap index i.
-func (bd *band) head(i int) *Item { return bd.heap.e[i].head }
+func (bd *band) head(i int) *Item { return bd.laneAt(i).at(0) }
 
 // Queue is a weighted fair queue in two bands. It is not safe for concurrent
 // use; its owner serialises calls.
@@ -233,18 +233,14 @@ func (q *Queue) Flow(k FlowKey) *Flow {
 }
 
 func (q *Queue) newFlow(k FlowKey) *Flow {
-	f := &Flow{q: q, key: k}
-	for b := range nBands {
-		f.lane(b).flow, f.lane(b).band = f, int32(b)
-	}
-	return f
+	return &Flow{q: q, key: k, lane: [nBands]int32{noLane, noLane}}
 }
 
 // Enqueue adds it to its flow (it.Flow) in its band, tagging it with its
 // finish tag. It returns ErrFlowFull or ErrQueueFull, changing nothing, if a
 // bound is reached, and ErrQueued if it is already queued.
 func (q *Queue) Enqueue(it *Item) error {
-	if it.lane != nil {
+	if it.flow != nil {
 		return ErrQueued
 	}
 	f := q.flows[it.Flow]
@@ -264,7 +260,7 @@ func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {
 	if f.q != q {
 		panic("wfq: EnqueueFlow with a Flow of another queue")
 	}
-	if it.lane != nil {
+	if it.flow != nil {
 		return ErrQueued
 	}
 	if !f.live {
@@ -280,7 +276,7 @@ func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {
 // flow with no queued item).
 func (q *Queue) check(f *Flow, it *Item) error {
 	b := bandOf(it)
-	if max := q.cfg.MaxPerFlow; max > 0 && f != nil && int(f.lane(b).n) >= max {
+	if max := q.cfg.MaxPerFlow; max > 0 && f != nil && f.lane[b] != noLane && int(q.bands[b].lanes[f.lane[b]].n) >= max {
 		return ErrFlowFull
 	}
 	if max := q.cfg.MaxTotal; max > 0 && q.n >= max {
@@ -301,27 +297,27 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 		f.live = true
 	}
 	b := bandOf(it)
-	bd, l := &q.bands[b], f.lane(b)
+	bd, id := &q.bands[b], f.lane[b]
 	start := bd.v
-	if l.n > 0 && l.tailTag > start {
-		start = l.tailTag
+	if id != noLane {
+		if t := bd.lanes[id].tailTag(); t > start {
+			start = t
+		}
 	}
-	it.tag = satAdd(start, increment(it.Cost, it.Weight))
+	tag := satAdd(start, increment(it.Cost, it.Weight))
 	if q.seq >= q.seqLimit {
 		q.renumber()
 	}
-	it.seq = q.seq
+	seq := q.seq
 	q.seq++
-	it.lane, it.prev, it.next = l, l.tail, nil
-	if l.n == 0 {
-		bd.join(l, it)
+	it.tag, it.seq, it.flow = tag, seq, f
+	if id == noLane {
+		id = bd.join(f, tag, seq, it)
+		f.lane[b] = id
 	} else {
-		t := l.tail
-		t.next, t.nextTag, t.nextSeq = it, it.tag, it.seq
+		bd.lanes[id].push(tag, seq, it)
 	}
-	l.tail, l.tailTag = it, it.tag
-	l.weight = uint32(min(max(it.Weight, 1), math.MaxUint32))
-	l.n++
+	bd.lanes[id].weight = uint32(min(max(it.Weight, 1), math.MaxUint32))
 	bd.n++
 	q.n++
 	return nil
@@ -347,9 +343,9 @@ func (q *Queue) WorkAhead(k FlowKey, cost, weight uint64, crit bool) uint64 {
 		b = critical
 	}
 	f := q.bands[b].v
-	if fl := q.flows[k]; fl != nil {
-		if l := fl.lane(b); l.n > 0 && l.tailTag > f {
-			f = l.tailTag
+	if fl := q.flows[k]; fl != nil && fl.lane[b] != noLane {
+		if t := q.bands[b].lanes[fl.lane[b]].tailTag(); t > f {
+			f = t
 		}
 	}
 	return q.WorkBefore(satAdd(f, increment(cost, weight)), crit)
@@ -371,8 +367,8 @@ func (q *Queue) bandWork(b int, upTo uint64) uint64 {
 	bd := &q.bands[b]
 	var sum uint64
 	for _, e := range bd.heap.entries() {
-		l := e.l
-		span := min(l.tailTag, upTo)
+		l := &bd.lanes[e.id]
+		span := min(l.tailTag(), upTo)
 		if span <= bd.v {
 			continue
 		}
@@ -437,70 +433,82 @@ func (q *Queue) Dequeue(fits func(*Item) bool, maxScan int) *Item {
 				continue
 			}
 		}
-		return q.pop(bd, i)
+		return q.pop(b, i)
 	}
 	return nil
 }
 
-// pop dequeues the head of the lane at bd.heap.e[i]: unlink for a head,
-// which re-keys the lane from it.nextTag, it.nextSeq without loading the next
-// item.
-func (q *Queue) pop(bd *band, i int) *Item {
+// pop dequeues the head of the lane at heap index i of band b. The lane
+// holds its next item's key, so re-keying its entry loads no other item.
+func (q *Queue) pop(b, i int) *Item {
+	bd := &q.bands[b]
 	e := &bd.heap.e[i]
-	l, it := e.l, e.head
-	next := it.next
-	it.lane, it.next = nil, nil
-	l.n--
+	l := &bd.lanes[e.id]
+	tag, it := l.pop()
+	it.flow = nil
 	bd.n--
 	q.n--
-	if it.tag > bd.v {
-		bd.v = it.tag
+	if tag > bd.v {
+		bd.v = tag
 	}
-	if next == nil {
-		l.tail = nil
-		bd.leave(i)
-		q.forgetIfEmpty(l.flow)
+	if l.n == 0 {
+		q.forgetIfEmpty(bd.leave(b, i))
 		return it
 	}
-	next.prev = nil
-	e.head = next
-	e.tag, e.seq = it.nextTag, it.nextSeq
-	bd.heap.down(i) // the new head's key is larger
+	e.tag, e.seq = l.key(0)
+	// The new head's key is larger, except where a Remove of an item whose
+	// tag and increment saturated moved the items behind it up past the
+	// head (see unlink): fix, not down, so that serving a head below the
+	// root keeps the heap in order.
+	bd.heap.fix(i)
 	q.warm(bd)
 	return it
 }
 
-// warm prefetches what the next two Dequeues will read, so that their cache
-// misses overlap with the work in between instead of stalling them: the
-// next head item (both of its cache lines: the queue's, and the caller's,
-// which whoever dequeues it reads), its lane, and its successor, which pop
-// writes to; and the item and lane of the head after it, the root's
-// smallest child, which becomes the root when the root's lane is served.
-// All are named by heap entries, except the successor, named by the next
-// head item, which the last warm prefetched as the head after it.
-// Prefetching does not wait for memory, so a guess that turns out wrong (an
-// Enqueue or Remove reorders the heap) costs a little bandwidth, nothing
-// else.
+// warm prefetches what the next Dequeues will read, early enough that
+// their cache misses overlap with the work in between instead of stalling
+// them. A Dequeue serves the root; the root's smallest child, c, is the next
+// root; and the root after that is, most likely, the smaller of the root's
+// second-smallest child and c's smallest child, x. So warm prefetches the
+// item that the Dequeue after next returns, c's head (both of its cache
+// lines: the queue's, and the caller's, which whoever dequeues it reads),
+// and c's flow, which the caller reads to enqueue to it again; and x's lane,
+// so that the next warm can read its head. c's lane, which names the item,
+// the last warm prefetched as its x. (Prefetching the next Dequeue's item
+// now would be too late: it follows at once.) Prefetching does not wait for
+// memory, so a guess that turns out wrong (an Enqueue or Remove reorders the
+// heap) costs a little bandwidth, nothing else.
 func (q *Queue) warm(bd *band) {
 	es := bd.heap.e
-	if bd.heap.len() == 0 {
-		return
+	c := firstChild(root)
+	if c+arity > len(es) {
+		return // a heap this small stays in cache
 	}
-	e := &es[root]
-	prefetch(uintptr(unsafe.Pointer(e.head)))
-	prefetch(uintptr(unsafe.Pointer(&e.head.Value)))
-	prefetch(uintptr(unsafe.Pointer(e.l)))
-	if y := e.head.next; y != nil {
-		prefetch(uintptr(unsafe.Pointer(y)))
+	s := (*[arity]entry)(es[c : c+arity])
+	// The two smallest of four, without branches (as in heap.down): the
+	// winners of two pairs, then the smaller winner is first; second is the
+	// smaller of the other winner and first's partner, first^1.
+	a := before(&s[1], &s[0])
+	b := 2 + before(&s[3], &s[2])
+	first := a ^ ((a ^ b) & -before(&s[b], &s[a]))
+	other, partner := a^b^first, first^1
+	second := other ^ ((other ^ partner) & -before(&s[partner], &s[other]))
+	x := &s[second]
+	if g := firstChild(c + first); g+arity <= len(es) {
+		t := (*[arity]entry)(es[g : g+arity])
+		p := before(&t[1], &t[0])
+		r := 2 + before(&t[3], &t[2])
+		m := &t[p^((p^r)&-before(&t[r&3], &t[p&3]))]
+		if m.less(x) {
+			x = m
+		}
 	}
-	if c := firstChild(root); c+arity <= len(es) {
-		s := (*[arity]entry)(es[c : c+arity])
-		a := before(&s[1], &s[0])     // as in heap.down
-		b := 2 + before(&s[3], &s[2]) // 2 or 3
-		m := &s[a^((a^b)&-before(&s[b&3], &s[a&3]))]
-		prefetch(uintptr(unsafe.Pointer(m.head)))
-		prefetch(uintptr(unsafe.Pointer(m.l)))
-	}
+	bd.lanes[x.id].warm()
+	// The item's two lines from its address, which cover Value however
+	// the item is aligned (see lane.warm for why not &it.Value).
+	l := &bd.lanes[s[first].id]
+	prefetchLines(uintptr(unsafe.Pointer(l.at(0))), 2)
+	prefetch(uintptr(unsafe.Pointer(l.flow)))
 }
 
 // search returns the heap index of the first head after the root, in
@@ -528,7 +536,7 @@ func (q *Queue) search(bd *band, fits func(*Item) bool, maxScan int) int {
 // client left) and reports whether it was queued here. The virtual time does
 // not move.
 func (q *Queue) Remove(it *Item) bool {
-	if it.lane == nil || it.lane.flow.q != q {
+	if it.flow == nil || it.flow.q != q {
 		return false
 	}
 	q.unlink(it)
@@ -538,45 +546,24 @@ func (q *Queue) Remove(it *Item) bool {
 // unlink takes a queued item out of its lane, fixing the heap and forgetting
 // the flow if it empties.
 func (q *Queue) unlink(it *Item) {
-	l := it.lane
-	bd := &q.bands[l.band]
-	prev, next := it.prev, it.next
-	if next != nil {
-		next.prev = prev
-	} else {
-		l.tail = prev
-		if prev != nil {
-			l.tailTag = prev.tag
-		}
-	}
-	if prev != nil {
-		prev.next, prev.nextTag, prev.nextSeq = next, it.nextTag, it.nextSeq
-	}
-	it.lane, it.prev, it.next = nil, nil, nil
-	l.n--
+	b := bandOf(it)
+	bd, id := &q.bands[b], it.flow.lane[b]
+	l := &bd.lanes[id]
+	k := l.find(it)
+	// The items behind move up by the removed item's increment, as if it
+	// had never come: a request that leaves unserved costs its flow no
+	// virtual time.
+	l.cut(k, increment(it.Cost, it.Weight))
+	it.flow = nil
 	bd.n--
 	q.n--
-	if next != nil {
-		// The items behind move up by the removed item's increment, as if
-		// it had never come: a request that leaves unserved costs its flow
-		// no virtual time.
-		d := increment(it.Cost, it.Weight)
-		for x := next; x != nil; x = x.next {
-			x.tag = satSub(x.tag, d)
-			if x.prev != nil {
-				x.prev.nextTag = x.tag
-			}
-		}
-		l.tailTag = l.tail.tag
-	}
-	switch i := int(bd.heap.pos[l.id]); {
+	switch i := int(bd.heap.pos[id]); {
 	case l.n == 0:
-		bd.leave(i)
-		q.forgetIfEmpty(l.flow)
-	case prev == nil:
+		q.forgetIfEmpty(bd.leave(b, i))
+	case k == 0:
 		// The head left: re-key the lane's entry by the new head.
 		e := &bd.heap.e[i]
-		e.tag, e.seq, e.head = next.tag, next.seq, next
+		e.tag, e.seq = l.key(0)
 		bd.heap.fix(i)
 	}
 }
@@ -584,25 +571,34 @@ func (q *Queue) unlink(it *Item) {
 // renumber gives the queued items the sequence numbers 0, 1, … in the order
 // of their present ones, and q.seq the next, when q.seq reaches q.seqLimit:
 // a sequence number only orders items of equal tag, and this keeps the
-// order while letting it fit 32 bits, and an entry 32 bytes. Once every
+// order while letting it fit 32 bits, and an entry 16 bytes. Once every
 // 2³² Enqueues, it costs O(n log n) for n queued items.
 func (q *Queue) renumber() {
-	its := make([]*Item, 0, q.n)
-	q.Each(func(it *Item) { its = append(its, it) })
-	slices.SortFunc(its, func(a, b *Item) int { return cmp.Compare(a.seq, b.seq) })
-	for i, it := range its {
-		it.seq = uint32(i)
-		if it.prev != nil {
-			it.prev.nextSeq = it.seq
+	type queued struct {
+		it  *Item
+		seq *uint32 // the lane's copy
+	}
+	all := make([]queued, 0, q.n)
+	for b := range q.bands {
+		bd := &q.bands[b]
+		for _, e := range bd.heap.entries() {
+			l := &bd.lanes[e.id]
+			for k := range l.n {
+				all = append(all, queued{l.at(k), l.seqAt(k)})
+			}
 		}
+	}
+	slices.SortFunc(all, func(a, b queued) int { return cmp.Compare(a.it.seq, b.it.seq) })
+	for i, x := range all {
+		x.it.seq, *x.seq = uint32(i), uint32(i)
 	}
 	for b := range q.bands {
 		bd := &q.bands[b]
 		for i := root; i < len(bd.heap.e); i++ {
-			bd.heap.e[i].seq = bd.head(i).seq
+			_, bd.heap.e[i].seq = bd.laneAt(i).key(0)
 		}
 	}
-	q.seq = uint32(len(its))
+	q.seq = uint32(len(all))
 }
 
 func satSub(a, b uint64) uint64 {
@@ -615,7 +611,7 @@ func satSub(a, b uint64) uint64 {
 // forgetIfEmpty deletes f if it has no queued item in either band. Its
 // dequeued tags are all ≤ V, so remembering it would change no later tag.
 func (q *Queue) forgetIfEmpty(f *Flow) {
-	if f.n() == 0 {
+	if f.lane == [nBands]int32{noLane, noLane} {
 		delete(q.flows, f.key)
 		f.live = false
 	}
@@ -627,8 +623,9 @@ func (q *Queue) Each(fn func(*Item)) {
 	for b := range q.bands {
 		bd := &q.bands[b]
 		for i := root; i < len(bd.heap.e); i++ {
-			for it := bd.head(i); it != nil; it = it.next {
-				fn(it)
+			l := bd.laneAt(i)
+			for k := range l.n {
+				fn(l.at(k))
 			}
 		}
 	}

@@ -306,6 +306,28 @@ func TestRemove(t *testing.T) {
 	}
 }
 
+// TestRemoveSaturatedThenServeBelowRoot: a Remove whose increment
+// saturated moves the item behind it up past its lane's head (to tag 0
+// here); when fits then serves that head from below the root, the new head
+// is smaller than the root and must rise to it.
+func TestRemoveSaturatedThenServeBelowRoot(t *testing.T) {
+	q := New(Config{})
+	r1 := item(fb, 1, 1)     // tag 1
+	a1 := item(fa, 2, 1)     // tag 2
+	a2 := item(fa, 1<<48, 1) // increment and tag saturate
+	a3 := item(fa, 1, 1)     // tag saturated too
+	mustEnqueue(t, q, r1, a1, a2, a3)
+	if !q.Remove(a2) || a3.tag != 0 {
+		t.Fatalf("after removing a2, a3's tag is %d, want 0 (saturated at 0)", a3.tag)
+	}
+	if got := q.Dequeue(func(it *Item) bool { return it != r1 }, 2); got != a1 {
+		t.Fatalf("Dequeue passing over r1 = %+v, want a1", got)
+	}
+	if got := q.Peek(); got != a3 {
+		t.Fatalf("Peek = %+v (tag %d), want a3 (tag 0)", got, got.tag)
+	}
+}
+
 func TestDequeueFits(t *testing.T) {
 	q := New(Config{})
 	a1, b1, c1, b2 := item(fa, 1, 1), item(fb, 2, 1), item(fc, 3, 1), item(fb, 4, 1)
@@ -359,7 +381,7 @@ func TestDequeueScanOrder(t *testing.T) {
 		})
 		heads := make([]*Item, len(entries))
 		for i, e := range entries {
-			heads[i] = e.head
+			heads[i] = q.bands[normal].lanes[e.id].at(0)
 		}
 		var seen []*Item
 		want := 1 + r.IntN(8)
@@ -452,14 +474,18 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 
 func TestFlowLayout(t *testing.T) {
 	var f Flow
-	if s := unsafe.Sizeof(f); s != 128 {
-		t.Errorf("Flow is %d bytes, want 128 (a 64-byte-aligned size class)", s)
+	if s := unsafe.Sizeof(f); s > 64 {
+		t.Errorf("Flow is %d bytes, want at most 64 (one cache line)", s)
 	}
-	if end := unsafe.Offsetof(f.normal) + unsafe.Sizeof(f.normal); end > 64 {
-		t.Errorf("the normal lane ends at byte %d, past the first cache line", end)
+	var l lane
+	if s := unsafe.Sizeof(l); s != 2*cacheLine {
+		t.Errorf("lane is %d bytes, want 128 (two cache lines in the band's array)", s)
 	}
-	if end := unsafe.Offsetof(f.key) + unsafe.Sizeof(f.key); end > 128 {
-		t.Errorf("the key ends at byte %d, past the second cache line", end)
+	if off := unsafe.Offsetof(l.item); off != cacheLine {
+		t.Errorf("the lane's items start at byte %d, want 64 (the second line)", off)
+	}
+	if s := unsafe.Sizeof(entry{}); s*arity != cacheLine {
+		t.Errorf("a heap entry is %d bytes, want four siblings to a cache line", s)
 	}
 	var it Item
 	if end := unsafe.Offsetof(it.Weight) + unsafe.Sizeof(it.Weight); end > 64 {
