@@ -112,9 +112,8 @@ func CheckTenant(ctx context.Context, tenant string) error {
 type authedKey struct{}
 
 // grpcCredentials reads what the caller presented on this RPC.
-func grpcCredentials(ctx context.Context) (Credentials, string) {
+func grpcCredentials(ctx context.Context) Credentials {
 	var c Credentials
-	var peerAddr string
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if vs := md.Get("authorization"); len(vs) > 0 {
 			c.HasAuthorization = true
@@ -123,9 +122,6 @@ func grpcCredentials(ctx context.Context) (Credentials, string) {
 	}
 	if p, ok := peer.FromContext(ctx); ok {
 		c.Loopback = isLoopback(p.Addr)
-		if p.Addr != nil {
-			peerAddr = p.Addr.String()
-		}
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
 			c.TLS = true
 			if chains := ti.State.VerifiedChains; len(chains) > 0 && len(chains[0]) > 0 {
@@ -133,47 +129,54 @@ func grpcCredentials(ctx context.Context) (Credentials, string) {
 			}
 		}
 	}
-	return c, peerAddr
+	return c
+}
+
+// peerAddr is the caller's address, for the audit log.
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
 }
 
 // authorize decides one call; it returns the caller (nil when open) and a
 // status error when the call is refused.
-func (a *Authenticator) authorize(ctx context.Context, method string, req any) (*Principal, string, error) {
+func (a *Authenticator) authorize(ctx context.Context, method string, req any) (*Principal, error) {
 	acc := methodAccess[method]
-	creds, peerAddr := grpcCredentials(ctx)
 	if acc == accessOpen || a.Open() {
-		return nil, peerAddr, nil
+		return nil, nil // nothing to read from the call: most calls on an open server
 	}
-	p, err := a.Identify(creds)
+	p, err := a.Identify(grpcCredentials(ctx))
 	if err != nil {
-		return nil, peerAddr, status.Error(codes.Unauthenticated, err.Error())
+		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
 	switch acc {
 	case accessAuthenticated:
-		return p, peerAddr, nil
+		return p, nil
 	case accessRouter:
 		if !p.Has(RoleRouter) {
-			return p, peerAddr, denied(p, method, RoleRouter)
+			return p, denied(p, method, RoleRouter)
 		}
 		// Admit names its tenant; Release's lease names one only the engine
 		// knows, and an RLS request's descriptors name any number, so those
 		// handlers call CheckTenant themselves.
 		if t, ok := req.(interface{ GetTenant() string }); ok && !p.MayServe(t.GetTenant()) {
-			return p, peerAddr, status.Errorf(codes.PermissionDenied, "principal %q is not bound to tenant %q", p.Name, clip(t.GetTenant(), 128))
+			return p, status.Errorf(codes.PermissionDenied, "principal %q is not bound to tenant %q", p.Name, clip(t.GetTenant(), 128))
 		}
-		return p, peerAddr, nil
+		return p, nil
 	case accessViewer:
 		if !p.Has(RoleViewer) {
-			return p, peerAddr, denied(p, method, RoleViewer)
+			return p, denied(p, method, RoleViewer)
 		}
-		return p, peerAddr, nil
+		return p, nil
 	case accessOperator:
 		if !p.Has(RoleOperator) {
-			return p, peerAddr, denied(p, method, RoleOperator)
+			return p, denied(p, method, RoleOperator)
 		}
-		return p, peerAddr, nil
+		return p, nil
 	}
-	return p, peerAddr, status.Errorf(codes.PermissionDenied, "%s is open to no role", method)
+	return p, status.Errorf(codes.PermissionDenied, "%s is open to no role", method)
 }
 
 // denied is the PERMISSION_DENIED answer to p calling method without role.
@@ -186,11 +189,11 @@ func denied(p *Principal, method string, role Role) error {
 // actions. Put it before any interceptor that acts on the request.
 func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		p, peerAddr, err := a.authorize(ctx, info.FullMethod, req)
+		p, err := a.authorize(ctx, info.FullMethod, req)
 		operator := strings.HasPrefix(info.FullMethod, operatorService)
 		if err != nil {
 			if operator {
-				a.auditCall(ctx, info.FullMethod, p, peerAddr, req, err)
+				a.auditCall(ctx, info.FullMethod, p, req, err)
 			}
 			return nil, err
 		}
@@ -202,7 +205,7 @@ func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		}
 		resp, err := handler(ctx, req)
 		if auditedWrites[info.FullMethod] {
-			a.auditCall(ctx, info.FullMethod, p, peerAddr, req, err)
+			a.auditCall(ctx, info.FullMethod, p, req, err)
 		}
 		return resp, err
 	}
@@ -213,10 +216,10 @@ func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 // streams, so no request is inspected.
 func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		p, peerAddr, err := a.authorize(ss.Context(), info.FullMethod, nil)
+		p, err := a.authorize(ss.Context(), info.FullMethod, nil)
 		if err != nil {
 			if strings.HasPrefix(info.FullMethod, operatorService) {
-				a.auditCall(ss.Context(), info.FullMethod, p, peerAddr, nil, err)
+				a.auditCall(ss.Context(), info.FullMethod, p, nil, err)
 			}
 			return err
 		}
@@ -226,11 +229,11 @@ func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 
 // auditCall records one Operator call: its principal, the domain or tenant
 // it named, the reason it gave, and how it ended.
-func (a *Authenticator) auditCall(ctx context.Context, method string, p *Principal, peerAddr string, req any, err error) {
+func (a *Authenticator) auditCall(ctx context.Context, method string, p *Principal, req any, err error) {
 	if a.audit == nil {
 		return
 	}
-	e := Event{Principal: principalName(p, a.Open()), Peer: peerAddr, Action: method[strings.LastIndexByte(method, '/')+1:], Err: err}
+	e := Event{Principal: principalName(p, a.Open()), Peer: peerAddr(ctx), Action: method[strings.LastIndexByte(method, '/')+1:], Err: err}
 	switch r := req.(type) {
 	case interface{ GetDomain() string }:
 		e.Target = r.GetDomain()
