@@ -36,10 +36,10 @@ func (e *Engine) LeaseSlot(n uint32) uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	slot := n - 1
-	if n == 0 || int(slot) >= len(e.mu.leases.slots) || e.mu.leases.slots[slot].id == 0 {
+	if n == 0 || slot >= e.mu.leases.nslots || e.mu.leases.slot(slot).id == 0 {
 		return ^uint64(0)
 	}
-	return e.mu.leases.slots[slot].id
+	return e.mu.leases.slot(slot).id
 }
 
 // WaitBackground waits for the store calls the engine runs in the

@@ -32,16 +32,28 @@ type lease struct {
 // its list's tail. (A heap, before, cost a release O(log leases) cache
 // misses at 200k leases held.)
 type leaseTable struct {
-	slots []leaseSlot
-	free  []uint32 // vacant slots, reused last-freed first
-	index leaseIndex
-	lists []expiryList // one per TTL of a live lease; a config reload adds one
-	n     int
-	ids   *rand.ChaCha8
+	chunks []*[slotsPerChunk]leaseSlot // the slab; slot s is chunks[s/slotsPerChunk][s%slotsPerChunk]
+	nslots uint32                      // slots made so far
+	free   []uint32                    // vacant slots, reused last-freed first
+	index  leaseIndex
+	lists  []expiryList // one per TTL of a live lease; a config reload adds one
+	n      int
+	ids    *rand.ChaCha8
 }
 
 // noSlot ends an expiry list.
 const noSlot = ^uint32(0)
+
+// slotsPerChunk is how many slots the slab adds at a time (about 1 MB): a
+// slab that grows by chunks never copies the leases it holds, which for a
+// slice doubling past 200k leases meant tens of megabytes moved under the
+// engine's lock, with a write barrier per pointer while the GC runs.
+const slotsPerChunk = 4096
+
+// slot returns the slot numbered s.
+func (t *leaseTable) slot(s uint32) *leaseSlot {
+	return &t.chunks[s/slotsPerChunk][s%slotsPerChunk]
+}
 
 type leaseSlot struct {
 	lease
@@ -71,8 +83,11 @@ func (t *leaseTable) add(l lease) uint64 {
 		slot = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
-		t.slots = append(t.slots, leaseSlot{})
-		slot = uint32(len(t.slots) - 1)
+		if t.nslots%slotsPerChunk == 0 {
+			t.chunks = append(t.chunks, new([slotsPerChunk]leaseSlot))
+		}
+		slot = t.nslots
+		t.nslots++
 	}
 	// A fresh id for the slot: 0 means vacant, and an id a live lease
 	// holds (a chance of live/2⁶⁴) is drawn again.
@@ -80,7 +95,7 @@ func (t *leaseTable) add(l lease) uint64 {
 	for id == 0 || !t.index.insert(id, slot) {
 		id = t.ids.Uint64()
 	}
-	s := &t.slots[slot]
+	s := t.slot(slot)
 	s.lease, s.id = l, id
 	t.link(slot)
 	t.n++
@@ -93,7 +108,7 @@ func (t *leaseTable) get(id uint64) (*lease, bool) {
 	if !ok {
 		return nil, false
 	}
-	return &t.slots[slot].lease, true
+	return &t.slot(slot).lease, true
 }
 
 // find returns the slot of the live lease with id.
@@ -112,7 +127,7 @@ func (t *leaseTable) remove(id uint64) (lease, bool) {
 
 // take deletes the live lease in slot and returns it.
 func (t *leaseTable) take(slot uint32) lease {
-	s := &t.slots[slot]
+	s := t.slot(slot)
 	out := s.lease
 	t.unlink(slot)
 	t.index.remove(s.id)
@@ -126,11 +141,11 @@ func (t *leaseTable) take(slot uint32) lease {
 func (t *leaseTable) popExpired(now int64) (lease, bool) {
 	first := noSlot
 	for _, l := range t.lists {
-		if first == noSlot || t.slots[l.head].expires < t.slots[first].expires {
+		if first == noSlot || t.slot(l.head).expires < t.slot(first).expires {
 			first = l.head
 		}
 	}
-	if first == noSlot || t.slots[first].expires > now {
+	if first == noSlot || t.slot(first).expires > now {
 		return lease{}, false
 	}
 	return t.take(first), true
@@ -141,8 +156,8 @@ func (t *leaseTable) len() int { return t.n }
 // each calls fn for every live lease.
 func (t *leaseTable) each(fn func(*lease)) {
 	for _, l := range t.lists {
-		for slot := l.head; slot != noSlot; slot = t.slots[slot].next {
-			fn(&t.slots[slot].lease)
+		for slot := l.head; slot != noSlot; slot = t.slot(slot).next {
+			fn(&t.slot(slot).lease)
 		}
 	}
 }
@@ -163,39 +178,40 @@ func (t *leaseTable) list(ttl int64) *expiryList {
 // the nanoseconds by which Admits that read the clock before taking the
 // lock may pass each other: it steps back past any that expire later.
 func (t *leaseTable) link(slot uint32) {
-	s := &t.slots[slot]
+	s := t.slot(slot)
 	l := t.list(s.expires - s.granted)
 	prev := l.tail
-	for prev != noSlot && t.slots[prev].expires > s.expires {
-		prev = t.slots[prev].prev
+	for prev != noSlot && t.slot(prev).expires > s.expires {
+		prev = t.slot(prev).prev
 	}
 	s.prev = prev
 	if prev == noSlot {
 		s.next, l.head = l.head, slot
 	} else {
-		s.next, t.slots[prev].next = t.slots[prev].next, slot
+		p := t.slot(prev)
+		s.next, p.next = p.next, slot
 	}
 	if s.next == noSlot {
 		l.tail = slot
 	} else {
-		t.slots[s.next].prev = slot
+		t.slot(s.next).prev = slot
 	}
 }
 
 // unlink takes a lease out of its expiry list, and drops the list once
 // empty.
 func (t *leaseTable) unlink(slot uint32) {
-	s := &t.slots[slot]
+	s := t.slot(slot)
 	l := t.list(s.expires - s.granted)
 	if s.prev == noSlot {
 		l.head = s.next
 	} else {
-		t.slots[s.prev].next = s.next
+		t.slot(s.prev).next = s.next
 	}
 	if s.next == noSlot {
 		l.tail = s.prev
 	} else {
-		t.slots[s.next].prev = s.prev
+		t.slot(s.next).prev = s.prev
 	}
 	if l.head == noSlot {
 		i := len(t.lists) - 1

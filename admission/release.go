@@ -29,7 +29,7 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 		return ReleaseResult{}, ErrLeaseNotFound
 	}
 	if rel.Authorize != nil {
-		if err := rel.Authorize(e.mu.leases.slots[slot].tenant.name); err != nil {
+		if err := rel.Authorize(e.mu.leases.slot(slot).tenant.name); err != nil {
 			e.mu.Unlock()
 			return ReleaseResult{}, fmt.Errorf("%w: %w", ErrNotYourLease, err)
 		}
