@@ -20,7 +20,7 @@ type cpuSample struct {
 
 // sampleCPU reads the client's own CPU time and the server's (pid > 0).
 func sampleCPU(pid int) cpuSample {
-	s := cpuSample{client: selfCPU()}
+	s := cpuSample{client: ProcessCPU()}
 	if pid > 0 {
 		if d, err := procCPU(pid); err == nil {
 			s.server, s.serverOK = d, true

@@ -4,5 +4,5 @@ package load
 
 import "time"
 
-// selfCPU is unknown here: CPU per call is reported as 0.
-func selfCPU() time.Duration { return 0 }
+// ProcessCPU is unknown here: CPU per call is reported as 0.
+func ProcessCPU() time.Duration { return 0 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission/rlsserver"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/load"
 )
 
 // rlsRequest is what Envoy's ratelimit filter sends for deploy/envoy's
@@ -186,7 +187,7 @@ func interleave(b *testing.B, check, rls, admit func() error) {
 	callers := benchParallelism * runtime.GOMAXPROCS(0)
 	const perCaller = 250
 	round := func(call func() error) (wall, cpu time.Duration) {
-		start, startCPU := time.Now(), processCPU()
+		start, startCPU := time.Now(), load.ProcessCPU()
 		var wg sync.WaitGroup
 		for range callers {
 			wg.Go(func() {
@@ -199,7 +200,7 @@ func interleave(b *testing.B, check, rls, admit func() error) {
 			})
 		}
 		wg.Wait()
-		return time.Since(start), processCPU() - startCPU
+		return time.Since(start), load.ProcessCPU() - startCPU
 	}
 	calls := []func() error{check, rls, admit}
 	var took, cpu [3]time.Duration
