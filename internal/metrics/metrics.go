@@ -49,7 +49,7 @@ type Metrics struct {
 	decisions [maxOutcome][maxReason]prometheus.Counter
 	queueWait prometheus.Histogram
 	degraded  prometheus.Counter
-	releases  *prometheus.CounterVec
+	releases  [3]prometheus.Counter // by releaseOutcome's index: ok, error, unobserved
 	refunded  prometheus.Counter
 	overrun   prometheus.Counter
 
@@ -96,10 +96,13 @@ func New(opts Options) *Metrics {
 		Name: "sluice_degraded_total",
 		Help: "Admissions granted a lower model tier than requested.",
 	})
-	m.releases = prometheus.NewCounterVec(prometheus.CounterOpts{
+	releases := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_releases_total",
 		Help: "Releases by outcome.",
 	}, []string{"outcome"})
+	for i, outcome := range releaseOutcomes {
+		m.releases[i] = releases.WithLabelValues(outcome) // resolved once: a Release does no label lookup
+	}
 	m.refunded = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_refunded_tokens_total",
 		Help: "Weighted tokens given back at Release for output never generated.",
@@ -141,7 +144,7 @@ func New(opts Options) *Metrics {
 		Help: "Tenants with series of their own at most (--metrics-max-tenant-series); the rest are tenant=\"other\".",
 	})
 	maxSeries.Set(float64(opts.MaxTenantSeries))
-	m.Registry.MustRegister(dec, m.queueWait, m.degraded, m.releases, m.refunded, m.overrun,
+	m.Registry.MustRegister(dec, m.queueWait, m.degraded, releases, m.refunded, m.overrun,
 		vecs.decisions, vecs.credit, vecs.latency, m.queueDepth, sla, maxSeries)
 	return m
 }
@@ -178,16 +181,19 @@ func (m *Metrics) ObserveDecision(req admission.Request, d admission.Decision) {
 	}
 }
 
+// releaseOutcomes are sluice_releases_total's outcome labels.
+var releaseOutcomes = [3]string{"ok", "error", "unobserved"}
+
 // ObserveRelease implements admission.Observer.
 func (m *Metrics) ObserveRelease(rel admission.Release, res admission.ReleaseResult) {
-	outcome := "ok"
+	i := 0 // ok
 	switch rel.Outcome {
 	case admission.ReleaseError:
-		outcome = "error"
+		i = 1
 	case admission.ReleaseUnobserved:
-		outcome = "unobserved"
+		i = 2
 	}
-	m.releases.WithLabelValues(outcome).Inc()
+	m.releases[i].Inc()
 	if res.RefundedTokens >= 0 {
 		m.refunded.Add(float64(res.RefundedTokens))
 	} else {
