@@ -24,13 +24,12 @@ type lease struct {
 // id cannot be guessed from another: a lease can be released only by a
 // caller that was told its id.
 //
-// Everything is O(1) and allocation-free in steady state, and nothing per
-// lease is a pointer into the Go heap's maps: the ids are their own hash in
-// an open-addressed index (leaseIndex), and expiry order is a doubly linked
-// list through the slots, one per lease TTL (expiryList) — leases granted
-// with one TTL expire in the order they were granted, so a new one goes at
-// its list's tail. (A heap, before, cost a release O(log leases) cache
-// misses at 200k leases held.)
+// Add, release and expiry are O(1) and allocate nothing in steady state:
+// the ids are their own hash in an open-addressed index (leaseIndex), and
+// expiry order is a doubly linked list through the slots, one per lease
+// TTL (expiryList) — leases granted with one TTL expire in the order they
+// were granted, so a new one goes at its list's tail. (A heap of expiries
+// cost a release O(log leases) cache misses at 200k leases held.)
 type leaseTable struct {
 	chunks []*[slotsPerChunk]leaseSlot // the slab; slot s is chunks[s/slotsPerChunk][s%slotsPerChunk]
 	nslots uint32                      // slots made so far
@@ -221,11 +220,19 @@ func (t *leaseTable) unlink(slot uint32) {
 }
 
 // leaseIndex maps live lease ids to slots. Ids are uniformly random, so an
-// id's low bits serve as its hash: an open-addressed table with linear
-// probing, at most 3/4 full, that deletes by shifting back the cells after
-// the hole (no tombstones), the way a Go map would but without hashing,
-// growth in place or a pointer for the collector per entry.
+// id's bits serve as its hash: the top six pick one of 64 parts, the low
+// ones a cell in the part's open-addressed table (linear probing, at most
+// 3/4 full, deletion by shifting back the cells after the hole: no
+// tombstones). A part grows on its own, so a growth rehashes 1/64 of the
+// live ids under the engine's lock (about 3k at 200k leases), not all of
+// them at once.
 type leaseIndex struct {
+	parts [indexParts]indexPart
+}
+
+const indexParts = 64
+
+type indexPart struct {
 	cells []indexCell
 	n     int
 }
@@ -235,14 +242,34 @@ type indexCell struct {
 	slot uint32
 }
 
+func (x *leaseIndex) part(id uint64) *indexPart { return &x.parts[id>>58] }
+
 // find returns the slot of id.
-func (x *leaseIndex) find(id uint64) (uint32, bool) {
-	if len(x.cells) == 0 {
+func (x *leaseIndex) find(id uint64) (uint32, bool) { return x.part(id).find(id) }
+
+// insert adds id → slot and reports true, or false if id is already
+// there.
+func (x *leaseIndex) insert(id uint64, slot uint32) bool { return x.part(id).insert(id, slot) }
+
+// remove deletes id, which must be there.
+func (x *leaseIndex) remove(id uint64) { x.part(id).remove(id) }
+
+// len returns the number of ids held.
+func (x *leaseIndex) len() int {
+	n := 0
+	for i := range x.parts {
+		n += x.parts[i].n
+	}
+	return n
+}
+
+func (p *indexPart) find(id uint64) (uint32, bool) {
+	if len(p.cells) == 0 {
 		return 0, false
 	}
-	mask := uint64(len(x.cells) - 1)
+	mask := uint64(len(p.cells) - 1)
 	for i := id & mask; ; i = (i + 1) & mask {
-		switch c := x.cells[i]; c.id {
+		switch c := p.cells[i]; c.id {
 		case id:
 			return c.slot, true
 		case 0:
@@ -251,52 +278,49 @@ func (x *leaseIndex) find(id uint64) (uint32, bool) {
 	}
 }
 
-// insert adds id → slot and reports true, or false if id is already
-// there.
-func (x *leaseIndex) insert(id uint64, slot uint32) bool {
-	if 4*(x.n+1) > 3*len(x.cells) {
-		x.grow()
+func (p *indexPart) insert(id uint64, slot uint32) bool {
+	if 4*(p.n+1) > 3*len(p.cells) {
+		p.grow()
 	}
-	mask := uint64(len(x.cells) - 1)
+	mask := uint64(len(p.cells) - 1)
 	for i := id & mask; ; i = (i + 1) & mask {
-		switch x.cells[i].id {
+		switch p.cells[i].id {
 		case id:
 			return false
 		case 0:
-			x.cells[i] = indexCell{id: id, slot: slot}
-			x.n++
+			p.cells[i] = indexCell{id: id, slot: slot}
+			p.n++
 			return true
 		}
 	}
 }
 
-// remove deletes id, which must be there.
-func (x *leaseIndex) remove(id uint64) {
-	mask := uint64(len(x.cells) - 1)
+func (p *indexPart) remove(id uint64) {
+	mask := uint64(len(p.cells) - 1)
 	hole := id & mask
-	for x.cells[hole].id != id {
+	for p.cells[hole].id != id {
 		hole = (hole + 1) & mask
 	}
 	// Shift back every cell after the hole whose home is not between the
 	// hole and it (cyclically), so that no probe meets an empty cell
 	// before its id.
-	for j := (hole + 1) & mask; x.cells[j].id != 0; j = (j + 1) & mask {
-		if home := x.cells[j].id & mask; (j-home)&mask >= (j-hole)&mask {
-			x.cells[hole] = x.cells[j]
+	for j := (hole + 1) & mask; p.cells[j].id != 0; j = (j + 1) & mask {
+		if home := p.cells[j].id & mask; (j-home)&mask >= (j-hole)&mask {
+			p.cells[hole] = p.cells[j]
 			hole = j
 		}
 	}
-	x.cells[hole] = indexCell{}
-	x.n--
+	p.cells[hole] = indexCell{}
+	p.n--
 }
 
-func (x *leaseIndex) grow() {
-	old := x.cells
-	x.cells = make([]indexCell, max(2*len(old), 64))
-	x.n = 0
+func (p *indexPart) grow() {
+	old := p.cells
+	p.cells = make([]indexCell, max(2*len(old), 16))
+	p.n = 0
 	for _, c := range old {
 		if c.id != 0 {
-			x.insert(c.id, c.slot)
+			p.insert(c.id, c.slot)
 		}
 	}
 }

@@ -13,10 +13,12 @@ func TestLeaseIndexAgainstMap(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		var x leaseIndex
 		model := map[uint64]uint32{}
-		// Low bits from a small set, so that ids share homes; high bits
-		// keep them distinct.
+		// Low bits from a small set, so that ids share homes; middle bits
+		// keep them distinct; the top bits (the part) from two values.
 		genID := rapid.Custom(func(t *rapid.T) uint64 {
-			return rapid.Uint64Range(1, 1<<12).Draw(t, "high")<<32 | rapid.SampledFrom([]uint64{0, 1, 62, 63, 127}).Draw(t, "low")
+			return rapid.SampledFrom([]uint64{0, 63 << 58}).Draw(t, "part") |
+				rapid.Uint64Range(1, 1<<12).Draw(t, "high")<<32 |
+				rapid.SampledFrom([]uint64{0, 1, 14, 15, 31, 127}).Draw(t, "low")
 		})
 		for i := range rapid.IntRange(1, 400).Draw(t, "ops") {
 			id := genID.Draw(t, "id")
@@ -40,8 +42,8 @@ func TestLeaseIndexAgainstMap(t *testing.T) {
 					t.Fatalf("find %#x: %d %v, want %d %v", id, slot, ok, model[id], held)
 				}
 			}
-			if x.n != len(model) {
-				t.Fatalf("%d ids in the index, want %d", x.n, len(model))
+			if x.len() != len(model) {
+				t.Fatalf("%d ids in the index, want %d", x.len(), len(model))
 			}
 		}
 		for id, want := range model {
