@@ -284,10 +284,12 @@ func connectionsFor(nofile uint64) int {
 }
 
 // streamWorkers is the number of long-lived goroutines that serve gRPC
-// streams. Without them grpc-go starts a goroutine per RPC, whose stack
-// grows (a copy) the first time an Admit reaches the engine's deeper frames:
-// over a tenth of the server's CPU. A worker's stack stays grown; when every
-// worker is busy, grpc-go starts a goroutine as before.
+// streams: 8 per CPU, at least 64 (the callers a router keeps in flight).
+// Without them grpc-go starts a goroutine per RPC, whose stack grows (a
+// copy) when an Admit reaches the engine's frames, about 8 KB below the
+// worker: over a tenth of the server's CPU. A worker's stack stays grown
+// until the garbage collector halves it while idle; when every worker is
+// busy, grpc-go starts a goroutine as before.
 func streamWorkers() uint32 {
-	return uint32(32 * runtime.GOMAXPROCS(0))
+	return uint32(max(64, 8*runtime.GOMAXPROCS(0)))
 }
