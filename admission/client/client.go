@@ -39,6 +39,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/clock"
 )
 
 // Defaults for the options.
@@ -118,7 +119,7 @@ func New(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	c := &Client{
 		adm:         admissionv1.NewAdmissionClient(conn),
 		maxAttempts: DefaultMaxAttempts,
-		sleep:       sleepCtx,
+		sleep:       clock.Sleep,
 		jitter:      DefaultJitter,
 		backoffBase: DefaultBackoffBase,
 		backoffMax:  DefaultBackoffMax,
@@ -209,16 +210,4 @@ func NewRequestID() string {
 	var b [16]byte
 	_, _ = crand.Read(b[:]) // never fails (Go ≥ 1.24 crashes the process instead)
 	return hex.EncodeToString(b[:])
-}
-
-// sleepCtx waits d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

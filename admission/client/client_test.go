@@ -384,17 +384,6 @@ func TestRelease(t *testing.T) {
 	wantSleeps(t, sl)
 }
 
-func TestSleepCtx(t *testing.T) {
-	if err := sleepCtx(context.Background(), 0); err != nil {
-		t.Errorf("sleepCtx(0) = %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := sleepCtx(ctx, time.Hour); !errors.Is(err, context.Canceled) {
-		t.Errorf("sleepCtx on a cancelled ctx = %v, want context.Canceled", err)
-	}
-}
-
 func TestNewRequestID(t *testing.T) {
 	a, b := NewRequestID(), NewRequestID()
 	if len(a) != 32 || a == b {

@@ -4,6 +4,7 @@
 package clock
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -59,4 +60,18 @@ func (m *Manual) Set(t time.Time) {
 	m.mu.Lock()
 	m.now = t
 	m.mu.Unlock()
+}
+
+// Sleep waits d on the process's clock, or until ctx ends: then it
+// returns ctx's error. It is for the real time retries and pacing wait, not
+// for decision logic (which reads an injected Clock).
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

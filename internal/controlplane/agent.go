@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -221,7 +222,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 				return fmt.Errorf("discover: %w", err)
 			}
 			opts.Logger.Error("discovery failed; retrying", "err", err)
-			sleepCtx(ctx, time.Second)
+			_ = clock.Sleep(ctx, time.Second)
 			continue
 		}
 		key := AgentKey(prefix, nd.Node)
@@ -245,11 +246,11 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 			}
 			opts.Logger.Warn("the node's key is held by another lease; waiting for it to expire (this agent's previous run?)",
 				"key", key, "lease", fmt.Sprintf("%x", he.lease))
-			sleepCtx(ctx, time.Second)
+			_ = clock.Sleep(ctx, time.Second)
 			continue
 		}
 		opts.Logger.Warn("lost the node's lease; publishing again", "key", key, "err", err)
-		sleepCtx(ctx, time.Second)
+		_ = clock.Sleep(ctx, time.Second)
 	}
 	return nil
 }
@@ -369,14 +370,4 @@ func revoke(cli *clientv3.Client, id clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_, _ = cli.Revoke(ctx, id)
-}
-
-// sleepCtx waits d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

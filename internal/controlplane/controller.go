@@ -16,6 +16,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/topology"
 )
@@ -346,7 +347,7 @@ func (c *Controller) follow(ctx context.Context) {
 			continue
 		}
 		c.opts.Logger.Debug("watch broke; resuming", "from", rev+1, "err", err)
-		sleepCtx(ctx, c.opts.RetryEvery)
+		_ = clock.Sleep(ctx, c.opts.RetryEvery)
 	}
 }
 
@@ -756,7 +757,7 @@ func (c *Controller) register(ctx context.Context) {
 			return
 		}
 		c.opts.Logger.Warn("replica registration lost; registering again", "key", key, "err", err)
-		sleepCtx(ctx, c.opts.RetryEvery)
+		_ = clock.Sleep(ctx, c.opts.RetryEvery)
 	}
 }
 

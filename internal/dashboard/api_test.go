@@ -432,19 +432,10 @@ func TestTenantTableTopByTraffic(t *testing.T) {
 
 func TestEventsStreamPushesDrains(t *testing.T) {
 	f := newFixture(t, fixtureOpts{actions: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.url+"/api/v1/events?n=2", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+	events, ct := openEvents(t, f)
+	if ct != "text/event-stream" {
 		t.Fatalf("Content-Type %q", ct)
 	}
-	events := make(chan [2]string, 64)
-	go readEvents(resp.Body, events)
 	first := <-events
 	if first[0] != "topology" || !strings.Contains(first[1], `"slot":"nvl72-a/nvl72-a-tray01/0"`) {
 		t.Fatalf("first event %s %.200s", first[0], first[1])
@@ -528,6 +519,24 @@ func load(t *testing.T, eng *admission.Engine, weight map[string]int) (stop func
 			<-done
 		}
 	}
+}
+
+// openEvents subscribes to the event stream with two events of history and
+// returns its events as readEvents delivers them, and the stream's
+// Content-Type; the stream closes when the test ends.
+func openEvents(t *testing.T, f *fixture) (<-chan [2]string, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.url+"/api/v1/events?n=2", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	events := make(chan [2]string, 64)
+	go readEvents(resp.Body, events)
+	return events, resp.Header.Get("Content-Type")
 }
 
 // readEvents sends each server-sent event (type, data) on ch, closing it at
@@ -630,16 +639,7 @@ func TestEventsStreamShowsWarmupAndFreeze(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.eng.FreezeCreditFor(time.Hour, "incident 42")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.url+"/api/v1/events?n=2", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	events := make(chan [2]string, 64)
-	go readEvents(resp.Body, events)
+	events, _ := openEvents(t, f)
 	waitSnapshot(t, events, "the warm-up and the freeze", func(s dashboard.Snapshot) bool {
 		var warming, whole bool
 		for _, v := range s.Domains {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/load"
 )
@@ -238,14 +239,7 @@ func (r *run) sleepUntil(ctx context.Context, at time.Duration) error {
 	if d <= 0 {
 		return ctx.Err()
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return clock.Sleep(ctx, d)
 }
 
 // Run runs one drill on f. target is the drill's DOMAIN, NODE or replica ID

@@ -37,3 +37,15 @@ func Serve(t testing.TB, srv *grpc.Server) *grpc.ClientConn {
 	})
 	return conn
 }
+
+// Dial returns a plaintext client connection to a server already serving
+// on addr (a loopback address); it closes when the test ends.
+func Dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}

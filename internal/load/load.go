@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/clock"
 )
 
 // Mode is how calls arrive.
@@ -347,7 +348,7 @@ func admitOne(ctx context.Context, opts *Options, t Target, ids *ids, sh *shard,
 		return
 	}
 	sh.mu.Unlock()
-	if opts.Hold > 0 && !sleepCtx(ctx, opts.Hold) {
+	if opts.Hold > 0 && clock.Sleep(ctx, opts.Hold) != nil {
 		sh.mu.Lock()
 		sh.st.held++ // the run ended during the hold: the lease stays until its TTL
 		sh.mu.Unlock()
@@ -375,18 +376,6 @@ func admitOne(ctx context.Context, opts *Options, t Target, ids *ids, sh *shard,
 // "QUOTA_EXCEEDED".
 func reasonName(r admissionv1.Reason) string {
 	return strings.TrimPrefix(r.String(), "REASON_")
-}
-
-// sleepCtx waits d; false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // maxShards bounds the recorders: each holds four HdrHistograms (a few
@@ -490,7 +479,7 @@ func driveOpen(ctx context.Context, opts *Options, do caller, shards []*shard, s
 			return nil
 		}
 		due := start.Add(at)
-		if d := time.Until(due); d > 0 && !sleepCtx(ctx, d) {
+		if d := time.Until(due); d > 0 && clock.Sleep(ctx, d) != nil {
 			return nil
 		}
 		if ctx.Err() != nil {

@@ -10,10 +10,10 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 )
 
 // benchConfig has one tenant whose quotas never bind, so every Admit in the
@@ -48,12 +48,7 @@ func startBenchServer(b *testing.B) (*Server, *grpc.ClientConn) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx) }()
 	b.Cleanup(func() { cancel(); <-done })
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	return srv, conn
+	return srv, grpctest.Dial(b, srv.GRPCAddr().String())
 }
 
 // benchParallel runs call b.N times from benchParallelism callers per CPU.

@@ -12,7 +12,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 )
 
 // etcdOpts are the control-plane options of the tests: short lease and
@@ -32,12 +32,7 @@ func etcdOpts(endpoint string) EtcdOptions {
 // dial returns a connection to srv's gRPC port.
 func dial(t *testing.T, srv *Server) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
+	return grpctest.Dial(t, srv.GRPCAddr().String())
 }
 
 // get returns the body of an HTTP GET on srv.

@@ -13,13 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 )
 
 // The dashboard on the real server over TLS: the page open, the API for
@@ -124,11 +123,7 @@ func TestListTenantsPagesFollowReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv, _, _, _ := start(t, Options{ConfigPath: path})
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := grpctest.Dial(t, srv.GRPCAddr().String())
 	op := admissionv1.NewOperatorClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

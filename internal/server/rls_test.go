@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -14,13 +13,13 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-sched/sluice/admission/rlsserver"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/grpctest"
 	"github.com/sluice-sched/sluice/internal/load"
 )
 
@@ -42,11 +41,7 @@ func rlsRequest(tenant, model string) *rlsv3.RateLimitRequest {
 // leased.
 func TestRLSServedBesideTheAdmissionAPI(t *testing.T) {
 	srv, _, _, _ := start(t, Options{RLS: rlsserver.Options{Domain: "sluice"}})
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := grpctest.Dial(t, srv.GRPCAddr().String())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -243,21 +238,10 @@ func (c *cannedServer) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest)
 // startCannedServer serves the canned responses and health on loopback,
 // with srv's gRPC options, and dials it; both stop when the benchmark ends.
 func startCannedServer(b *testing.B, srv *Server, admit *admissionv1.AdmitResponse, rls *rlsv3.RateLimitResponse) *grpc.ClientConn {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
 	gs := grpc.NewServer(srv.grpcServerOptions()...)
 	c := &cannedServer{admit: admit, rls: rls}
 	admissionv1.RegisterAdmissionServer(gs, c)
 	rlsv3.RegisterRateLimitServiceServer(gs, c)
 	healthpb.RegisterHealthServer(gs, health.NewServer())
-	go gs.Serve(lis)
-	b.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	return conn
+	return grpctest.Serve(b, gs)
 }
