@@ -63,7 +63,7 @@ type Metrics struct {
 // without native histograms: from an at-once decision (microseconds) to
 // the longest queue wait (30 s by default), with 2 s and 3 s so that the
 // default SLA and its 1.5× alert threshold fall on bucket bounds.
-var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30}
+var latencyBuckets = [...]float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 30}
 
 // New registers the metrics (and the Go and process collectors).
 func New(opts Options) *Metrics {
@@ -120,14 +120,8 @@ func New(opts Options) *Metrics {
 			Name: "sluice_tenant_burst_credit_consumed_tokens_total",
 			Help: "Weighted tokens borrowed from burst credit (the token bucket's debt) per tenant.",
 		}, []string{"tenant"}),
-		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:                            "sluice_admit_latency_seconds",
-			Help:                            "Admit latency in the engine (decision and any wait in the fair queue) per tenant and requested model; a native histogram with classic buckets.",
-			Buckets:                         latencyBuckets,
-			NativeHistogramBucketFactor:     1.1,
-			NativeHistogramMaxBucketNumber:  160,
-			NativeHistogramMinResetDuration: time.Hour,
-		}, []string{"tenant", "model"}),
+		latency: newLatencyVec("sluice_admit_latency_seconds",
+			"Admit latency in the engine (decision and any wait in the fair queue) per tenant and requested model; a native histogram with classic buckets."),
 	}
 	m.tenants = newTenantSet(opts.MaxTenantSeries, vecs)
 	m.queueDepth = prometheus.NewGaugeVec(prometheus.GaugeOpts{

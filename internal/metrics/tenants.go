@@ -30,7 +30,7 @@ type tenantSeries struct {
 	credit    prometheus.Counter
 	// latency is the Admit histogram per requested model, copied on write
 	// (a model is added once; models are the catalog's, so they are few).
-	latency atomic.Pointer[map[string]prometheus.Observer]
+	latency atomic.Pointer[map[string]*latencySeries]
 }
 
 // tenantSet decides which tenants have series of their own: up to max
@@ -59,9 +59,9 @@ const candidateFactor = 4
 
 // tenantVecs are the tenant-labelled metric vectors a tenantSet fills.
 type tenantVecs struct {
-	decisions *prometheus.CounterVec   // tenant, decision, reason
-	credit    *prometheus.CounterVec   // tenant
-	latency   *prometheus.HistogramVec // tenant, model
+	decisions *prometheus.CounterVec // tenant, decision, reason
+	credit    *prometheus.CounterVec // tenant
+	latency   *latencyVec            // tenant, model
 }
 
 func newTenantSet(max int, vecs *tenantVecs) *tenantSet {
@@ -85,7 +85,7 @@ func (s *tenantSet) newSeries(name string) *tenantSeries {
 		}
 	}
 	ts.credit = s.vecs.credit.WithLabelValues(name)
-	lat := map[string]prometheus.Observer{}
+	lat := map[string]*latencySeries{}
 	ts.latency.Store(&lat)
 	return ts
 }
@@ -221,7 +221,7 @@ func (s *tenantSet) deleteSeries(tenant string) {
 	l := prometheus.Labels{"tenant": tenant}
 	s.vecs.decisions.DeletePartialMatch(l)
 	s.vecs.credit.DeletePartialMatch(l)
-	s.vecs.latency.DeletePartialMatch(l)
+	s.vecs.latency.deleteTenant(tenant)
 }
 
 // find returns the series of tenant (OtherTenant's if it has none) without
@@ -255,8 +255,8 @@ func (s *tenantSet) observeLatency(ts *tenantSeries, model string, seconds float
 	cur := *ts.latency.Load()
 	o, ok := cur[model]
 	if !ok {
-		o = s.vecs.latency.WithLabelValues(ts.name, model)
-		next := make(map[string]prometheus.Observer, len(cur)+1)
+		o = s.vecs.latency.with(ts.name, model)
+		next := make(map[string]*latencySeries, len(cur)+1)
 		for k, v := range cur {
 			next[k] = v
 		}
