@@ -11,7 +11,9 @@
 # deploy/bench-grpc.sh (sluiced and sluicectl load as two processes; its
 # own knobs — CONCURRENCY, DURATION, ROUNDS, PREFILL — pass through);
 # OUT (a temporary directory) keeps every raw output. The Redis rows run
-# when redis-server is on PATH (the benchmark starts its own). Run from
+# when redis-server is on PATH (the benchmark starts its own), the
+# instruction counts when valgrind is (callgrind: a count no other work on
+# the machine moves, beside the time that it does). Run from
 # anywhere; it works in the repository root. Needs Go and jq.
 #
 # Every figure is a median of COUNT runs. On a machine shared with other
@@ -70,6 +72,22 @@ bench replay.txt ./internal/replay/ -bench 'BenchmarkReplayCodeHour$|BenchmarkRe
 if command -v redis-server >/dev/null; then
 	bench redis.txt ./internal/state/redisstate/ -bench BenchmarkDecision -benchtime 2s -count "$COUNT"
 fi
+# instructions PATTERN BENCH N: instructions per call of the functions
+# matching PATTERN while BENCH runs N times under callgrind (simulated
+# execution: no other work on the machine changes it).
+instructions() {
+	local out
+	out=$(valgrind --tool=callgrind --toggle-collect="$1" --callgrind-out-file=/dev/null \
+		"$OUT/admission.test" -test.run '^$' -test.bench "$2" -test.benchtime "${3}x" -test.cpu 1 2>&1 >/dev/null |
+		awk '/Collected :/ { print $NF }')
+	awk -v n="${out:-nan}" -v runs="$(($3 + 1))" 'BEGIN { printf "%.0f", n / runs }' # testing runs it once with N=1 first
+}
+if command -v valgrind >/dev/null; then
+	echo "valgrind --tool=callgrind: instructions per Admit and per AllowN" >&2
+	go test -c -o "$OUT/admission.test" ./admission/
+	admit_instr=$(instructions '*admission.(*Engine).Admit' 'BenchmarkAdmit$' 20000)
+	allown_instr=$(instructions '*rate.(*Limiter).reserveN' 'BenchmarkXTimeRate/AllowN$' 200000)
+fi
 echo "go test -count=1 -run TestHundredThousandTenantsResidentMemory -v ./cmd/sluiced/" >&2
 go test -count=1 -run TestHundredThousandTenantsResidentMemory -v ./cmd/sluiced/ >"$OUT/rss.txt" || true
 if [[ $GRPC == 1 ]]; then
@@ -88,6 +106,10 @@ allown=$(median "$a" BenchmarkXTimeRate/AllowN ns/op)
 row "in-process Admit, admitted at once" "$admit ns, $allocs allocs" "x/time/rate AllowN $allown ns" "$(calc "$admit / $allown")× AllowN" "<=" 20 "$(calc "$admit / $allown")"
 allow=$(median "$a" BenchmarkXTimeRate/Allow ns/op)
 info "  the same beside Allow (reads the clock too)" "$admit ns" "x/time/rate Allow $allow ns" "$(calc "$admit / $allow")× Allow"
+if [[ -n ${admit_instr:-} ]]; then
+	# AllowN is inlined into its caller: reserveN is the whole of its work.
+	info "  the same in instructions (callgrind)" "$admit_instr instructions" "AllowN $allown_instr instructions" "$(calc "$admit_instr / $allown_instr")× AllowN"
+fi
 row "in-process Admit: allocations" "$allocs allocs/op" "" "" "<=" 0 "$allocs"
 idle=$(median "$a" BenchmarkIdleTenantMemory bytes/tenant)
 row "idle tenant (100k configured)" "$idle B" "" "" "<=" 128 "$idle"
