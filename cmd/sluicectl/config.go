@@ -56,6 +56,19 @@ func (e *etcdFlags) client() (*clientv3.Client, error) {
 	return controlplane.NewClient(controlplane.ClientOptions{Endpoints: e.endpoints, CAFile: e.ca, CertFile: e.cert, KeyFile: e.key})
 }
 
+// call connects to etcd and runs do within the timeout, with the control
+// plane's key prefix, as operatorFlags.call does for one server.
+func (e *etcdFlags) call(do func(ctx context.Context, cli *clientv3.Client, prefix string) error) error {
+	cli, err := e.client()
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	defer cancel()
+	return do(ctx, cli, controlplane.NormalizePrefix(e.prefix))
+}
+
 // parseInterspersed parses args with fs allowing flags after positional
 // arguments ("drain nvl72-a --reason x"), and returns the positionals.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
@@ -186,16 +199,12 @@ func runConfig(args []string, out io.Writer) error {
 	// anything: apply writes nothing that sluiced would refuse for its own
 	// reasons (a floor too large for the cluster is the exception: only a
 	// replica knows its cluster).
-	cli, err := ef.client()
-	if err != nil {
+	var res controlplane.ApplyResult
+	if err := ef.call(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
+		var err error
+		res, err = controlplane.ApplyConfig(ctx, cli, prefix, *file, data)
 		return err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
-	defer cancel()
-	prefix := controlplane.NormalizePrefix(ef.prefix)
-	res, err := controlplane.ApplyConfig(ctx, cli, prefix, *file, data)
-	if err != nil {
+	}); err != nil {
 		return err
 	}
 	if *format == "json" {

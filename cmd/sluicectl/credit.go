@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
@@ -66,9 +67,19 @@ func runCredit(args []string, out, _ io.Writer) error {
 	var err error
 	switch {
 	case ef.endpoints != "" && freeze:
-		res, err = creditInEtcd(&ef, true, *period, *reason, *by)
+		err = ef.call(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
+			now := time.Now() // the operator's moment, not a decision: replicas compare the absolute end
+			m := controlplane.CreditFreezeMark{Until: now.Add(*period), Reason: *reason, By: *by, At: now}
+			_, err := controlplane.PutCreditFreeze(ctx, cli, prefix, m)
+			res = creditResult{Action: "freeze", Frozen: true, Until: m.Until, Reason: m.Describe(), Where: "etcd"}
+			return err
+		})
 	case ef.endpoints != "":
-		res, err = creditInEtcd(&ef, false, 0, "", "")
+		err = ef.call(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
+			was, err := controlplane.DeleteCreditFreeze(ctx, cli, prefix)
+			res = creditResult{Action: "thaw", WasFrozen: was, Where: "etcd"}
+			return err
+		})
 	case freeze:
 		of := operatorFlags{server: *server, timeout: ef.timeout, serverFlags: sf}
 		err = of.call(func(ctx context.Context, op admissionv1.OperatorClient) error {
@@ -121,29 +132,4 @@ func (r creditResult) sentence() string {
 		return "burst credit was not frozen (" + r.Where + ")"
 	}
 	return "burst credit thawed (" + r.Where + "): tenants borrow again"
-}
-
-// creditInEtcd writes the fleet's freeze key (freeze) or deletes it.
-func creditInEtcd(ef *etcdFlags, freeze bool, d time.Duration, reason, by string) (creditResult, error) {
-	cli, err := ef.client()
-	if err != nil {
-		return creditResult{}, err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
-	defer cancel()
-	prefix := controlplane.NormalizePrefix(ef.prefix)
-	if !freeze {
-		was, err := controlplane.DeleteCreditFreeze(ctx, cli, prefix)
-		if err != nil {
-			return creditResult{}, err
-		}
-		return creditResult{Action: "thaw", WasFrozen: was, Where: "etcd"}, nil
-	}
-	now := time.Now() // the operator's moment, not a decision: replicas compare the absolute end
-	m := controlplane.CreditFreezeMark{Until: now.Add(d), Reason: reason, By: by, At: now}
-	if _, err := controlplane.PutCreditFreeze(ctx, cli, prefix, m); err != nil {
-		return creditResult{}, err
-	}
-	return creditResult{Action: "freeze", Frozen: true, Until: m.Until, Reason: m.Describe(), Where: "etcd"}, nil
 }

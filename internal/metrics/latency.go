@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,30 +141,18 @@ func (s *latencySeries) Observe(seconds float64) {
 }
 
 // nativeIndex is the schema-3 bucket of a finite v > 0, as client_golang
-// computes it.
+// computes it: the mantissa's place among the bounds, plus 8 per octave.
 func nativeIndex(v float64) int {
 	frac, exp := math.Frexp(v)
-	return mantissaIndex(frac) + (exp-1)*len(nativeBounds)
-}
-
-// mantissaIndex is sort.SearchFloat64s(nativeBounds, frac).
-func mantissaIndex(frac float64) int {
-	i := 0
-	for i < len(nativeBounds) && nativeBounds[i] < frac {
-		i++
-	}
-	return i
+	i, _ := slices.BinarySearch(nativeBounds[:], frac)
+	return i + (exp-1)*len(nativeBounds)
 }
 
 // classicIndex is the first classic bucket whose upper bound is ≥ v, or
 // len(latencyBuckets) for none (+Inf).
 func classicIndex(v float64) int {
-	for i, le := range latencyBuckets {
-		if v <= le {
-			return i
-		}
-	}
-	return len(latencyBuckets)
+	i, _ := slices.BinarySearch(latencyBuckets[:], v)
+	return i
 }
 
 // metric is the series' exposition now.
