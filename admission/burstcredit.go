@@ -22,7 +22,7 @@ const (
 )
 
 // burstCredit is a tenant's debt and the breaker that ends a debt left
-// unpaid for longer than its window (DESIGN: "Burst credit").
+// unpaid for longer than its window (docs/policy.md, "Burst credit").
 type burstCredit struct {
 	state     creditState
 	inDebt    bool  // the token bucket went below zero and has not been seen repaid

@@ -163,7 +163,7 @@ func TestFloorHeldUnderFifteenfoldBurst(t *testing.T) {
 	if burstQueued == 0 {
 		t.Fatal("the burst never saturated capacity: the test proves nothing")
 	}
-	// Queue wait of the within-quota tenant: p99 under 2 s (DESIGN's target).
+	// Queue wait of the within-quota tenant: p99 under 2 s (Sluice's target).
 	var waits []time.Duration
 	for _, w := range steady {
 		if !answered(w) || w.decision.Outcome != Admitted {

@@ -96,7 +96,7 @@ func (t *tenantState) idle(now int64) bool {
 	return true
 }
 
-// screen runs every gate in DESIGN order — burst-credit breaker, the
+// screen runs every gate in order — burst-credit breaker, the
 // store's fail mode (store, from the shared-state strategy), budget, RPS,
 // tokens with credit, concurrency — and charges nothing. It does move the
 // breaker and the budget period to now. frozen is what is left of an

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-grpc.sh — gRPC throughput of sluiced from outside its process, beside
-# the same server's gRPC health Check in the same run (DESIGN.md's target:
+# the same server's gRPC health Check in the same run (the target:
 # Admit(+Release) ≥ 0.90 of Check; ≥ 0.85 with 200k leases held).
 #
 # It builds sluiced and sluicectl, and for each measurement starts a fresh

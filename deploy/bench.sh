@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh — every figure of the README's performance section, from one
+# bench.sh — every figure of docs/performance.md's table, from one
 # command, each printed beside the reference measured in the same run, the
 # ratio the target is about, the target, and whether it is met.
 #

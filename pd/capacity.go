@@ -19,7 +19,7 @@ type Config struct {
 	WeightCopies int     `json:"weight_copies"` // copies of every model's weights per node; default 1
 }
 
-// DefaultConfig returns the design's defaults: 70% soft capacity, MFU 0.5,
+// DefaultConfig returns the defaults: 70% soft capacity, MFU 0.5,
 // 2 s of burst, one copy of each model's weights per node.
 func DefaultConfig() Config {
 	return Config{SoftFraction: 0.70, MFU: 0.5, BurstSeconds: 2, WeightCopies: 1}

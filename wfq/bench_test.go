@@ -52,7 +52,7 @@ func BenchmarkEnqueueDequeue(b *testing.B) {
 // BenchmarkEnqueueDequeueRatio is BenchmarkEnqueueDequeue at 1k and at 100k
 // flows in one run, in alternating blocks of ops so that a shared machine's
 // noise falls on both alike. It reports each size's ns per op and their
-// ratio, which issue 14 bounds (≤ 4). Blocks are timed by the thread's CPU
+// ratio, whose target is ≤ 4. Blocks are timed by the thread's CPU
 // time (on Linux), which leaves out the time other processes held the CPU;
 // and the first ops of each block are not timed: they bring the queue back
 // into cache after the other size evicted it, a cost the steady state does

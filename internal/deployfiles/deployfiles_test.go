@@ -42,7 +42,7 @@ func TestPrometheusRules(t *testing.T) {
 	}
 }
 
-// TestManifests checks the shape the README promises: sluiced a Deployment
+// TestManifests checks the shape docs/deploy.md describes: sluiced a Deployment
 // of 3 with a Service and a PodDisruptionBudget that select its pods,
 // sluice-agent a DaemonSet on GPU nodes, TLS and auth mounted from secrets,
 // KEDA scaling on the queue depth; and that the ConfigMap's fallback config

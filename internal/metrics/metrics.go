@@ -38,7 +38,7 @@ type Options struct {
 	// OtherTenant. 0 means DefaultMaxTenantSeries.
 	MaxTenantSeries int
 	// AdmitLatencySLA is exported as sluice_admit_latency_sla_seconds, the
-	// yardstick of the Admit latency alert. 0 means 2 s (the design's
+	// yardstick of the Admit latency alert. 0 means 2 s (Sluice's
 	// queue-wait p99 target for a tenant within its share).
 	AdmitLatencySLA time.Duration
 }

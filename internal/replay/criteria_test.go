@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The done criteria replay the whole code trace on the test
+// The acceptance criteria replay the whole code trace on the test
 // cluster while acme, the heaviest tenant, bursts 15× for a minute of
 // ordinary load (the trace's 6th minute), every request with a 2 s
 // deadline, under sluice and fifo.

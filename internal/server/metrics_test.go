@@ -226,7 +226,7 @@ func TestMetricsScrapeBoundedTenants(t *testing.T) {
 		}
 	}
 	if tenantFamilies < 9 {
-		t.Errorf("%d tenant-labelled families, want the 9 of the README", tenantFamilies)
+		t.Errorf("%d tenant-labelled families, want the 9 of docs/metrics.md", tenantFamilies)
 	}
 	// The busiest took names; the one-off tenants are "other".
 	for i := range 10 {

@@ -215,7 +215,7 @@ func (s *Server) checkExposure() error {
 	}
 	switch {
 	case len(exposed) == 0:
-		s.log.Info("no --auth: serving loopback only; every local caller may call every RPC (see the README's Security section to serve beyond it)")
+		s.log.Info("no --auth: serving loopback only; every local caller may call every RPC (see docs/security.md to serve beyond it)")
 	case !so.Insecure:
 		return fmt.Errorf("%v listens beyond loopback without --auth: give --auth FILE (principals and roles), or --insecure to let anybody who can reach it drain domains and admit as any tenant", exposed)
 	default:

@@ -13,7 +13,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 )
 
-// The recovery promise (issue 12): after a store outage of any length,
+// The recovery promise (docs/shared-state.md): after a store outage of any length,
 // with the store's data kept or lost, the replicas resume admitting at
 // their share within two reconcile intervals of the store's return, and a
 // tenant driven above its quota is admitted over [outage start, return +
