@@ -11,6 +11,16 @@ import (
 	"github.com/sluice-sched/sluice/pd"
 )
 
+// ConfigRefusal is a config that was refused while the last good one kept
+// serving: what the control plane records and GetConfigStatus reports.
+type ConfigRefusal struct {
+	Source   string // a file path or an etcd key
+	Key      string // the key path inside the document, when known
+	Reason   string
+	Revision int64 // etcd revision of the refused write; 0 for a file
+	At       time.Time
+}
+
 // Config is the whole policy of an engine: tiers, tenants, the model catalog
 // and the knobs of capacity, queueing, leases and domain health. It is what
 // a config file or the etcd control plane holds; field names are its keys.

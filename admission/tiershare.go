@@ -1,8 +1,9 @@
 package admission
 
 import (
-	"container/heap"
 	"math"
+
+	"github.com/sluice-sched/sluice/internal/indexheap"
 )
 
 // tierShares decides whose turn it is at a model tier that more tenants
@@ -49,10 +50,10 @@ type tierShares struct {
 
 // tierLedger is one model's counters.
 type tierLedger struct {
-	entries    map[string]*tierUse // by tenant: the contenders
-	contenders useHeap             // the same, least use first
-	full       int64               // engine time the model last did not fit a request whose turn it was
-	wasFull    bool                // full is set
+	entries    map[string]*tierUse     // by tenant: the contenders
+	contenders indexheap.Heap[tierUse] // the same, least use first
+	full       int64                   // engine time the model last did not fit a request whose turn it was
+	wasFull    bool                    // full is set
 }
 
 // contended reports whether the model was full within window of now.
@@ -82,7 +83,8 @@ func (s *tierShares) ledger(model string) *tierLedger {
 	}
 	l := s.models[model]
 	if l == nil {
-		l = &tierLedger{entries: make(map[string]*tierUse)}
+		l = &tierLedger{entries: make(map[string]*tierUse), contenders: indexheap.New(
+			func(a, b *tierUse) bool { return a.used < b.used }, func(u *tierUse) *int { return &u.heapIdx })}
 		s.models[model] = l
 	}
 	return l
@@ -113,7 +115,7 @@ func (l *tierLedger) enter(now, window int64, tenant string) *tierUse {
 	if u == nil {
 		u = &tierUse{tenant: tenant, used: l.least(now, window), active: now}
 		l.entries[tenant] = u
-		heap.Push(&l.contenders, u)
+		l.contenders.Push(u)
 	}
 	return u
 }
@@ -144,7 +146,7 @@ func (s *tierShares) charge(now int64, model, tenant string, cost, weight int64)
 	u := l.enter(now, s.window, tenant)
 	u.active = now
 	u.used = addUse(u.used, cost, weight)
-	heap.Fix(&l.contenders, u.heapIdx)
+	l.contenders.Fix(u)
 }
 
 // turn reports whether tenant may take model at now: the model is not
@@ -160,7 +162,7 @@ func (s *tierShares) turn(now int64, model, tenant string) bool {
 	}
 	least := l.least(now, s.window)
 	if !l.contended(now, s.window) {
-		if len(l.contenders) == 0 {
+		if l.contenders.Len() == 0 {
 			delete(s.models, model)
 		}
 		return true
@@ -173,7 +175,7 @@ func (s *tierShares) turn(now int64, model, tenant string) bool {
 // request queued for it.
 func (s *tierShares) leastWaiting(model string) bool {
 	l := s.models[model]
-	return l != nil && len(l.contenders) > 0 && l.contenders[0].waiting > 0
+	return l != nil && l.contenders.Len() > 0 && l.contenders.Peek().waiting > 0
 }
 
 // least drops the contenders that no longer contend from the bottom of the
@@ -181,12 +183,11 @@ func (s *tierShares) leastWaiting(model string) bool {
 // An entry dropped at or below the least is forgotten: the lift would
 // bring it back at the least anyway.
 func (l *tierLedger) least(now, window int64) uint64 {
-	for len(l.contenders) > 0 {
-		u := l.contenders[0]
+	for u := l.contenders.Peek(); u != nil; u = l.contenders.Peek() {
 		if u.contending(now, window) {
 			return u.used
 		}
-		heap.Pop(&l.contenders)
+		l.contenders.Pop()
 		delete(l.entries, u.tenant)
 	}
 	return 0
@@ -203,31 +204,4 @@ func addUse(used uint64, cost, weight int64) uint64 {
 		return math.MaxUint64
 	}
 	return used + inc
-}
-
-// useHeap orders contenders by use (container/heap).
-type useHeap []*tierUse
-
-func (h useHeap) Len() int           { return len(h) }
-func (h useHeap) Less(i, j int) bool { return h[i].used < h[j].used }
-func (h useHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx, h[j].heapIdx = i, j
-}
-
-// Push implements heap.Interface.
-func (h *useHeap) Push(x any) {
-	u := x.(*tierUse)
-	u.heapIdx = len(*h)
-	*h = append(*h, u)
-}
-
-// Pop implements heap.Interface.
-func (h *useHeap) Pop() any {
-	s := *h
-	u := s[len(s)-1]
-	s[len(s)-1] = nil
-	*h = s[:len(s)-1]
-	u.heapIdx = -1
-	return u
 }

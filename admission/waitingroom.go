@@ -1,10 +1,10 @@
 package admission
 
 import (
-	"container/heap"
 	"context"
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/indexheap"
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
 	"github.com/sluice-sched/sluice/wfq"
 )
@@ -20,7 +20,7 @@ const dispatchScanLimit = 8
 // out in fair order as capacity frees.
 type waitingRoom struct {
 	queue     *wfq.Queue
-	deadlines waiterHeap
+	deadlines indexheap.Heap[waiter] // the queued requests by deadline
 	// Σ estimated prefill FLOPs, decode bytes and weighted tokens of the
 	// queued requests: the fair queue counts positions in weighted tokens,
 	// these turn them into time.
@@ -36,7 +36,7 @@ type waiter struct {
 	item     wfq.Item
 	enqueued int64
 	deadline int64
-	heapIdx  int
+	heapIdx  int // in the deadlines heap, or -1
 	// degradeAt: from then on it may take a lower tier it accepts.
 	degradeAt int64
 	wait      time.Duration // the wait its position predicted at enqueue
@@ -59,7 +59,7 @@ func (r *waitingRoom) enter(w *waiter) error {
 	r.backlogPrefill += w.estimate[0]
 	r.backlogDecode += w.estimate[1]
 	r.backlogTokens += w.p.weighted
-	r.deadlines.push(w)
+	r.deadlines.Push(w)
 	if w.contends {
 		r.tiers.want(w.enqueued, w.p.tierBuf[0].name, w.p.tenant.name, true)
 	}
@@ -79,7 +79,7 @@ func (r *waitingRoom) leave(now int64, w *waiter) {
 	r.backlogPrefill -= w.estimate[0]
 	r.backlogDecode -= w.estimate[1]
 	r.backlogTokens -= w.p.weighted
-	r.deadlines.remove(w)
+	r.deadlines.Remove(w)
 	if w.contends {
 		r.tiers.leave(now, w.p.tierBuf[0].name, w.p.tenant.name)
 	}
@@ -171,8 +171,8 @@ func waitBudget(ctx context.Context, wall time.Time, req *Request, q *QueueConfi
 
 // overdue returns a queued request whose deadline has come, if any.
 func (r *waitingRoom) overdue(now int64) *waiter {
-	if len(r.deadlines) > 0 && r.deadlines[0].deadline <= now {
-		return r.deadlines[0]
+	if w := r.deadlines.Peek(); w != nil && w.deadline <= now {
+		return w
 	}
 	return nil
 }
@@ -214,40 +214,5 @@ func (r *waitingRoom) wakeDispatcher() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
-	}
-}
-
-// waiterHeap orders queued requests by deadline (container/heap).
-type waiterHeap []*waiter
-
-func (h waiterHeap) Len() int           { return len(h) }
-func (h waiterHeap) Less(i, j int) bool { return h[i].deadline < h[j].deadline }
-func (h waiterHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx, h[j].heapIdx = i, j
-}
-
-// Push implements heap.Interface.
-func (h *waiterHeap) Push(x any) {
-	w := x.(*waiter)
-	w.heapIdx = len(*h)
-	*h = append(*h, w)
-}
-
-// Pop implements heap.Interface.
-func (h *waiterHeap) Pop() any {
-	s := *h
-	w := s[len(s)-1]
-	s[len(s)-1] = nil
-	*h = s[:len(s)-1]
-	w.heapIdx = -1
-	return w
-}
-
-func (h *waiterHeap) push(w *waiter) { heap.Push(h, w) }
-
-func (h *waiterHeap) remove(w *waiter) {
-	if w.heapIdx >= 0 && w.heapIdx < len(*h) && (*h)[w.heapIdx] == w {
-		heap.Remove(h, w.heapIdx)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
@@ -17,7 +18,7 @@ type ConfigStatus struct {
 	Source      string // "embedded", a file path, or "etcd"
 	Revision    int64  // etcd revision of the serving config; 0 when not from etcd
 	AppliedAt   time.Time
-	LastRefusal *ConfigRefusal // the latest refusal since AppliedAt; nil when none
+	LastRefusal *admission.ConfigRefusal // the latest refusal since AppliedAt; nil when none
 	// ControlPlane is ControlPlaneEtcd when the server uses etcd and
 	// ControlPlaneNone when it runs on its local config alone.
 	ControlPlane string
@@ -31,16 +32,6 @@ const (
 	ControlPlaneNone = "none"
 	ControlPlaneEtcd = "etcd"
 )
-
-// ConfigRefusal is a config that was refused while the last good one kept
-// serving.
-type ConfigRefusal struct {
-	Source   string // a file path or an etcd key
-	Key      string // the key path inside the document, when known
-	Reason   string
-	Revision int64 // etcd revision of the refused write; 0 for a file
-	At       time.Time
-}
 
 // ConfigStatusSource is the port GetConfigStatus reads. It must be safe for
 // concurrent use.

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/grpctest"
 )
@@ -68,7 +69,7 @@ func TestGetConfigStatus(t *testing.T) {
 	}
 
 	refused := applied.Add(time.Minute)
-	src.set(ConfigStatus{Source: "etcd", Revision: 41, AppliedAt: applied, LastRefusal: &ConfigRefusal{
+	src.set(ConfigStatus{Source: "etcd", Revision: 41, AppliedAt: applied, LastRefusal: &admission.ConfigRefusal{
 		Source: "/sluice/tenants/x", Key: "tenants.x.weight", Reason: "want a whole number", Revision: 42, At: refused,
 	}})
 	got, err = op.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})

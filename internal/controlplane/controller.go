@@ -104,37 +104,74 @@ type Controller struct {
 	}
 }
 
-// state is the controller's copy of the keys and what it applied; only the
-// holder of syncMu touches it.
+// state is the controller's copy of the keys, and what each of its
+// reconcilers (config, topology, drains, members; the credit freeze keeps
+// nothing) last applied, each in its own part; only the holder of syncMu
+// touches it.
 type state struct {
 	kvs    keys
 	rev    int64
 	synced bool
-	// cfgDeleteRev is the revision of the latest deletion of a config key;
+	// started is set after the first full read: until then an agents'
+	// cluster is the start-up one and does not warm up.
+	started bool
+	badKeys keyWarnings
+
+	config   configApplied
+	topology topologyApplied
+	drains   drainsApplied
+	members  membersApplied
+}
+
+// configApplied is what the config reconciler last did.
+type configApplied struct {
+	// deleteRev is the revision of the latest deletion of a config key;
 	// with the documents' own revisions it makes the config's fingerprint.
-	cfgDeleteRev int64
-	cfgSeen      int64 // config fingerprint last applied or refused
-	// cfgRefusal is the engine's refusal of the last config (floors too
+	deleteRev int64
+	seen      int64 // config fingerprint last applied or refused
+	// refusal is the engine's refusal of the last config (floors too
 	// large for the cluster, say), "" when the last config was applied or
 	// refused before the engine saw it: a topology change retries only an
 	// engine refusal, and a retry refused for the same reason is not
 	// recorded again.
-	cfgRefusal string
-	// drained holds the marks this controller applied (drained now or
-	// from the moment the domain appears), by domain; when a mark goes,
-	// its domain is undrained only if the mark's drain was the first.
-	drained     map[string]markDrain
-	unknownMark map[string]bool        // marks for domains the engine lacks, logged once
-	agentsSeen  bool                   // some agent has published since start
-	agentsGone  bool                   // every agent left; the serving cluster is lastCluster, all unhealthy
-	topoRefused bool                   // the last agent topology was refused; retry after a config change
-	lastAgents  map[string]AgentRecord // the records of the serving topology
-	lastCluster topology.Cluster       // the last cluster the agents built
-	replicas    int                    // last count passed to OnReplicas
-	badKeys     map[string]string      // key → why it was skipped, to log each problem once
-	// started is set after the first full read: until then an agents'
-	// cluster is the start-up one and does not warm up.
-	started bool
+	refusal string
+}
+
+// topologyApplied is what the topology reconciler last did with the node
+// agents' records.
+type topologyApplied struct {
+	agentsSeen bool                   // some agent has published since start
+	agentsGone bool                   // every agent left; the serving cluster is cluster, all unhealthy
+	refused    bool                   // the last agent topology was refused; retry after a config change
+	agents     map[string]AgentRecord // the records of the serving topology
+	cluster    topology.Cluster       // the last cluster the agents built
+}
+
+// drainsApplied is what the drain reconciler applied.
+type drainsApplied struct {
+	// marks holds the marks this controller applied (drained now or from
+	// the moment the domain appears), by domain; when a mark goes, its
+	// domain is undrained only if the mark's drain was the first.
+	marks   map[string]markDrain
+	unknown map[string]bool // marks for domains the engine lacks, logged once
+}
+
+// membersApplied is what the member reconciler last reported.
+type membersApplied struct {
+	replicas int // last count passed to OnReplicas
+}
+
+// keyWarnings remembers, by key, why a key was skipped, to log each problem
+// once.
+type keyWarnings map[string]string
+
+// warnOnce logs a skipped key once per distinct problem.
+func (w keyWarnings) warnOnce(log *slog.Logger, key, msg string, err error) {
+	if w[key] == err.Error() {
+		return
+	}
+	w[key] = err.Error()
+	log.Error(msg, "key", key, "err", err)
 }
 
 // markDrain is a drain mark the controller applied.
@@ -204,7 +241,8 @@ func New(opts Options) (*Controller, error) {
 		}
 	}
 	c := &Controller{opts: opts, prefix: NormalizePrefix(opts.Prefix)}
-	c.st = state{kvs: keys{}, drained: map[string]markDrain{}, unknownMark: map[string]bool{}, badKeys: map[string]string{}}
+	c.st = state{kvs: keys{}, badKeys: keyWarnings{},
+		drains: drainsApplied{marks: map[string]markDrain{}, unknown: map[string]bool{}}}
 	return c, nil
 }
 
@@ -270,7 +308,7 @@ func (c *Controller) syncLocked(ctx context.Context) error {
 	for _, k := range []kind{kindConfig, kindTenant} {
 		for key := range old[k] {
 			if _, still := c.st.kvs[k][key]; !still {
-				c.st.cfgDeleteRev = resp.Header.Revision
+				c.st.config.deleteRev = resp.Header.Revision
 			}
 		}
 	}
@@ -375,7 +413,7 @@ func (c *Controller) watch(ctx context.Context, rev int64) error {
 			if ev.Type == clientv3.EventTypeDelete {
 				delete(c.st.kvs[k], key)
 				if k == kindConfig || k == kindTenant {
-					c.st.cfgDeleteRev = ev.Kv.ModRevision
+					c.st.config.deleteRev = ev.Kv.ModRevision
 				}
 				continue
 			}
@@ -404,9 +442,9 @@ func (c *Controller) reconcile(rev int64, t touched) {
 	if t.agents {
 		topoChanged = c.reconcileTopology()
 	}
-	retry := topoChanged && c.st.cfgRefusal != ""
+	retry := topoChanged && c.st.config.refusal != ""
 	if t.config || retry {
-		if c.reconcileConfig(retry) && c.st.topoRefused {
+		if c.reconcileConfig(retry) && c.st.topology.refused {
 			// The new config may fit the cluster the old one did not.
 			topoChanged = c.reconcileTopology() || topoChanged
 		}
@@ -421,19 +459,10 @@ func (c *Controller) reconcile(rev int64, t touched) {
 		c.reconcileFreeze()
 	}
 	c.st.rev = rev
-	c.opts.Metrics.gauges(max(c.st.replicas, 1), len(c.st.lastAgents), len(c.st.kvs[kindDrain]))
+	c.opts.Metrics.gauges(max(c.st.members.replicas, 1), len(c.st.topology.agents), len(c.st.kvs[kindDrain]))
 	c.mu.Lock()
 	c.mu.rev = rev
 	c.mu.Unlock()
-}
-
-// warnOnce logs a skipped key once per distinct problem.
-func (c *Controller) warnOnce(key, msg string, err error) {
-	if c.st.badKeys[key] == err.Error() {
-		return
-	}
-	c.st.badKeys[key] = err.Error()
-	c.opts.Logger.Error(msg, "key", key, "err", err)
 }
 
 // reconcileConfig builds the config from the documents and applies it when
@@ -444,17 +473,17 @@ func (c *Controller) warnOnce(key, msg string, err error) {
 func (c *Controller) reconcileConfig(retry bool) bool {
 	base, hasBase := c.st.kvs[kindConfig][ConfigKey(c.prefix)]
 	tenants := make(map[string][]byte, len(c.st.kvs[kindTenant]))
-	fp := max(base.modRev, c.st.cfgDeleteRev)
+	fp := max(base.modRev, c.st.config.deleteRev)
 	for _, e := range c.st.kvs[kindTenant] {
 		tenants[e.name] = e.value
 		fp = max(fp, e.modRev)
 	}
-	retry = retry && fp == c.st.cfgSeen
-	if fp == c.st.cfgSeen && !retry {
+	retry = retry && fp == c.st.config.seen
+	if fp == c.st.config.seen && !retry {
 		return false
 	}
-	lastRefusal := c.st.cfgRefusal
-	c.st.cfgSeen, c.st.cfgRefusal = fp, "" // only an engine refusal below sets it again
+	lastRefusal := c.st.config.refusal
+	c.st.config.seen, c.st.config.refusal = fp, "" // only an engine refusal below sets it again
 	if !hasBase {
 		if fp == 0 {
 			return false // etcd holds no config: the local one serves
@@ -470,8 +499,8 @@ func (c *Controller) reconcileConfig(retry bool) bool {
 	}
 	if err := c.opts.Engine.Apply(cfg); err != nil {
 		err = attribute(c.prefix, tenants, config.Wrap(ConfigKey(c.prefix), err))
-		c.st.cfgRefusal = err.Error()
-		if retry && c.st.cfgRefusal == lastRefusal {
+		c.st.config.refusal = err.Error()
+		if retry && c.st.config.refusal == lastRefusal {
 			c.opts.Logger.Debug("config in etcd retried after a topology change; still refused for the same reason",
 				"key", ConfigKey(c.prefix), "revision", fp, "err", err)
 			return false
@@ -507,29 +536,29 @@ func (c *Controller) reconcileTopology() bool {
 		node := e.name
 		r, err := decodeAgent(node, e.value)
 		if err != nil {
-			c.warnOnce(k, "skipping a node agent's record", err)
+			c.st.badKeys.warnOnce(c.opts.Logger, k, "skipping a node agent's record", err)
 			continue
 		}
 		delete(c.st.badKeys, k)
 		agents[node] = r
 	}
 	if len(agents) == 0 {
-		c.st.lastAgents = nil
-		if !c.st.agentsSeen || c.st.agentsGone {
+		c.st.topology.agents = nil
+		if !c.st.topology.agentsSeen || c.st.topology.agentsGone {
 			return false // none yet: the local topology serves; or already handled
 		}
-		gone := unhealthyCluster(c.st.lastCluster, goneProblem)
+		gone := unhealthyCluster(c.st.topology.cluster, goneProblem)
 		if err := c.opts.Engine.SetTopology(gone); err != nil {
 			c.opts.Logger.Error("every node agent is gone, and the engine refused their cluster marked unhealthy; the last topology keeps serving",
 				"err", err)
 			return false
 		}
-		c.st.agentsGone = true
+		c.st.topology.agentsGone = true
 		c.opts.Logger.Error("every node agent is gone; their GPUs are marked unhealthy: nothing new is placed until an agent publishes again (leases finish)",
 			"domains", len(gone.Domains), "gpus", gone.GPUCount())
 		return true
 	}
-	if maps.EqualFunc(agents, c.st.lastAgents, recordsEqual) && !c.st.topoRefused && !c.st.agentsGone {
+	if maps.EqualFunc(agents, c.st.topology.agents, recordsEqual) && !c.st.topology.refused && !c.st.topology.agentsGone {
 		return false
 	}
 	nodes := make([]topology.NodeDiscovery, 0, len(agents))
@@ -547,16 +576,16 @@ func (c *Controller) reconcileTopology() bool {
 		err = c.opts.Engine.SetTopology(cluster)
 	}
 	if err != nil {
-		c.st.topoRefused = true
+		c.st.topology.refused = true
 		c.opts.Logger.Error("topology from the node agents refused; the last topology keeps serving",
 			"nodes", len(agents), "err", err)
 		return false
 	}
-	if c.st.agentsGone {
+	if c.st.topology.agentsGone {
 		c.opts.Logger.Info("node agents are back; their GPUs serve again", "nodes", len(agents))
 	}
-	c.st.topoRefused, c.st.agentsGone, c.st.agentsSeen = false, false, true
-	c.st.lastAgents, c.st.lastCluster = agents, cluster
+	c.st.topology.refused, c.st.topology.agentsGone, c.st.topology.agentsSeen = false, false, true
+	c.st.topology.agents, c.st.topology.cluster = agents, cluster
 	c.opts.Logger.Info("topology from the node agents", "nodes", len(agents), "domains", len(cluster.Domains), "gpus", cluster.GPUCount())
 	return true
 }
@@ -599,7 +628,7 @@ func (c *Controller) reconcileDrains() {
 		domain := e.name
 		m, err := decodeDrain(domain, e.value)
 		if err != nil {
-			c.warnOnce(k, "drain mark unreadable; draining anyway", err)
+			c.st.badKeys.warnOnce(c.opts.Logger, k, "drain mark unreadable; draining anyway", err)
 		} else {
 			delete(c.st.badKeys, k)
 		}
@@ -616,7 +645,7 @@ func (c *Controller) reconcileDrains() {
 		return engine
 	}
 	for _, d := range slices.Sorted(maps.Keys(want)) {
-		md, ok := c.st.drained[d]
+		md, ok := c.st.drains.marks[d]
 		if !ok {
 			if info, has := engineDomains()[d]; has && info.Draining {
 				md.before, md.priorReason = true, info.DrainReason
@@ -627,13 +656,13 @@ func (c *Controller) reconcileDrains() {
 			c.opts.Logger.Info("drain mark applied", "domain", d, "reason", want[d], "drained_before", md.before)
 		}
 		md.reason = want[d]
-		c.st.drained[d] = md
+		c.st.drains.marks[d] = md
 	}
-	for _, d := range slices.Sorted(maps.Keys(c.st.drained)) {
+	for _, d := range slices.Sorted(maps.Keys(c.st.drains.marks)) {
 		if _, ok := want[d]; ok {
 			continue
 		}
-		md := c.st.drained[d]
+		md := c.st.drains.marks[d]
 		if md.before {
 			// Give it back the drain it had before the mark, unless the
 			// Operator RPC undrained it since. (An absent domain's drain
@@ -641,7 +670,7 @@ func (c *Controller) reconcileDrains() {
 			if info, has := engineDomains()[d]; !has || info.Draining {
 				c.opts.Engine.DrainAhead(d, md.priorReason)
 			}
-			delete(c.st.drained, d)
+			delete(c.st.drains.marks, d)
 			c.opts.Logger.Info("drain mark removed; the domain stays drained, as it was before the mark", "domain", d, "reason", md.priorReason)
 			continue
 		}
@@ -649,7 +678,7 @@ func (c *Controller) reconcileDrains() {
 			c.opts.Logger.Error("undrain failed", "domain", d, "err", err)
 			continue
 		}
-		delete(c.st.drained, d)
+		delete(c.st.drains.marks, d)
 		c.opts.Logger.Info("domain undrained", "domain", d)
 	}
 }
@@ -665,16 +694,16 @@ func (c *Controller) noteUnknownMarks() {
 	for _, e := range c.st.kvs[kindDrain] {
 		switch d := e.name; {
 		case have[d]:
-			delete(c.st.unknownMark, d)
-		case !c.st.unknownMark[d]:
-			c.st.unknownMark[d] = true
+			delete(c.st.drains.unknown, d)
+		case !c.st.drains.unknown[d]:
+			c.st.drains.unknown[d] = true
 			c.opts.Logger.Warn("drain mark for a domain this replica does not have; it applies if the domain appears",
 				"domain", d, "key", DrainKey(c.prefix, d))
 		}
 	}
-	for d := range c.st.unknownMark {
+	for d := range c.st.drains.unknown {
 		if _, ok := c.st.kvs[kindDrain][DrainKey(c.prefix, d)]; !ok {
-			delete(c.st.unknownMark, d)
+			delete(c.st.drains.unknown, d)
 		}
 	}
 }
@@ -685,7 +714,7 @@ func (c *Controller) reconcileMembers() {
 	for k, e := range c.st.kvs[kindMember] {
 		m, err := etcdmembers.Decode(c.prefix, k, e.value)
 		if err != nil {
-			c.warnOnce(k, "skipping a member entry", err)
+			c.st.badKeys.warnOnce(c.opts.Logger, k, "skipping a member entry", err)
 			continue
 		}
 		members[m.ID] = true
@@ -694,11 +723,11 @@ func (c *Controller) reconcileMembers() {
 		members[c.opts.Self.ID] = true // we are live, registered or not (yet)
 	}
 	n := max(len(members), 1)
-	if n == c.st.replicas {
+	if n == c.st.members.replicas {
 		return
 	}
-	c.opts.Logger.Info("replica count", "replicas", n, "was", c.st.replicas)
-	c.st.replicas = n
+	c.opts.Logger.Info("replica count", "replicas", n, "was", c.st.members.replicas)
+	c.st.members.replicas = n
 	c.mu.Lock()
 	c.mu.replicas = n
 	c.mu.Unlock()

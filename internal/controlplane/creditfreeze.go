@@ -100,7 +100,7 @@ func (c *Controller) reconcileFreeze() {
 	}
 	m, err := decodeCreditFreeze(e.value)
 	if err != nil {
-		c.warnOnce(key, "credit freeze unreadable; not applied", err)
+		c.st.badKeys.warnOnce(c.opts.Logger, key, "credit freeze unreadable; not applied", err)
 		return
 	}
 	delete(c.st.badKeys, key)

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/internal/config"
 )
 
@@ -14,20 +15,11 @@ const (
 	SourceEtcd     = "etcd"
 )
 
-// Refusal is a config that was refused while the last good one kept serving.
-type Refusal struct {
-	Source   string // a file path or an etcd key
-	Key      string // the key path inside the document, when known
-	Reason   string
-	Revision int64 // etcd revision of the refused write; 0 for a file
-	At       time.Time
-}
-
 // RefusalOf describes err, a refusal of the config from source; a
 // *config.Error gives its file (the etcd key, for etcd documents), key and
 // reason.
-func RefusalOf(source string, rev int64, at time.Time, err error) Refusal {
-	r := Refusal{Source: source, Reason: err.Error(), Revision: rev, At: at}
+func RefusalOf(source string, rev int64, at time.Time, err error) admission.ConfigRefusal {
+	r := admission.ConfigRefusal{Source: source, Reason: err.Error(), Revision: rev, At: at}
 	var ce *config.Error
 	if errors.As(err, &ce) {
 		r.Source, r.Key, r.Reason = ce.File, ce.Key, ce.Reason
@@ -43,7 +35,7 @@ type StatusView struct {
 	Source      string // SourceEmbedded, a file path or SourceEtcd
 	Revision    int64  // etcd revision of the serving config; 0 when not from etcd
 	AppliedAt   time.Time
-	LastRefusal *Refusal // the latest refusal since the serving config was applied
+	LastRefusal *admission.ConfigRefusal // the latest refusal since the serving config was applied
 	// Connected is whether etcd is reachable; true when not using etcd.
 	Connected bool
 	// DisconnectedSince is when etcd became unreachable; zero while connected.
@@ -81,7 +73,7 @@ func (s *Status) Applied(source string, rev int64, at time.Time) {
 }
 
 // Refused records a refusal; the serving config is unchanged.
-func (s *Status) Refused(r Refusal) {
+func (s *Status) Refused(r admission.ConfigRefusal) {
 	s.mu.Lock()
 	s.mu.v.LastRefusal = &r
 	s.mu.Unlock()

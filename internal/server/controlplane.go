@@ -77,7 +77,7 @@ func (s statusSource) ConfigStatus() grpcserver.ConfigStatus {
 		out.ControlPlane, out.ControlPlaneConnected = grpcserver.ControlPlaneEtcd, v.Connected
 	}
 	if r := v.LastRefusal; r != nil {
-		out.LastRefusal = &grpcserver.ConfigRefusal{Source: r.Source, Key: r.Key, Reason: r.Reason, Revision: r.Revision, At: r.At}
+		out.LastRefusal = r
 	}
 	return out
 }
