@@ -11,7 +11,7 @@
 //	*admission.InvalidArgumentError   INVALID_ARGUMENT, with a google.rpc.BadRequest detail naming the field
 //	admission.ErrLeaseNotFound        NOT_FOUND
 //	admission.ErrUnknownDomain        NOT_FOUND
-//	admission.ErrNotYourLease         PERMISSION_DENIED (Release of a lease of a tenant the caller does not serve)
+//	admission.ErrNotYourLease         NOT_FOUND, worded as ErrLeaseNotFound (Release of a lease of a tenant the caller does not serve)
 //	admission.ErrLeaseEnded           FAILED_PRECONDITION (a request_id repeated after its lease ended)
 //	context.DeadlineExceeded          DEADLINE_EXCEEDED
 //	context.Canceled                  CANCELED
