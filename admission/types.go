@@ -172,6 +172,10 @@ type ReleaseResult struct {
 type InvalidArgumentError struct {
 	Field  string
 	Reason string
+	// Limit, when positive, is the largest value Field may take (the
+	// request limit it broke), so that an adapter that derived the field
+	// from a count of its own can restate the bound in that count's terms.
+	Limit int64
 }
 
 func (e *InvalidArgumentError) Error() string {

@@ -2,7 +2,9 @@ package rlsserver
 
 import (
 	"context"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -356,6 +358,38 @@ func TestInvalidRequests(t *testing.T) {
 	}
 	if _, err := New(f.eng, Options{TenantKey: "x", ModelKey: "x"}); err == nil {
 		t.Error("two entries on one key accepted")
+	}
+}
+
+// A hits_addend past the prompt limit is refused naming the number sent
+// and the most hits_addend may be (limits.max_prompt_tokens plus the
+// output tokens at their weight), not the prompt count derived from it.
+func TestHitsPastTheLimitNameWhatWasSent(t *testing.T) {
+	f := newFixture(t, meteredConfig(), hgxCluster(t, 1), Options{})
+	const promptLimit = 1 << 20 // the default limits.max_prompt_tokens
+	for _, c := range []struct {
+		name       string
+		req        *rlsv3.RateLimitRequest
+		sent, most string
+	}{
+		{"request hits", &rlsv3.RateLimitRequest{HitsAddend: 4_000_000_000, Descriptors: []*ratelimitDescriptor{desc("tenant", "acme", "model", "small")}},
+			"4000000000", fmt.Sprint(promptLimit + 4*1)},
+		{"descriptor hits and output", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitDescriptor{withHits(desc("tenant", "acme", "model", "small", "max_output_tokens", "10"), 2_000_000)}},
+			"2000000", fmt.Sprint(promptLimit + 4*10)},
+		{"hits past every bound", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitDescriptor{withHits(desc("tenant", "acme", "model", "small"), 1<<62)}},
+			fmt.Sprint(uint64(1) << 62), fmt.Sprint(promptLimit + 4*1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := f.rls.ShouldRateLimit(context.Background(), c.req)
+			wantInvalidArgument(t, err, "descriptors[0].hits_addend")
+			want := c.sent + " exceeds the limit of " + c.most
+			if msg := status.Convert(err).Message(); !strings.Contains(msg, want) {
+				t.Errorf("error %q, want it to say %q", msg, want)
+			}
+		})
+	}
+	if lvl := f.tenant(t, "acme").TokenLevel; lvl != 10000 {
+		t.Errorf("tokens = %d after refused requests, want 10000", lvl)
 	}
 }
 
