@@ -160,11 +160,16 @@ type Release struct {
 
 // ReleaseResult says what Release did to the tenant's and domain's accounts.
 type ReleaseResult struct {
+	Tenant           string // the lease's tenant
 	Domain           string
 	Model            string
 	RefundedTokens   int64 // weighted tokens given back (negative: overrun charged)
 	ActualCostMicros int64 // the request's final price in micro-USD
 	HeldFor          time.Duration
+	// OverrunClamped says the Release reported more tokens than
+	// limits.release_overrun_multiple times what the lease admitted (or
+	// than the request limits) and was charged at that bound.
+	OverrunClamped bool
 }
 
 // InvalidArgumentError is returned for a request that is malformed. Nothing
