@@ -201,6 +201,7 @@ func (s *admissionServer) Release(ctx context.Context, in *admissionv1.ReleaseRe
 	a.resp.Model = res.Model
 	a.resp.RefundedTokens = res.RefundedTokens
 	a.resp.ActualCostMicros = res.ActualCostMicros
+	a.resp.OverrunClamped = res.OverrunClamped
 	if res.HeldFor != 0 {
 		setDuration(&a.heldFor, res.HeldFor)
 		a.resp.HeldFor = &a.heldFor

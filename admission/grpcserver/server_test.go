@@ -256,9 +256,10 @@ func TestRelease(t *testing.T) {
 		if rel.LeaseID == 404 {
 			return admission.ReleaseResult{}, admission.ErrLeaseNotFound
 		}
-		return admission.ReleaseResult{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second}, nil
+		return admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true}, nil
 	}}
-	wantNoZeroFields(t, admission.ReleaseResult{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second})
+	// Every field is answered but Tenant, which the router named itself.
+	wantNoZeroFields(t, admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true})
 	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil).conn)
 
 	in := &admissionv1.ReleaseRequest{LeaseId: "l-42", PromptTokens: 900, OutputTokens: 150, Outcome: admissionv1.Outcome_OUTCOME_ERROR}
@@ -274,7 +275,7 @@ func TestRelease(t *testing.T) {
 		got.PromptTokens != want.PromptTokens || got.OutputTokens != want.OutputTokens || got.Outcome != want.Outcome {
 		t.Errorf("engine got %+v, want %+v", got, want)
 	}
-	want := &admissionv1.ReleaseResponse{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: durationpb.New(2 * time.Second)}
+	want := &admissionv1.ReleaseResponse{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: durationpb.New(2 * time.Second), OverrunClamped: true}
 	if !proto.Equal(resp, want) {
 		t.Errorf("got %v, want %v", resp, want)
 	}

@@ -781,9 +781,13 @@ type ReleaseResponse struct {
 	// The request's final price in micro-USD.
 	ActualCostMicros int64 `protobuf:"varint,4,opt,name=actual_cost_micros,json=actualCostMicros,proto3" json:"actual_cost_micros,omitempty"`
 	// How long the lease was held.
-	HeldFor       *durationpb.Duration `protobuf:"bytes,5,opt,name=held_for,json=heldFor,proto3" json:"held_for,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HeldFor *durationpb.Duration `protobuf:"bytes,5,opt,name=held_for,json=heldFor,proto3" json:"held_for,omitempty"`
+	// True when the counts reported passed limits.release_overrun_multiple
+	// times what the lease admitted (or the request limits): they were
+	// charged at that bound, which refunded_tokens reflects.
+	OverrunClamped bool `protobuf:"varint,6,opt,name=overrun_clamped,json=overrunClamped,proto3" json:"overrun_clamped,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReleaseResponse) Reset() {
@@ -849,6 +853,13 @@ func (x *ReleaseResponse) GetHeldFor() *durationpb.Duration {
 		return x.HeldFor
 	}
 	return nil
+}
+
+func (x *ReleaseResponse) GetOverrunClamped() bool {
+	if x != nil {
+		return x.OverrunClamped
+	}
+	return false
 }
 
 // DomainInfo describes one NVLink domain.
@@ -2512,13 +2523,14 @@ const file_admission_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x03R\fpromptTokens\x12#\n" +
 	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\x126\n" +
-	"\aoutcome\x18\x04 \x01(\x0e2\x1c.sluice.admission.v1.OutcomeR\aoutcome\"\xcc\x01\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2\x1c.sluice.admission.v1.OutcomeR\aoutcome\"\xf5\x01\n" +
 	"\x0fReleaseResponse\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12'\n" +
 	"\x0frefunded_tokens\x18\x03 \x01(\x03R\x0erefundedTokens\x12,\n" +
 	"\x12actual_cost_micros\x18\x04 \x01(\x03R\x10actualCostMicros\x124\n" +
-	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\"\xda\x04\n" +
+	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\x12'\n" +
+	"\x0foverrun_clamped\x18\x06 \x01(\bR\x0eoverrunClamped\"\xda\x04\n" +
 	"\n" +
 	"DomainInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
