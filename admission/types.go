@@ -56,7 +56,12 @@ const (
 	ReasonShuttingDown         Reason = 10 // the server stopped before the queued request was admitted
 	ReasonStateUnavailable     Reason = 11 // shared state unreachable and the tier fails closed
 	ReasonBurstCreditFrozen    Reason = 12 // over quota while an operator has frozen every tenant's burst credit
+	ReasonRequestTooLarge      Reason = 13 // more weighted tokens than the tenant's burst plus credit: never passes, no Retry-After
 )
+
+// LastReason is the highest Reason: tables indexed by reason size
+// themselves by it.
+const LastReason = ReasonRequestTooLarge
 
 var reasonNames = [...]string{
 	ReasonNone:                 "REASON_UNSPECIFIED",
@@ -72,6 +77,7 @@ var reasonNames = [...]string{
 	ReasonShuttingDown:         "SHUTTING_DOWN",
 	ReasonStateUnavailable:     "STATE_UNAVAILABLE",
 	ReasonBurstCreditFrozen:    "BURST_CREDIT_FROZEN",
+	ReasonRequestTooLarge:      "REQUEST_TOO_LARGE",
 }
 
 // String returns the reason's API name.

@@ -471,10 +471,13 @@ func TestReflectionListsServices(t *testing.T) {
 }
 
 func TestEnumNumbersMatchEngine(t *testing.T) {
-	if n := len(admissionv1.Reason_name); n != int(admission.ReasonBurstCreditFrozen)+1 {
-		t.Errorf("proto has %d reasons, engine %d", n, admission.ReasonBurstCreditFrozen+1)
+	if n := len(admissionv1.Reason_name); n != int(admission.LastReason)+1 {
+		t.Errorf("proto has %d reasons, engine %d", n, admission.LastReason+1)
 	}
-	for r := admission.ReasonNone; r <= admission.ReasonBurstCreditFrozen; r++ {
+	if name := admission.LastReason + 1; !strings.HasPrefix(name.String(), "Reason(") {
+		t.Errorf("reason %d (%s) is past LastReason", int32(name), name)
+	}
+	for r := admission.ReasonNone; r <= admission.LastReason; r++ {
 		want := "REASON_" + r.String()
 		if r == admission.ReasonNone {
 			want = r.String()

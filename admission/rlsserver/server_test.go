@@ -154,6 +154,32 @@ func TestOverLimitCarriesTheExactReset(t *testing.T) {
 	f.idle(t)
 }
 
+// A descriptor asking more than its tenant's bucket can ever hold (10000,
+// no credit) is OVER_LIMIT with reason REQUEST_TOO_LARGE and neither a
+// Retry-After nor a duration until reset: no wait lets it pass. The
+// RateLimit field shows the bucket as it stands, and nothing is charged.
+func TestRequestTooLargeHasNoRetry(t *testing.T) {
+	f := newFixture(t, meteredConfig(), hgxCluster(t, 1), Options{})
+	resp := f.call(t, 0, desc("tenant", "acme", "model", "small", "prompt_tokens", "9997", "max_output_tokens", "1")) // 10001
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetDurationUntilReset() != nil {
+		t.Fatalf("answer: %v", resp)
+	}
+	wantHeaders(t, resp, map[string]string{
+		HeaderReason:    "REQUEST_TOO_LARGE",
+		HeaderPolicy:    `"tokens";q=10000;w=10;qu="weighted-tokens"`,
+		HeaderRateLimit: `"tokens";r=10000;t=0`,
+	})
+	if lvl := f.tenant(t, "acme").TokenLevel; lvl != 10000 {
+		t.Errorf("tokens = %d after a refusal, want 10000 (nothing charged)", lvl)
+	}
+	// The bucket's whole burst still passes.
+	if resp := f.call(t, 0, desc("tenant", "acme", "model", "small", "prompt_tokens", "9996", "max_output_tokens", "1")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("10000 tokens: %v", resp)
+	}
+	f.idle(t)
+}
+
 // A descriptor without a tenant is UNKNOWN and charges nothing; an
 // unconfigured (or empty) tenant is OVER_LIMIT, UNKNOWN_TENANT, as Admit
 // rejects it; and the overall code is never UNKNOWN.

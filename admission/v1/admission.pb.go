@@ -178,6 +178,10 @@ const (
 	// retry_after is the earlier of the quota refilling for it and the
 	// freeze's end.
 	Reason_REASON_BURST_CREDIT_FROZEN Reason = 12
+	// The request asks more weighted tokens than its tenant's token bucket
+	// can ever lend (its burst plus its burst credit): no retry can pass, so
+	// retry_after is absent. Split the request, or raise the tenant's limit.
+	Reason_REASON_REQUEST_TOO_LARGE Reason = 13
 )
 
 // Enum value maps for Reason.
@@ -196,6 +200,7 @@ var (
 		10: "REASON_SHUTTING_DOWN",
 		11: "REASON_STATE_UNAVAILABLE",
 		12: "REASON_BURST_CREDIT_FROZEN",
+		13: "REASON_REQUEST_TOO_LARGE",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":            0,
@@ -211,6 +216,7 @@ var (
 		"REASON_SHUTTING_DOWN":          10,
 		"REASON_STATE_UNAVAILABLE":      11,
 		"REASON_BURST_CREDIT_FROZEN":    12,
+		"REASON_REQUEST_TOO_LARGE":      13,
 	}
 )
 
@@ -2659,7 +2665,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bADMITTED\x10\x01\x12\f\n" +
 	"\bDEGRADED\x10\x02\x12\f\n" +
-	"\bREJECTED\x10\x03*\x80\x03\n" +
+	"\bREJECTED\x10\x03*\x9e\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REASON_QUOTA_EXCEEDED\x10\x01\x12\x1c\n" +
@@ -2674,7 +2680,8 @@ const file_admission_proto_rawDesc = "" +
 	"\x14REASON_SHUTTING_DOWN\x10\n" +
 	"\x12\x1c\n" +
 	"\x18REASON_STATE_UNAVAILABLE\x10\v\x12\x1e\n" +
-	"\x1aREASON_BURST_CREDIT_FROZEN\x10\f*E\n" +
+	"\x1aREASON_BURST_CREDIT_FROZEN\x10\f\x12\x1c\n" +
+	"\x18REASON_REQUEST_TOO_LARGE\x10\r*E\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +

@@ -28,7 +28,7 @@ import (
 // decision is one atomic add with no label hashing.
 const (
 	maxOutcome = int(admission.Rejected) + 1
-	maxReason  = int(admission.ReasonBurstCreditFrozen) + 1
+	maxReason  = int(admission.LastReason) + 1
 )
 
 // Options configure Metrics.
