@@ -138,10 +138,10 @@ func validateRequest(r *Request) error {
 // validateLimits checks the token counts against the config's limits.
 func validateLimits(req *Request, lim *RequestLimits) error {
 	if req.PromptTokens > lim.MaxPromptTokens {
-		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.PromptTokens, lim.MaxPromptTokens)}
+		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.PromptTokens, lim.MaxPromptTokens), Limit: lim.MaxPromptTokens}
 	}
 	if req.MaxOutputTokens > lim.MaxOutputTokens {
-		return &InvalidArgumentError{Field: "max_output_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.MaxOutputTokens, lim.MaxOutputTokens)}
+		return &InvalidArgumentError{Field: "max_output_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.MaxOutputTokens, lim.MaxOutputTokens), Limit: lim.MaxOutputTokens}
 	}
 	return nil
 }

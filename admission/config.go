@@ -177,10 +177,19 @@ type MetricsConfig struct {
 	MaxTenantSeries int `json:"max_tenant_series"`
 }
 
-// RequestLimits bound what one request may ask for.
+// RequestLimits bound what one request may ask for, and what its Release
+// may report.
 type RequestLimits struct {
 	MaxPromptTokens int64 `json:"max_prompt_tokens"`
 	MaxOutputTokens int64 `json:"max_output_tokens"`
+	// ReleaseOverrunMultiple bounds a Release's counts at this many times
+	// what its lease admitted (prompt and max output tokens); more is
+	// charged at the bound and counted as clamped. Default 4: serving
+	// engines stop at max_tokens, so an honest report is within what was
+	// admitted, and 4× leaves room for a router that admits on an estimate
+	// of the output, while one report, mistaken or hostile, cannot charge
+	// a tenant and its domain more than a few admissions' worth.
+	ReleaseOverrunMultiple int64 `json:"release_overrun_multiple"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s") in
@@ -361,7 +370,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	leases: ttl 10m, idempotency_ttl 10m, max_idempotency_records 1000000
 //	metrics: max_tenant_series 100
 //	health: error_rate 0.20, min_samples 20, window 10s, cut_weight 0.05, cooldown 30s, step 0.1, step_every 5s
-//	limits: max_prompt_tokens 1048576, max_output_tokens 262144
+//	limits: max_prompt_tokens 1048576, max_output_tokens 262144, release_overrun_multiple 4
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
 //	queue.degrade_after 100ms (0 is allowed: degrade at once)
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
@@ -398,6 +407,7 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	d.dur("health.step_every", &c.Health.StepEvery, 5*time.Second)
 	d.int64("limits.max_prompt_tokens", &c.Limits.MaxPromptTokens, 1<<20)
 	d.int64("limits.max_output_tokens", &c.Limits.MaxOutputTokens, 1<<18)
+	d.int64("limits.release_overrun_multiple", &c.Limits.ReleaseOverrunMultiple, 4)
 	d.int64("output_token_weight", &c.OutputTokenWeight, 4)
 	if c.DegradeHeadroom == nil {
 		h := 0.1
@@ -572,6 +582,8 @@ func (c *Config) validateKnobs() error {
 		return cfgErr("limits.max_prompt_tokens", "must be in [1, %d]", maxTokenLimit)
 	case c.Limits.MaxOutputTokens < 1 || c.Limits.MaxOutputTokens > maxTokenLimit:
 		return cfgErr("limits.max_output_tokens", "must be in [1, %d]", maxTokenLimit)
+	case c.Limits.ReleaseOverrunMultiple < 1 || c.Limits.ReleaseOverrunMultiple > maxOverrunMultiple:
+		return cfgErr("limits.release_overrun_multiple", "must be in [1, %d] (1: no overrun), got %d", maxOverrunMultiple, c.Limits.ReleaseOverrunMultiple)
 	case c.OutputTokenWeight < 1 || c.OutputTokenWeight > 1000:
 		return cfgErr("output_token_weight", "must be in [1, 1000]")
 	case c.DegradeHeadroom != nil && !(*c.DegradeHeadroom >= 0 && *c.DegradeHeadroom < 1):
@@ -612,6 +624,9 @@ func (c *Config) validateDurations() error {
 const (
 	maxTokenLimit = 1 << 40
 	maxDuration   = 366 * 24 * time.Hour
+	// maxOverrunMultiple keeps a bound on a Release's counts (admitted ×
+	// multiple, admitted ≤ 2^40) below 2^50.
+	maxOverrunMultiple = 1000
 )
 
 func validatePolicy(key string, p TierPolicy) error {

@@ -90,7 +90,9 @@
 // An operator may freeze every tenant's credit until a deadline
 // (creditfreeze.go): meanwhile the token gate lends nothing, and a request
 // only credit could carry is BURST_CREDIT_FROZEN, retrying at the earlier
-// of its quota refilling and the freeze's end.
+// of its quota refilling and the freeze's end. A request above burst +
+// credit (and, if critical, above the critical burst) can never pass:
+// REQUEST_TOO_LARGE, with no Retry-After.
 //
 // # Warm-up
 //

@@ -71,6 +71,60 @@ func TestReleaseBeyondTheLimitsSettlesTheLease(t *testing.T) {
 	}
 }
 
+// A Release reporting more than limits.release_overrun_multiple times what
+// its lease admitted is charged exactly as one reporting the bound: the
+// tenant and the domain alike, and the answer says it was clamped. Within
+// the bound nothing is clamped.
+func TestReleaseOverrunIsBoundedByAMultipleOfTheAdmission(t *testing.T) {
+	const prompt, output = 10, 5 // 30 weighted tokens admitted
+	for _, c := range []struct {
+		name           string
+		multiple       int64 // 0: the default, 4
+		prompt, output int64 // reported
+		charged        Release
+		clamped        bool
+	}{
+		{"output at the global limit", 0, 0, 1<<63 - 1, Release{OutputTokens: 4 * output}, true},
+		{"output just past the bound", 0, 0, 4*output + 1, Release{OutputTokens: 4 * output}, true},
+		{"prompt past the bound", 0, 1 << 40, output, Release{PromptTokens: 4 * prompt, OutputTokens: output}, true},
+		{"both at the bound", 0, 4 * prompt, 4 * output, Release{PromptTokens: 4 * prompt, OutputTokens: 4 * output}, false},
+		{"less than admitted", 0, 0, 1, Release{OutputTokens: 1}, false},
+		{"multiple 1: no overrun", 1, 0, output + 1, Release{OutputTokens: output}, true},
+		{"multiple 1, as admitted", 1, prompt, output, Release{PromptTokens: prompt, OutputTokens: output}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Limits.ReleaseOverrunMultiple = c.multiple
+			h, twin := newHarness(t, cfg, hgxCluster(t, 1)), newHarness(t, cfg, hgxCluster(t, 1))
+			var res [2]ReleaseResult
+			for i, e := range []*harness{h, twin} {
+				d := e.admit(req("a", "small", prompt, output))
+				rel := c.charged
+				if i == 0 {
+					rel = Release{PromptTokens: c.prompt, OutputTokens: c.output}
+				}
+				rel.LeaseID = d.LeaseID
+				var err error
+				if res[i], err = e.e.Release(context.Background(), rel); err != nil {
+					t.Fatalf("release %+v: %v", rel, err)
+				}
+			}
+			if res[0].OverrunClamped != c.clamped || res[0].Tenant != "a" {
+				t.Errorf("clamped %v for tenant %q, want %v for a", res[0].OverrunClamped, res[0].Tenant, c.clamped)
+			}
+			if res[0].RefundedTokens != res[1].RefundedTokens || res[0].ActualCostMicros != res[1].ActualCostMicros {
+				t.Errorf("charged %+v, want %+v (the bound's charge)", res[0], res[1])
+			}
+			if a, b := h.tenant("a"), twin.tenant("a"); a.TokenLevel != b.TokenLevel || a.SpentTodayMicros != b.SpentTodayMicros {
+				t.Errorf("tenant: tokens %d, spent %d; at the bound %d, %d", a.TokenLevel, a.SpentTodayMicros, b.TokenLevel, b.SpentTodayMicros)
+			}
+			if a, b := h.domain("d1"), twin.domain("d1"); a.PrefillLevel != b.PrefillLevel || a.DecodeLevel != b.DecodeLevel || a.InFlight != 0 || a.KVInUse != 0 {
+				t.Errorf("domain: prefill %d, decode %d (in flight %d, KV %d); at the bound %d, %d", a.PrefillLevel, a.DecodeLevel, a.InFlight, a.KVInUse, b.PrefillLevel, b.DecodeLevel)
+			}
+		})
+	}
+}
+
 func TestRepeatedRequestIDIsAnsweredDuringShutdown(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 1))
 	r := req("a", "small", 10, 10)

@@ -635,3 +635,65 @@ func TestIdempotencyRecordsAreBounded(t *testing.T) {
 		t.Error("the oldest id still answered after the bound evicted it")
 	}
 }
+
+// A request above its tenant's burst plus burst credit can never pass the
+// token gate: it is REQUEST_TOO_LARGE at once, with no Retry-After and
+// nothing charged, and Explain says the same at the tokens gate. A request
+// the credit, the critical band, or the end of a credit freeze could carry
+// is not.
+func TestRequestAboveBurstPlusCreditIsTooLarge(t *testing.T) {
+	cfg := testConfig()
+	cfg.Tiers["bronze"] = TierPolicy{
+		RPS: Limit{Rate: 1000, Burst: 1000}, Tokens: Limit{Rate: 5, Burst: 1000}, Weight: 1,
+		Critical:    Limit{Rate: 10, Burst: 2000},
+		BurstCredit: BurstCredit{Multiple: 100, Window: Duration{10 * time.Second}, BreakerOpen: Duration{60 * time.Second}},
+	}
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	// Weighted tokens: prompt + 4 × 1 output. Burst 1000 + credit 500 = 1500.
+	tooLarge := func(what string, r Request) {
+		t.Helper()
+		before := h.tenant("b")
+		if d := h.admit(r); d.Outcome != Rejected || d.Reason != ReasonRequestTooLarge || d.RetryAfter != 0 {
+			t.Fatalf("%s: %+v, want REQUEST_TOO_LARGE without a Retry-After", what, d)
+		}
+		if after := h.tenant("b"); after.TokenLevel != before.TokenLevel || after.RPSLevel != before.RPSLevel ||
+			after.InFlight != before.InFlight || after.Queued != 0 || after.SpentTodayMicros != before.SpentTodayMicros {
+			t.Fatalf("%s: the refusal charged something: %+v → %+v", what, before, after)
+		}
+	}
+	tooLarge("1501 weighted tokens", req("b", "small", 1497, 1))
+	x, err := h.e.Explain(context.Background(), req("b", "small", 1497, 1))
+	if err != nil || x.Outcome != "REJECTED" || x.Reason != ReasonRequestTooLarge || x.RetryAfter != 0 {
+		t.Fatalf("explain: %+v %v, want REQUEST_TOO_LARGE", x, err)
+	}
+	reached := true // every gate up to the token gate, which refuses
+	for _, g := range x.Gates {
+		if g.Reached != reached || g.Passed != (reached && g.Gate != "tokens") {
+			t.Errorf("explain gate %s: passed %v reached %v", g.Gate, g.Passed, g.Reached)
+		}
+		if g.Gate == "tokens" {
+			reached = false
+		}
+	}
+	critical := req("b", "small", 1497, 1)
+	critical.Priority = PriorityCritical
+	if d := h.admit(critical); d.Outcome != Admitted {
+		t.Fatalf("critical within the critical burst: %+v, want admitted from the critical band", d)
+	}
+	critical.PromptTokens = 1997 // 2001: above the critical burst too
+	tooLarge("critical 2001", critical)
+
+	h.e.FreezeCreditFor(time.Minute, "drill")
+	if d := h.admit(req("b", "small", 1196, 1)); d.Reason != ReasonBurstCreditFrozen {
+		t.Fatalf("1200 during a credit freeze: %+v, want BURST_CREDIT_FROZEN (the freeze ends)", d)
+	}
+	tooLarge("1501 during a credit freeze", req("b", "small", 1497, 1))
+	h.e.ThawCredit()
+	if d := h.admit(req("b", "small", 1496, 1)); d.Outcome != Admitted {
+		t.Fatalf("exactly burst + credit: %+v, want admitted", d)
+	}
+	// In debt now, and a request the full bucket could carry waits for it.
+	if d := h.admit(req("b", "small", 1496, 1)); d.Reason != ReasonQuotaExceeded || d.RetryAfter <= 0 {
+		t.Fatalf("burst + credit while in debt: %+v, want QUOTA_EXCEEDED with a Retry-After", d)
+	}
+}

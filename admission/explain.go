@@ -95,7 +95,7 @@ func explainGates(t *tenantState, now int64, r *pending, critical bool, why refu
 	reached := true
 	for _, g := range order {
 		c := GateCheck{Gate: g.gate, Reached: reached, Passed: reached}
-		refuse := why.reason == g.refuse || (g.gate == "tokens" && why.reason == ReasonBurstCreditFrozen)
+		refuse := why.reason == g.refuse || (g.gate == "tokens" && (why.reason == ReasonBurstCreditFrozen || why.reason == ReasonRequestTooLarge))
 		if reached && refuse && (g.gate != "rps" || rpsRefused) && (g.gate != "tokens" || !rpsRefused) {
 			c.Passed, reached = false, false
 		}

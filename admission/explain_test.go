@@ -33,8 +33,9 @@ func TestExplainChangesNothing(t *testing.T) {
 			t.Errorf("gate %s: %+v, want passed", g.Gate, g)
 		}
 	}
-	// b asks more than its bucket: refused at the token gate, the rest not reached.
-	x, err = h.e.Explain(ctx, req("b", "small", 2000, 10))
+	// b asks more than its bucket holds now (950 of 1000): refused at the
+	// token gate, the rest not reached.
+	x, err = h.e.Explain(ctx, req("b", "small", 960, 5))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,18 +11,15 @@ import (
 // Release ends a lease: the domain gets back what was charged for output
 // never generated (and is charged for any overrun), the KV is freed, the
 // tenant's token bucket and budget are settled to the actual tokens, and the
-// outcome feeds the domain's health. Releasing twice returns ErrLeaseNotFound
-// and changes nothing.
+// outcome feeds the domain's health. Counts past
+// limits.release_overrun_multiple times what the lease admitted are charged
+// at that bound (ReleaseResult.OverrunClamped). Releasing twice returns
+// ErrLeaseNotFound and changes nothing.
 func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error) {
 	if err := validateRelease(&rel); err != nil {
 		return ReleaseResult{}, err
 	}
 	e.mu.Lock()
-	// Counts past the request limits are charged at the limit: the lease
-	// must still be settled, and the limits keep the arithmetic bounded.
-	lim := &e.mu.cfg.Limits
-	rel.PromptTokens = min(rel.PromptTokens, lim.MaxPromptTokens)
-	rel.OutputTokens = min(rel.OutputTokens, lim.MaxOutputTokens)
 	slot, ok := e.mu.leases.find(rel.LeaseID)
 	if !ok {
 		e.mu.Unlock()
@@ -35,8 +32,10 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 		}
 	}
 	l := e.mu.leases.take(slot)
+	clamped := l.boundOverrun(&rel, &e.mu.cfg.Limits)
 	now := e.nowLocked()
 	res, weighted, actual := l.settle(now, e.base.Add(time.Duration(now)), rel, &e.mu.place)
+	res.OverrunClamped = clamped
 	storeWork := e.shared.releasedLocked(rel.LeaseID, l, weighted, actual)
 	answered := e.dispatchLocked(now, nil)
 	e.mu.Unlock()
@@ -48,6 +47,23 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 		e.observer.ObserveRelease(rel, res)
 	}
 	return res, nil
+}
+
+// boundOverrun charges counts past a bound at the bound: at most
+// limits.release_overrun_multiple times what the lease admitted, and never
+// past the request limits. The lease must still be settled, and the bound
+// keeps one report, mistaken or hostile, from charging the tenant and the
+// domain far beyond the admission (5 tokens admitted, 2^63−1 reported).
+// It reports whether a count was lowered.
+func (l *lease) boundOverrun(rel *Release, lim *RequestLimits) (clamped bool) {
+	bound := func(n *int64, admitted, limit int64) {
+		if b := min(limit, admitted*lim.ReleaseOverrunMultiple); *n > b {
+			*n, clamped = b, true
+		}
+	}
+	bound(&rel.PromptTokens, l.prompt, lim.MaxPromptTokens)
+	bound(&rel.OutputTokens, l.output, lim.MaxOutputTokens)
+	return clamped
 }
 
 func validateRelease(rel *Release) error {
@@ -88,6 +104,7 @@ func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res R
 		p.recordOutcome(l.dom, now, rel.Outcome == ReleaseError)
 	}
 	return ReleaseResult{
+		Tenant:           l.tenant.name,
 		Domain:           l.dom.ID(),
 		Model:            l.modelName,
 		RefundedTokens:   refunded,

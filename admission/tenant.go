@@ -119,6 +119,9 @@ func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, w
 	}
 	critical = wantCritical && t.critical.Fits(now, weighted, 0)
 	if !critical {
+		if t.tooLarge(weighted, wantCritical) {
+			return false, refusal{ReasonRequestTooLarge, 0}
+		}
 		if why := t.tokenGate(now, weighted, frozen); why.refused() {
 			return false, why
 		}
@@ -127,6 +130,19 @@ func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, w
 		return false, refusal{ReasonConcurrencyExceeded, time.Second}
 	}
 	return critical, refusal{}
+}
+
+// tooLarge reports whether a request of weighted tokens can never pass the
+// token gate: it is above the bucket's burst plus the credit the policy
+// lends (whatever the breaker or a freeze lends now, both pass), and, for a
+// critical request, above the critical bucket's burst too. Its answer is
+// REQUEST_TOO_LARGE without a Retry-After, not a QUOTA_EXCEEDED whose wait
+// never ends.
+func (t *tenantState) tooLarge(weighted int64, wantCritical bool) bool {
+	if weighted <= t.tokens.Burst()+creditLimit(t.policy) {
+		return false
+	}
+	return !wantCritical || weighted > t.critical.Burst()
 }
 
 // tokenGate is the token bucket's gate: the request fits, down to the

@@ -56,7 +56,12 @@ const (
 	ReasonShuttingDown         Reason = 10 // the server stopped before the queued request was admitted
 	ReasonStateUnavailable     Reason = 11 // shared state unreachable and the tier fails closed
 	ReasonBurstCreditFrozen    Reason = 12 // over quota while an operator has frozen every tenant's burst credit
+	ReasonRequestTooLarge      Reason = 13 // more weighted tokens than the tenant's burst plus credit: never passes, no Retry-After
 )
+
+// LastReason is the highest Reason: tables indexed by reason size
+// themselves by it.
+const LastReason = ReasonRequestTooLarge
 
 var reasonNames = [...]string{
 	ReasonNone:                 "REASON_UNSPECIFIED",
@@ -72,6 +77,7 @@ var reasonNames = [...]string{
 	ReasonShuttingDown:         "SHUTTING_DOWN",
 	ReasonStateUnavailable:     "STATE_UNAVAILABLE",
 	ReasonBurstCreditFrozen:    "BURST_CREDIT_FROZEN",
+	ReasonRequestTooLarge:      "REQUEST_TOO_LARGE",
 }
 
 // String returns the reason's API name.
@@ -160,11 +166,16 @@ type Release struct {
 
 // ReleaseResult says what Release did to the tenant's and domain's accounts.
 type ReleaseResult struct {
+	Tenant           string // the lease's tenant
 	Domain           string
 	Model            string
 	RefundedTokens   int64 // weighted tokens given back (negative: overrun charged)
 	ActualCostMicros int64 // the request's final price in micro-USD
 	HeldFor          time.Duration
+	// OverrunClamped says the Release reported more tokens than
+	// limits.release_overrun_multiple times what the lease admitted (or
+	// than the request limits) and was charged at that bound.
+	OverrunClamped bool
 }
 
 // InvalidArgumentError is returned for a request that is malformed. Nothing
@@ -172,6 +183,10 @@ type ReleaseResult struct {
 type InvalidArgumentError struct {
 	Field  string
 	Reason string
+	// Limit, when positive, is the largest value Field may take (the
+	// request limit it broke), so that an adapter that derived the field
+	// from a count of its own can restate the bound in that count's terms.
+	Limit int64
 }
 
 func (e *InvalidArgumentError) Error() string {

@@ -38,12 +38,17 @@ func statusFromError(err error) error {
 	switch {
 	case errors.As(err, &ia) && ia != nil:
 		return invalidArgument(ia.Field, ia.Reason)
+	case errors.Is(err, admission.ErrNotYourLease):
+		// Another tenant's lease is answered as a dead one, word for word:
+		// a caller learns nothing of leases it may not release, not even
+		// that one is live, as GitHub's API answers 404 for a private
+		// repository. (A dead id names no tenant, so PERMISSION_DENIED for
+		// both cannot be had.) The engine's error keeps the difference.
+		return status.Error(codes.NotFound, admission.ErrLeaseNotFound.Error())
 	case errors.Is(err, admission.ErrLeaseNotFound), errors.Is(err, admission.ErrUnknownDomain):
 		return status.Error(codes.NotFound, errorText(err))
 	case errors.Is(err, admission.ErrLeaseEnded):
 		return status.Error(codes.FailedPrecondition, errorText(err))
-	case errors.Is(err, admission.ErrNotYourLease):
-		return status.Error(codes.PermissionDenied, errorText(err))
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, errorText(err))
 	case errors.Is(err, context.Canceled):

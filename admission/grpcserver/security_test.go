@@ -47,8 +47,9 @@ func metadataGuard(ctx context.Context, tenant string) error {
 }
 
 // Release has the engine ask the guard about the lease's tenant before it
-// releases anything: another tenant's lease is PERMISSION_DENIED, a forged
-// id NOT_FOUND, and neither releases anything.
+// releases anything: another tenant's live lease gets the very answer of a
+// forged id, NOT_FOUND in the same words, so that a caller cannot tell a
+// live foreign lease from a dead one; neither releases anything.
 func TestReleaseChecksTheLeaseOwner(t *testing.T) {
 	var released atomic.Int64
 	eng := ownedEngine(map[uint64]string{7: "acme", 8: "globex"}, &released)
@@ -58,10 +59,16 @@ func TestReleaseChecksTheLeaseOwner(t *testing.T) {
 	if _, err := cl.Release(asAcme, &admissionv1.ReleaseRequest{LeaseId: "l-7"}); err != nil {
 		t.Fatalf("own lease: %v", err)
 	}
-	_, err := cl.Release(asAcme, &admissionv1.ReleaseRequest{LeaseId: "l-8", OutputTokens: 1 << 40, Outcome: admissionv1.Outcome_OUTCOME_ERROR})
-	wantCode(t, err, codes.PermissionDenied)
-	_, err = cl.Release(asAcme, &admissionv1.ReleaseRequest{LeaseId: "l-4294967297"})
-	wantCode(t, err, codes.NotFound)
+	_, foreign := cl.Release(asAcme, &admissionv1.ReleaseRequest{LeaseId: "l-8", OutputTokens: 1 << 40, Outcome: admissionv1.Outcome_OUTCOME_ERROR})
+	wantCode(t, foreign, codes.NotFound)
+	_, forged := cl.Release(asAcme, &admissionv1.ReleaseRequest{LeaseId: "l-4294967297"})
+	wantCode(t, forged, codes.NotFound)
+	if a, b := status.Convert(foreign), status.Convert(forged); a.Message() != b.Message() || len(a.Details()) != len(b.Details()) {
+		t.Errorf("a foreign lease is told apart from a dead one: %q vs %q", a.Message(), b.Message())
+	}
+	if strings.Contains(foreign.Error(), "globex") {
+		t.Errorf("the answer names the lease's tenant: %v", foreign)
+	}
 	if n := released.Load(); n != 1 {
 		t.Errorf("released %d leases, want only the caller's own", n)
 	}

@@ -11,7 +11,7 @@
 //	*admission.InvalidArgumentError   INVALID_ARGUMENT, with a google.rpc.BadRequest detail naming the field
 //	admission.ErrLeaseNotFound        NOT_FOUND
 //	admission.ErrUnknownDomain        NOT_FOUND
-//	admission.ErrNotYourLease         PERMISSION_DENIED (Release of a lease of a tenant the caller does not serve)
+//	admission.ErrNotYourLease         NOT_FOUND, worded as ErrLeaseNotFound (Release of a lease of a tenant the caller does not serve)
 //	admission.ErrLeaseEnded           FAILED_PRECONDITION (a request_id repeated after its lease ended)
 //	context.DeadlineExceeded          DEADLINE_EXCEEDED
 //	context.Canceled                  CANCELED
@@ -201,6 +201,7 @@ func (s *admissionServer) Release(ctx context.Context, in *admissionv1.ReleaseRe
 	a.resp.Model = res.Model
 	a.resp.RefundedTokens = res.RefundedTokens
 	a.resp.ActualCostMicros = res.ActualCostMicros
+	a.resp.OverrunClamped = res.OverrunClamped
 	if res.HeldFor != 0 {
 		setDuration(&a.heldFor, res.HeldFor)
 		a.resp.HeldFor = &a.heldFor

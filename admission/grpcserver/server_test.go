@@ -256,9 +256,10 @@ func TestRelease(t *testing.T) {
 		if rel.LeaseID == 404 {
 			return admission.ReleaseResult{}, admission.ErrLeaseNotFound
 		}
-		return admission.ReleaseResult{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second}, nil
+		return admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true}, nil
 	}}
-	wantNoZeroFields(t, admission.ReleaseResult{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second})
+	// Every field is answered but Tenant, which the router named itself.
+	wantNoZeroFields(t, admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true})
 	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil).conn)
 
 	in := &admissionv1.ReleaseRequest{LeaseId: "l-42", PromptTokens: 900, OutputTokens: 150, Outcome: admissionv1.Outcome_OUTCOME_ERROR}
@@ -274,7 +275,7 @@ func TestRelease(t *testing.T) {
 		got.PromptTokens != want.PromptTokens || got.OutputTokens != want.OutputTokens || got.Outcome != want.Outcome {
 		t.Errorf("engine got %+v, want %+v", got, want)
 	}
-	want := &admissionv1.ReleaseResponse{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: durationpb.New(2 * time.Second)}
+	want := &admissionv1.ReleaseResponse{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: durationpb.New(2 * time.Second), OverrunClamped: true}
 	if !proto.Equal(resp, want) {
 		t.Errorf("got %v, want %v", resp, want)
 	}
@@ -470,10 +471,13 @@ func TestReflectionListsServices(t *testing.T) {
 }
 
 func TestEnumNumbersMatchEngine(t *testing.T) {
-	if n := len(admissionv1.Reason_name); n != int(admission.ReasonBurstCreditFrozen)+1 {
-		t.Errorf("proto has %d reasons, engine %d", n, admission.ReasonBurstCreditFrozen+1)
+	if n := len(admissionv1.Reason_name); n != int(admission.LastReason)+1 {
+		t.Errorf("proto has %d reasons, engine %d", n, admission.LastReason+1)
 	}
-	for r := admission.ReasonNone; r <= admission.ReasonBurstCreditFrozen; r++ {
+	if name := admission.LastReason + 1; !strings.HasPrefix(name.String(), "Reason(") {
+		t.Errorf("reason %d (%s) is past LastReason", int32(name), name)
+	}
+	for r := admission.ReasonNone; r <= admission.LastReason; r++ {
 		want := "REASON_" + r.String()
 		if r == admission.ReasonNone {
 			want = r.String()

@@ -1,7 +1,9 @@
 package grpcserver
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"slices"
 	"strings"
@@ -23,25 +25,46 @@ type TenantPager interface {
 	TenantsAfter(after string, n int) (ts []admission.TenantInfo, more bool)
 }
 
-// pageTokenVersion starts every decoded page token, so that a token this
-// server did not write is refused rather than read as a name.
-const pageTokenVersion = 1
+// pageTokenVersion starts every decoded page token, so that a token of
+// another layout is refused rather than read as a name.
+const pageTokenVersion = 2
+
+// pageTokenCheckLen is how many bytes of SHA-256 end a page token: a token
+// this server did not write (typed by hand, cut, or built from its layout
+// without the check) is refused, bar a 2^-48 chance for a random one.
+const pageTokenCheckLen = 6
 
 // maxPageToken bounds a page token: the name inside is at most maxNameLen
-// bytes, and its base64 about 4/3 of that.
-const maxPageToken = 4 * (maxNameLen + 1 + 2) / 3
+// bytes, and its base64 about 4/3 of that with the version and the check.
+const maxPageToken = 4 * (1 + maxNameLen + pageTokenCheckLen + 2) / 3
 
 // EncodePageToken returns the opaque token of the page that follows the
 // tenant name last. It is base64 (URL alphabet, no padding) of a version
-// byte and the name: opaque to callers, who must not build it, but not a
-// secret.
+// byte, the name and a check (pageTokenSum): opaque to callers, who must
+// not build it, and self-checking rather than secret, so that it stays
+// good across restarts and on every replica.
 func EncodePageToken(last string) string {
-	return base64.RawURLEncoding.EncodeToString(append([]byte{pageTokenVersion}, last...))
+	b := make([]byte, 0, 1+len(last)+pageTokenCheckLen)
+	b = append(b, pageTokenVersion)
+	b = append(b, last...)
+	b = append(b, pageTokenSum(b)...)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// pageTokenSum is the check of a page token's version and name: the first
+// pageTokenCheckLen bytes of their SHA-256 after a label of its own, so
+// that no other hash of the same bytes is a check.
+func pageTokenSum(versionAndName []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte("sluice ListTenants page token\x00"))
+	h.Write(versionAndName)
+	return h.Sum(nil)[:pageTokenCheckLen]
 }
 
 // DecodePageToken returns the name a page token continues after; "" for an
 // empty token (the first page). ok is false for a token EncodePageToken did
-// not write.
+// not write: another length, alphabet, padding, version or check, or no
+// name.
 func DecodePageToken(tok string) (after string, ok bool) {
 	if tok == "" {
 		return "", true
@@ -49,11 +72,15 @@ func DecodePageToken(tok string) (after string, ok bool) {
 	if len(tok) > maxPageToken {
 		return "", false
 	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	if err != nil || len(b) < 2 || b[0] != pageTokenVersion {
+	b, err := base64.RawURLEncoding.Strict().DecodeString(tok)
+	if err != nil || len(b) < 1+1+pageTokenCheckLen || b[0] != pageTokenVersion {
 		return "", false
 	}
-	return string(b[1:]), true
+	body, sum := b[:len(b)-pageTokenCheckLen], b[len(b)-pageTokenCheckLen:]
+	if !bytes.Equal(sum, pageTokenSum(body)) {
+		return "", false
+	}
+	return string(body[1:]), true
 }
 
 // PageSize turns a request's page_size into the page's length: 0 and

@@ -2,6 +2,7 @@ package grpcserver
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"testing"
 
@@ -111,6 +112,33 @@ func TestListTenantsRefusesBadPages(t *testing.T) {
 	for _, tok := range []string{"t00001", "!!!", EncodePageToken("")[:1], string(make([]byte, 1000))} {
 		_, err = op.ListTenants(ctx, &admissionv1.ListTenantsRequest{PageToken: tok})
 		wantInvalidArgument(t, err, "page_token")
+	}
+	// Tokens built from the layout without the server's check: a version
+	// byte and a name ("AWE" is 0x01 "a"), under either version.
+	for _, tok := range []string{"AWE", "AXQwMDAwMQ", "AnQwMDAwMQ", base64.RawURLEncoding.EncodeToString([]byte("\x02t00001\x00\x00\x00\x00\x00\x00"))} {
+		_, err = op.ListTenants(ctx, &admissionv1.ListTenantsRequest{PageToken: tok})
+		wantInvalidArgument(t, err, "page_token")
+	}
+	// A token the server wrote, with any one character changed, cut short
+	// or lengthened, is refused too.
+	good := EncodePageToken("t00000")
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	for i := range good {
+		for _, c := range []byte(alphabet) {
+			if c == good[i] {
+				continue
+			}
+			bad := good[:i] + string(c) + good[i+1:]
+			if _, ok := DecodePageToken(bad); ok {
+				t.Fatalf("token %q (%q with byte %d changed) accepted", bad, good, i)
+			}
+		}
+		if _, ok := DecodePageToken(good[:i]); ok && i > 0 {
+			t.Errorf("token %q cut to %d bytes accepted", good, i)
+		}
+	}
+	if _, ok := DecodePageToken(good + "A"); ok {
+		t.Errorf("token %q lengthened accepted", good)
 	}
 	// A token naming a tenant that has since gone still continues after it.
 	resp, err := op.ListTenants(ctx, &admissionv1.ListTenantsRequest{PageToken: EncodePageToken("t00000x")})

@@ -142,10 +142,12 @@ func (a *answer) headers(d *admission.Decision, pol *policy) {
 
 // rateLimitField is the RateLimit field: what remains of the tenant's
 // tokens and the seconds until the bucket is full again; on a refusal,
-// nothing remains until the Retry-After.
+// nothing remains until the Retry-After. A request too large for the
+// bucket ever to carry spent nothing and waits for nothing: the field is
+// the bucket's as it stands.
 func rateLimitField(d *admission.Decision, pol *policy) string {
 	var r, t int64
-	if d.Outcome == admission.Rejected {
+	if d.Outcome == admission.Rejected && d.Reason != admission.ReasonRequestTooLarge {
 		t = ceilSeconds(d.RetryAfter)
 	} else {
 		r = max(d.Trace.QuotaAfter, 0)

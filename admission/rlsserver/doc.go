@@ -62,7 +62,9 @@
 // Each status carries the tenant's token limit (name "tokens", per second),
 // what remains of it, and on OVER_LIMIT duration_until_reset = the engine's
 // exact Retry-After. An unconfigured tenant is OVER_LIMIT (reason
-// UNKNOWN_TENANT), as Admit rejects it. The answer's headers come from the
+// UNKNOWN_TENANT), as Admit rejects it. A request above its tenant's burst
+// plus credit is OVER_LIMIT (REQUEST_TOO_LARGE) with no Retry-After and no
+// duration_until_reset: no wait lets it pass. The answer's headers come from the
 // deciding descriptor (the first OVER_LIMIT one, else the first with a
 // tenant):
 //
@@ -73,6 +75,7 @@
 //	ratelimit-policy, ratelimit         draft-ietf-httpapi-ratelimit-headers-11:
 //	                                    "tokens";q=<burst>;w=<burst/rate, s>;qu="weighted-tokens" and
 //	                                    "tokens";r=<remaining>;t=<s until full, or the Retry-After>
+//	                                    (REQUEST_TOO_LARGE: the bucket as it stands)
 //
 // # Errors and roles
 //

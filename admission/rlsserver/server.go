@@ -160,7 +160,9 @@ func Register(s grpc.ServiceRegistrar, eng Engine, opts Options) (*Server, error
 type item struct {
 	req       admission.Request
 	hasTenant bool
-	fromHits  bool // the prompt count came from hits_addend (errors name it)
+	fromHits  bool   // the prompt count came from hits_addend (errors name it)
+	hits      uint64 // hits_addend as sent, when fromHits
+	weight    int64  // the output weight the prompt count was derived with, when fromHits
 }
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer: every descriptor
@@ -296,11 +298,11 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 	if d.GetIsNegativeHits() {
 		return invalidArgument(fmt.Sprintf("descriptors[%d].is_negative_hits", i), "refunds are not supported: an RLS admission is settled when it is answered")
 	}
-	hits := uint64(reqHits)
+	sent := uint64(reqHits)
 	if h := d.GetHitsAddend(); h != nil {
-		hits = h.GetValue()
+		sent = h.GetValue()
 	}
-	hits = min(max(hits, 1), maxTokens)
+	hits := min(max(sent, 1), maxTokens)
 	it.req.MaxOutputTokens = 1
 	if haveOutput {
 		n, err := parseTokens(i, o.OutputKey, output)
@@ -316,7 +318,7 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 		}
 		it.req.PromptTokens = n
 	} else {
-		it.fromHits = true
+		it.fromHits, it.hits, it.weight = true, sent, w
 		it.req.PromptTokens = max(1, int64(hits)-w*it.req.MaxOutputTokens)
 	}
 	if !haveModel {
@@ -395,14 +397,14 @@ func (s *Server) statusFromError(i int, it *item, err error) error {
 	var ia *admission.InvalidArgumentError
 	switch {
 	case errors.As(err, &ia) && ia != nil:
-		field := ia.Field
+		field, reason := ia.Field, ia.Reason
 		switch {
 		case field == "tenant":
 			field = s.opts.TenantKey
 		case field == "model":
 			field = s.opts.ModelKey
 		case field == "prompt_tokens" && it.fromHits:
-			field = "hits_addend"
+			field, reason = "hits_addend", hitsReason(it, ia)
 		case field == "prompt_tokens":
 			field = s.opts.PromptKey
 		case field == "max_output_tokens":
@@ -410,7 +412,7 @@ func (s *Server) statusFromError(i int, it *item, err error) error {
 		case strings.HasPrefix(field, "accept_downgrade"):
 			field = s.opts.DowngradeKey
 		}
-		return invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, field), ia.Reason)
+		return invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, field), reason)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
@@ -418,6 +420,18 @@ func (s *Server) statusFromError(i int, it *item, err error) error {
 	}
 	s.opts.Logger.Error("rls: admission engine failed", "err", fmt.Sprint(err))
 	return status.Error(codes.Internal, "internal error: "+fmt.Sprint(err))
+}
+
+// hitsReason restates the engine's refusal of a prompt count derived from
+// hits_addend (hits − weight × output tokens) in hits_addend's terms: the
+// number the caller sent, and the most hits_addend may be.
+func hitsReason(it *item, ia *admission.InvalidArgumentError) string {
+	if ia.Limit <= 0 {
+		return ia.Reason
+	}
+	out := it.req.MaxOutputTokens
+	return fmt.Sprintf("%d exceeds the limit of %d (limits.max_prompt_tokens %d + %d × %d output tokens)",
+		it.hits, ia.Limit+it.weight*out, ia.Limit, it.weight, out)
 }
 
 // invalidArgument returns an INVALID_ARGUMENT status whose

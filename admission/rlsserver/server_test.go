@@ -2,7 +2,9 @@ package rlsserver
 
 import (
 	"context"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -148,6 +150,32 @@ func TestOverLimitCarriesTheExactReset(t *testing.T) {
 	f.clk.Advance(time.Millisecond)
 	if resp := f.call(t, 800, desc("tenant", "acme")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Errorf("at the reset: %v", resp)
+	}
+	f.idle(t)
+}
+
+// A descriptor asking more than its tenant's bucket can ever hold (10000,
+// no credit) is OVER_LIMIT with reason REQUEST_TOO_LARGE and neither a
+// Retry-After nor a duration until reset: no wait lets it pass. The
+// RateLimit field shows the bucket as it stands, and nothing is charged.
+func TestRequestTooLargeHasNoRetry(t *testing.T) {
+	f := newFixture(t, meteredConfig(), hgxCluster(t, 1), Options{})
+	resp := f.call(t, 0, desc("tenant", "acme", "model", "small", "prompt_tokens", "9997", "max_output_tokens", "1")) // 10001
+	st := resp.GetStatuses()[0]
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetDurationUntilReset() != nil {
+		t.Fatalf("answer: %v", resp)
+	}
+	wantHeaders(t, resp, map[string]string{
+		HeaderReason:    "REQUEST_TOO_LARGE",
+		HeaderPolicy:    `"tokens";q=10000;w=10;qu="weighted-tokens"`,
+		HeaderRateLimit: `"tokens";r=10000;t=0`,
+	})
+	if lvl := f.tenant(t, "acme").TokenLevel; lvl != 10000 {
+		t.Errorf("tokens = %d after a refusal, want 10000 (nothing charged)", lvl)
+	}
+	// The bucket's whole burst still passes.
+	if resp := f.call(t, 0, desc("tenant", "acme", "model", "small", "prompt_tokens", "9996", "max_output_tokens", "1")); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Errorf("10000 tokens: %v", resp)
 	}
 	f.idle(t)
 }
@@ -356,6 +384,38 @@ func TestInvalidRequests(t *testing.T) {
 	}
 	if _, err := New(f.eng, Options{TenantKey: "x", ModelKey: "x"}); err == nil {
 		t.Error("two entries on one key accepted")
+	}
+}
+
+// A hits_addend past the prompt limit is refused naming the number sent
+// and the most hits_addend may be (limits.max_prompt_tokens plus the
+// output tokens at their weight), not the prompt count derived from it.
+func TestHitsPastTheLimitNameWhatWasSent(t *testing.T) {
+	f := newFixture(t, meteredConfig(), hgxCluster(t, 1), Options{})
+	const promptLimit = 1 << 20 // the default limits.max_prompt_tokens
+	for _, c := range []struct {
+		name       string
+		req        *rlsv3.RateLimitRequest
+		sent, most string
+	}{
+		{"request hits", &rlsv3.RateLimitRequest{HitsAddend: 4_000_000_000, Descriptors: []*ratelimitDescriptor{desc("tenant", "acme", "model", "small")}},
+			"4000000000", fmt.Sprint(promptLimit + 4*1)},
+		{"descriptor hits and output", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitDescriptor{withHits(desc("tenant", "acme", "model", "small", "max_output_tokens", "10"), 2_000_000)}},
+			"2000000", fmt.Sprint(promptLimit + 4*10)},
+		{"hits past every bound", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitDescriptor{withHits(desc("tenant", "acme", "model", "small"), 1<<62)}},
+			fmt.Sprint(uint64(1) << 62), fmt.Sprint(promptLimit + 4*1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := f.rls.ShouldRateLimit(context.Background(), c.req)
+			wantInvalidArgument(t, err, "descriptors[0].hits_addend")
+			want := c.sent + " exceeds the limit of " + c.most
+			if msg := status.Convert(err).Message(); !strings.Contains(msg, want) {
+				t.Errorf("error %q, want it to say %q", msg, want)
+			}
+		})
+	}
+	if lvl := f.tenant(t, "acme").TokenLevel; lvl != 10000 {
+		t.Errorf("tokens = %d after refused requests, want 10000", lvl)
 	}
 }
 

@@ -178,6 +178,10 @@ const (
 	// retry_after is the earlier of the quota refilling for it and the
 	// freeze's end.
 	Reason_REASON_BURST_CREDIT_FROZEN Reason = 12
+	// The request asks more weighted tokens than its tenant's token bucket
+	// can ever lend (its burst plus its burst credit): no retry can pass, so
+	// retry_after is absent. Split the request, or raise the tenant's limit.
+	Reason_REASON_REQUEST_TOO_LARGE Reason = 13
 )
 
 // Enum value maps for Reason.
@@ -196,6 +200,7 @@ var (
 		10: "REASON_SHUTTING_DOWN",
 		11: "REASON_STATE_UNAVAILABLE",
 		12: "REASON_BURST_CREDIT_FROZEN",
+		13: "REASON_REQUEST_TOO_LARGE",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":            0,
@@ -211,6 +216,7 @@ var (
 		"REASON_SHUTTING_DOWN":          10,
 		"REASON_STATE_UNAVAILABLE":      11,
 		"REASON_BURST_CREDIT_FROZEN":    12,
+		"REASON_REQUEST_TOO_LARGE":      13,
 	}
 )
 
@@ -781,9 +787,13 @@ type ReleaseResponse struct {
 	// The request's final price in micro-USD.
 	ActualCostMicros int64 `protobuf:"varint,4,opt,name=actual_cost_micros,json=actualCostMicros,proto3" json:"actual_cost_micros,omitempty"`
 	// How long the lease was held.
-	HeldFor       *durationpb.Duration `protobuf:"bytes,5,opt,name=held_for,json=heldFor,proto3" json:"held_for,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HeldFor *durationpb.Duration `protobuf:"bytes,5,opt,name=held_for,json=heldFor,proto3" json:"held_for,omitempty"`
+	// True when the counts reported passed limits.release_overrun_multiple
+	// times what the lease admitted (or the request limits): they were
+	// charged at that bound, which refunded_tokens reflects.
+	OverrunClamped bool `protobuf:"varint,6,opt,name=overrun_clamped,json=overrunClamped,proto3" json:"overrun_clamped,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReleaseResponse) Reset() {
@@ -849,6 +859,13 @@ func (x *ReleaseResponse) GetHeldFor() *durationpb.Duration {
 		return x.HeldFor
 	}
 	return nil
+}
+
+func (x *ReleaseResponse) GetOverrunClamped() bool {
+	if x != nil {
+		return x.OverrunClamped
+	}
+	return false
 }
 
 // DomainInfo describes one NVLink domain.
@@ -2512,13 +2529,14 @@ const file_admission_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x03R\fpromptTokens\x12#\n" +
 	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\x126\n" +
-	"\aoutcome\x18\x04 \x01(\x0e2\x1c.sluice.admission.v1.OutcomeR\aoutcome\"\xcc\x01\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2\x1c.sluice.admission.v1.OutcomeR\aoutcome\"\xf5\x01\n" +
 	"\x0fReleaseResponse\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12'\n" +
 	"\x0frefunded_tokens\x18\x03 \x01(\x03R\x0erefundedTokens\x12,\n" +
 	"\x12actual_cost_micros\x18\x04 \x01(\x03R\x10actualCostMicros\x124\n" +
-	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\"\xda\x04\n" +
+	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\x12'\n" +
+	"\x0foverrun_clamped\x18\x06 \x01(\bR\x0eoverrunClamped\"\xda\x04\n" +
 	"\n" +
 	"DomainInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2647,7 +2665,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bADMITTED\x10\x01\x12\f\n" +
 	"\bDEGRADED\x10\x02\x12\f\n" +
-	"\bREJECTED\x10\x03*\x80\x03\n" +
+	"\bREJECTED\x10\x03*\x9e\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REASON_QUOTA_EXCEEDED\x10\x01\x12\x1c\n" +
@@ -2662,7 +2680,8 @@ const file_admission_proto_rawDesc = "" +
 	"\x14REASON_SHUTTING_DOWN\x10\n" +
 	"\x12\x1c\n" +
 	"\x18REASON_STATE_UNAVAILABLE\x10\v\x12\x1e\n" +
-	"\x1aREASON_BURST_CREDIT_FROZEN\x10\f*E\n" +
+	"\x1aREASON_BURST_CREDIT_FROZEN\x10\f\x12\x1c\n" +
+	"\x18REASON_REQUEST_TOO_LARGE\x10\r*E\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +

@@ -47,7 +47,8 @@ type AdmissionClient interface {
 	Admit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*AdmitResponse, error)
 	// Release ends a lease: refunds or charges the difference between the
 	// admitted and the actual tokens, frees the KV reservation and records the
-	// outcome. An unknown, already released or expired lease is NOT_FOUND.
+	// outcome. An unknown, already released or expired lease is NOT_FOUND, and
+	// so, in the same words, is a lease of a tenant the caller does not serve.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
@@ -92,7 +93,8 @@ type AdmissionServer interface {
 	Admit(context.Context, *AdmitRequest) (*AdmitResponse, error)
 	// Release ends a lease: refunds or charges the difference between the
 	// admitted and the actual tokens, frees the KV reservation and records the
-	// outcome. An unknown, already released or expired lease is NOT_FOUND.
+	// outcome. An unknown, already released or expired lease is NOT_FOUND, and
+	// so, in the same words, is a lease of a tenant the caller does not serve.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedAdmissionServer()
 }

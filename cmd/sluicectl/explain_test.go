@@ -23,7 +23,12 @@ func TestExplain(t *testing.T) {
 	if n := srv.Engine().LeaseCount(); n != 0 {
 		t.Errorf("explain took %d leases", n)
 	}
-	// hooli's 5-request RPS bucket cannot hold a request 10× its token burst.
+	// hooli's token bucket (8000, no credit) can never hold a request 10×
+	// its burst: REQUEST_TOO_LARGE, refused at the tokens gate, no retry.
+	code, out, errs = sluicectl("explain", "--server", addr, "--tenant", "hooli", "--model", "small", "--prompt", "80000")
+	if code != 0 || !strings.Contains(out, "would be: REJECTED REQUEST_TOO_LARGE\n") {
+		t.Fatalf("too large: %d %s\n%s", code, errs, out)
+	}
 	code, out, errs = sluicectl("explain", "--server", addr, "--tenant", "hooli", "--model", "small", "--prompt", "80000", "-o", "json")
 	if code != 0 {
 		t.Fatalf("explain -o json: %d %s", code, errs)
@@ -39,8 +44,8 @@ func TestExplain(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &x); err != nil {
 		t.Fatalf("json: %v\n%s", err, out)
 	}
-	if x.Outcome != "REJECTED" || x.Reason != "REASON_QUOTA_EXCEEDED" || len(x.Gates) != 6 {
-		t.Fatalf("over quota: %+v", x)
+	if x.Outcome != "REJECTED" || x.Reason != "REASON_REQUEST_TOO_LARGE" || len(x.Gates) != 6 || x.Gates[4].Gate != "tokens" || x.Gates[4].Passed {
+		t.Fatalf("too large: %+v", x)
 	}
 	if code, _, errs := sluicectl("explain", "--server", addr, "--tenant", "acme"); code == 0 || !strings.Contains(errs, "--model") {
 		t.Fatalf("without --model: %d %q", code, errs)

@@ -28,7 +28,7 @@ import (
 // decision is one atomic add with no label hashing.
 const (
 	maxOutcome = int(admission.Rejected) + 1
-	maxReason  = int(admission.ReasonBurstCreditFrozen) + 1
+	maxReason  = int(admission.LastReason) + 1
 )
 
 // Options configure Metrics.
@@ -120,6 +120,10 @@ func New(opts Options) *Metrics {
 			Name: "sluice_tenant_burst_credit_consumed_tokens_total",
 			Help: "Weighted tokens borrowed from burst credit (the token bucket's debt) per tenant.",
 		}, []string{"tenant"}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_release_overrun_clamped_total",
+			Help: "Releases per tenant that reported more tokens than limits.release_overrun_multiple times what the lease admitted, charged at that bound.",
+		}, []string{"tenant"}),
 		latency: newLatencyVec("sluice_admit_latency_seconds",
 			"Admit latency in the engine (decision and any wait in the fair queue) per tenant and requested model; a native histogram with classic buckets."),
 	}
@@ -139,7 +143,7 @@ func New(opts Options) *Metrics {
 	})
 	maxSeries.Set(float64(opts.MaxTenantSeries))
 	m.Registry.MustRegister(dec, m.queueWait, m.degraded, releases, m.refunded, m.overrun,
-		vecs.decisions, vecs.credit, vecs.latency, m.queueDepth, sla, maxSeries)
+		vecs.decisions, vecs.credit, vecs.clamped, vecs.latency, m.queueDepth, sla, maxSeries)
 	return m
 }
 
@@ -192,6 +196,10 @@ func (m *Metrics) ObserveRelease(rel admission.Release, res admission.ReleaseRes
 		m.refunded.Add(float64(res.RefundedTokens))
 	} else {
 		m.overrun.Add(float64(-res.RefundedTokens))
+	}
+	if res.OverrunClamped {
+		// find, not series: a release does not rank the tenant.
+		m.tenants.find(res.Tenant).clamped.Inc()
 	}
 }
 

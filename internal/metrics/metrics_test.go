@@ -58,6 +58,46 @@ func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestClampedReleasesAreCounted: a Release reporting more than
+// limits.release_overrun_multiple times its admission is counted under its
+// tenant in sluice_release_overrun_clamped_total; one within it is not.
+func TestClampedReleasesAreCounted(t *testing.T) {
+	cfg, err := config.Parse("bench", []byte(benchConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(Options{})
+	eng, err := admission.New(cfg, topology.Simulated(), admission.WithObserver(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	ctx := context.Background()
+	for _, out := range []int64{4 * 5, 1<<63 - 1, 4*5 + 1} {
+		d, err := eng.Admit(ctx, admission.Request{Tenant: "router", Model: "small", PromptTokens: 10, MaxOutputTokens: 5})
+		if err != nil || d.Outcome != admission.Admitted {
+			t.Fatalf("Admit: %v %v", d, err)
+		}
+		if _, err := eng.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: out}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := `
+# HELP sluice_release_overrun_clamped_total Releases per tenant that reported more tokens than limits.release_overrun_multiple times what the lease admitted, charged at that bound.
+# TYPE sluice_release_overrun_clamped_total counter
+sluice_release_overrun_clamped_total{tenant="other"} 0
+sluice_release_overrun_clamped_total{tenant="router"} 2
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "sluice_release_overrun_clamped_total"); err != nil {
+		t.Fatal(err)
+	}
+	// Each overrun charged is the bound's: 4 × 5 output tokens less the 5
+	// admitted, at weight 4.
+	if got := testutil.ToFloat64(m.overrun); got != 3*4*(4*5-5) {
+		t.Errorf("overrun tokens %v, want %d", got, 3*4*(4*5-5))
+	}
+}
+
 // TestRankKeepsTheBusiest: with room for two, the two busiest tenants since
 // the last ranking are named, incumbents win ties, one-off tenants stay
 // "other", and a tenant that loses its place loses its series.

@@ -28,6 +28,7 @@ type tenantSeries struct {
 	window    atomic.Uint64
 	decisions [maxOutcome][maxReason]prometheus.Counter
 	credit    prometheus.Counter
+	clamped   prometheus.Counter // Releases charged at the overrun bound
 	// latency is the Admit histogram per requested model, copied on write
 	// (a model is added once; models are the catalog's, so they are few).
 	latency atomic.Pointer[map[string]*latencySeries]
@@ -61,6 +62,7 @@ const candidateFactor = 4
 type tenantVecs struct {
 	decisions *prometheus.CounterVec // tenant, decision, reason
 	credit    *prometheus.CounterVec // tenant
+	clamped   *prometheus.CounterVec // tenant
 	latency   *latencyVec            // tenant, model
 }
 
@@ -85,6 +87,7 @@ func (s *tenantSet) newSeries(name string) *tenantSeries {
 		}
 	}
 	ts.credit = s.vecs.credit.WithLabelValues(name)
+	ts.clamped = s.vecs.clamped.WithLabelValues(name)
 	lat := map[string]*latencySeries{}
 	ts.latency.Store(&lat)
 	return ts
@@ -221,6 +224,7 @@ func (s *tenantSet) deleteSeries(tenant string) {
 	l := prometheus.Labels{"tenant": tenant}
 	s.vecs.decisions.DeletePartialMatch(l)
 	s.vecs.credit.DeletePartialMatch(l)
+	s.vecs.clamped.DeletePartialMatch(l)
 	s.vecs.latency.deleteTenant(tenant)
 }
 

@@ -87,12 +87,13 @@ type DomainReport struct {
 }
 
 // ownLimit reports whether a refusal is the tenant's own doing (its quota,
-// credit, a frozen credit, budget or concurrency), which the fair share and
+// credit, a frozen credit, budget, concurrency, or a request larger than
+// its quota can ever lend), which the fair share and
 // the floor do not count as unmet demand.
 func ownLimit(r admission.Reason) bool {
 	switch r {
 	case admission.ReasonQuotaExceeded, admission.ReasonBurstCreditExhausted, admission.ReasonBurstCreditFrozen, admission.ReasonBudgetExhausted,
-		admission.ReasonConcurrencyExceeded, admission.ReasonUnknownTenant:
+		admission.ReasonConcurrencyExceeded, admission.ReasonUnknownTenant, admission.ReasonRequestTooLarge:
 		return true
 	}
 	return false
