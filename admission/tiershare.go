@@ -192,6 +192,66 @@ func (l *tierLedger) least(now, window int64) uint64 {
 	return 0
 }
 
+// tierHold is some models' ledgers as they were, to put back with Cancel:
+// deciding whose turn it is drops contenders that no longer contend and
+// forgets a ledger nobody contends for, and a decision that is only
+// explained must leave even that as it found it.
+type tierHold struct {
+	s     *tierShares
+	saved []heldLedger
+}
+
+type heldLedger struct {
+	model string
+	l     *tierLedger // nil: the model had no ledger
+	full  int64
+	was   bool
+	uses  []*tierUse // its contenders, in heap order
+	vals  []tierUse  // and what each held
+}
+
+// hold keeps the ledgers of models (each once) for Cancel.
+func (s *tierShares) hold(models []*modelState) tierHold {
+	h := tierHold{s: s}
+	for _, m := range models {
+		l := s.models[m.name]
+		hl := heldLedger{model: m.name, l: l}
+		if l != nil {
+			hl.full, hl.was = l.full, l.wasFull
+			hl.uses = append([]*tierUse(nil), l.contenders...)
+			for _, u := range hl.uses {
+				hl.vals = append(hl.vals, *u)
+			}
+		}
+		h.saved = append(h.saved, hl)
+	}
+	return h
+}
+
+// Cancel puts the held ledgers back as they were when hold was called.
+func (h *tierHold) Cancel() {
+	s := h.s
+	for i := len(h.saved) - 1; i >= 0; i-- { // a model held twice ends as it first was
+		hl := &h.saved[i]
+		if hl.l == nil {
+			delete(s.models, hl.model)
+			continue
+		}
+		if s.models == nil {
+			s.models = make(map[string]*tierLedger)
+		}
+		l := hl.l
+		s.models[hl.model] = l
+		l.full, l.wasFull = hl.full, hl.was
+		l.contenders = append(l.contenders[:0], hl.uses...)
+		clear(l.entries)
+		for j, u := range hl.uses {
+			*u = hl.vals[j]
+			l.entries[u.tenant] = u
+		}
+	}
+}
+
 // addUse adds ⌈cost·2¹⁶/weight⌉ to used, saturating.
 func addUse(used uint64, cost, weight int64) uint64 {
 	c, w := uint64(max(cost, 1)), uint64(max(weight, 1))
