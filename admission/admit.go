@@ -172,15 +172,13 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	// A request id seen before gets its answer even while shutting down: a
 	// retry after a lost answer must find its lease, not be sent elsewhere.
 	if req.RequestID != "" {
-		idem := &e.mu.room.idem
-		r.hasID, r.idem, r.idemBody = true, idem.key(req.Tenant, req.RequestID), idem.bodyHash(req)
-		if d, w, err, seen := e.repeatLocked(now, &r); seen {
+		if d, w, err, seen := e.repeatLocked(now, req, &r, nil); seen {
 			e.mu.Unlock()
 			return d, w, err
 		}
 	}
 	var d Decision
-	w := e.decideLocked(ctx, now, wall, req, &r, &d)
+	w := e.decideLocked(ctx, now, wall, req, &r, &d, nil)
 	var answered []*waiter
 	if w != nil {
 		answered = e.dispatchLocked(now, nil)
@@ -190,32 +188,37 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	return d, w, nil
 }
 
-// repeatLocked answers a request id seen before (seen true): the queued
-// request it joins, or the live lease it was admitted with, rebuilt as an
-// answer. An id reused with another body is invalid; one whose lease has
-// ended is ErrLeaseEnded, never a dead lease for free.
-func (e *Engine) repeatLocked(now int64, r *pending) (d Decision, w *waiter, err error, seen bool) {
+// repeatLocked notes req's request id in r and answers it if it was seen
+// before (seen true): the queued request it joins, or the live lease it
+// was admitted with, rebuilt as an answer. An id reused with another body
+// is invalid; one whose lease has ended is ErrLeaseEnded, never a dead
+// lease for free. With a recorder (Explain) the queued request does not
+// count one more caller.
+func (e *Engine) repeatLocked(now int64, req *Request, r *pending, rec *recorder) (d Decision, w *waiter, err error, seen bool) {
 	idem := &e.mu.room.idem
+	r.hasID, r.idem, r.idemBody = true, idem.key(req.Tenant, req.RequestID), idem.bodyHash(req)
 	body := r.idemBody
 	if w := idem.queued[r.idem]; w != nil {
 		if w.p.idemBody != body {
 			return Decision{}, nil, errReusedID, true
 		}
-		w.refs++
+		if rec == nil {
+			w.refs++
+		}
 		return Decision{}, w, nil, true
 	}
-	rec, ok := idem.lookup(r.idem, now)
+	known, ok := idem.lookup(r.idem, now)
 	if !ok {
 		return Decision{}, nil, nil, false
 	}
-	if rec.body != body {
+	if known.body != body {
 		return Decision{}, nil, errReusedID, true
 	}
-	l, ok := e.mu.leases.get(rec.lease)
+	l, ok := e.mu.leases.get(known.lease)
 	if !ok {
 		return Decision{}, nil, ErrLeaseEnded, true
 	}
-	l.answer(&d, rec.lease, r, now)
+	l.answer(&d, known.lease, r, now)
 	return d, nil, nil, true
 }
 
@@ -225,12 +228,27 @@ var errReusedID = &InvalidArgumentError{Field: "request_id", Reason: "already us
 // within the floor (reserved capacity, no queue), on shared capacity, or
 // into the waiting room. The answer goes to d (an out parameter: a
 // Decision is large, and this is the hot path) unless it is queued.
-func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, d *Decision) *waiter {
+//
+// With a recorder (Explain) it notes each gate and domain it tries and
+// charges nothing: it screens a copy of the tenant's state, marks no tier
+// full, only checks the queue's bounds (the waiter it returns is not
+// queued), and where it would charge and grant it keeps the placement in
+// the recorder and returns. (Asking whose turn it is at a tier tidies that
+// tier's ledger; Explain holds the ledgers and puts them back.)
+func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, d *Decision, rec *recorder) *waiter {
 	if e.mu.closed {
 		*d = rejected(ReasonShuttingDown, time.Second)
 		return nil
 	}
-	t, fresh := e.mu.gates.lookupLocked(req.Tenant, now, e.mu.place.modelList)
+	var t *tenantState
+	fresh := false
+	if rec == nil {
+		t, fresh = e.mu.gates.lookupLocked(req.Tenant, now, e.mu.place.modelList)
+	} else {
+		// A copy: screening moves the breaker and the budget period to
+		// now, which no Cancel undoes.
+		t = e.mu.gates.scratchLocked(req.Tenant, now, e.mu.place.modelList)
+	}
 	if t == nil {
 		*d = rejected(ReasonUnknownTenant, 0)
 		return nil
@@ -242,11 +260,12 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 
-	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t), e.mu.gates.frozenLocked(now))
-	if why.reason == ReasonQuotaExceeded {
+	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t), e.mu.gates.frozenLocked(now), rec)
+	if why.reason == ReasonQuotaExceeded && rec == nil { // the strategy notes the demand
 		why.retry = e.shared.quotaRefusedLocked(t, why.retry)
 	}
 	if why.refused() {
+		rec.screenRefused()
 		*d = rejectWithTrace(why, r, now)
 		return nil
 	}
@@ -254,23 +273,31 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	place := &e.mu.place
 	pl, ok := placement{}, false
 	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		pl, ok = place.find(now, r, true, 0, r.ntiers)
+		pl, ok = place.find(now, r, true, 0, r.ntiers, rec)
 	}
 	if !ok {
 		from, upto, notTurn := e.sharedTiersLocked(ctx, now, wall, req, r)
 		if notTurn {
-			e.notTurnLocked(now, r)
+			if rec != nil {
+				rec.notTurn(r)
+			} else {
+				e.notTurnLocked(now, r)
+			}
 		}
-		pl, ok = place.find(now, r, false, from, upto)
-		if from == 0 && upto > 0 && (!ok || pl.tier > 0) && place.outlook(now, r).own {
+		pl, ok = place.find(now, r, false, from, upto, rec)
+		if rec == nil && from == 0 && upto > 0 && (!ok || pl.tier > 0) && place.outlook(now, r).own {
 			e.mu.room.tiers.full(now, r.tierBuf[0].name) // its own tier, tried, did not fit
 		}
 	}
 	if !ok {
 		o := place.outlook(now, r)
 		var w *waiter
-		*d, w = e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue)
+		*d, w = e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue, rec)
 		return w
+	}
+	if rec != nil {
+		rec.placed, rec.pl = true, pl
+		return nil
 	}
 	r.chargeGates(now, t, r.weighted, r.price, critical)
 	e.grantLocked(now, r, pl, 0, d)
@@ -332,7 +359,7 @@ func (e *Engine) notTurnLocked(now int64, r *pending) {
 		tiers.full(now, model) // kept for a tenant that is waiting for it
 		return
 	}
-	if _, fits := place.find(now, r, false, 0, 1); !fits && place.outlook(now, r).own {
+	if _, fits := place.find(now, r, false, 0, 1, nil); !fits && place.outlook(now, r).own {
 		tiers.full(now, model)
 	}
 }
@@ -351,9 +378,8 @@ func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Du
 		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, output: r.output,
 		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
 	})
-	*d = Decision{Outcome: Admitted, LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
+	*d = Decision{Outcome: pl.outcome(), LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
 	if pl.tier > 0 {
-		d.Outcome = Degraded
 		d.DowngradePath = make([]string, pl.tier+1)
 		for i := range d.DowngradePath {
 			d.DowngradePath[i] = r.tierBuf[i].name

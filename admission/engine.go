@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sluice-sched/sluice/internal/clock"
-	"github.com/sluice-sched/sluice/internal/indexheap"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -84,7 +83,6 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	e.mu.place.drainedAway = make(map[string]string)
 	e.mu.room.idem = newIdempotency()
 	e.mu.room.wake = make(chan struct{}, 1)
-	e.mu.room.deadlines = indexheap.New(func(a, b *waiter) bool { return a.deadline < b.deadline }, func(w *waiter) *int { return &w.heapIdx })
 	e.mu.leases = newLeaseTable()
 	if err := cluster.Validate(); err != nil {
 		return nil, fmt.Errorf("topology: %w", err)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/sluice-sched/sluice/pd"
-	"github.com/sluice-sched/sluice/wfq"
 )
 
 // Explanation is what Admit would do with a request now, gate by gate and
@@ -20,14 +19,14 @@ type Explanation struct {
 	RetryAfter    time.Duration // on REJECTED
 	Domain, Model string        // on ADMITTED and DEGRADED
 	Floor         bool          // admitted within the tenant's floor
-	EstimatedWait time.Duration // on QUEUED, and DEADLINE_UNMEETABLE: the wait its place in the fair order predicts
+	EstimatedWait time.Duration // on QUEUED, DEADLINE_UNMEETABLE and QUEUE_FULL: the wait its place in the fair order predicts
 	Gates         []GateCheck
 	Placement     []PlacementCheck
 }
 
 // GateCheck is one tenant gate in the order Admit screens them.
 type GateCheck struct {
-	Gate    string // breaker, store, budget, rps, tokens, critical, concurrency
+	Gate    string // breaker, store, budget, rps, tokens, critical, concurrency; idempotency for a request id seen before
 	Passed  bool
 	Reached bool   // false: an earlier gate refused
 	Before  int64  // level before the request (units of the gate; see Detail)
@@ -44,85 +43,188 @@ type PlacementCheck struct {
 	Detail        string
 }
 
-// Explain answers what Admit would do with req now, changing nothing: the
-// tenant's gates are screened and charged on a copy of its state, and
-// placement is only looked at. Invalid requests return the error Admit
-// would.
+// Explain answers what Admit would do with req now, changing nothing. It
+// runs Admit's own decision (repeatLocked, decideLocked: the gates, find,
+// the waiting room's enqueue) with a recorder that notes each gate and
+// (tier, domain) it tries. With a recorder the decision screens a copy of
+// the tenant's state, only reads placement, asks the fair queue's bounds
+// without entering it, and stops where Admit would charge, grant or queue:
+// no lease, idempotency record, tier share, queue position or observer
+// sees it. Invalid requests return the error Admit would.
+//
+// What it cannot foresee is the shared store, whose hooks it does not
+// call: a strict-mode commit that refuses; in batched mode, the 1/N slice
+// a tenant new to the replica starts from, and the reconcile interval
+// that caps a quota refusal's Retry-After.
 func (e *Engine) Explain(ctx context.Context, req Request) (Explanation, error) {
 	if err := validateRequest(&req); err != nil {
 		return Explanation{}, err
 	}
-	wall := e.clk.Now()
+	now := int64(e.clk.Since(e.base)) // as admit reads the clock
+	wall := e.base.Add(time.Duration(now))
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := int64(wall.Sub(e.base))
 	var r pending
 	if err := e.mu.place.resolve(&req, &r); err != nil {
 		return Explanation{}, err
 	}
-	t := e.mu.gates.scratchLocked(req.Tenant, now, e.mu.place.modelList)
-	if t == nil {
-		return Explanation{Outcome: Rejected.String(), Reason: ReasonUnknownTenant}, nil
+	rec := &recorder{}
+	held := e.mu.room.tiers.hold(r.tiers()) // asking whose turn it is tidies the tiers' ledgers
+	defer held.Cancel()
+	var d Decision
+	if req.RequestID != "" {
+		if seenD, seenW, err, seen := e.repeatLocked(now, &req, &r, rec); seen {
+			if err != nil {
+				return Explanation{}, err
+			}
+			return e.repeatedLocked(seenD, seenW), nil
+		}
 	}
-	r.tenant = t
-	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
-	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
-	var x Explanation
-	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t), e.mu.gates.frozenLocked(now))
-	x.Gates = explainGates(t, now, &r, critical, why, e.mu.gates.frozenLocked(now))
-	if why.refused() {
-		x.Outcome, x.Reason, x.RetryAfter = Rejected.String(), why.reason, durationUntil(why.retry)
-		return x, nil
+	w := e.decideLocked(ctx, now, wall, &req, &r, &d, rec)
+	x := Explanation{Placement: rec.placement}
+	switch {
+	case w != nil:
+		x.Outcome, x.EstimatedWait = "QUEUED", w.wait
+	case rec.placed:
+		pl := &rec.pl
+		x.Outcome, x.Domain, x.Model, x.Floor = pl.outcome().String(), pl.dom.ID(), pl.model.name, pl.floor
+	default:
+		x.Outcome, x.Reason, x.RetryAfter, x.EstimatedWait = d.Outcome.String(), d.Reason, d.RetryAfter, d.Trace.EstimatedWait
 	}
-	r.critical = critical
-	e.explainPlacementLocked(ctx, now, wall, &req, &r, &x)
+	if r.tenant != nil && rec.reached[gateBreaker] {
+		x.Gates = rec.gateChecks(now, &r, e.mu.gates.frozenLocked(now))
+	}
 	return x, nil
 }
 
-// explainGates describes each gate for a request screen has decided on
-// (why: its refusal, if any): the level before it and what it would leave.
-func explainGates(t *tenantState, now int64, r *pending, critical bool, why refusal, frozen time.Duration) []GateCheck {
-	order := []struct {
-		gate   string
-		refuse Reason
-	}{
-		{"breaker", ReasonBurstCreditExhausted}, {"store", ReasonStateUnavailable}, {"budget", ReasonBudgetExhausted},
-		{"rps", ReasonQuotaExceeded}, {"tokens", ReasonQuotaExceeded}, {"concurrency", ReasonConcurrencyExceeded},
+// repeatedLocked explains the answer to a request id seen before: the
+// admission it was given (d) or the queued request it joins (w).
+func (e *Engine) repeatedLocked(d Decision, w *waiter) Explanation {
+	g := GateCheck{Gate: "idempotency", Reached: true, Passed: true}
+	if w != nil {
+		g.Detail = "request id seen before, with the same request: it joins that request, waiting in the fair queue"
+		return Explanation{Outcome: "QUEUED", EstimatedWait: e.mu.room.positionWait(w, e.mu.place.eligibleRates), Gates: []GateCheck{g}}
 	}
-	rpsBefore, tokBefore, critBefore := t.rps.Level(now), t.tokens.Level(now), t.critical.Level(now)
-	rpsRefused := why.reason == ReasonQuotaExceeded && !t.rps.Fits(now, rpsUnit, 0)
-	var out []GateCheck
-	reached := true
-	for _, g := range order {
-		c := GateCheck{Gate: g.gate, Reached: reached, Passed: reached}
-		refuse := why.reason == g.refuse || (g.gate == "tokens" && (why.reason == ReasonBurstCreditFrozen || why.reason == ReasonRequestTooLarge))
-		if reached && refuse && (g.gate != "rps" || rpsRefused) && (g.gate != "tokens" || !rpsRefused) {
-			c.Passed, reached = false, false
+	g.Detail = fmt.Sprintf("request id seen before, with the same request: the answer is its admission's, lease on %s, charged once", d.Domain)
+	return Explanation{Outcome: d.Outcome.String(), Domain: d.Domain, Model: d.Model, Floor: d.Trace.Floor, Gates: []GateCheck{g}}
+}
+
+// recorder notes what a decision tries, for Explain: the tenant gates
+// screen reaches and the (tier, domain) pairs find looks at. Admit passes
+// a nil recorder: every note is then one nil check, and the decision
+// changes state as usual. With one, the decision changes nothing (see
+// Explain); where Admit would charge and grant, the recorder keeps the
+// placement instead.
+type recorder struct {
+	reached   [numGates]bool
+	refused   bool // screen refused, at the last gate reached
+	placement []PlacementCheck
+	placed    bool      // a placement was found: pl
+	pl        placement // where it would run
+}
+
+// gate is one of screen's gates, in the order screen tries them.
+type gate uint8
+
+const (
+	gateBreaker gate = iota
+	gateStore
+	gateBudget
+	gateRPS
+	gateTokens // or the critical bucket, for a request in the critical band
+	gateConcurrency
+	numGates
+)
+
+// reach notes that screen came to gate g.
+func (rec *recorder) reach(g gate) {
+	if rec != nil {
+		rec.reached[g] = true
+	}
+}
+
+// screenRefused notes that screen refused, at the last gate it reached.
+func (rec *recorder) screenRefused() {
+	if rec != nil {
+		rec.refused = true
+	}
+}
+
+// notTurn notes that r was kept from its requested tier because it is not
+// its tenant's turn there.
+func (rec *recorder) notTurn(r *pending) {
+	rec.placement = append(rec.placement, PlacementCheck{Model: r.tierBuf[0].name,
+		Detail: fmt.Sprintf("not tenant %s's turn at %s: others contending for it have used less of it over their weights (queue.tier_share_window); lower tiers only", r.tenant.name, r.tierBuf[0].name)})
+}
+
+// tried notes one (tier, domain) find looked at: what the request costs
+// there (err: it cannot be costed) and whether it fits.
+func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor bool, cost pd.Cost, err error, fits bool) {
+	c := PlacementCheck{Model: m.name, Domain: d.ID(), Floor: floor, Fits: fits}
+	if err != nil {
+		c.Detail = err.Error()
+		rec.placement = append(rec.placement, c)
+		return
+	}
+	pf, dc := d.cap.Levels(now)
+	resP, resD, _ := d.cap.Reserves()
+	kv, kvLimit := d.cap.KV()
+	c.Detail = fmt.Sprintf("needs prefill %.3g of %.3g FLOP (reserve %.3g), decode %.3g of %.3g B (reserve %.3g), KV %.3g B with %.3g of %.3g in use",
+		float64(cost.PrefillFLOP), float64(pf), float64(resP), float64(cost.DecodeBytes), float64(dc), float64(resD), float64(cost.KVBytes), float64(kv), float64(kvLimit))
+	if w, end := d.cap.Warmup(now); end != 0 {
+		c.Detail += fmt.Sprintf("; warming up: %.1f%% of its shared capacity, whole in %v", 100*float64(w)/pd.WarmupFull, time.Duration(end-now))
+	}
+	rec.placement = append(rec.placement, c)
+}
+
+// gateChecks describes every gate for a request screen has decided on (r,
+// its tenant's state after screening): those reached, passed or the one
+// that refused, with the level before the request and what it would leave,
+// then those not reached. frozen is what is left of a credit freeze.
+func (rec *recorder) gateChecks(now int64, r *pending, frozen time.Duration) []GateCheck {
+	t := r.tenant
+	last := gateBreaker
+	for g := range numGates {
+		if rec.reached[g] {
+			last = g
 		}
-		switch g.gate {
-		case "breaker":
+	}
+	out := make([]GateCheck, 0, numGates)
+	for g := range numGates {
+		c := GateCheck{Reached: rec.reached[g], Passed: rec.reached[g] && !(rec.refused && g == last)}
+		switch g {
+		case gateBreaker:
+			c.Gate = "breaker"
 			c.Detail = fmt.Sprintf("burst credit %s", creditStateName(t.credit.state))
-		case "store":
+		case gateStore:
+			c.Gate = "store"
 			c.Detail = "shared state reachable, or the tier fails open"
-		case "budget":
+		case gateBudget:
+			c.Gate = "budget"
 			c.Before, c.After = t.budget.spentDay, t.budget.spentDay+r.price
 			c.Detail = fmt.Sprintf("µ$ spent today %d + %d of a daily cap %d (0: none), this month %d of %d", t.budget.spentDay, r.price, t.budget.dailyCap, t.budget.spentMon, t.budget.monthlyCap)
-		case "rps":
-			c.Before, c.After = rpsBefore/rpsUnit, (rpsBefore-rpsUnit)/rpsUnit
+		case gateRPS:
+			before := t.rps.Level(now)
+			c.Gate = "rps"
+			c.Before, c.After = before/rpsUnit, (before-rpsUnit)/rpsUnit
 			c.Detail = fmt.Sprintf("requests in the RPS bucket (burst %d)", t.rps.Burst()/rpsUnit)
-		case "tokens":
-			if critical {
+		case gateTokens:
+			if r.critical {
+				before := t.critical.Level(now)
 				c.Gate = "critical"
-				c.Before, c.After = critBefore, critBefore-r.weighted
+				c.Before, c.After = before, before-r.weighted
 				c.Detail = fmt.Sprintf("weighted tokens in the critical bucket, %d asked", r.weighted)
-			} else {
-				c.Before, c.After = tokBefore, tokBefore-r.weighted
-				c.Detail = fmt.Sprintf("weighted tokens in the token bucket, %d asked; it may go %d into debt", r.weighted, t.tokens.Credit())
-				if frozen > 0 {
-					c.Detail = fmt.Sprintf("weighted tokens in the token bucket, %d asked; burst credit frozen by an operator for %v: no debt", r.weighted, frozen)
-				}
+				break
 			}
-		case "concurrency":
+			before := t.tokens.Level(now)
+			c.Gate = "tokens"
+			c.Before, c.After = before, before-r.weighted
+			c.Detail = fmt.Sprintf("weighted tokens in the token bucket, %d asked; it may go %d into debt", r.weighted, t.tokens.Credit())
+			if frozen > 0 {
+				c.Detail = fmt.Sprintf("weighted tokens in the token bucket, %d asked; burst credit frozen by an operator for %v: no debt", r.weighted, frozen)
+			}
+		case gateConcurrency:
+			c.Gate = "concurrency"
 			c.Before, c.After = t.inFlight+t.queued, t.inFlight+t.queued+1
 			c.Detail = fmt.Sprintf("in flight and queued, of at most %d (0: no limit)", t.policy.MaxConcurrency)
 		}
@@ -139,76 +241,4 @@ func creditStateName(s creditState) string {
 		return "half-open (no credit)"
 	}
 	return "lending"
-}
-
-// explainPlacementLocked walks placement as decideLocked does — the floor,
-// then shared capacity (unless others wait), then the queue — recording
-// every (tier, domain) looked at.
-func (e *Engine) explainPlacementLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, x *Explanation) {
-	place, room := &e.mu.place, &e.mu.room
-	t := r.tenant
-	if !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		if e.mu.place.explainFind(now, r, true, 0, r.ntiers, x) {
-			return
-		}
-	}
-	from, upto, notTurn := e.sharedTiersLocked(ctx, now, wall, req, r)
-	if notTurn {
-		x.Placement = append(x.Placement, PlacementCheck{Model: r.tierBuf[0].name,
-			Detail: fmt.Sprintf("not tenant %s's turn at %s: others contending for it have used less of it over their weights (queue.tier_share_window); lower tiers only", t.name, r.tierBuf[0].name)})
-	}
-	if e.mu.place.explainFind(now, r, false, from, upto, x) {
-		return
-	}
-	o := place.outlook(now, r)
-	switch {
-	case !o.ever && o.drainingOnly:
-		x.Outcome, x.Reason = Rejected.String(), ReasonDomainDraining
-		return
-	case !o.ever:
-		x.Outcome, x.Reason = Rejected.String(), ReasonCapacityExceeded
-		return
-	}
-	ahead := room.queue.WorkAhead(wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name}, uint64(r.weighted), uint64(t.policy.Weight), r.critical)
-	x.EstimatedWait = addSat(room.workWait(ahead, place.eligibleRates), o.wait)
-	if x.EstimatedWait > waitBudget(ctx, wall, req, &e.mu.cfg.Queue) {
-		x.Outcome, x.Reason, x.RetryAfter = Rejected.String(), ReasonDeadlineUnmeetable, durationUntil(x.EstimatedWait)
-		return
-	}
-	x.Outcome = "QUEUED"
-}
-
-// explainFind is find, recording each (tier, domain) it looks at.
-func (p *placer) explainFind(now int64, r *pending, floor bool, from, upto int, x *Explanation) bool {
-	for ti := from; ti < min(upto, r.ntiers); ti++ {
-		m := r.tierBuf[ti]
-		for _, di := range p.order(r.tenant, m) {
-			d := p.domains[di]
-			c := PlacementCheck{Model: m.name, Domain: d.ID(), Floor: floor}
-			cost, ok, err := p.fits(now, r, floor, ti, d)
-			if err != nil {
-				c.Detail = err.Error()
-				x.Placement = append(x.Placement, c)
-				continue
-			}
-			c.Fits = ok
-			pf, dc := d.cap.Levels(now)
-			resP, resD, _ := d.cap.Reserves()
-			kv, kvLimit := d.cap.KV()
-			c.Detail = fmt.Sprintf("needs prefill %.3g of %.3g FLOP (reserve %.3g), decode %.3g of %.3g B (reserve %.3g), KV %.3g B with %.3g of %.3g in use",
-				float64(cost.PrefillFLOP), float64(pf), float64(resP), float64(cost.DecodeBytes), float64(dc), float64(resD), float64(cost.KVBytes), float64(kv), float64(kvLimit))
-			if w, end := d.cap.Warmup(now); end != 0 {
-				c.Detail += fmt.Sprintf("; warming up: %.1f%% of its shared capacity, whole in %v", 100*float64(w)/pd.WarmupFull, time.Duration(end-now))
-			}
-			x.Placement = append(x.Placement, c)
-			if c.Fits {
-				x.Outcome, x.Domain, x.Model, x.Floor = Admitted.String(), d.ID(), m.name, floor
-				if ti > 0 {
-					x.Outcome = Degraded.String()
-				}
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -48,6 +48,15 @@ type placement struct {
 	floor bool
 }
 
+// outcome is the answer of an admission placed at pl: DEGRADED on a lower
+// tier.
+func (pl *placement) outcome() Outcome {
+	if pl.tier > 0 {
+		return Degraded
+	}
+	return Admitted
+}
+
 // orderCache holds one tenant's rendezvous order of domains per model
 // index, valid while the placer's generation stays the same.
 type orderCache struct {
@@ -189,8 +198,8 @@ func (p *placer) order(t *tenantState, m *modelState) []int {
 // r.ntiers: every accepted lower tier too; floor: from the floor reserve).
 // A request that accepts lower tiers must leave headroom on its requested
 // tier, more for low-weight tenants, so that low-weight tenants degrade
-// first.
-func (p *placer) find(now int64, r *pending, floor bool, from, upto int) (placement, bool) {
+// first. rec, if not nil, notes each (tier, domain) looked at (Explain).
+func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *recorder) (placement, bool) {
 	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
 		for _, di := range p.order(r.tenant, m) {
@@ -199,23 +208,16 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int) (placem
 				continue
 			}
 			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
-			if err == nil && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor) {
+			fits := err == nil && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
+			if rec != nil {
+				rec.tried(now, m, d, floor, cost, err, fits)
+			}
+			if fits {
 				return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
 			}
 		}
 	}
 	return placement{}, false
-}
-
-// fits reports whether r's ti-th tier fits domain d now, and its cost
-// there; a request that accepts lower tiers must leave headroom on its
-// requested tier.
-func (p *placer) fits(now int64, r *pending, floor bool, ti int, d *domainState) (pd.Cost, bool, error) {
-	cost, err := d.cap.Cost(r.tierBuf[ti].model, r.prompt, r.output)
-	if err != nil {
-		return pd.Cost{}, false, err
-	}
-	return cost, d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor), nil
 }
 
 // withHeadroom is what r's ti-th tier needs of d to be placed there: its
@@ -299,7 +301,7 @@ func (p *placer) fitsQueued(now int64, w *waiter, turn bool) bool {
 	if from >= upto {
 		return false
 	}
-	pl, ok := p.find(now, &w.p, false, from, upto)
+	pl, ok := p.find(now, &w.p, false, from, upto, nil)
 	if !ok {
 		if turn {
 			if d := p.reservedFor(now, w); d != nil {

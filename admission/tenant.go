@@ -102,21 +102,26 @@ func (t *tenantState) idle(now int64) bool {
 // breaker and the budget period to now. frozen is what is left of an
 // operator's credit freeze (0: none): while it lasts the token bucket lends
 // nothing. On a pass it reports whether the request goes to the critical
-// band.
-func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, wantCritical bool, store refusal, frozen time.Duration) (critical bool, r refusal) {
+// band. rec, if not nil, notes each gate reached (Explain).
+func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, wantCritical bool, store refusal, frozen time.Duration, rec *recorder) (critical bool, r refusal) {
+	rec.reach(gateBreaker)
 	if wait := t.credit.advance(now, &t.tokens, &t.policy); wait > 0 {
 		return false, refusal{ReasonBurstCreditExhausted, wait}
 	}
+	rec.reach(gateStore)
 	if store.refused() {
 		return false, store
 	}
+	rec.reach(gateBudget)
 	t.budget.roll(wall)
 	if wait := t.budget.wait(wall, price); wait > 0 {
 		return false, refusal{ReasonBudgetExhausted, wait}
 	}
+	rec.reach(gateRPS)
 	if !t.rps.Fits(now, rpsUnit, 0) {
 		return false, refusal{ReasonQuotaExceeded, t.rps.RetryAfter(now, rpsUnit, 0)}
 	}
+	rec.reach(gateTokens)
 	critical = wantCritical && t.critical.Fits(now, weighted, 0)
 	if !critical {
 		if t.tooLarge(weighted, wantCritical) {
@@ -126,6 +131,7 @@ func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, w
 			return false, why
 		}
 	}
+	rec.reach(gateConcurrency)
 	if t.policy.MaxConcurrency > 0 && t.inFlight+t.queued >= t.policy.MaxConcurrency {
 		return false, refusal{ReasonConcurrencyExceeded, time.Second}
 	}

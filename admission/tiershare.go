@@ -2,6 +2,7 @@ package admission
 
 import (
 	"math"
+	"slices"
 
 	"github.com/sluice-sched/sluice/internal/indexheap"
 )
@@ -50,10 +51,10 @@ type tierShares struct {
 
 // tierLedger is one model's counters.
 type tierLedger struct {
-	entries    map[string]*tierUse     // by tenant: the contenders
-	contenders indexheap.Heap[tierUse] // the same, least use first
-	full       int64                   // engine time the model last did not fit a request whose turn it was
-	wasFull    bool                    // full is set
+	entries    map[string]*tierUse               // by tenant: the contenders
+	contenders indexheap.Heap[tierUse, *tierUse] // the same, least use first
+	full       int64                             // engine time the model last did not fit a request whose turn it was
+	wasFull    bool                              // full is set
 }
 
 // contended reports whether the model was full within window of now.
@@ -70,6 +71,12 @@ type tierUse struct {
 	heapIdx int    // in contenders, or -1
 }
 
+// Less orders contenders by use (indexheap.Element).
+func (u *tierUse) Less(v *tierUse) bool { return u.used < v.used }
+
+// HeapIndex is u's place among the contenders (indexheap.Element).
+func (u *tierUse) HeapIndex() *int { return &u.heapIdx }
+
 // contending reports whether u still contends at now, for window ns after
 // it last wanted the model.
 func (u *tierUse) contending(now, window int64) bool {
@@ -83,8 +90,7 @@ func (s *tierShares) ledger(model string) *tierLedger {
 	}
 	l := s.models[model]
 	if l == nil {
-		l = &tierLedger{entries: make(map[string]*tierUse), contenders: indexheap.New(
-			func(a, b *tierUse) bool { return a.used < b.used }, func(u *tierUse) *int { return &u.heapIdx })}
+		l = &tierLedger{entries: make(map[string]*tierUse)}
 		s.models[model] = l
 	}
 	return l
@@ -191,6 +197,66 @@ func (l *tierLedger) least(now, window int64) uint64 {
 		delete(l.entries, u.tenant)
 	}
 	return 0
+}
+
+// tierHold is some models' ledgers as they were, to put back with Cancel:
+// deciding whose turn it is drops contenders that no longer contend and
+// forgets a ledger nobody contends for, and a decision that is only
+// explained must leave even that as it found it.
+type tierHold struct {
+	s     *tierShares
+	saved []heldLedger
+}
+
+type heldLedger struct {
+	model string
+	l     *tierLedger // nil: the model had no ledger
+	full  int64
+	was   bool
+	uses  []*tierUse // its contenders, in heap order
+	vals  []tierUse  // and what each held
+}
+
+// hold keeps the ledgers of models (each once) for Cancel.
+func (s *tierShares) hold(models []*modelState) tierHold {
+	h := tierHold{s: s}
+	for _, m := range models {
+		l := s.models[m.name]
+		hl := heldLedger{model: m.name, l: l}
+		if l != nil {
+			hl.full, hl.was = l.full, l.wasFull
+			hl.uses = slices.Clone(l.contenders.All())
+			for _, u := range hl.uses {
+				hl.vals = append(hl.vals, *u)
+			}
+		}
+		h.saved = append(h.saved, hl)
+	}
+	return h
+}
+
+// Cancel puts the held ledgers back as they were when hold was called.
+func (h *tierHold) Cancel() {
+	s := h.s
+	for i := len(h.saved) - 1; i >= 0; i-- { // a model held twice ends as it first was
+		hl := &h.saved[i]
+		if hl.l == nil {
+			delete(s.models, hl.model)
+			continue
+		}
+		if s.models == nil {
+			s.models = make(map[string]*tierLedger)
+		}
+		l := hl.l
+		s.models[hl.model] = l
+		l.full, l.wasFull = hl.full, hl.was
+		l.contenders.Restore(hl.uses)
+		clear(l.entries)
+		for j, u := range hl.uses {
+			*u = hl.vals[j]
+			l.entries[u.tenant] = u
+		}
+	}
 }
 
 // addUse adds ⌈cost·2¹⁶/weight⌉ to used, saturating.

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -109,5 +110,55 @@ func TestTierSharesTurns(t *testing.T) {
 	s.leave(6*sec, "large", "b")
 	if !s.turn(20*sec, "large", "a") || len(s.models) != 0 {
 		t.Fatalf("nobody has contended for 14 s: the ledger must be gone, got %+v", s.models)
+	}
+}
+
+// A hold puts back what asking whose turn it is tidies: contenders dropped
+// once they stop contending, a ledger forgotten once nobody contends.
+func TestTierHoldPutsBack(t *testing.T) {
+	const sec = int64(time.Second)
+	s := tierShares{window: 5 * sec}
+	s.full(0, "large")
+	s.want(0, "large", "a", false)
+	s.want(0, "large", "b", false)
+	s.charge(0, "large", "b", 1000, 1)
+	s.full(0, "medium")
+	s.want(0, "medium", "c", false)
+	type ledgerCopy struct {
+		full       int64
+		wasFull    bool
+		entries    map[string]tierUse
+		contenders []tierUse // in heap order
+	}
+	snapshot := func() map[string]ledgerCopy {
+		out := map[string]ledgerCopy{}
+		for m, l := range s.models {
+			cp := ledgerCopy{full: l.full, wasFull: l.wasFull, entries: map[string]tierUse{}}
+			for k, u := range l.entries {
+				cp.entries[k] = *u
+			}
+			for _, u := range l.contenders.All() {
+				cp.contenders = append(cp.contenders, *u)
+			}
+			out[m] = cp
+		}
+		return out
+	}
+	before := snapshot()
+	models := []*modelState{{name: "large"}, {name: "medium"}, {name: "small"}, {name: "large"}}
+	h := s.hold(models)
+	// 20 s on: nobody contends; asking drops both ledgers.
+	if !s.turn(20*sec, "large", "a") || !s.turn(20*sec, "medium", "c") || len(s.models) != 0 {
+		t.Fatalf("nobody contends for 20 s: both ledgers must be gone, got %+v", s.models)
+	}
+	h.Cancel()
+	if after := snapshot(); !reflect.DeepEqual(before, after) {
+		t.Fatalf("after Cancel:\n%+v\nwant\n%+v", after, before)
+	}
+	if l := s.models["large"]; !l.contenders.Contains(l.entries["a"]) || l.contenders.All()[l.entries["a"].heapIdx] != l.entries["a"] {
+		t.Fatal("after Cancel, the contenders' heap and entries disagree")
+	}
+	if _, ok := s.models["small"]; ok {
+		t.Fatal("Cancel made a ledger for a model that had none")
 	}
 }

@@ -20,7 +20,7 @@ const dispatchScanLimit = 8
 // out in fair order as capacity frees.
 type waitingRoom struct {
 	queue     *wfq.Queue
-	deadlines indexheap.Heap[waiter] // the queued requests by deadline
+	deadlines indexheap.Heap[waiter, *waiter] // the queued requests by deadline
 	// Σ estimated prefill FLOPs, decode bytes and weighted tokens of the
 	// queued requests: the fair queue counts positions in weighted tokens,
 	// these turn them into time.
@@ -49,8 +49,19 @@ type waiter struct {
 	decision  Decision
 }
 
-// enter queues w; it fails when the queue's bounds are reached.
-func (r *waitingRoom) enter(w *waiter) error {
+// Less orders waiters by deadline (indexheap.Element).
+func (w *waiter) Less(v *waiter) bool { return w.deadline < v.deadline }
+
+// HeapIndex is w's place in the deadlines heap (indexheap.Element).
+func (w *waiter) HeapIndex() *int { return &w.heapIdx }
+
+// enter queues w; it fails when the queue's bounds are reached. With
+// checkOnly it only answers whether it would queue w, changing nothing
+// (Explain).
+func (r *waitingRoom) enter(w *waiter, checkOnly bool) error {
+	if checkOnly {
+		return r.queue.Check(&w.item)
+	}
 	if err := r.queue.Enqueue(&w.item); err != nil {
 		return err
 	}
@@ -112,8 +123,10 @@ func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
 // enqueue puts a request that fits nowhere now into the waiting room, or
 // rejects it at once when it never could fit (o, placement's outlook),
 // when its deadline cannot be met or when the queue is full. rates are the
-// eligible domains' combined rates, which the queued work drains at.
-func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig) (Decision, *waiter) {
+// eligible domains' combined rates, which the queued work drains at. With
+// a recorder (Explain) the waiter it returns is not queued, charged or
+// found by its request id.
+func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig, rec *recorder) (Decision, *waiter) {
 	t := r.tenant
 	if !o.ever {
 		if o.drainingOnly {
@@ -143,10 +156,13 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	w.estimate = [2]int64{o.first.PrefillFLOP, o.first.DecodeBytes}
 	w.contends = o.own
 	w.wait = estimate
-	if err := room.enter(w); err != nil {
+	if err := room.enter(w, rec != nil); err != nil {
 		d := rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now)
 		d.Trace.EstimatedWait = estimate
 		return d, nil
+	}
+	if rec != nil {
+		return Decision{}, w
 	}
 	w.p.chargeGates(now, t, r.weighted, r.price, r.critical)
 	if r.hasID {

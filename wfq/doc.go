@@ -102,7 +102,8 @@
 // Config bounds each flow's items per band (MaxPerFlow), the items in both
 // bands together (MaxTotal) and the items in the critical band (MaxCritical);
 // a bound ≤ 0 is no bound. An Enqueue over a bound returns ErrFlowFull or
-// ErrQueueFull and changes nothing. SetConfig never drops queued items.
+// ErrQueueFull and changes nothing; Check answers what an Enqueue would,
+// without it. SetConfig never drops queued items.
 //
 // A Queue is not safe for concurrent use: the admission engine holds its
 // lock around every call.

@@ -254,6 +254,16 @@ func (q *Queue) Enqueue(it *Item) error {
 	return q.enqueue(f, it)
 }
 
+// Check returns the error Enqueue(it) would return now (nil: it would be
+// queued) and changes nothing: a caller that must say whether a request
+// would wait, without queueing it, asks the same bounds Enqueue does.
+func (q *Queue) Check(it *Item) error {
+	if it.flow != nil {
+		return ErrQueued
+	}
+	return q.check(q.flows[it.Flow], it)
+}
+
 // EnqueueFlow is Enqueue for an item of flow f, a handle from q.Flow; it sets
 // it.Flow to f's key. While f's flow has queued items it does no map lookup.
 func (q *Queue) EnqueueFlow(f *Flow, it *Item) error {

@@ -250,6 +250,39 @@ func TestBounds(t *testing.T) {
 	}
 }
 
+// Check answers what Enqueue would, bound by bound, and changes nothing:
+// not the queue, not the item.
+func TestCheckAnswersAsEnqueue(t *testing.T) {
+	q := New(Config{MaxPerFlow: 2, MaxTotal: 4, MaxCritical: 1})
+	try := func(it *Item) {
+		t.Helper()
+		before := snap(q)
+		got := q.Check(it)
+		if after := snap(q); after != before {
+			t.Fatalf("Check changed the queue: %+v → %+v", before, after)
+		}
+		if it.Queued() != (got == ErrQueued) || (got != ErrQueued && it.tag != 0) {
+			t.Fatalf("Check touched the item: %+v", it)
+		}
+		if want := q.Enqueue(it); got != want {
+			t.Fatalf("Check(%+v) = %v, Enqueue = %v", it, got, want)
+		}
+	}
+	for _, it := range []*Item{
+		item(fa, 1, 1), item(fa, 1, 1), // fa's bound reached
+		item(fa, 1, 1), // ErrFlowFull
+		{Flow: fa, Cost: 1, Weight: 1, Critical: true}, // its own band
+		{Flow: fb, Cost: 1, Weight: 1, Critical: true}, // MaxCritical: ErrQueueFull
+		item(fb, 1, 1), item(fc, 1, 1), item(fc, 5, 2), // MaxTotal: ErrQueueFull for the last two
+	} {
+		try(it)
+	}
+	if q.Len() != 4 {
+		t.Fatalf("%d queued, want 4", q.Len())
+	}
+	try(q.Peek()) // ErrQueued
+}
+
 func TestRemove(t *testing.T) {
 	q := New(Config{})
 	a1, a2, a3, b1 := item(fa, 10, 1), item(fa, 10, 1), item(fa, 10, 1), item(fb, 15, 1)

@@ -13,9 +13,10 @@ type elem struct {
 	pos int
 }
 
-func newHeap() Heap[elem] {
-	return New(func(a, b *elem) bool { return a.key < b.key }, func(e *elem) *int { return &e.pos })
-}
+func (e *elem) Less(o *elem) bool { return e.key < o.key }
+func (e *elem) HeapIndex() *int   { return &e.pos }
+
+func newHeap() Heap[elem, *elem] { return Heap[elem, *elem]{} }
 
 // TestAgainstModel runs random pushes, pops, key changes and removals on a
 // heap and on a plain slice of what it holds: the smallest key, every
@@ -71,7 +72,7 @@ func TestAgainstModel(t *testing.T) {
 					t.Fatalf("Contains(%d) = %v, want %v", e.id, h.Contains(e), !h.Contains(e))
 				}
 			}
-			for i, e := range h.s.items {
+			for i, e := range h.All() {
 				if e.pos != i {
 					t.Fatalf("element %d at %d records place %d", e.id, i, e.pos)
 				}
