@@ -73,7 +73,7 @@ func TestLoadCommand(t *testing.T) {
 	if rep.Reference == nil || rep.Reference.Calls == 0 || len(rep.Rounds) != 2 || rep.Ratio <= 0 {
 		t.Errorf("reference: %+v, rounds %+v, ratio %v", rep.Reference, rep.Rounds, rep.Ratio)
 	}
-	if rep.Load.Kind != load.KindAdmitRelease || rep.Load.Admits == 0 || rep.LeasesHeld == nil || *rep.LeasesHeld != 0 {
+	if rep.Load.Kind != load.KindAdmitRelease || rep.Load.AdmitCalls == 0 || rep.LeasesHeld == nil || *rep.LeasesHeld != 0 {
 		t.Errorf("load: %+v, leases held %v", rep.Load, rep.LeasesHeld)
 	}
 
@@ -102,7 +102,7 @@ func TestLoadFleet(t *testing.T) {
 	waitMembers(t, etcd, 2)
 	rep := loadJSON(t, "--etcd", etcd.Endpoint(), "--tenants", "acme:small:1,globex:small:1,initech:small:1",
 		"--concurrency", "2", "--duration", "150ms", "--release=false")
-	if !strings.Contains(rep.Target, "2 replicas") || rep.Load.Admits == 0 || len(rep.Load.Errors) != 0 {
+	if !strings.Contains(rep.Target, "2 replicas") || rep.Load.AdmitCalls == 0 || len(rep.Load.Errors) != 0 {
 		t.Fatalf("fleet: target %q, %+v", rep.Target, rep.Load)
 	}
 	held := int64(s1.Engine().LeaseCount() + s2.Engine().LeaseCount())
