@@ -57,7 +57,7 @@ start_server() {
 		--http-addr "127.0.0.1:$((PORT + 1))" --log-level warn >"$OUT/sluiced.log" 2>&1 &
 	pid=$!
 	for _ in $(seq 100); do
-		if "$bin/sluicectl" domains --server "$addr" --timeout 1s >/dev/null 2>&1; then return; fi
+		if "$bin/sluicectl" domain list --server "$addr" --timeout 1s >/dev/null 2>&1; then return; fi
 		sleep 0.1
 	done
 	echo "sluiced did not answer on $addr; its log:" >&2
