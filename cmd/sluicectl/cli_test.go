@@ -148,6 +148,19 @@ func TestServerFromTheEnvironmentIsNamed(t *testing.T) {
 	}
 }
 
+// A flag's environment variable is read when the command runs, never
+// shown as the flag's default: --help does not print SLUICE_TOKEN.
+func TestHelpDoesNotShowTheEnvironmentsSecrets(t *testing.T) {
+	t.Setenv("SLUICE_TOKEN", "s3cret-token")
+	t.Setenv("SLUICE_SERVER", "10.9.8.7:7070")
+	for _, args := range [][]string{{"domain", "list", "--help"}, {"config", "status", "-h"}, {"--help"}} {
+		code, out, _ := sluicectl(args...)
+		if code != 0 || strings.Contains(out, "s3cret-token") || strings.Contains(out, "10.9.8.7") {
+			t.Errorf("%q: exit %d; the help shows the environment's values:\n%s", args, code, out)
+		}
+	}
+}
+
 // Dialling the HTTP port by mistake says so, naming both ports, rather
 // than grpc-go's "http2: frame too large".
 func TestHTTPPortByMistakeSaysSo(t *testing.T) {
