@@ -57,7 +57,7 @@ start_server() {
 		--http-addr "127.0.0.1:$((PORT + 1))" --log-level warn >"$OUT/sluiced.log" 2>&1 &
 	pid=$!
 	for _ in $(seq 100); do
-		if "$bin/sluicectl" domains --server "$addr" --timeout 1s >/dev/null 2>&1; then return; fi
+		if "$bin/sluicectl" domain list --server "$addr" --timeout 1s >/dev/null 2>&1; then return; fi
 		sleep 0.1
 	done
 	echo "sluiced did not answer on $addr; its log:" >&2
@@ -86,7 +86,7 @@ measure() {
 	fi
 	"${cmd[@]}" -o json >"$OUT/$name.json"
 	if [[ -n $perfpid ]]; then kill -INT "$perfpid"; wait "$perfpid" || true; fi
-	jq -r '"  health Check \(.reference.calls_per_sec|floor)/s, \(.load.kind) \(.load.calls_per_sec|floor) calls/s (\(.load.admits_per_sec|floor) Admits/s); ratio \(.ratio*1000|round/1000) (median of rounds \(.ratio_median*1000|round/1000); rounds \([.rounds[].ratio*100|round/100])); CPU µs/call client+server: Check \(.reference.client_cpu_per_call_us*10|round/10)+\(.reference.server_cpu_per_call_us*10|round/10), load \(.load.client_cpu_per_call_us*10|round/10)+\(.load.server_cpu_per_call_us*10|round/10), CPU ratio \(.cpu_ratio*1000|round/1000); leases held after: \(.leases_held // "?"); Admit p50/p99 \(.load.latency.p50_us)/\(.load.latency.p99_us) µs, Check p50/p99 \(.reference.latency.p50_us)/\(.reference.latency.p99_us) µs; errors \(.load.errors // {})"' "$OUT/$name.json"
+	jq -r '"  health Check \(.reference.callsPerSec|floor)/s, \(.load.kind) \(.load.callsPerSec|floor) calls/s (\(.load.admitCallsPerSec|floor) Admit calls/s, \(.load.admissionsPerSec|floor) admissions/s); ratio \(.ratio*1000|round/1000) (median of rounds \(.ratioMedian*1000|round/1000); rounds \([.rounds[].ratio*100|round/100])); CPU µs/call client+server: Check \(.reference.clientCpuPerCallUs*10|round/10)+\(.reference.serverCpuPerCallUs*10|round/10), load \(.load.clientCpuPerCallUs*10|round/10)+\(.load.serverCpuPerCallUs*10|round/10), CPU ratio \(.cpuRatio*1000|round/1000); leases held after: \(.leasesHeld // "?"); Admit p50/p99 \(.load.latency.p50Us)/\(.load.latency.p99Us) µs, Check p50/p99 \(.reference.latency.p50Us)/\(.reference.latency.p99Us) µs; errors \(.load.errors // {})\(if .load.firstError then "; first: " + .load.firstError else "" end)"' "$OUT/$name.json"
 	stop_server
 }
 
@@ -97,6 +97,6 @@ measure admit-release-held --prefill "$PREFILL"
 echo
 echo "target: Admit(+Release) ÷ health Check ≥ 0.90; with $PREFILL leases held ≥ 0.85"
 for name in admit-release admit-only admit-release-held; do
-	jq -r --arg n "$name" '"\($n): \(.ratio*1000|round/1000) (median of rounds \(.ratio_median*1000|round/1000)); by CPU per call \(.cpu_ratio*1000|round/1000)"' "$OUT/$name.json"
+	jq -r --arg n "$name" '"\($n): \(.ratio*1000|round/1000) (median of rounds \(.ratioMedian*1000|round/1000)); by CPU per call \(.cpuRatio*1000|round/1000)"' "$OUT/$name.json"
 done
 echo "reports: $OUT/*.json"

@@ -146,7 +146,7 @@ if [[ $GRPC == 1 ]]; then
 			continue
 		fi
 		ratio=$(jq -r '.ratio' "$j")
-		row "gRPC $label" "$(jq -r '.load.calls_per_sec|floor' "$j") calls/s" "health Check $(jq -r '.reference.calls_per_sec|floor' "$j") calls/s" "$(calc "$ratio") (CPU $(calc "$(jq -r '.cpu_ratio' "$j")"))" ">=" "$target" "$ratio"
+		row "gRPC $label" "$(jq -r '.load.callsPerSec|floor' "$j") calls/s" "health Check $(jq -r '.reference.callsPerSec|floor' "$j") calls/s" "$(calc "$ratio") (CPU $(calc "$(jq -r '.cpuRatio' "$j")"))" ">=" "$target" "$ratio"
 	done
 fi
 

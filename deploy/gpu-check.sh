@@ -64,7 +64,7 @@ if go run ./cmd/sluicectl topology --topology=nvml -o json >"$out/topology.json"
 	python3 -c 'import json,sys
 r=json.load(open(sys.argv[1]))
 for d in r["domains"]:
-    print(d["id"], d["kind"], d["gpu_model"], "healthy %d/%d" % (d["healthy_gpus"], d["gpus"]), "peaks from", d["peaks"]["source"])
+    print(d["id"], d["kind"], d["gpuModel"], "healthy %d/%d" % (d["healthyGpus"], d["gpus"]), "peaks from", d["peaks"]["source"])
     for n in d["nodes"]:
         for g in n["gpus"]:
             if not g["healthy"]:
@@ -96,7 +96,7 @@ if not any(links.values()):
 for uuid, want in sorted(links.items()):
     if uuid not in gpus:
         print("nvlink: nvidia-smi lists", uuid, "which discovery did not"); bad = 1; continue
-    got = gpus[uuid][1]["active_nvlinks"]
+    got = gpus[uuid][1]["activeNvlinks"]
     print("nvlink: %s %d active (nvidia-smi %d)" % (uuid, got, want))
     if got != want:
         bad = 1

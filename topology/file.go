@@ -85,7 +85,7 @@ type nodeDefaults struct {
 func LoadFile(path string) (Cluster, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return Cluster{}, fmt.Errorf("topology: %w", err)
+		return Cluster{}, err // names the file; the caller says it is the topology
 	}
 	c, err := Parse(data)
 	if err != nil {

@@ -42,9 +42,9 @@ type Report struct {
 type DomainReport struct {
 	ID          string       `json:"id"`
 	Kind        string       `json:"kind"`
-	GPUModel    string       `json:"gpu_model"`
+	GPUModel    string       `json:"gpuModel"`
 	GPUs        int          `json:"gpus"`
-	HealthyGPUs int          `json:"healthy_gpus"`
+	HealthyGPUs int          `json:"healthyGpus"`
 	Peaks       PeaksReport  `json:"peaks"` // sum over healthy GPUs: what pd turns into capacity
 	Nodes       []NodeReport `json:"nodes"`
 }
@@ -61,12 +61,12 @@ type GPUReport struct {
 	Index              int         `json:"index"`
 	UUID               string      `json:"uuid"`
 	Name               string      `json:"name"`
-	PCIBusID           string      `json:"pci_bus_id"`
-	MemoryBytes        int64       `json:"memory_bytes"`
-	MaxSMClockMHz      int         `json:"max_sm_clock_mhz"`
-	MaxMemClockMHz     int         `json:"max_mem_clock_mhz"`
-	MemoryBusWidthBits int         `json:"memory_bus_width_bits"`
-	ActiveNVLinks      int         `json:"active_nvlinks"`
+	PCIBusID           string      `json:"pciBusId"`
+	MemoryBytes        int64       `json:"memoryBytes"`
+	MaxSMClockMHz      int         `json:"maxSmClockMhz"`
+	MaxMemClockMHz     int         `json:"maxMemClockMhz"`
+	MemoryBusWidthBits int         `json:"memoryBusWidthBits"`
+	ActiveNVLinks      int         `json:"activeNvlinks"`
 	Healthy            bool        `json:"healthy"`
 	Problem            string      `json:"problem,omitempty"`
 	Peaks              PeaksReport `json:"peaks"`
@@ -74,12 +74,21 @@ type GPUReport struct {
 
 // PeaksReport is Peaks with every figure's source spelled out.
 type PeaksReport struct {
-	SMs          int         `json:"sms"`
-	FLOPS        float64     `json:"flops"`
-	HBMBandwidth float64     `json:"hbm_bandwidth"`
-	HBMBytes     int64       `json:"hbm_bytes"`
-	Source       string      `json:"source"`
-	Sources      PeakSources `json:"sources"` // every figure's, resolved (FigureSources)
+	SMs          int           `json:"sms"`
+	FLOPS        float64       `json:"flops"`
+	HBMBandwidth float64       `json:"hbmBandwidth"`
+	HBMBytes     int64         `json:"hbmBytes"`
+	Source       string        `json:"source"`
+	Sources      SourcesReport `json:"sources"` // every figure's, resolved (FigureSources)
+}
+
+// SourcesReport is PeakSources in the report's JSON convention (the agent
+// record in etcd keeps PeakSources' own).
+type SourcesReport struct {
+	SMs          string `json:"sms"`
+	FLOPS        string `json:"flops"`
+	HBMBandwidth string `json:"hbmBandwidth"`
+	HBMBytes     string `json:"hbmBytes"`
 }
 
 // peaksReport renders peaks for the JSON report, with every figure's source
@@ -88,7 +97,7 @@ type PeaksReport struct {
 func peaksReport(p Peaks) PeaksReport {
 	return PeaksReport{
 		SMs: p.SMs, FLOPS: p.FLOPS, HBMBandwidth: p.HBMBandwidth, HBMBytes: p.HBMBytes, Source: p.Source,
-		Sources: p.FigureSources(),
+		Sources: SourcesReport(p.FigureSources()),
 	}
 }
 

@@ -114,7 +114,7 @@ func TestWriteJSON(t *testing.T) {
 		t.Errorf("gpu = %+v", g)
 	}
 	l := r.Domains[1].Nodes[0].GPUs[0]
-	if l.Peaks.Sources != (PeakSources{SMs: "nvml", FLOPS: "nvml-estimate", HBMBandwidth: "nvml-estimate", HBMBytes: "nvml"}) || l.PCIBusID != "00000000:01:00.0" ||
+	if l.Peaks.Sources != (SourcesReport{SMs: "nvml", FLOPS: "nvml-estimate", HBMBandwidth: "nvml-estimate", HBMBytes: "nvml"}) || l.PCIBusID != "00000000:01:00.0" ||
 		l.MemoryBytes != 48e9 || l.MaxSMClockMHz != 2520 || l.MaxMemClockMHz != 9001 || l.MemoryBusWidthBits != 384 {
 		t.Errorf("estimated gpu = %+v", l)
 	}

@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -16,103 +15,103 @@ import (
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
 
-func init() {
-	register(command{
-		name:    "credit",
-		summary: "freeze every tenant's burst credit for a while (only in-quota requests pass), or thaw it: credit freeze --for 5m | credit thaw",
-		run:     runCredit,
-	})
-}
-
-// runCredit is `sluicectl credit freeze|thaw`. With --etcd it writes (or
+// newCreditCmd is `sluicectl credit freeze|thaw`. With --etcd it writes (or
 // deletes) the fleet's freeze key, with the end as an absolute time, and
 // every replica applies it within one watch round-trip; without, it calls
 // FreezeBurstCredit/ThawBurstCredit on the sluiced at --server, which writes
 // the key itself when it follows etcd, else freezes only itself.
-func runCredit(args []string, out, _ io.Writer) error {
-	const usage = "usage: sluicectl credit freeze --for DURATION [--reason TEXT] | sluicectl credit thaw"
-	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-		fmt.Fprintln(out, usage) // then freeze's flags, a superset of thaw's
-		args = []string{"freeze", "-h"}
-	}
-	if len(args) == 0 || (args[0] != "freeze" && args[0] != "thaw") {
-		return errors.New(usage)
-	}
-	freeze := args[0] == "freeze"
-	fs := flag.NewFlagSet("sluicectl credit "+args[0], flag.ContinueOnError)
-	fs.SetOutput(out)
-	var ef etcdFlags
-	ef.register(fs)
-	var sf serverFlags
-	sf.register(fs)
-	server := fs.String("server", "localhost:7070", "without --etcd: the sluiced to call (it writes the freeze to etcd itself when it follows etcd)")
-	format := fs.String("o", "table", "output format: table (a sentence) or json")
-	var period *time.Duration
-	var reason, by *string
-	if freeze {
-		period = fs.Duration("for", 0, "how long to freeze burst credit (required; at most 168h)")
-		reason = fs.String("reason", "", "why (shown by sluicectl domains, config status and the audit log)")
-		by = fs.String("by", os.Getenv("USER"), "who freezes it, with --etcd (default $USER; over gRPC the server names the caller)")
-	}
-	if err := parseNoArgs(fs, args[1:]); err != nil {
-		return err
-	}
-	if err := checkFormat(*format); err != nil {
-		return err
-	}
-	if freeze && (*period <= 0 || *period > 7*24*time.Hour) {
-		return fmt.Errorf("--for %v: want a positive duration of at most 168h", *period)
-	}
-	var res creditResult
-	var err error
-	switch {
-	case ef.endpoints != "" && freeze:
-		err = ef.call(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
-			now := time.Now() // the operator's moment, not a decision: replicas compare the absolute end
-			m := controlplane.CreditFreezeMark{Until: now.Add(*period), Reason: *reason, By: *by, At: now}
-			_, err := controlplane.PutCreditFreeze(ctx, cli, prefix, m)
-			res = creditResult{Action: "freeze", Frozen: true, Until: m.Until, Reason: m.Describe(), Where: "etcd"}
-			return err
-		})
-	case ef.endpoints != "":
-		err = ef.call(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
-			was, err := controlplane.DeleteCreditFreeze(ctx, cli, prefix)
-			res = creditResult{Action: "thaw", WasFrozen: was, Where: "etcd"}
-			return err
-		})
-	case freeze:
-		of := operatorFlags{server: *server, timeout: ef.timeout, serverFlags: sf}
-		err = of.call(func(ctx context.Context, op admissionv1.OperatorClient) error {
-			r, err := op.FreezeBurstCredit(ctx, &admissionv1.FreezeBurstCreditRequest{Duration: durationpb.New(*period), Reason: *reason})
-			res = creditResult{Action: "freeze", Frozen: true, Until: r.GetFreeze().GetUntil().AsTime(), Reason: r.GetFreeze().GetReason(), Where: *server}
-			return err
-		})
-	default:
-		of := operatorFlags{server: *server, timeout: ef.timeout, serverFlags: sf}
-		err = of.call(func(ctx context.Context, op admissionv1.OperatorClient) error {
-			r, err := op.ThawBurstCredit(ctx, &admissionv1.ThawBurstCreditRequest{})
-			res = creditResult{Action: "thaw", WasFrozen: r.GetWasFrozen(), Where: *server}
-			return err
-		})
-	}
-	if err != nil {
-		return err
-	}
-	if *format == "json" {
-		return writeJSON(out, res)
-	}
-	fmt.Fprintln(out, res.sentence())
-	return nil
+func newCreditCmd(g *globals) *cobra.Command {
+	return group("credit", "Freeze every tenant's burst credit for a while (only in-quota requests pass), or thaw it",
+		`With --etcd, freeze and thaw write the fleet's freeze key: every replica
+applies it within one watch round-trip. Without, they call the sluiced at
+--server, which writes the key itself when it follows etcd, else freezes only
+itself.`,
+		newCreditVerbCmd(g, true), newCreditVerbCmd(g, false))
 }
 
-// creditResult is what a freeze or thaw did, for -o json and the sentence.
+// newCreditVerbCmd is `credit freeze` or, with freeze false, `credit thaw`.
+func newCreditVerbCmd(g *globals, freeze bool) *cobra.Command {
+	var (
+		period     time.Duration
+		reason, by string
+		use, short = "thaw", "End a burst-credit freeze at once (says whether one was in force)"
+		example    = "  sluicectl credit thaw --etcd http://etcd:2379"
+		action     = "thaw"
+	)
+	if freeze {
+		use, short, action = "freeze --for DURATION", "Freeze every tenant's burst credit for --for", "freeze"
+		example = "  sluicectl credit freeze --for 5m --reason \"incident 42\" --etcd http://etcd:2379"
+	}
+	c := &cobra.Command{
+		Use: use, Short: short, Example: example,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if freeze && (period <= 0 || period > 7*24*time.Hour) {
+				return fmt.Errorf("--for %v: want a positive duration of at most 168h", period)
+			}
+			if by == "" {
+				by = os.Getenv("USER")
+			}
+			res := creditResult{Action: action}
+			var err error
+			switch {
+			case g.etcd.endpoints != "" && freeze:
+				res.Where = "etcd"
+				err = g.callEtcd(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
+					now := time.Now() // the operator's moment, not a decision: replicas compare the absolute end
+					m := controlplane.CreditFreezeMark{Until: now.Add(period), Reason: reason, By: by, At: now}
+					_, err := controlplane.PutCreditFreeze(ctx, cli, prefix, m)
+					res.Frozen, res.Until, res.Reason = true, m.Until, m.Describe()
+					return err
+				})
+			case g.etcd.endpoints != "":
+				res.Where = "etcd"
+				err = g.callEtcd(func(ctx context.Context, cli *clientv3.Client, prefix string) error {
+					was, err := controlplane.DeleteCreditFreeze(ctx, cli, prefix)
+					res.WasFrozen = &was
+					return err
+				})
+			case freeze:
+				res.Where = g.oneServer()
+				err = g.call(res.Where, func(ctx context.Context, op admissionv1.OperatorClient) error {
+					r, err := op.FreezeBurstCredit(ctx, &admissionv1.FreezeBurstCreditRequest{Duration: durationpb.New(period), Reason: reason})
+					res.Frozen, res.Until, res.Reason = true, r.GetFreeze().GetUntil().AsTime(), r.GetFreeze().GetReason()
+					return err
+				})
+			default:
+				res.Where = g.oneServer()
+				err = g.call(res.Where, func(ctx context.Context, op admissionv1.OperatorClient) error {
+					r, err := op.ThawBurstCredit(ctx, &admissionv1.ThawBurstCreditRequest{})
+					was := r.GetWasFrozen()
+					res.WasFrozen = &was
+					return err
+				})
+			}
+			if err != nil {
+				return err
+			}
+			return g.out().value(res, func(w io.Writer) error {
+				_, err := fmt.Fprintln(w, res.sentence())
+				return err
+			})
+		},
+	}
+	if freeze {
+		c.Flags().DurationVar(&period, "for", 0, "how long to freeze burst credit (required; at most 168h)")
+		c.Flags().StringVar(&reason, "reason", "", "why (shown by sluicectl domain list, config status and the audit log)")
+		c.Flags().StringVar(&by, "by", "", "who freezes it, with --etcd (default $USER; over gRPC the server names the caller)")
+	}
+	return c
+}
+
+// creditResult is what a freeze or thaw did.
 type creditResult struct {
 	Action    string    `json:"action"` // freeze or thaw
 	Frozen    bool      `json:"frozen,omitempty"`
 	Until     time.Time `json:"until,omitzero"`
 	Reason    string    `json:"reason,omitempty"`
-	WasFrozen bool      `json:"was_frozen,omitempty"`
-	Where     string    `json:"where"` // "etcd" or the server's address
+	WasFrozen *bool     `json:"wasFrozen,omitempty"` // thaw: whether a freeze was in force
+	Where     string    `json:"where"`               // "etcd" or the server's address
 }
 
 func (r creditResult) sentence() string {
@@ -128,7 +127,7 @@ func (r creditResult) sentence() string {
 		}
 		return s
 	}
-	if !r.WasFrozen {
+	if r.WasFrozen == nil || !*r.WasFrozen {
 		return "burst credit was not frozen (" + r.Where + ")"
 	}
 	return "burst credit thawed (" + r.Where + "): tenants borrow again"

@@ -36,7 +36,7 @@ func TestCreditFreezeThaw(t *testing.T) {
 		t.Fatalf("config status while frozen: %d %q\n%s", code, errs, out)
 	}
 	code, out, errs = sluicectl("credit", "thaw", "--etcd", etcd.Endpoint(), "-o", "json")
-	if code != 0 || !strings.Contains(out, `"was_frozen": true`) {
+	if code != 0 || !strings.Contains(out, `"wasFrozen": true`) {
 		t.Fatalf("credit thaw --etcd: %d %q %q", code, out, errs)
 	}
 	eventually(t, "the server thawed", frozen(false))

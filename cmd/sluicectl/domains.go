@@ -3,9 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -13,20 +11,26 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/sluice-sched/sluice/admission/client"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
 
-func init() {
-	register(command{
-		name:    "domains",
-		summary: "list domains: draining state and in-flight leases (a server or every replica), drain marks (etcd)",
-		run:     runDomains,
-	})
+// newDomainCmd is `sluicectl domain list|drain|undrain`.
+func newDomainCmd(g *globals) *cobra.Command {
+	return group("domain", "List domains, drain and undrain them", `A domain is an NVLink domain: the unit a request never crosses. list shows
+the replicas' view (draining state, in-flight leases, warm-up) beside the
+drain marks in etcd; drain and undrain write and delete a domain's mark,
+which every replica acts on within one watch round-trip.
+
+The earlier names go on working: sluicectl domains, sluicectl drain DOMAIN,
+sluicectl undrain DOMAIN.`,
+		newDomainListCmd(g), newDrainCmd(g, true), newDrainCmd(g, false))
 }
 
-// domainRow is one line of `sluicectl domains`: the replicas' view of the
+// domainRow is one line of `sluicectl domain list`: the replicas' view of the
 // domain (one server's, or every registered replica's) and the drain mark in
 // etcd (when there is one).
 type domainRow struct {
@@ -34,19 +38,19 @@ type domainRow struct {
 	Kind         string  `json:"kind,omitempty"`
 	GPUs         int64   `json:"gpus"`
 	Draining     bool    `json:"draining"` // on every replica that has the domain
-	DrainReason  string  `json:"drain_reason,omitempty"`
-	InFlight     int64   `json:"in_flight"`     // summed over the replicas
-	HealthWeight float64 `json:"health_weight"` // the lowest of the replicas'
-	OnServer     bool    `json:"on_server"`     // some replica has the domain
+	DrainReason  string  `json:"drainReason,omitempty"`
+	InFlight     int64   `json:"inFlight"`     // summed over the replicas
+	HealthWeight float64 `json:"healthWeight"` // the lowest of the replicas'
+	OnServer     bool    `json:"onServer"`     // some replica has the domain
 	// WarmupFraction is the share of its shared capacity the domain has
 	// while it warms up after a return (the lowest of the replicas'; 1 when
 	// whole); WarmupLeftSeconds is the longest time left.
-	WarmupFraction    float64 `json:"warmup_fraction"`
-	WarmupLeftSeconds float64 `json:"warmup_left_seconds,omitempty"`
+	WarmupFraction    float64 `json:"warmupFraction"`
+	WarmupLeftSeconds float64 `json:"warmupLeftSeconds,omitempty"`
 	// Replicas is each answering replica's view, with --etcd and no
 	// --server: a replica that has not applied a mark shows here.
 	Replicas []replicaDomain         `json:"replicas,omitempty"`
-	Mark     *controlplane.DrainMark `json:"drain_mark,omitempty"`
+	Mark     *controlplane.DrainMark `json:"drainMark,omitempty"`
 }
 
 // replicaDomain is one replica's view of a domain.
@@ -54,66 +58,74 @@ type replicaDomain struct {
 	Replica      string  `json:"replica"`
 	Has          bool    `json:"has"` // false: the replica does not have the domain
 	Draining     bool    `json:"draining"`
-	DrainReason  string  `json:"drain_reason,omitempty"`
-	InFlight     int64   `json:"in_flight"`
-	HealthWeight float64 `json:"health_weight"`
+	DrainReason  string  `json:"drainReason,omitempty"`
+	InFlight     int64   `json:"inFlight"`
+	HealthWeight float64 `json:"healthWeight"`
 }
 
-// runDomains lists the domains of the sluiced at --server or, with --etcd
-// and no --server, of every replica registered in etcd (in-flight leases
-// summed, each replica's draining state shown), beside the drain marks in
-// etcd, so that an SRE sees both whether a drain was asked for and whether
-// every replica acts on it, and how many leases are still in flight there.
-// --server "" with --etcd lists the marks only, asking no replica.
-// Warnings (member entries that are not members, no replica answering) go
-// to errw, so that -o json on out stays parsable.
-func runDomains(args []string, out, errw io.Writer) error {
-	fs := flag.NewFlagSet("sluicectl domains", flag.ContinueOnError)
-	fs.SetOutput(out)
-	var ef etcdFlags
-	ef.register(fs)
-	var sf serverFlags
-	sf.register(fs)
-	server := fs.String("server", "", `one sluiced's gRPC address (default: every replica registered in etcd with --etcd, else localhost:7070; "" with --etcd: the drain marks only)`)
-	format := fs.String("o", "table", "output format: table or json")
-	if err := parseNoArgs(fs, args); err != nil {
-		return err
+// newDomainListCmd is `domain list` (also `domains`): the domains of the
+// sluiced at --server or, with --etcd and no --server, of every replica
+// registered in etcd (in-flight leases summed, each replica's draining
+// state shown), beside the drain marks in etcd, so that an SRE sees both
+// whether a drain was asked for and whether every replica acts on it, and
+// how many leases are still in flight there. --server "" with --etcd lists
+// the marks only, asking no replica. Warnings (member entries that are not
+// members, no replica answering) go to stderr, so that -o json on stdout
+// stays parsable.
+func newDomainListCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list",
+		Short: "List domains: draining state, in-flight leases, warm-up (a server or every replica), drain marks (etcd)",
+		Long: `List domains: the draining state, in-flight leases, health and capacity
+(full, or warming after a return) of the sluiced at --server, or, with --etcd
+and no --server, of every replica registered in etcd (in-flight leases
+summed, a replica that does not drain a domain the others drain named),
+beside the drain marks in etcd and a line while burst credit is frozen.
+--server "" with --etcd lists the drain marks only, asking no replica.
+Also: sluicectl domains.`,
+		Example: `  sluicectl domain list --server sluiced:7070
+  sluicectl domain list --etcd http://etcd:2379 -o json`,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error { return listDomainsCmd(g) },
 	}
-	if *format != "table" && *format != "json" {
-		return fmt.Errorf("-o %q: want table or json", *format)
-	}
-	serverSet := false
-	fs.Visit(func(f *flag.Flag) { serverSet = serverSet || f.Name == "server" })
-	marksOnly := serverSet && *server == ""
+}
+
+// listDomainsCmd runs domain list.
+func listDomainsCmd(g *globals) error {
+	errw := g.stderr
+	etcd := g.etcd.endpoints != ""
+	marksOnly := g.serverFrom == "--server" && g.server == ""
+	server := g.server
 	switch {
-	case marksOnly && ef.endpoints == "":
+	case marksOnly && !etcd:
 		return errors.New(`--server "" lists the drain marks only: it needs --etcd (or SLUICE_ETCD)`)
-	case *server == "" && ef.endpoints == "":
-		*server = "localhost:7070"
+	case !g.serverSet() && !etcd:
+		server = g.oneServer()
 	}
-	fleet := *server == "" && !marksOnly
-	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
+	fleet := server == "" && !marksOnly
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
 	rows := map[string]*domainRow{}
 	var views []replicaView
-	if *server != "" {
-		resp, err := listDomains(ctx, *server, sf.sec)
+	if server != "" {
+		g.note(server)
+		resp, err := listDomains(ctx, server, g.sec)
 		if err != nil {
 			return err
 		}
-		views = []replicaView{{Member: client.Member{ID: *server, Addr: *server}, domains: resp.GetDomains(), freeze: resp.GetCreditFreeze()}}
+		views = []replicaView{{Member: client.Member{ID: server, Addr: server}, domains: resp.GetDomains(), freeze: resp.GetCreditFreeze()}}
 	}
 	var freezeMark *controlplane.CreditFreezeMark
 	var unreachable []error
-	if ef.endpoints != "" {
-		cli, err := ef.client()
+	if etcd {
+		cli, err := g.etcdClient()
 		if err != nil {
 			return err
 		}
 		defer cli.Close()
-		prefix := controlplane.NormalizePrefix(ef.prefix)
+		prefix := g.etcdPrefix()
 		if fleet {
-			if views, err = fleetViews(ctx, cli, prefix, sf.sec, errw); err != nil {
+			if views, err = fleetViews(ctx, cli, prefix, g.sec, errw); err != nil {
 				return err
 			}
 			for _, v := range views {
@@ -142,23 +154,17 @@ func runDomains(args []string, out, errw io.Writer) error {
 	}
 	slices.SortFunc(list, func(a, b domainRow) int { return cmp.Compare(a.ID, b.ID) })
 	answered := len(views) - len(unreachable)
-	if *format == "json" {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(list); err != nil {
-			return err
-		}
-	} else {
-		writeFreeze(out, views, freezeMark)
-		if err := writeDomains(out, list, answered > 0, ef.endpoints != "", fleet); err != nil {
-			return err
-		}
+	if err := g.out().value(list, func(w io.Writer) error {
+		writeFreeze(w, views, freezeMark)
+		return writeDomains(w, list, answered > 0, etcd, fleet)
+	}); err != nil {
+		return err
 	}
 	switch {
 	case fleet && len(views) == 0:
-		fmt.Fprintln(errw, "sluicectl domains: no replica registered in etcd; the drain marks only")
+		fmt.Fprintln(errw, "sluicectl: no replica registered in etcd; the drain marks only")
 	case fleet && answered == 0:
-		fmt.Fprintf(errw, "sluicectl domains: none of the %d registered replicas answered; the drain marks only\n", len(views))
+		fmt.Fprintf(errw, "sluicectl: none of the %d registered replicas answered; the drain marks only\n", len(views))
 	}
 	return errors.Join(unreachable...)
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/sluice-sched/sluice/admission/client"
@@ -18,121 +18,145 @@ import (
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
 
-func init() {
-	register(command{
-		name:    "drain",
-		summary: "drain a domain on every replica (a mark in etcd, with who and why)",
-		run:     func(args []string, out, errw io.Writer) error { return runDrain(args, out, errw, true) },
-	})
-	register(command{
-		name:    "undrain",
-		summary: "remove a domain's drain mark: every replica places on it again",
-		run:     func(args []string, out, errw io.Writer) error { return runDrain(args, out, errw, false) },
-	})
+// newDrainCmd is `domain drain DOMAIN` or, with drain false, `domain
+// undrain DOMAIN` (also `drain DOMAIN` and `undrain DOMAIN`). With --etcd it
+// writes or deletes the domain's drain mark in etcd, which every replica
+// acts on within one watch round-trip. Without --etcd it asks the one
+// sluiced at --server instead (a single replica without a control plane;
+// the drain lasts until that process restarts). A drain mark is written
+// only for a domain that exists: in the node agents' records, or on the
+// replica at --server, or else on any registered replica; --force writes it
+// anyway (for a domain whose agents have not published yet).
+func newDrainCmd(g *globals, drain bool) *cobra.Command {
+	var (
+		reason, by string
+		force      bool
+	)
+	c := &cobra.Command{
+		Use:   "undrain DOMAIN",
+		Short: "Remove a domain's drain mark: every replica places on it again",
+		Long: `Remove a domain's drain mark in etcd (--etcd): every replica places on it
+again. Without --etcd, undrain the one sluiced at --server only. Also:
+sluicectl undrain DOMAIN.`,
+		Example: `  sluicectl domain undrain nvl72-a --etcd http://etcd:2379`,
+		Args:    args(1, 1, "one DOMAIN"),
+		RunE: func(_ *cobra.Command, a []string) error {
+			if by == "" {
+				by = os.Getenv("USER")
+			}
+			return runDrain(g, a[0], drain, reason, by, force)
+		},
+	}
+	if drain {
+		c.Use = "drain DOMAIN"
+		c.Short = "Drain a domain on every replica (a mark in etcd, with who and why)"
+		c.Long = `Drain a domain on every replica: write its drain mark in etcd (--etcd), with
+who and why; leases there run to completion, and no replica places a new
+request there. The domain must be known to the node agents or the replicas
+(--force writes the mark anyway). Without --etcd, drain the one sluiced at
+--server only, until it restarts. Also: sluicectl drain DOMAIN.`
+		c.Example = `  sluicectl domain drain nvl72-a --reason "rack swap" --etcd http://etcd:2379
+  sluicectl domain drain hgx-h200-1 --server sluiced:7070 --reason fan`
+		c.Flags().StringVar(&reason, "reason", "", "why the domain is drained (shown by sluicectl domain list and ListDomains)")
+		c.Flags().StringVar(&by, "by", "", "who drains it (default $USER)")
+		c.Flags().BoolVar(&force, "force", false, "write the mark even for a domain neither the agents nor the replicas know (it applies when the domain appears)")
+	}
+	return c
 }
 
-// runDrain writes (drain) or deletes (undrain) a domain's drain mark in etcd;
-// every replica acts on it within one watch round-trip. Without --etcd it
-// asks the one sluiced at --server instead (a single replica without a
-// control plane; the drain lasts until that process restarts). A drain mark
-// is written only for a domain that exists: in the node agents' records, or
-// on the replica at --server, or else on any registered replica; --force
-// writes it anyway (for a domain whose agents have not published yet).
-func runDrain(args []string, out, errw io.Writer, drain bool) error {
-	name := map[bool]string{true: "drain", false: "undrain"}[drain]
-	fs := flag.NewFlagSet("sluicectl "+name, flag.ContinueOnError)
-	fs.SetOutput(out)
-	var ef etcdFlags
-	ef.register(fs)
-	var sf serverFlags
-	sf.register(fs)
-	server := fs.String("server", "", "without --etcd: the one sluiced to drain directly (gRPC address); with --etcd: the replica that checks the domain exists")
-	format := fs.String("o", "table", "output format: table (a sentence) or json")
-	var reason, by *string
-	var force *bool
+// drainResult is what a drain or undrain did.
+type drainResult struct {
+	Domain string `json:"domain"`
+	Action string `json:"action"` // drain or undrain
+	// Where is "etcd" (the mark, for every replica) or the one server's
+	// address.
+	Where string `json:"where"`
+	// Revision is the etcd revision of the mark written.
+	Revision int64                   `json:"revision,omitempty"`
+	Mark     *controlplane.DrainMark `json:"mark,omitempty"`
+	// Removed says whether undrain found a mark to delete.
+	Removed *bool `json:"removed,omitempty"`
+	// Reason is the drain reason sent to the one server.
+	Reason string `json:"reason,omitempty"`
+}
+
+// sentence is the table form of r.
+func (r drainResult) sentence() string {
+	switch {
+	case r.Where != "etcd" && r.Action == "drain":
+		return fmt.Sprintf("%s: drained on %s only (no --etcd)", r.Domain, r.Where)
+	case r.Where != "etcd":
+		return fmt.Sprintf("%s: undrained on %s only (no --etcd)", r.Domain, r.Where)
+	case r.Action == "drain":
+		return fmt.Sprintf("%s: drain mark written at revision %d (%s); leases there run to completion", r.Domain, r.Revision, r.Mark.Describe())
+	case *r.Removed:
+		return fmt.Sprintf("%s: drain mark removed; replicas place on it again", r.Domain)
+	}
+	return fmt.Sprintf("%s: no drain mark (nothing to undrain)", r.Domain)
+}
+
+// runDrain drains or undrains domain.
+func runDrain(g *globals, domain string, drain bool, reason, by string, force bool) error {
+	res := drainResult{Domain: domain, Action: "undrain"}
 	if drain {
-		reason = fs.String("reason", "", "why the domain is drained (shown by sluicectl domains and ListDomains)")
-		by = fs.String("by", os.Getenv("USER"), "who drains it (default $USER)")
-		force = fs.Bool("force", false, "write the mark even for a domain neither the agents nor the replicas know (it applies when the domain appears)")
+		res.Action = "drain"
 	}
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
+	emit := func() error {
+		return g.out().value(res, func(w io.Writer) error {
+			_, err := fmt.Fprintln(w, res.sentence())
+			return err
+		})
 	}
-	if len(pos) != 1 {
-		return fmt.Errorf("usage: sluicectl %s DOMAIN [flags]", name)
-	}
-	domain := pos[0]
-	if err := checkFormat(*format); err != nil {
-		return err
-	}
-	if *format == "json" {
-		// Every outcome below prints one sentence; -o json turns it into
-		// {"domain", "action", "result"}.
-		out = &jsonSentence{w: out, domain: domain, action: name}
-		defer out.(*jsonSentence).flush()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), ef.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
-	if ef.endpoints == "" {
-		if *server != "" {
-			return drainOne(ctx, *server, sf.sec, domain, drain, reason, by, out)
+	if g.etcd.endpoints == "" {
+		if !g.serverSet() || g.server == "" {
+			return errors.New("--etcd (or SLUICE_ETCD) is required (or --server to act on one replica only)")
 		}
-		return errors.New("--etcd (or SLUICE_ETCD) is required (or --server to act on one replica only)")
+		res.Where = g.server
+		err := g.call(g.server, func(ctx context.Context, op admissionv1.OperatorClient) error {
+			if !drain {
+				_, err := op.UndrainDomain(ctx, &admissionv1.UndrainDomainRequest{Domain: domain})
+				return err
+			}
+			res.Reason = controlplane.DrainMark{Domain: domain, Reason: reason, By: by, At: time.Now().UTC()}.Describe()
+			_, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: domain, Reason: res.Reason})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return emit()
 	}
-	cli, err := ef.client()
+	res.Where = "etcd"
+	cli, err := g.etcdClient()
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
-	prefix := controlplane.NormalizePrefix(ef.prefix)
+	prefix := g.etcdPrefix()
 	if !drain {
 		existed, err := controlplane.DeleteDrain(ctx, cli, prefix, domain)
 		if err != nil {
 			return err
 		}
-		if !existed {
-			fmt.Fprintf(out, "%s: no drain mark (nothing to undrain)\n", domain)
-			return nil
-		}
-		fmt.Fprintf(out, "%s: drain mark removed; replicas place on it again\n", domain)
-		return nil
+		res.Removed = &existed
+		return emit()
 	}
-	if !*force {
-		if err := checkDomain(ctx, cli, prefix, *server, sf.sec, domain, errw); err != nil {
+	if !force {
+		if g.server != "" {
+			g.note(g.server)
+		}
+		if err := checkDomain(ctx, cli, prefix, g.server, g.sec, domain, g.stderr); err != nil {
 			return err
 		}
 	}
-	m := controlplane.DrainMark{Domain: domain, Reason: *reason, By: *by, At: time.Now().UTC()}
-	rev, err := controlplane.PutDrain(ctx, cli, prefix, m)
-	if err != nil {
+	m := controlplane.DrainMark{Domain: domain, Reason: reason, By: by, At: time.Now().UTC()}
+	if res.Revision, err = controlplane.PutDrain(ctx, cli, prefix, m); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s: drain mark written at revision %d (%s); leases there run to completion\n", domain, rev, m.Describe())
-	return nil
-}
-
-// drainOne drains or undrains a domain on one server through the Operator RPC.
-func drainOne(ctx context.Context, server string, sec client.Security, domain string, drain bool, reason, by *string, out io.Writer) error {
-	conn, err := dialServer(server, sec)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	op := admissionv1.NewOperatorClient(conn)
-	if drain {
-		m := controlplane.DrainMark{Domain: domain, Reason: *reason, By: *by, At: time.Now().UTC()}
-		if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: domain, Reason: m.Describe()}); err != nil {
-			return fmt.Errorf("server %s: %w", server, err)
-		}
-		fmt.Fprintf(out, "%s: drained on %s only (no --etcd)\n", domain, server)
-		return nil
-	}
-	if _, err := op.UndrainDomain(ctx, &admissionv1.UndrainDomainRequest{Domain: domain}); err != nil {
-		return fmt.Errorf("server %s: %w", server, err)
-	}
-	fmt.Fprintf(out, "%s: undrained on %s only (no --etcd)\n", domain, server)
-	return nil
+	res.Mark = &m
+	return emit()
 }
 
 // checkDomain returns an error unless domain is known: a domain of the node
@@ -178,22 +202,4 @@ func checkDomain(ctx context.Context, cli *clientv3.Client, prefix, server strin
 	}
 	return fmt.Errorf("domain %q is unknown: not in the node agents' records nor on the %d replicas that answered (known: %s); --force writes the mark anyway (it applies when the domain appears)",
 		domain, answered, strings.Join(known, ", "))
-}
-
-// jsonSentence collects the sentence a drain or undrain prints and writes
-// it as one JSON object at the end, for -o json.
-type jsonSentence struct {
-	w              io.Writer
-	domain, action string
-	buf            strings.Builder
-}
-
-func (j *jsonSentence) Write(p []byte) (int, error) { return j.buf.Write(p) }
-
-// flush writes the object, if anything was said (an error says nothing).
-func (j *jsonSentence) flush() {
-	if j.buf.Len() == 0 {
-		return
-	}
-	_ = writeJSON(j.w, map[string]string{"domain": j.domain, "action": j.action, "result": strings.TrimSpace(j.buf.String())})
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,85 +13,103 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/sluice-sched/sluice/internal/config"
-	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/drill"
 	"github.com/sluice-sched/sluice/internal/load"
 	"github.com/sluice-sched/sluice/internal/replay"
 )
 
-func init() {
-	register(command{
-		name:    "drill",
-		summary: "a chaos drill under live load (drain-domain, kill-redis, stop-etcd, kill-agent, kill-replica, credit-exhaustion, all, soak): what held",
-		run:     runDrill,
-	})
-}
-
 // errPromiseBroken makes the exit status non-zero after the report.
 var errPromiseBroken = errors.New("a promise broke (see the report)")
 
-// runDrill runs one drill (or all) on the fleet the flags name, or on a
-// self-contained one it starts, and prints the report; the exit status is
-// non-zero when a promise broke.
-func runDrill(args []string, out, errw io.Writer) error {
-	// The fleet's children and the drill's watchers write progress from
-	// their own goroutines.
-	errw = &lockedWriter{w: errw}
-	fs := flag.NewFlagSet("sluicectl drill", flag.ContinueOnError)
-	fs.SetOutput(errw)
-	fs.Usage = func() {
-		fmt.Fprintf(errw, "usage: sluicectl drill NAME [TARGET] [flags]\n\n"+
-			"NAME: %s, all (each once), or soak (random drills for --duration)\nTARGET: drain-domain's DOMAIN, kill-agent's NODE, kill-replica's ID (default: the busiest domain, its node, the first tenant's replica)\n\n", strings.Join(drill.Names, ", "))
-		fs.PrintDefaults()
+// newDrillCmd is `sluicectl drill NAME [TARGET]`: one drill (or all) on
+// the fleet the flags name, or on a self-contained one it starts, and the
+// report; the exit status is non-zero when a promise broke.
+func newDrillCmd(g *globals) *cobra.Command {
+	df := drillFlags{d: drill.Defaults()}
+	c := &cobra.Command{
+		Use:   "drill NAME [TARGET]",
+		Short: "A chaos drill under live load (" + strings.Join(drill.Names, ", ") + ", all, soak): what held",
+		Long: `Run a chaos drill under a live load it generates itself, and report which
+promises held (the exit status is 1 when one broke).
+
+NAME: ` + strings.Join(drill.Names, ", ") + `, all (each once), or soak (random drills
+for --duration).
+TARGET: drain-domain's DOMAIN, kill-agent's NODE, kill-replica's ID (default:
+the busiest domain, its node, the first tenant's replica).
+
+The fleet: --etcd (its replicas registered there), --server ADDR[,ADDR…]
+(without --etcd: the fleet's replicas, drained through the Operator API), or
+--self-contained (redis-server, an embedded etcd, node agents and sluiced
+replicas started as child processes on free ports, stopped at the end).`,
+		Example: `  sluicectl drill all --self-contained
+  sluicectl drill drain-domain nvl72-a --etcd http://etcd:2379 --tenants acme:small:0.5,globex:small:0.5`,
+		Args:      args(1, 2, "a drill NAME and at most one TARGET"),
+		ValidArgs: append(slices.Clone(drill.Names), "all", "soak"),
+		RunE:      func(c *cobra.Command, a []string) error { return runDrill(g, c, &df, a) },
 	}
-	var ef etcdFlags
-	ef.register(fs)
-	var sf serverFlags
-	sf.register(fs)
-	d := drill.Defaults()
-	server := fs.String("server", "", "without --etcd: the fleet's replicas (gRPC addresses, comma-separated), drained through the Operator API")
-	self := fs.Bool("self-contained", false, "start a fleet for the drill: redis-server, an embedded etcd, node agents and --replicas sluiced (child processes on free ports), stopped at the end")
-	replicas := fs.Int("replicas", 2, "--self-contained: sluiced replicas; else N for the quota bound (0: the replicas found)")
-	sluiced := fs.String("sluiced", "", "--self-contained: the sluiced binary (default: beside sluicectl, else go build)")
-	agent := fs.String("agent", "", "--self-contained: the sluice-agent binary (default: beside sluicectl, else go build)")
-	fleetLog := fs.Bool("fleet-log", false, "--self-contained: copy the children's logs to stderr")
-	fault := fs.String("fault", "", `for tests: break a promise on purpose to show the drill catches it; "ignore-drains" starts replica-1 on a control-plane prefix of its own (it never sees a drain mark) and registers it in the fleet's membership`)
-	stopCmd := fs.String("stop", "", "a fleet the drill did not start: shell command that stops the part (env DRILL_PART redis|etcd|agent|replica, DRILL_NAME the node or replica id)")
-	startCmd := fs.String("start", "", "a fleet the drill did not start: shell command that starts it again (same environment)")
+	df.register(c)
+	return c
+}
+
+// drillFlags are drill's own flags.
+type drillFlags struct {
+	d                                          drill.Options
+	self, fleetLog                             bool
+	replicas                                   int
+	sluiced, agent, fault, stopCmd, startCmd   string
+	tenants, quotaTenant, creditTenant, config string
+	duration                                   time.Duration
+	tracePath                                  string
+}
+
+// register adds the flags to c.
+func (df *drillFlags) register(c *cobra.Command) {
+	fs := c.Flags()
+	d := &df.d
+	fs.BoolVar(&df.self, "self-contained", false, "start a fleet for the drill: redis-server, an embedded etcd, node agents and --replicas sluiced (child processes on free ports), stopped at the end")
+	fs.IntVar(&df.replicas, "replicas", 2, "--self-contained: sluiced replicas; else N for the quota bound (0: the replicas found)")
+	fs.StringVar(&df.sluiced, "sluiced", "", "--self-contained: the sluiced binary (default: beside sluicectl, else go build)")
+	fs.StringVar(&df.agent, "agent", "", "--self-contained: the sluice-agent binary (default: beside sluicectl, else go build)")
+	fs.BoolVar(&df.fleetLog, "fleet-log", false, "--self-contained: copy the children's logs to stderr")
+	fs.StringVar(&df.fault, "fault", "", `for tests: break a promise on purpose to show the drill catches it; "ignore-drains" starts replica-1 on a control-plane prefix of its own (it never sees a drain mark) and registers it in the fleet's membership`)
+	fs.StringVar(&df.stopCmd, "stop", "", "a fleet the drill did not start: shell command that stops the part (env DRILL_PART redis|etcd|agent|replica, DRILL_NAME the node or replica id)")
+	fs.StringVar(&df.startCmd, "start", "", "a fleet the drill did not start: shell command that starts it again (same environment)")
 	fs.DurationVar(&d.Before, "before", d.Before, "steady load before the fault")
 	fs.DurationVar(&d.During, "during", d.During, "the fault's length (at least as long as its stop takes)")
 	fs.DurationVar(&d.After, "after", d.After, "load after the recovery action")
 	fs.Float64Var(&d.Rate, "rate", d.Rate, "Admits per second (Poisson arrivals)")
-	tenants := fs.String("tenants", "", "the load's tenant:model:share,… (default: the self-contained fleet's gold:small:0.3,silver:small:0.2,bronze:small:0.5; else sluicectl load's demo mix)")
+	fs.StringVar(&df.tenants, "tenants", "", "the load's tenant:model:share,… (default: the self-contained fleet's gold:small:0.3,silver:small:0.2,bronze:small:0.5; else sluicectl load's demo mix)")
 	fs.Int64Var(&d.Prompt, "prompt", d.Prompt, "prompt tokens per request")
 	fs.Int64Var(&d.Output, "output", d.Output, "max output tokens per request (each Release reports them all)")
 	fs.Int64Var(&d.OutputWeight, "output-weight", d.OutputWeight, "the fleet's output_token_weight: a request costs prompt + weight × output weighted tokens")
 	fs.DurationVar(&d.Deadline, "deadline", d.Deadline, "each Admit's deadline")
 	fs.DurationVar(&d.Hold, "hold", d.Hold, "how long each lease is held before its Release")
 	fs.Uint64Var(&d.Seed, "seed", d.Seed, "seed of the arrivals and tenant draws")
-	quotaTenant := fs.String("quota-tenant", "", "the tenant driven past its quota whose admitted tokens are checked (default: bronze self-contained, else none)")
+	fs.StringVar(&df.quotaTenant, "quota-tenant", "", "the tenant driven past its quota whose admitted tokens are checked (default: bronze self-contained, else none)")
 	fs.Float64Var(&d.Undershoot, "undershoot", d.Undershoot, "the quota tenant may fall this share under its quota in a phase")
 	fs.DurationVar(&d.Grace, "grace", d.Grace, "how long after a drain mark (or a node's departure) a placement there is still allowed: one watch round-trip")
 	fs.DurationVar(&d.RecoverWithin, "recover-within", d.RecoverWithin, "bound on the time to recover")
 	fs.Float64Var(&d.LateBudget, "late-budget", d.LateBudget, "share of a phase's Admits that may end past their deadline")
-	creditTenant := fs.String("credit-tenant", "", "credit-exhaustion's tenant (default: spiky self-contained; required otherwise)")
+	fs.StringVar(&df.creditTenant, "credit-tenant", "", "credit-exhaustion's tenant (default: spiky self-contained; required otherwise)")
 	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open, where the fleet's config is unknown")
-	configPath := fs.String("config", "", "a fleet the drill did not start: its config file, where the tenants' floors, quotas and breaker are read (default: the config in etcd, else each tenant's replica is asked, which in batched mode knows only its share)")
-	duration := fs.Duration("duration", 30*time.Minute, "soak: how long to run random drills back to back")
-	tracePath := fs.String("trace", "", "play a trace's arrivals and token counts instead of Poisson arrivals (a trace file as replay's --trace, e.g. testdata/traces/AzureLLMInferenceTrace_code.csv): an azure trace's rows are given the --tenants mix; its times are scaled to a mean of --rate; each drill starts at another offset into it")
-	format := fs.String("o", "table", "output format: table or json")
-	pos, err := parseInterspersed(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) < 1 || len(pos) > 2 {
-		fs.Usage()
-		return errors.New("want a drill NAME and at most one TARGET")
-	}
-	if err := checkFormat(*format); err != nil {
-		return err
-	}
+	fs.StringVar(&df.config, "config", "", "a fleet the drill did not start: its config file, where the tenants' floors, quotas and breaker are read (default: the config in etcd, else each tenant's replica is asked, which in batched mode knows only its share)")
+	fs.DurationVar(&df.duration, "duration", 30*time.Minute, "soak: how long to run random drills back to back")
+	fs.StringVar(&df.tracePath, "trace", "", "play a trace's arrivals and token counts instead of Poisson arrivals (a trace file as replay's --trace, e.g. testdata/traces/AzureLLMInferenceTrace_code.csv): an azure trace's rows are given the --tenants mix; its times are scaled to a mean of --rate; each drill starts at another offset into it")
+}
+
+// runDrill runs drill.
+func runDrill(g *globals, c *cobra.Command, df *drillFlags, pos []string) error {
+	// The fleet's children and the drill's watchers write progress from
+	// their own goroutines.
+	errw := io.Writer(&lockedWriter{w: g.stderr})
+	d := df.d
+	set := map[string]bool{}
+	c.Flags().Visit(func(f *pflag.Flag) { set[f.Name] = true })
+	var err error
 	name, target := pos[0], ""
 	if len(pos) == 2 {
 		target = pos[1]
@@ -103,18 +120,16 @@ func runDrill(args []string, out, errw io.Writer) error {
 	if (name == "all" || name == "soak") && target != "" {
 		return fmt.Errorf("drill %s picks its own targets: no TARGET", name)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if set["duration"] && name != "soak" {
 		return errors.New("--duration is the soak's")
 	}
-	if *duration <= 0 {
-		return fmt.Errorf("--duration %v: want a positive duration", *duration)
+	if df.duration <= 0 {
+		return fmt.Errorf("--duration %v: want a positive duration", df.duration)
 	}
-	if *fault != "" && (*fault != "ignore-drains" || !*self) {
-		return fmt.Errorf("--fault %q: the only fault is ignore-drains, with --self-contained", *fault)
+	if df.fault != "" && (df.fault != "ignore-drains" || !df.self) {
+		return fmt.Errorf("--fault %q: the only fault is ignore-drains, with --self-contained", df.fault)
 	}
-	if *self {
+	if df.self {
 		for _, f := range []string{"etcd", "server", "stop", "start", "config"} {
 			if set[f] {
 				return fmt.Errorf("--%s names a fleet the drill did not start: not with --self-contained", f)
@@ -132,16 +147,16 @@ func runDrill(args []string, out, errw io.Writer) error {
 			d.BreakerOpen = 60e9 // the config's default breaker_open
 		}
 	}
-	if *tenants != "" {
-		if d.Tenants, err = load.ParseTenants(*tenants); err != nil {
+	if df.tenants != "" {
+		if d.Tenants, err = load.ParseTenants(df.tenants); err != nil {
 			return err
 		}
 	}
 	if set["quota-tenant"] {
-		d.QuotaTenant = *quotaTenant
+		d.QuotaTenant = df.quotaTenant
 	}
 	if set["credit-tenant"] {
-		d.CreditTenant = *creditTenant
+		d.CreditTenant = df.creditTenant
 	}
 	if name == drill.CreditExhaustion && d.CreditTenant == "" {
 		return errors.New("credit-exhaustion: give --credit-tenant (a tenant whose tier lends burst credit) and --breaker-open")
@@ -149,12 +164,12 @@ func runDrill(args []string, out, errw io.Writer) error {
 	if d.Rate <= 0 || d.Before <= 0 || d.During <= 0 || d.After <= 0 {
 		return errors.New("--rate, --before, --during and --after must be positive")
 	}
-	if *tracePath != "" {
-		if d.Arrivals, err = drillTrace(*tracePath, d.Tenants, d.Rate, d.Seed); err != nil {
+	if df.tracePath != "" {
+		if d.Arrivals, err = drillTrace(df.tracePath, d.Tenants, d.Rate, d.Seed); err != nil {
 			return err
 		}
 	}
-	if *fleetLog {
+	if df.fleetLog {
 		d.Log = errw
 	}
 	progress := errw
@@ -162,46 +177,46 @@ func runDrill(args []string, out, errw io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var fleet *drill.Fleet
-	if *self {
+	if df.self {
 		fmt.Fprintln(progress, "sluicectl drill: starting the self-contained fleet…")
 		var logw io.Writer
-		if *fleetLog {
+		if df.fleetLog {
 			logw = errw
 		}
-		fleet, err = drill.StartLocal(ctx, drill.LocalOptions{Replicas: *replicas, Sluiced: *sluiced, Agent: *agent,
-			Log: logw, IgnoreDrains: *fault == "ignore-drains"})
+		fleet, err = drill.StartLocal(ctx, drill.LocalOptions{Replicas: df.replicas, Sluiced: df.sluiced, Agent: df.agent,
+			Log: logw, IgnoreDrains: df.fault == "ignore-drains"})
 		if err != nil {
 			return fmt.Errorf("self-contained fleet: %w", err)
 		}
 	} else {
-		co := drill.ConnectOptions{Prefix: controlplane.NormalizePrefix(ef.prefix), Sec: sf.sec, Timeout: ef.timeout}
+		co := drill.ConnectOptions{Prefix: g.etcdPrefix(), Sec: g.sec, Timeout: g.timeout}
 		if set["replicas"] {
-			co.Replicas = *replicas
+			co.Replicas = df.replicas
 		}
-		if *stopCmd != "" || *startCmd != "" {
-			co.Faults = drill.ShellFaults{StopCmd: *stopCmd, StartCmd: *startCmd, Log: errw}
+		if df.stopCmd != "" || df.startCmd != "" {
+			co.Faults = drill.ShellFaults{StopCmd: df.stopCmd, StartCmd: df.startCmd, Log: errw}
 		}
 		switch {
-		case ef.endpoints != "":
-			cli, err := ef.client()
+		case g.etcd.endpoints != "":
+			cli, err := g.etcdClient()
 			if err != nil {
 				return err
 			}
 			defer cli.Close()
 			co.Etcd = cli
-		case *server != "":
-			co.Servers = strings.Split(*server, ",")
+		case g.server != "":
+			co.Servers = strings.Split(g.server, ",")
 		default:
 			return errors.New("which fleet? --etcd (or SLUICE_ETCD), --server ADDR[,ADDR…], or --self-contained")
 		}
-		if *configPath != "" {
-			c, err := config.Load(*configPath)
+		if df.config != "" {
+			c, err := config.Load(df.config)
 			if err != nil {
 				return err
 			}
 			d.Config = &c
 		} else if co.Etcd != nil {
-			cctx, cancel := context.WithTimeout(ctx, ef.timeout)
+			cctx, cancel := context.WithTimeout(ctx, g.timeout)
 			d.Config, err = drill.EtcdConfig(cctx, co.Etcd, co.Prefix)
 			cancel()
 			if err != nil {
@@ -213,7 +228,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 		}
 	}
 	defer fleet.Close()
-	if *self {
+	if df.self {
 		if d.Config, err = drill.FleetPolicy(); err != nil {
 			return err
 		}
@@ -226,7 +241,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 	sum := &drill.Summary{Held: true}
 	if name == "soak" {
 		names = nil
-		if sum = drill.Soak(ctx, fleet, *duration, d, d.Seed); ctx.Err() != nil {
+		if sum = drill.Soak(ctx, fleet, df.duration, d, d.Seed); ctx.Err() != nil {
 			return fmt.Errorf("drill soak: interrupted: %w", ctx.Err())
 		}
 	}
@@ -244,12 +259,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 		sum.Reports = append(sum.Reports, rep)
 		sum.Held = sum.Held && rep.Held
 	}
-	if *format == "json" {
-		err = sum.WriteJSON(out)
-	} else {
-		err = sum.WriteTable(out)
-	}
-	if err != nil {
+	if err := g.out().write(sum.WriteJSON, sum.WriteTable); err != nil {
 		return err
 	}
 	if !sum.Held {

@@ -219,7 +219,6 @@ func TestDrillFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "want a drill NAME"},
 		{[]string{"explode"}, `drill "explode"`},
 		{[]string{"all", "hgx-1"}, "no TARGET"},
 		{[]string{"soak", "hgx-1"}, "no TARGET"},
@@ -231,12 +230,16 @@ func TestDrillFlagErrors(t *testing.T) {
 		{[]string{"drain-domain", "--self-contained", "--fault", "slow"}, `--fault "slow"`},
 		{[]string{"credit-exhaustion", "--server", "127.0.0.1:1"}, "--credit-tenant"},
 		{[]string{"kill-redis", "--self-contained", "--rate", "0"}, "--rate"},
-		{[]string{"drain-domain", "--server", "127.0.0.1:1", "-o", "yaml"}, `-o "yaml"`},
+		{[]string{"drain-domain", "--server", "127.0.0.1:1", "-o", "xml"}, `-o "xml"`},
 		{[]string{"drain-domain", "--self-contained", "--trace", "/nonexistent/trace.csv"}, "/nonexistent/trace.csv"},
 	} {
 		code, _, errs := sluicectl(append([]string{"drill"}, tc.args...)...)
 		if code != 1 || !strings.Contains(errs, tc.want) {
 			t.Errorf("drill %v: exit %d, %q; want an error containing %q", tc.args, code, errs, tc.want)
 		}
+	}
+	// A missing NAME is the command line's error: exit 2.
+	if code, _, errs := sluicectl("drill"); code != 2 || !strings.Contains(errs, "want a drill NAME") {
+		t.Errorf("drill: exit %d, %q; want 2 and an error asking for a NAME", code, errs)
 	}
 }

@@ -2,64 +2,63 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
-func init() {
-	register(command{
-		name:    "explain",
-		summary: "what Admit would do with a request now, gate by gate and domain by domain (nothing charged)",
-		run:     runExplain,
-	})
-}
-
-// runExplain asks a server's Operator/ExplainAdmit about one request.
-func runExplain(args []string, out, errw io.Writer) error {
-	fs := flag.NewFlagSet("sluicectl explain", flag.ContinueOnError)
-	fs.SetOutput(errw)
-	var of operatorFlags
-	of.register(fs)
-	format := fs.String("o", "table", "output format: table or json")
+// newExplainCmd is `sluicectl explain`: a server's Operator/ExplainAdmit
+// about one request.
+func newExplainCmd(g *globals) *cobra.Command {
 	req := &admissionv1.AdmitRequest{}
-	fs.StringVar(&req.Tenant, "tenant", "", "tenant (required)")
-	fs.StringVar(&req.Model, "model", "", "model tier (required)")
-	fs.Int64Var(&req.PromptTokens, "prompt", 1000, "prompt tokens")
-	fs.Int64Var(&req.MaxOutputTokens, "output", 200, "max output tokens")
-	accept := fs.String("accept", "", "lower tiers the request accepts, comma-separated")
-	critical := fs.Bool("critical", false, "priority CRITICAL")
-	if err := parseNoArgs(fs, args); err != nil {
-		return err
+	var (
+		accept   string
+		critical bool
+	)
+	c := &cobra.Command{
+		Use:   "explain --tenant T --model M",
+		Short: "What Admit would do with a request now, gate by gate and domain by domain (nothing charged)",
+		Long: `What Admit would do with a request now, with nothing charged
+(Operator/ExplainAdmit, viewer role): the verdict (admitted where, degraded to
+what, queued and its place's wait, or refused why and until when), every gate
+with its level before and after, and each (tier, domain) placement looked at
+with what it needs and what the domain has.`,
+		Example: `  sluicectl explain --tenant acme --model large --accept medium --server sluiced:7070`,
+		Args:    noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if req.Tenant == "" || req.Model == "" {
+				return fmt.Errorf("--tenant and --model are required")
+			}
+			if accept != "" {
+				req.AcceptDowngrade = strings.Split(accept, ",")
+			}
+			if critical {
+				req.Priority = admissionv1.Priority_PRIORITY_CRITICAL
+			}
+			var x *admissionv1.ExplainAdmitResponse
+			err := g.call(g.oneServer(), func(ctx context.Context, op admissionv1.OperatorClient) (err error) {
+				x, err = op.ExplainAdmit(ctx, req)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			return g.out().message(x, func(w io.Writer) error { return writeExplanation(w, x) })
+		},
 	}
-	if err := checkFormat(*format); err != nil {
-		return err
-	}
-	if req.Tenant == "" || req.Model == "" {
-		return fmt.Errorf("--tenant and --model are required")
-	}
-	if *accept != "" {
-		req.AcceptDowngrade = strings.Split(*accept, ",")
-	}
-	if *critical {
-		req.Priority = admissionv1.Priority_PRIORITY_CRITICAL
-	}
-	var x *admissionv1.ExplainAdmitResponse
-	err := of.call(func(ctx context.Context, op admissionv1.OperatorClient) (err error) {
-		x, err = op.ExplainAdmit(ctx, req)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if *format == "json" {
-		return writeProto(out, x)
-	}
-	return writeExplanation(out, x)
+	f := c.Flags()
+	f.StringVar(&req.Tenant, "tenant", "", "tenant (required)")
+	f.StringVar(&req.Model, "model", "", "model tier (required)")
+	f.Int64Var(&req.PromptTokens, "prompt", 1000, "prompt tokens")
+	f.Int64Var(&req.MaxOutputTokens, "output", 200, "max output tokens")
+	f.StringVar(&accept, "accept", "", "lower tiers the request accepts, comma-separated")
+	f.BoolVar(&critical, "critical", false, "priority CRITICAL")
+	return c
 }
 
 // writeExplanation prints the outcome, then the gates and the placement

@@ -30,7 +30,7 @@ func listDomains(ctx context.Context, addr string, sec client.Security) (*admiss
 	defer conn.Close()
 	resp, err := admissionv1.NewOperatorClient(conn).ListDomains(ctx, &admissionv1.ListDomainsRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("server %s: %w", addr, err)
+		return nil, serverErr(addr, err)
 	}
 	return resp, nil
 }

@@ -3,99 +3,116 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
-	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/load"
 )
-
-func init() {
-	register(command{
-		name:    "load",
-		summary: "live gRPC load on a server or fleet: closed/open loop or a trace; rates, refusals, HDR latencies, beside health Check",
-		run:     runLoad,
-	})
-}
 
 // defaultLoadTenants is --tenants' default: the embedded config's demo
 // tenants, as the replay examples mix them, on the small model.
 const defaultLoadTenants = "acme:small:0.4,globex:small:0.3,initech:small:0.2,hooli:small:0.1"
 
-// runLoad offers live load to one sluiced (--server) or to the replicas
-// registered in etcd (--etcd without --server, routed by rendezvous as
-// client.Router does) and prints what came back; with --reference health
-// it runs the same callers against the server's health Check in
+// newLoadCmd is `sluicectl load`: live load on one sluiced (--server) or
+// on the replicas registered in etcd (--etcd without --server, routed by
+// rendezvous as client.Router does), and what came back; with --reference
+// health it runs the same callers against the server's health Check in
 // alternating rounds and prints the ratio.
-func runLoad(args []string, out, errw io.Writer) error {
-	fs := flag.NewFlagSet("sluicectl load", flag.ContinueOnError)
-	fs.SetOutput(errw)
-	var ef etcdFlags
-	ef.register(fs)
-	var sf serverFlags
-	sf.register(fs)
-	var tf traceFlags
-	tf.register(fs)
-	server := fs.String("server", "", "sluiced gRPC address (default localhost:7070; with --etcd and no --server: every replica registered there, each tenant routed to its replica by rendezvous)")
-	concurrency := fs.Int("concurrency", 16, "closed loop: callers, each Admit, hold, Release, again")
-	rate := fs.Float64("rate", 0, "open loop: arrivals per second (0: closed loop)")
-	arrivals := fs.String("arrivals", "poisson", "open loop arrivals: poisson (exponential gaps, seeded) or fixed (evenly spaced)")
-	maxInFlight := fs.Int("max-in-flight", 10000, "open loop and trace: calls outstanding at most; an arrival past it is dropped and counted")
-	tenants := fs.String("tenants", defaultLoadTenants, "closed and open loops: tenant:model:share,… each call's tenant and model, drawn by --seed")
-	prompt := fs.Int64("prompt", 100, "closed and open loops: prompt tokens per request")
-	output := fs.Int64("output", 10, "closed and open loops: max output tokens per request (also the output each Release reports)")
-	accept := fs.String("accept-downgrade", "", "lower model tiers every request accepts, comma-separated (e.g. medium,small)")
-	duration := fs.Duration("duration", 10*time.Second, "how long calls start, per round (trace: default the whole trace)")
-	deadline := fs.Duration("deadline", 2*time.Second, "each Admit's gRPC deadline, the request's deadline in sluiced's queue (0: none; the server's queue.default_wait)")
-	hold := fs.Duration("hold", 0, "how long each lease is held before its Release")
-	release := fs.Bool("release", true, "release each lease after --hold; false: Admit only, leases accumulate until the server's leases.ttl")
-	requestIDs := fs.Bool("request-ids", true, "send a unique request_id with every Admit, as the Go client does")
-	conns := fs.Int("conns", 1, "gRPC connections to the server, shared by the callers")
-	reference := fs.String("reference", "", `"health": also run the same callers against the server's gRPC health Check and print the ratio`)
-	rounds := fs.Int("rounds", 1, "with --reference: rounds of load and reference, alternating which goes first")
-	serverPID := fs.Int("server-pid", 0, "the server's process id, when it runs on this machine: its CPU time per call is reported beside the client's (from /proc)")
-	prefill := fs.Int("prefill", 0, "admit this many leases before measuring and hold them through the run (released at the end unless --release=false)")
-	format := fs.String("o", "table", "output format: table or json")
-	if err := parseNoArgs(fs, args); err != nil {
-		return err
+func newLoadCmd(g *globals) *cobra.Command {
+	var lf loadFlags
+	c := &cobra.Command{
+		Use:   "load",
+		Short: "Live gRPC load on a server or fleet: closed/open loop or a trace; rates, refusals, HDR latencies, beside health Check",
+		Long: `Offer live gRPC load to one sluiced (--server) or to every replica registered
+in etcd (--etcd and no --server; each tenant routed to its replica by
+rendezvous), from outside its process: a closed loop of --concurrency
+callers, an open loop at --rate, or a trace's arrivals (--trace). It prints
+the calls and Admit calls per second, the admissions and refusals by tenant,
+HdrHistogram latencies and the first error message of each kind; with
+--reference health, the same callers against the server's health Check in
+alternating rounds, and the ratio.`,
+		Example: `  sluicectl load --server localhost:7070
+  sluicectl load --rate 500 --arrivals poisson --duration 30s --deadline 2s -o json
+  sluicectl load --reference health --rounds 6 --duration 5s`,
+		Args: noArgs,
+		RunE: func(c *cobra.Command, _ []string) error { return runLoad(g, c, &lf) },
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if err := checkFormat(*format); err != nil {
-		return err
-	}
-	opts := load.Options{Concurrency: *concurrency, Rate: *rate, MaxInFlight: *maxInFlight, Prompt: *prompt, Output: *output,
-		Duration: *duration, Deadline: *deadline, Hold: *hold, Release: *release, RequestIDs: *requestIDs, Seed: tf.seed,
-		ServerPID: *serverPID}
-	switch *arrivals {
+	lf.register(c)
+	return c
+}
+
+// loadFlags are load's own flags.
+type loadFlags struct {
+	trace                                traceFlags
+	concurrency, maxInFlight, conns      int
+	rounds, serverPID, prefill           int
+	rate                                 float64
+	arrivals, tenants, accept, reference string
+	prompt, output                       int64
+	duration, deadline, hold             time.Duration
+	release, requestIDs                  bool
+}
+
+// register adds the flags to c.
+func (lf *loadFlags) register(c *cobra.Command) {
+	lf.trace.register(c)
+	fs := c.Flags()
+	fs.IntVar(&lf.concurrency, "concurrency", 16, "closed loop: callers, each Admit, hold, Release, again")
+	fs.Float64Var(&lf.rate, "rate", 0, "open loop: arrivals per second (0: closed loop)")
+	fs.StringVar(&lf.arrivals, "arrivals", "poisson", "open loop arrivals: poisson (exponential gaps, seeded) or fixed (evenly spaced)")
+	fs.IntVar(&lf.maxInFlight, "max-in-flight", 10000, "open loop and trace: calls outstanding at most; an arrival past it is dropped and counted")
+	fs.StringVar(&lf.tenants, "tenants", defaultLoadTenants, "closed and open loops: tenant:model:share,… each call's tenant and model, drawn by --seed")
+	fs.Int64Var(&lf.prompt, "prompt", 100, "closed and open loops: prompt tokens per request")
+	fs.Int64Var(&lf.output, "output", 10, "closed and open loops: max output tokens per request (also the output each Release reports)")
+	fs.StringVar(&lf.accept, "accept-downgrade", "", "lower model tiers every request accepts, comma-separated (e.g. medium,small)")
+	fs.DurationVar(&lf.duration, "duration", 10*time.Second, "how long calls start, per round (trace: default the whole trace)")
+	fs.DurationVar(&lf.deadline, "deadline", 2*time.Second, "each Admit's gRPC deadline, the request's deadline in sluiced's queue (0: none; the server's queue.default_wait)")
+	fs.DurationVar(&lf.hold, "hold", 0, "how long each lease is held before its Release")
+	fs.BoolVar(&lf.release, "release", true, "release each lease after --hold; false: Admit only, leases accumulate until the server's leases.ttl")
+	fs.BoolVar(&lf.requestIDs, "request-ids", true, "send a unique request_id with every Admit, as the Go client does")
+	fs.IntVar(&lf.conns, "conns", 1, "gRPC connections to the server, shared by the callers")
+	fs.StringVar(&lf.reference, "reference", "", `"health": also run the same callers against the server's gRPC health Check and print the ratio`)
+	fs.IntVar(&lf.rounds, "rounds", 1, "with --reference: rounds of load and reference, alternating which goes first")
+	fs.IntVar(&lf.serverPID, "server-pid", 0, "the server's process id, when it runs on this machine: its CPU time per call is reported beside the client's (from /proc)")
+	fs.IntVar(&lf.prefill, "prefill", 0, "admit this many leases before measuring and hold them through the run (released at the end unless --release=false)")
+}
+
+// runLoad runs load.
+func runLoad(g *globals, c *cobra.Command, lf *loadFlags) error {
+	errw := g.stderr
+	set := func(name string) bool { return c.Flags().Changed(name) }
+	tf := &lf.trace
+	opts := load.Options{Concurrency: lf.concurrency, Rate: lf.rate, MaxInFlight: lf.maxInFlight, Prompt: lf.prompt, Output: lf.output,
+		Duration: lf.duration, Deadline: lf.deadline, Hold: lf.hold, Release: lf.release, RequestIDs: lf.requestIDs, Seed: tf.seed,
+		ServerPID: lf.serverPID}
+	switch lf.arrivals {
 	case "poisson":
 		opts.Poisson = true
 	case "fixed":
 	default:
-		return fmt.Errorf("--arrivals %q: want poisson or fixed", *arrivals)
+		return fmt.Errorf("--arrivals %q: want poisson or fixed", lf.arrivals)
 	}
-	if *accept != "" {
-		opts.AcceptDowngrade = strings.Split(*accept, ",")
+	if lf.accept != "" {
+		opts.AcceptDowngrade = strings.Split(lf.accept, ",")
 	}
 	switch {
 	case tf.path != "":
 		opts.Mode = load.ModeTrace
 		for _, f := range []string{"rate", "concurrency", "tenants", "prompt", "output", "arrivals"} {
-			if set[f] {
+			if set(f) {
 				return fmt.Errorf("--%s is for the closed and open loops; --trace gives the arrivals, tenants (--mix) and tokens", f)
 			}
 		}
-		if !set["duration"] {
+		if !set("duration") {
 			opts.Duration = 0
 		}
 		rows, err := tf.load()
@@ -106,26 +123,26 @@ func runLoad(args []string, out, errw io.Writer) error {
 		for i, r := range rows {
 			opts.Arrivals[i] = load.Arrival{At: r.At, Tenant: r.Tenant, Model: r.Model, Prompt: r.Prompt, Output: r.Output}
 		}
-	case *rate != 0 || set["rate"]:
+	case lf.rate != 0 || set("rate"):
 		opts.Mode = load.ModeOpen
-		if set["concurrency"] {
+		if set("concurrency") {
 			return errors.New("--concurrency is the closed loop's; the open loop (--rate) bounds its calls with --max-in-flight")
 		}
 	default:
 		opts.Mode = load.ModeClosed
 		for _, f := range []string{"arrivals", "max-in-flight"} {
-			if set[f] {
+			if set(f) {
 				return fmt.Errorf("--%s is for the open loop (--rate) and --trace", f)
 			}
 		}
 	}
 	for _, f := range []string{"mix", "format", "speed", "from", "to", "burst"} {
-		if set[f] && opts.Mode != load.ModeTrace {
+		if set(f) && opts.Mode != load.ModeTrace {
 			return fmt.Errorf("--%s needs --trace", f)
 		}
 	}
 	if opts.Mode != load.ModeTrace {
-		m, err := load.ParseTenants(*tenants)
+		m, err := load.ParseTenants(lf.tenants)
 		if err != nil {
 			return err
 		}
@@ -134,38 +151,39 @@ func runLoad(args []string, out, errw io.Writer) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	switch *reference {
+	switch lf.reference {
 	case "", "health":
 	default:
-		return fmt.Errorf("--reference %q: want health (or nothing)", *reference)
+		return fmt.Errorf("--reference %q: want health (or nothing)", lf.reference)
 	}
-	if *rounds < 1 {
-		return fmt.Errorf("--rounds %d: want at least 1", *rounds)
+	if lf.rounds < 1 {
+		return fmt.Errorf("--rounds %d: want at least 1", lf.rounds)
 	}
-	if *rounds > 1 && *reference == "" {
+	if lf.rounds > 1 && lf.reference == "" {
 		return errors.New("--rounds alternates the load with the reference: it needs --reference health")
 	}
-	if *conns < 1 {
-		return fmt.Errorf("--conns %d: want at least 1", *conns)
+	if lf.conns < 1 {
+		return fmt.Errorf("--conns %d: want at least 1", lf.conns)
 	}
-	if *serverPID < 0 {
-		return fmt.Errorf("--server-pid %d: want a process id", *serverPID)
+	if lf.serverPID < 0 {
+		return fmt.Errorf("--server-pid %d: want a process id", lf.serverPID)
 	}
-	if *prefill < 0 {
-		return fmt.Errorf("--prefill %d: want ≥ 0", *prefill)
+	if lf.prefill < 0 {
+		return fmt.Errorf("--prefill %d: want ≥ 0", lf.prefill)
 	}
-	if *prefill > 0 && opts.Mode == load.ModeTrace {
+	if lf.prefill > 0 && opts.Mode == load.ModeTrace {
 		return errors.New("--prefill admits leases of --tenants: it is for the closed and open loops, not --trace")
 	}
-	fleet := *server == "" && ef.endpoints != ""
-	if fleet && *reference != "" {
+	server := g.server
+	fleet := server == "" && g.etcd.endpoints != ""
+	if fleet && lf.reference != "" {
 		return errors.New("--reference runs against one server: give --server (the fleet's replicas are measured one at a time)")
 	}
-	if fleet && set["conns"] {
+	if fleet && set("conns") {
 		return errors.New("--conns is for one server: with --etcd the Router holds one connection per replica")
 	}
-	if *server == "" && !fleet {
-		*server = "localhost:7070"
+	if server == "" && !fleet {
+		server = g.oneServer()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -177,30 +195,30 @@ func runLoad(args []string, out, errw io.Writer) error {
 		target   string
 	)
 	if fleet {
-		cli, err := ef.client()
+		cli, err := g.etcdClient()
 		if err != nil {
 			return err
 		}
 		defer cli.Close()
-		prefix := controlplane.NormalizePrefix(ef.prefix)
+		prefix := g.etcdPrefix()
 		router := client.NewRouter(etcdmembers.NewSource(cli, prefix, slog.New(slog.NewTextHandler(errw, nil))),
-			sf.sec.Dialer(), client.WithMaxAttempts(1))
+			g.sec.Dialer(), client.WithMaxAttempts(1))
 		defer router.Close()
-		wctx, cancel := context.WithTimeout(ctx, ef.timeout)
+		wctx, cancel := context.WithTimeout(ctx, g.timeout)
 		select {
 		case <-router.Ready():
 		case <-wctx.Done():
 			cancel()
-			return fmt.Errorf("etcd %s: no member list within --timeout %v", ef.endpoints, ef.timeout)
+			return fmt.Errorf("etcd %s: no member list within --timeout %v", g.etcd.endpoints, g.timeout)
 		}
 		cancel()
 		if len(router.Members()) == 0 {
-			return fmt.Errorf("etcd %s: no sluiced replica is registered under %s", ef.endpoints, prefix)
+			return fmt.Errorf("etcd %s: no sluiced replica is registered under %s", g.etcd.endpoints, prefix)
 		}
 		targets = []load.Target{router}
 		target = fmt.Sprintf("the %d replicas registered in etcd", len(router.Members()))
 		leaseSum = func(ctx context.Context) (int64, error) {
-			views, err := fleetViews(ctx, cli, prefix, sf.sec, errw)
+			views, err := fleetViews(ctx, cli, prefix, g.sec, errw)
 			if err != nil {
 				return 0, err
 			}
@@ -216,8 +234,9 @@ func runLoad(args []string, out, errw io.Writer) error {
 			return n, nil
 		}
 	} else {
-		for range *conns {
-			conn, err := dialServer(*server, sf.sec)
+		g.note(server)
+		for range lf.conns {
+			conn, err := dialServer(server, g.sec)
 			if err != nil {
 				return err
 			}
@@ -225,31 +244,34 @@ func runLoad(args []string, out, errw io.Writer) error {
 			targets = append(targets, load.NewTarget(conn))
 			grpcs = append(grpcs, conn)
 		}
-		target = *server
+		target = server
 		leaseSum = func(ctx context.Context) (int64, error) { return load.LeasesHeld(ctx, grpcs[0]) }
 	}
 
 	var held []load.Lease
-	if *prefill > 0 {
+	if lf.prefill > 0 {
 		var err error
-		fmt.Fprintf(errw, "sluicectl load: prefilling %d leases…\n", *prefill)
-		if held, err = load.Prefill(ctx, opts, targets, *prefill); err != nil {
+		fmt.Fprintf(errw, "sluicectl load: prefilling %d leases…\n", lf.prefill)
+		if held, err = load.Prefill(ctx, opts, targets, lf.prefill); err != nil {
 			return err
 		}
 	}
 	var refConns []grpc.ClientConnInterface
-	if *reference == "health" {
+	if lf.reference == "health" {
 		refConns = grpcs
 	}
-	rep, err := load.Compare(ctx, opts, targets, refConns, *rounds)
+	rep, err := load.Compare(ctx, opts, targets, refConns, lf.rounds)
 	if err != nil {
+		if !fleet {
+			return serverErr(server, err)
+		}
 		return err
 	}
 	rep.Target, rep.Connections, rep.Prefilled = target, len(grpcs), int64(len(held))
 	if fleet {
 		rep.Connections = 0
 	}
-	lctx, cancel := context.WithTimeout(ctx, ef.timeout)
+	lctx, cancel := context.WithTimeout(ctx, g.timeout)
 	if n, err := leaseSum(lctx); err != nil {
 		rep.LeasesError = err.Error()
 	} else {
@@ -264,8 +286,5 @@ func runLoad(args []string, out, errw io.Writer) error {
 			fmt.Fprintf(errw, "sluicectl load: %d of the %d prefilled leases were not released: %v\n", failed, len(held), err)
 		}
 	}
-	if *format == "json" {
-		return rep.WriteJSON(out)
-	}
-	return rep.WriteTable(out)
+	return g.out().write(rep.WriteJSON, rep.WriteTable)
 }

@@ -33,19 +33,22 @@ func TestLoadFlagErrors(t *testing.T) {
 		{[]string{"--conns", "0"}, "--conns 0"},
 		{[]string{"--prefill", "-5"}, "--prefill -5"},
 		{[]string{"--server-pid", "-1"}, "--server-pid -1"},
-		{[]string{"-o", "yaml"}, `-o "yaml"`},
+		{[]string{"-o", "xml"}, `-o "xml"`},
 		{[]string{"--etcd", "http://127.0.0.1:1", "--reference", "health"}, "--reference runs against one server"},
 		{[]string{"--etcd", "http://127.0.0.1:1", "--conns", "2"}, "--conns is for one server"},
 		{[]string{"--trace", replayTrace, "--mix", replayMix, "--prefill", "10"}, "--prefill admits leases of --tenants"},
-		{[]string{"extra"}, `unexpected argument "extra"`},
 	} {
 		code, _, errs := sluicectl(append([]string{"load"}, tc.args...)...)
 		if code != 1 || !strings.Contains(errs, tc.want) {
 			t.Errorf("load %v: exit %d, %q; want an error containing %q", tc.args, code, errs, tc.want)
 		}
 	}
-	if code, _, errs := sluicectl("load", "--help"); code != 0 || !strings.Contains(errs, "-concurrency") || !strings.Contains(errs, "-reference") {
-		t.Errorf("load --help: exit %d\n%s", code, errs)
+	// An argument is the command line's error: exit 2.
+	if code, _, errs := sluicectl("load", "extra"); code != 2 || !strings.Contains(errs, `unexpected argument "extra"`) {
+		t.Errorf("load extra: exit %d, %q; want 2 and an error naming the argument", code, errs)
+	}
+	if code, out, _ := sluicectl("load", "--help"); code != 0 || !strings.Contains(out, "--concurrency") || !strings.Contains(out, "--reference") {
+		t.Errorf("load --help: exit %d\n%s", code, out)
 	}
 }
 
@@ -73,7 +76,7 @@ func TestLoadCommand(t *testing.T) {
 	if rep.Reference == nil || rep.Reference.Calls == 0 || len(rep.Rounds) != 2 || rep.Ratio <= 0 {
 		t.Errorf("reference: %+v, rounds %+v, ratio %v", rep.Reference, rep.Rounds, rep.Ratio)
 	}
-	if rep.Load.Kind != load.KindAdmitRelease || rep.Load.Admits == 0 || rep.LeasesHeld == nil || *rep.LeasesHeld != 0 {
+	if rep.Load.Kind != load.KindAdmitRelease || rep.Load.AdmitCalls == 0 || rep.LeasesHeld == nil || *rep.LeasesHeld != 0 {
 		t.Errorf("load: %+v, leases held %v", rep.Load, rep.LeasesHeld)
 	}
 
@@ -102,7 +105,7 @@ func TestLoadFleet(t *testing.T) {
 	waitMembers(t, etcd, 2)
 	rep := loadJSON(t, "--etcd", etcd.Endpoint(), "--tenants", "acme:small:1,globex:small:1,initech:small:1",
 		"--concurrency", "2", "--duration", "150ms", "--release=false")
-	if !strings.Contains(rep.Target, "2 replicas") || rep.Load.Admits == 0 || len(rep.Load.Errors) != 0 {
+	if !strings.Contains(rep.Target, "2 replicas") || rep.Load.AdmitCalls == 0 || len(rep.Load.Errors) != 0 {
 		t.Fatalf("fleet: target %q, %+v", rep.Target, rep.Load)
 	}
 	held := int64(s1.Engine().LeaseCount() + s2.Engine().LeaseCount())

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,21 +9,18 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/sluice-sched/sluice/internal/replay"
 )
-
-func init() {
-	register(command{
-		name:    "replay",
-		summary: "replay a trace through a simulated cluster: sluice against fifo and bucket baselines",
-		run:     runReplay,
-	})
-}
 
 // burstFlags collects repeated --burst values.
 type burstFlags []replay.Burst
 
 func (b *burstFlags) String() string { return fmt.Sprint(len(*b), " bursts") }
+
+// Type names the value in help.
+func (b *burstFlags) Type() string { return "burst" }
 
 func (b *burstFlags) Set(s string) error {
 	v, err := replay.ParseBurst(s)
@@ -47,7 +43,9 @@ type traceFlags struct {
 	bursts burstFlags
 }
 
-func (f *traceFlags) register(fs *flag.FlagSet) {
+// register adds the flags to c.
+func (f *traceFlags) register(c *cobra.Command) {
+	fs := c.Flags()
 	fs.StringVar(&f.path, "trace", "", "trace file (required): azure (TIMESTAMP,ContextTokens,GeneratedTokens), csv (at,tenant,model,prompt_tokens,output_tokens) or jsonl")
 	fs.StringVar(&f.format, "format", "", `trace format: azure, csv or jsonl (default: by the file's extension and header)`)
 	fs.StringVar(&f.mix, "mix", "", "an azure trace's tenants and models, tenant:model:share,… (e.g. acme:large:0.5,initech:small:0.3); each row drawn by --seed")
@@ -78,35 +76,55 @@ func (f *traceFlags) load() ([]replay.Row, error) {
 	})
 }
 
-// runReplay replays a trace under each --policy on the cluster and config
-// sluiced would serve with the same --config and --topology, and prints
-// the comparison. --html writes the HTML report beside the table.
-func runReplay(args []string, out, errw io.Writer) error {
-	fs := flag.NewFlagSet("sluicectl replay", flag.ContinueOnError)
-	fs.SetOutput(errw)
-	var tf traceFlags
-	tf.register(fs)
-	configPath := fs.String("config", "", "config file (YAML or JSON), as sluiced's --config; empty: the embedded default")
-	topo := fs.String("topology", "simulated", `topology, as sluiced's --topology: "simulated" (the built-in cluster), a topology file path, "auto", "auto:<file>" or "nvml"`)
-	policies := fs.String("policy", "sluice,fifo", "policies to compare, comma-separated: sluice, fifo, global-bucket, tenant-buckets, or all")
-	deadline := fs.Duration("deadline", 0, "each request's deadline after its arrival (0: the config's queue.default_wait)")
-	downgrade := fs.Bool("downgrade", false, "requests accept their model's lower tiers (sluice degrades; the baselines do not)")
-	format := fs.String("o", "table", "output format: table, json or html")
-	htmlPath := fs.String("html", "", "also write the HTML report (inline SVG plots, self-contained) to this file")
-	svgDir := fs.String("svg", "", "also write each of the HTML report's plots as its own SVG file in this directory")
-	if err := parseNoArgs(fs, args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+// newReplayCmd is `sluicectl replay`: a trace under each --policy on the
+// cluster and config sluiced would serve with the same --config and
+// --topology, and the comparison. --html writes the HTML report beside the
+// table.
+func newReplayCmd(g *globals) *cobra.Command {
+	var (
+		tf                         traceFlags
+		configPath, topo, policies string
+		deadline                   time.Duration
+		downgrade                  bool
+		htmlPath, svgDir           string
+	)
+	c := &cobra.Command{
+		Use:   "replay --trace FILE",
+		Short: "Replay a trace through a simulated cluster: sluice against fifo and bucket baselines",
+		Example: `  sluicectl replay --trace testdata/traces/AzureLLMInferenceTrace_code.csv --mix acme:large:0.5,globex:small:0.5 --to 5m
+  sluicectl replay --trace trace.csv --policy all --html report.html`,
+		Annotations: map[string]string{formatsAnnotation: formatHTML},
+		Args:        noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			return runReplay(g, &tf, replayOptions{configPath, topo, policies, deadline, downgrade, htmlPath, svgDir})
+		},
 	}
-	if *format != "table" && *format != "json" && *format != "html" {
-		return fmt.Errorf("-o %q: want table, json or html", *format)
+	tf.register(c)
+	f := c.Flags()
+	f.StringVar(&configPath, "config", "", "config file (YAML or JSON), as sluiced's --config; empty: the embedded default")
+	f.StringVar(&topo, "topology", "simulated", `topology, as sluiced's --topology: "simulated" (the built-in cluster), a topology file path, "auto", "auto:<file>" or "nvml"`)
+	f.StringVar(&policies, "policy", "sluice,fifo", "policies to compare, comma-separated: sluice, fifo, global-bucket, tenant-buckets, or all")
+	f.DurationVar(&deadline, "deadline", 0, "each request's deadline after its arrival (0: the config's queue.default_wait)")
+	f.BoolVar(&downgrade, "downgrade", false, "requests accept their model's lower tiers (sluice degrades; the baselines do not)")
+	f.StringVar(&htmlPath, "html", "", "also write the HTML report (inline SVG plots, self-contained) to this file")
+	f.StringVar(&svgDir, "svg", "", "also write each of the HTML report's plots as its own SVG file in this directory")
+	return c
+}
+
+// replayOptions are replay's flags beyond the trace's.
+type replayOptions struct {
+	configPath, topo, policies string
+	deadline                   time.Duration
+	downgrade                  bool
+	htmlPath, svgDir           string
+}
+
+// runReplay runs replay.
+func runReplay(g *globals, tf *traceFlags, o replayOptions) error {
+	if o.deadline < 0 {
+		return fmt.Errorf("--deadline %v: must be ≥ 0", o.deadline)
 	}
-	if *deadline < 0 {
-		return fmt.Errorf("--deadline %v: must be ≥ 0", *deadline)
-	}
-	pols, err := replay.ParsePolicies(*policies)
+	pols, err := replay.ParsePolicies(o.policies)
 	if err != nil {
 		return err
 	}
@@ -114,32 +132,29 @@ func runReplay(args []string, out, errw io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg, cluster, err := replay.Setup(*configPath, *topo, slog.New(slog.NewTextHandler(errw, nil)))
+	cfg, cluster, err := replay.Setup(o.configPath, o.topo, slog.New(slog.NewTextHandler(g.stderr, nil)))
 	if err != nil {
 		return err
 	}
 	c, err := replay.Compare(filepath.Base(tf.path), tf.seed, rows,
-		replay.Options{Config: cfg, Cluster: cluster, Deadline: *deadline, Downgrade: *downgrade}, pols)
+		replay.Options{Config: cfg, Cluster: cluster, Deadline: o.deadline, Downgrade: o.downgrade}, pols)
 	if err != nil {
 		return err
 	}
-	if *htmlPath != "" {
-		if err := writeFile(*htmlPath, c.WriteHTML); err != nil {
+	if o.htmlPath != "" {
+		if err := writeFile(o.htmlPath, c.WriteHTML); err != nil {
 			return err
 		}
 	}
-	if *svgDir != "" {
-		if _, err := c.WriteSVGs(*svgDir); err != nil {
+	if o.svgDir != "" {
+		if _, err := c.WriteSVGs(o.svgDir); err != nil {
 			return err
 		}
 	}
-	switch *format {
-	case "json":
-		return c.WriteJSON(out)
-	case "html":
-		return c.WriteHTML(out)
+	if g.format == formatHTML {
+		return c.WriteHTML(g.stdout)
 	}
-	return c.WriteTable(out)
+	return g.out().write(c.WriteJSON, c.WriteTable)
 }
 
 // writeFile writes a report to path through write.

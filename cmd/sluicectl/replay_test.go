@@ -93,7 +93,7 @@ func TestReplayCommandErrors(t *testing.T) {
 		{[]string{"replay"}, "--trace is required"},
 		{[]string{"replay", "--trace", replayTrace}, "--mix is required"},
 		{append([]string{"replay", "--policy", "lifo"}, base...), `unknown policy "lifo"`},
-		{append([]string{"replay", "--burst", "acme:15:1s-2s"}, base...), `invalid value "acme:15:1s-2s" for flag -burst`},
+		{append([]string{"replay", "--burst", "acme:15:1s-2s"}, base...), `invalid argument "acme:15:1s-2s" for "--burst" flag`},
 		{append(append([]string{"replay"}, base...), "--mix", "acme:large"), `--mix "acme:large"`},
 		{append([]string{"replay", "--speed", "0"}, base...), "--speed 0"},
 		{append([]string{"replay", "-o", "xml"}, base...), `-o "xml"`},

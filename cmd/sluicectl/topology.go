@@ -1,48 +1,38 @@
 package main
 
 import (
-	"errors"
-	"flag"
-	"fmt"
 	"io"
 	"log/slog"
+
+	"github.com/spf13/cobra"
 
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
 )
 
-func init() {
-	register(command{
-		name:    "topology",
-		summary: "discover and print this node's topology (NVML, a file, or simulated)",
-		run:     runTopology,
-	})
-}
-
-// runTopology prints the cluster a --topology setting resolves to, read
-// the way sluiced reads it: on a GPU node, what NVML discovery finds (the
-// domains, GPUs, links and peaks sluiced would schedule onto). The auto
-// fallback's log line goes to logw, so that -o json on out stays parsable.
-func runTopology(args []string, out, logw io.Writer) error {
-	fs := flag.NewFlagSet("sluicectl topology", flag.ContinueOnError)
-	fs.SetOutput(logw)
-	src := fs.String("topology", nvml.SpecAuto, `topology source: "auto" (NVML, else simulated), "auto:<file>", "nvml", "simulated" or a topology file path`)
-	format := fs.String("o", topology.FormatTable, "output format: table or json")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
-		return err
+// newTopologyCmd is `sluicectl topology`: the cluster a --topology setting
+// resolves to, read the way sluiced reads it: on a GPU node, what NVML
+// discovery finds (the domains, GPUs, links and peaks sluiced would
+// schedule onto). The auto fallback's log line goes to stderr, so that
+// -o json on stdout stays parsable.
+func newTopologyCmd(g *globals) *cobra.Command {
+	var src string
+	c := &cobra.Command{
+		Use:   "topology",
+		Short: "Discover and print this node's topology (NVML, a file, or simulated)",
+		Example: `  sluicectl topology
+  sluicectl topology --topology=nvml -o json`,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			l, err := nvml.Load(src, slog.New(slog.NewTextHandler(g.stderr, nil)))
+			if err != nil {
+				return err
+			}
+			return g.out().write(
+				func(w io.Writer) error { return topology.Write(w, l.Cluster, l.Source, topology.FormatJSON) },
+				func(w io.Writer) error { return topology.Write(w, l.Cluster, l.Source, topology.FormatTable) })
+		},
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if *format != topology.FormatTable && *format != topology.FormatJSON {
-		return fmt.Errorf("-o %q: want table or json", *format)
-	}
-	l, err := nvml.Load(*src, slog.New(slog.NewTextHandler(logw, nil)))
-	if err != nil {
-		return err
-	}
-	return topology.Write(out, l.Cluster, l.Source, *format)
+	c.Flags().StringVar(&src, "topology", nvml.SpecAuto, `topology source: "auto" (NVML, else simulated), "auto:<file>", "nvml", "simulated" or a topology file path`)
+	return c
 }

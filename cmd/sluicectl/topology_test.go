@@ -38,15 +38,16 @@ func TestTopologyCommandErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
+		code int
 	}{
-		{[]string{"topology", "-o", "yaml"}, `-o "yaml": want table or json`},
-		{[]string{"topology", "--topology", "/nonexistent.yaml"}, "/nonexistent.yaml"},
-		{[]string{"topology", "extra"}, `unexpected argument "extra"`},
-		{[]string{"topology", "--bogus"}, "flag provided but not defined"},
+		{[]string{"topology", "-o", "xml"}, `-o "xml": want table, json or yaml`, 1},
+		{[]string{"topology", "--topology", "/nonexistent.yaml"}, "/nonexistent.yaml", 1},
+		{[]string{"topology", "extra"}, `unexpected argument "extra"`, 2},
+		{[]string{"topology", "--bogus"}, "unknown flag: --bogus", 2},
 	} {
 		var out, errw bytes.Buffer
-		if code := run(tc.args, &out, &errw); code != 1 || !strings.Contains(errw.String(), tc.want) {
-			t.Errorf("%v: exit %d, stderr %q; want 1 and %q", tc.args, code, errw.String(), tc.want)
+		if code := run(tc.args, &out, &errw); code != tc.code || !strings.Contains(errw.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, errw.String(), tc.code, tc.want)
 		}
 	}
 }

@@ -25,9 +25,9 @@ import (
 // second, measured back to back.
 type Round struct {
 	Round                int     `json:"round"`
-	ReferenceFirst       bool    `json:"reference_first"`
-	LoadCallsPerSec      float64 `json:"load_calls_per_sec"`
-	ReferenceCallsPerSec float64 `json:"reference_calls_per_sec"`
+	ReferenceFirst       bool    `json:"referenceFirst"`
+	LoadCallsPerSec      float64 `json:"loadCallsPerSec"`
+	ReferenceCallsPerSec float64 `json:"referenceCallsPerSec"`
 	Ratio                float64 `json:"ratio"`
 }
 
@@ -52,15 +52,15 @@ type Report struct {
 	// RatioMedian the median of the rounds' ratios, which a neighbour's
 	// burst on a shared machine moves less.
 	Ratio       float64 `json:"ratio,omitempty"`
-	RatioMedian float64 `json:"ratio_median,omitempty"`
+	RatioMedian float64 `json:"ratioMedian,omitempty"`
 	// CPURatio is the reference's CPU time per call (client and server)
 	// over the load's: the ratio of calls per second the two would reach
 	// on a machine doing nothing else, when both are CPU-bound there. It
 	// needs the server's pid (Options.ServerPID).
-	CPURatio    float64  `json:"cpu_ratio,omitempty"`
+	CPURatio    float64  `json:"cpuRatio,omitempty"`
 	Rounds      []Round  `json:"rounds,omitempty"`
-	LeasesHeld  *int64   `json:"leases_held,omitempty"` // the server's in-flight leases after the run (ListDomains)
-	LeasesError string   `json:"leases_held_error,omitempty"`
+	LeasesHeld  *int64   `json:"leasesHeld,omitempty"` // the server's in-flight leases after the run (ListDomains)
+	LeasesError string   `json:"leasesHeldError,omitempty"`
 	Notes       []string `json:"notes,omitempty"`
 }
 
@@ -291,7 +291,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "prefilled: %d leases held through the run\n", r.Prefilled)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "\tcalls/s\tadmits/s\tcalls\tseconds\tCPU µs/call client\tserver\t")
+	fmt.Fprintln(tw, "\tcalls/s\tAdmit calls/s\tadmissions/s\tcalls\tseconds\tCPU µs/call client\tserver\t")
 	cpu := func(res *Result) string {
 		if res.ServerCPUPerCallUs == 0 {
 			return fmt.Sprintf("%.1f\t-", res.ClientCPUPerCallUs)
@@ -299,9 +299,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 		return fmt.Sprintf("%.1f\t%.1f", res.ClientCPUPerCallUs, res.ServerCPUPerCallUs)
 	}
 	if r.Reference != nil {
-		fmt.Fprintf(tw, "health Check (reference)\t%.0f\t\t%d\t%.1f\t%s\t\n", r.Reference.CallsPerSec, r.Reference.Calls, r.Reference.Seconds, cpu(r.Reference))
+		fmt.Fprintf(tw, "health Check (reference)\t%.0f\t\t\t%d\t%.1f\t%s\t\n", r.Reference.CallsPerSec, r.Reference.Calls, r.Reference.Seconds, cpu(r.Reference))
 	}
-	fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%d\t%.1f\t%s\t\n", r.Load.Kind, r.Load.CallsPerSec, r.Load.AdmitsPerSec, r.Load.Calls, r.Load.Seconds, cpu(r.Load))
+	fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%d\t%.1f\t%s\t\n", r.Load.Kind, r.Load.CallsPerSec, r.Load.AdmitCallsPerSec, r.Load.AdmissionsPerSec,
+		r.Load.Calls, r.Load.Seconds, cpu(r.Load))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -362,6 +363,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(w, "; health Check %s", orNone(countList(r.Reference.Errors)))
 	}
 	fmt.Fprintln(w)
+	for _, e := range []struct{ what, msg string }{{"Admit", r.Load.FirstError}, {"Release", r.Load.FirstReleaseError}} {
+		if e.msg != "" {
+			fmt.Fprintf(w, "first %s error: %s\n", e.what, e.msg)
+		}
+	}
+	if r.Reference != nil && r.Reference.FirstError != "" {
+		fmt.Fprintf(w, "first health Check error: %s\n", r.Reference.FirstError)
+	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}

@@ -249,6 +249,7 @@ func RunHealth(ctx context.Context, opts Options, conns []grpc.ClientConnInterfa
 		sh.st.recordAdmitLatency(lat)
 		if err != nil {
 			sh.st.admitErrors[status.Code(err)]++
+			sh.st.firstAdmitError.note(t0, err)
 		}
 	}
 	st, elapsed, err := drive(ctx, &opts, do)
@@ -322,6 +323,7 @@ func admitOne(ctx context.Context, opts *Options, t Target, ids *ids, sh *shard,
 	if err != nil {
 		code := status.Code(err)
 		sh.st.admitErrors[code]++
+		sh.st.firstAdmitError.note(t0, err)
 		ts.errors++
 		sh.mu.Unlock()
 		return
@@ -366,6 +368,7 @@ func admitOne(ctx context.Context, opts *Options, t Target, ids *ids, sh *shard,
 	sh.st.recordReleaseLatency(lat)
 	if err != nil {
 		sh.st.releaseErrors[status.Code(err)]++
+		sh.st.firstReleaseError.note(t0, err)
 		sh.st.held++
 		return
 	}

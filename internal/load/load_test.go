@@ -141,8 +141,8 @@ func TestClosedLoopCountsEveryAnswer(t *testing.T) {
 		t.Errorf("kind %q", r.Kind)
 	}
 	total := c.admits["big"] + c.admits["tiny"]
-	if r.Admits != int64(total) || total == 0 {
-		t.Fatalf("admits: tool %d, counted %d", r.Admits, total)
+	if r.AdmitCalls != int64(total) || total == 0 {
+		t.Fatalf("admits: tool %d, counted %d", r.AdmitCalls, total)
 	}
 	if r.Latency.Count != int64(total) {
 		t.Errorf("admit latencies recorded: %d, want one per Admit (%d)", r.Latency.Count, total)
@@ -162,8 +162,8 @@ func TestClosedLoopCountsEveryAnswer(t *testing.T) {
 	if r.Released != admitted || c.releases != int(admitted) || len(c.leases) != 0 || r.Held != 0 {
 		t.Errorf("released: tool %d, counted %d, of %d admitted; still held %d", r.Released, c.releases, admitted, len(c.leases))
 	}
-	if r.Calls != r.Admits+r.Released {
-		t.Errorf("calls %d, want admits %d + releases %d", r.Calls, r.Admits, r.Released)
+	if r.Calls != r.AdmitCalls+r.Released {
+		t.Errorf("calls %d, want admits %d + releases %d", r.Calls, r.AdmitCalls, r.Released)
 	}
 	if r.Queued == nil || r.Queued.Count != admitted || r.ReleaseLatency == nil || r.ReleaseLatency.Count != admitted {
 		t.Errorf("queued %+v, release latency %+v: want one per admission", r.Queued, r.ReleaseLatency)
@@ -191,8 +191,8 @@ func TestAdmitOnlyLeavesLeases(t *testing.T) {
 	if r.Kind != load.KindAdmitOnly || c.releases != 0 || r.Released != 0 || r.ReleaseLatency != nil {
 		t.Errorf("kind %q, releases counted %d, tool %d", r.Kind, c.releases, r.Released)
 	}
-	if r.Held != int64(len(c.leases)) || r.Held == 0 || r.Calls != r.Admits {
-		t.Errorf("held: tool %d, counted %d; calls %d, admits %d", r.Held, len(c.leases), r.Calls, r.Admits)
+	if r.Held != int64(len(c.leases)) || r.Held == 0 || r.Calls != r.AdmitCalls {
+		t.Errorf("held: tool %d, counted %d; calls %d, admits %d", r.Held, len(c.leases), r.Calls, r.AdmitCalls)
 	}
 	if got := srv.Engine().LeaseCount(); int64(got) != r.Held {
 		t.Errorf("server holds %d leases, tool says %d", got, r.Held)
@@ -218,8 +218,8 @@ func TestHoldThenRelease(t *testing.T) {
 	}
 	// Each caller holds one lease at a time: at most concurrency ×
 	// ⌈duration / hold⌉ Admits, however fast the server answers.
-	if maxAdmits := int64(opts.Concurrency * 3); r.Admits > maxAdmits {
-		t.Errorf("%d admits by 2 callers holding 50 ms in 120 ms: the hold was not kept", r.Admits)
+	if maxAdmits := int64(opts.Concurrency * 3); r.AdmitCalls > maxAdmits {
+		t.Errorf("%d admits by 2 callers holding 50 ms in 120 ms: the hold was not kept", r.AdmitCalls)
 	}
 }
 
@@ -237,10 +237,10 @@ func TestOpenLoopAndTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Arrivals every 5 ms strictly before 200 ms: 39.
-	if r.Admits+r.Dropped != 39 || r.Admits != int64(c.admits["big"]) {
-		t.Errorf("open loop: %d admits + %d dropped, counted %d; want 39 arrivals", r.Admits, r.Dropped, c.admits["big"])
+	if r.AdmitCalls+r.Dropped != 39 || r.AdmitCalls != int64(c.admits["big"]) {
+		t.Errorf("open loop: %d admits + %d dropped, counted %d; want 39 arrivals", r.AdmitCalls, r.Dropped, c.admits["big"])
 	}
-	if r.StartLag == nil || r.StartLag.Count != r.Admits {
+	if r.StartLag == nil || r.StartLag.Count != r.AdmitCalls {
 		t.Errorf("start lag %+v: want one per started call", r.StartLag)
 	}
 
@@ -255,14 +255,53 @@ func TestOpenLoopAndTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Admits != 4 || c.admits["big"] != 2 || c.admits["tiny"] != 1 || c.admits["nobody"] != 1 {
-		t.Errorf("trace: %d admits, counted %v", r.Admits, c.admits)
+	if r.AdmitCalls != 4 || c.admits["big"] != 2 || c.admits["tiny"] != 1 || c.admits["nobody"] != 1 {
+		t.Errorf("trace: %d admits, counted %v", r.AdmitCalls, c.admits)
 	}
 	if nb := tenantResult(t, r, "nobody"); nb.Refusals["UNKNOWN_TENANT"] != 1 {
 		t.Errorf("an unknown tenant: %+v", nb)
 	}
 	if r.Released != 3 || c.releases != 3 {
 		t.Errorf("trace releases: tool %d, counted %d; want 3", r.Released, c.releases)
+	}
+}
+
+// A run that meets errors says why, not only how many: the first error's
+// message (the earliest, over every caller and recorder), beside the counts
+// by code. Admit calls and admissions are counted apart: a refused or
+// failed call is a call, not an admission.
+func TestRunKeepsTheFirstErrorMessage(t *testing.T) {
+	_, conn := startServer(t)
+	// Ten arrivals 5 ms apart, recorded by shard i%8: the unknown model
+	// first (shard 0), a bad prompt later on the same shard (8) and on
+	// another (9).
+	var trace []load.Arrival
+	for i := range 10 {
+		a := load.Arrival{At: time.Duration(i) * 5 * time.Millisecond, Tenant: "big", Model: "small", Prompt: 10, Output: 2}
+		switch i {
+		case 0:
+			a.Model = "no-such-model"
+		case 8, 9:
+			a.Prompt = -5
+		}
+		trace = append(trace, a)
+	}
+	r, err := load.Run(context.Background(), load.Options{Mode: load.ModeTrace, Arrivals: trace, Deadline: 5 * time.Second, Release: true}, []load.Target{load.NewTarget(conn)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Errors["InvalidArgument"] != 3 || !strings.Contains(r.FirstError, "no-such-model") || strings.Contains(r.FirstError, "prompt") {
+		t.Errorf("errors %v, first %q: want three InvalidArguments, the first naming the unknown model", r.Errors, r.FirstError)
+	}
+	if r.AdmitCalls != 10 || r.Admissions != 7 || r.Calls != 10+7 {
+		t.Errorf("%d Admit calls, %d admissions, %d calls: want 10 calls to Admit, 7 admissions and their 7 Releases", r.AdmitCalls, r.Admissions, r.Calls)
+	}
+	var table bytes.Buffer
+	if err := (&load.Report{Mode: load.ModeTrace, Load: r}).WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "first Admit error: "+r.FirstError) || !strings.Contains(table.String(), "admissions/s") {
+		t.Errorf("the table lacks the first error or the admissions column:\n%s", table.String())
 	}
 }
 
@@ -290,8 +329,8 @@ func TestCompareWithReferenceAndJSON(t *testing.T) {
 	if rep.Load.ClientCPUPerCallUs <= 0 || rep.Load.ServerCPUPerCallUs <= 0 {
 		t.Errorf("CPU per call: client %v µs, server %v µs", rep.Load.ClientCPUPerCallUs, rep.Load.ServerCPUPerCallUs)
 	}
-	if rep.Load.Calls != rep.Load.Admits+rep.Load.Released {
-		t.Errorf("merged rounds: calls %d, admits %d, released %d", rep.Load.Calls, rep.Load.Admits, rep.Load.Released)
+	if rep.Load.Calls != rep.Load.AdmitCalls+rep.Load.Released {
+		t.Errorf("merged rounds: calls %d, admits %d, released %d", rep.Load.Calls, rep.Load.AdmitCalls, rep.Load.Released)
 	}
 	var buf bytes.Buffer
 	if err := rep.WriteJSON(&buf); err != nil {
@@ -306,7 +345,7 @@ func TestCompareWithReferenceAndJSON(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
 		t.Fatalf("JSON does not parse: %v\n%s", err, buf.String())
 	}
-	if back.Ratio != rep.Ratio || back.Load.Admits != rep.Load.Admits || back.Reference.Calls != rep.Reference.Calls ||
+	if back.Ratio != rep.Ratio || back.Load.AdmitCalls != rep.Load.AdmitCalls || back.Reference.Calls != rep.Reference.Calls ||
 		len(back.Rounds) != 2 || back.Load.Latency.P99 <= 0 || back.Load.Tenants[0].Tenant != "big" {
 		t.Errorf("JSON round trip: %+v", back)
 	}

@@ -32,12 +32,36 @@ type tenantStats struct {
 	refusals                   map[string]int64
 }
 
+// firstError is the earliest error of a kind a run met, with when, so
+// that shards merge to the one met first.
+type firstError struct {
+	at  time.Time
+	msg string
+}
+
+// note keeps err as the first error unless an earlier one is kept.
+func (f *firstError) note(at time.Time, err error) {
+	if f.msg == "" || at.Before(f.at) {
+		f.at, f.msg = at, err.Error()
+	}
+}
+
+// merge keeps the earlier of f and o.
+func (f *firstError) merge(o firstError) {
+	if o.msg != "" && (f.msg == "" || o.at.Before(f.at)) {
+		*f = o
+	}
+}
+
 // stats are what a run (or a shard of it) recorded.
 type stats struct {
 	calls, held, released, dropped int64
 	tenants                        map[string]*tenantStats
 	admitErrors, releaseErrors     map[codes.Code]int64
-	admit, queued, release, lag    *hdrhistogram.Histogram
+	// firstAdmitError and firstReleaseError are the first error messages
+	// (the counts by code say how many; the message says why).
+	firstAdmitError, firstReleaseError firstError
+	admit, queued, release, lag        *hdrhistogram.Histogram
 	// clientCPU and serverCPU are the processes' CPU time over the run
 	// (set by drive, summed by merge across rounds).
 	clientCPU, serverCPU time.Duration
@@ -97,6 +121,8 @@ func (s *stats) merge(o *stats) {
 			t.refusals[r] += n
 		}
 	}
+	s.firstAdmitError.merge(o.firstAdmitError)
+	s.firstReleaseError.merge(o.firstReleaseError)
 	for c, n := range o.admitErrors {
 		s.admitErrors[c] += n
 	}
@@ -112,11 +138,11 @@ func (s *stats) merge(o *stats) {
 // Percentiles summarise a histogram, in microseconds.
 type Percentiles struct {
 	Count int64   `json:"count"`
-	P50   float64 `json:"p50_us"`
-	P90   float64 `json:"p90_us"`
-	P99   float64 `json:"p99_us"`
-	P999  float64 `json:"p99_9_us"`
-	Max   float64 `json:"max_us"`
+	P50   float64 `json:"p50Us"`
+	P90   float64 `json:"p90Us"`
+	P99   float64 `json:"p99Us"`
+	P999  float64 `json:"p999Us"`
+	Max   float64 `json:"maxUs"`
 }
 
 func percentiles(h *hdrhistogram.Histogram) Percentiles {
@@ -134,14 +160,14 @@ func percentiles(h *hdrhistogram.Histogram) Percentiles {
 // TenantResult is one tenant's answers over a run.
 type TenantResult struct {
 	Tenant   string `json:"tenant"`
-	Requests int64  `json:"requests"` // answers and errors
+	Requests int64  `json:"requests"` // Admit calls: answers and errors
 	Admitted int64  `json:"admitted"`
 	Degraded int64  `json:"degraded"`
 	Rejected int64  `json:"rejected"`
 	Errors   int64  `json:"errors"`
 	// AdmittedPerSec and DegradedPerSec are over the run's length.
-	AdmittedPerSec float64          `json:"admitted_per_sec"`
-	DegradedPerSec float64          `json:"degraded_per_sec"`
+	AdmittedPerSec float64          `json:"admittedPerSec"`
+	DegradedPerSec float64          `json:"degradedPerSec"`
 	Refusals       map[string]int64 `json:"refusals,omitempty"` // by reason
 }
 
@@ -152,10 +178,15 @@ type Result struct {
 	Seconds float64 `json:"seconds"`
 	// Calls are RPCs answered or failed (an Admit and its Release are two).
 	Calls       int64   `json:"calls"`
-	CallsPerSec float64 `json:"calls_per_sec"`
-	// Admits are Admit calls (answers and errors); AdmitsPerSec their rate.
-	Admits       int64   `json:"admits,omitempty"`
-	AdmitsPerSec float64 `json:"admits_per_sec,omitempty"`
+	CallsPerSec float64 `json:"callsPerSec"`
+	// AdmitCalls are Admit calls (answers and errors); AdmitCallsPerSec
+	// their rate.
+	AdmitCalls       int64   `json:"admitCalls,omitempty"`
+	AdmitCallsPerSec float64 `json:"admitCallsPerSec,omitempty"`
+	// Admissions are the Admit calls answered ADMITTED or DEGRADED: the
+	// leases granted; AdmissionsPerSec their rate.
+	Admissions       int64   `json:"admissions,omitempty"`
+	AdmissionsPerSec float64 `json:"admissionsPerSec,omitempty"`
 	// Released leases; Held, leases granted and not released by this run
 	// (Release off, the run ended during a hold, or the Release failed).
 	Released int64 `json:"released,omitempty"`
@@ -167,19 +198,23 @@ type Result struct {
 	// Errors are gRPC errors by code (the health Check's, or Admit's);
 	// ReleaseErrors Release's.
 	Errors        map[string]int64 `json:"errors,omitempty"`
-	ReleaseErrors map[string]int64 `json:"release_errors,omitempty"`
+	ReleaseErrors map[string]int64 `json:"releaseErrors,omitempty"`
+	// FirstError is the first error's message (the health Check's, or
+	// Admit's); FirstReleaseError Release's.
+	FirstError        string `json:"firstError,omitempty"`
+	FirstReleaseError string `json:"firstReleaseError,omitempty"`
 	// Latency is the RPC's own time: Admit, or the health Check.
 	Latency        Percentiles  `json:"latency"`
 	Queued         *Percentiles `json:"queued,omitempty"`
-	ReleaseLatency *Percentiles `json:"release_latency,omitempty"`
+	ReleaseLatency *Percentiles `json:"releaseLatency,omitempty"`
 	// StartLag is how late calls started after their scheduled arrival
 	// (open loop and trace only).
-	StartLag *Percentiles `json:"start_lag,omitempty"`
+	StartLag *Percentiles `json:"startLag,omitempty"`
 	// ClientCPUPerCallUs is the client process's CPU time per call;
 	// ServerCPUPerCallUs the server's, when its pid was given (0: not
 	// measured). Their sum is what a call costs the machine.
-	ClientCPUPerCallUs float64 `json:"client_cpu_per_call_us,omitempty"`
-	ServerCPUPerCallUs float64 `json:"server_cpu_per_call_us,omitempty"`
+	ClientCPUPerCallUs float64 `json:"clientCpuPerCallUs,omitempty"`
+	ServerCPUPerCallUs float64 `json:"serverCpuPerCallUs,omitempty"`
 
 	st *stats // kept so that rounds can be merged
 }
@@ -202,10 +237,12 @@ func (s *stats) result(kind string, elapsed time.Duration) *Result {
 		}
 	}
 	r.Errors = codeNames(s.admitErrors)
+	r.FirstError = s.firstAdmitError.msg
 	if kind == KindHealth {
 		return r
 	}
 	r.ReleaseErrors = codeNames(s.releaseErrors)
+	r.FirstReleaseError = s.firstReleaseError.msg
 	r.Refusals = map[string]int64{}
 	for _, name := range slices.Sorted(maps.Keys(s.tenants)) {
 		t := s.tenants[name]
@@ -219,10 +256,12 @@ func (s *stats) result(kind string, elapsed time.Duration) *Result {
 			tr.Refusals = maps.Clone(t.refusals)
 		}
 		tr.Requests = tr.Admitted + tr.Degraded + tr.Rejected + tr.Errors
-		r.Admits += tr.Requests
+		r.AdmitCalls += tr.Requests
+		r.Admissions += tr.Admitted + tr.Degraded
 		r.Tenants = append(r.Tenants, tr)
 	}
-	r.AdmitsPerSec = rate(r.Admits)
+	r.AdmitCallsPerSec = rate(r.AdmitCalls)
+	r.AdmissionsPerSec = rate(r.Admissions)
 	q := percentiles(s.queued)
 	r.Queued = &q
 	if s.release.TotalCount() > 0 {

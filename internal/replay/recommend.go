@@ -17,8 +17,8 @@ import (
 // tokens per second, and the p99 of their queue wait.
 type SweepPoint struct {
 	Rate     int64   `json:"rate"`
-	Multiple float64 `json:"multiple_of_mean"`
-	P99Ms    float64 `json:"wait_p99_ms"`
+	Multiple float64 `json:"multipleOfMean"`
+	P99Ms    float64 `json:"waitP99Ms"`
 }
 
 // Recommendation is a tenant's token bucket from its own demand (seed
@@ -28,22 +28,22 @@ type SweepPoint struct {
 type Recommendation struct {
 	Tenant   string  `json:"tenant"`
 	Requests int     `json:"requests"`
-	MeanRate float64 `json:"mean_rate"` // weighted tokens/s over the trace
+	MeanRate float64 `json:"meanRate"` // weighted tokens/s over the trace
 	// Rate is R, the knee of the sweep: the point farthest below the
 	// chord from the sweep's first point to its last (Kneedle, on the
 	// logarithm of the wait, which spans orders of magnitude), where more
 	// capacity stops buying much less wait.
 	Rate    int64        `json:"rate"`
-	RateP99 float64      `json:"rate_wait_p99_ms"`
+	RateP99 float64      `json:"rateWaitP99Ms"`
 	Sweep   []SweepPoint `json:"sweep"`
 	// WindowStart and WindowTokens are the largest window of demand
 	// (Window long); Burst is C = WindowTokens − R·Window, at least the
 	// largest request.
 	Window       time.Duration `json:"-"`
-	WindowSecs   float64       `json:"window_seconds"`
-	WindowStart  float64       `json:"window_start_seconds"`
-	WindowTokens int64         `json:"window_tokens"`
-	LargestReq   int64         `json:"largest_request"`
+	WindowSecs   float64       `json:"windowSeconds"`
+	WindowStart  float64       `json:"windowStartSeconds"`
+	WindowTokens int64         `json:"windowTokens"`
+	LargestReq   int64         `json:"largestRequest"`
 	Burst        int64         `json:"burst"`
 }
 

@@ -22,16 +22,16 @@ type Report struct {
 	Domains  []DomainReport `json:"domains"`
 	// Spanning counts admissions whose answer did not name exactly one
 	// domain of the cluster; it must be 0.
-	Spanning int `json:"spanning_requests"`
+	Spanning int `json:"spanningRequests"`
 	// Jain is Jain's fairness index of x_i = achieved_i / target_i over the
 	// tenants with a target: 1 when each got its weighted fair share.
-	Jain float64 `json:"jain_index"`
+	Jain float64 `json:"jainIndex"`
 	// MaxServiceDiff is the largest difference in weighted service between
 	// two tenants over an interval in which both were backlogged
 	// (normalised by weight, in tokens of the lighter of the two); VTC
 	// bounds it by VTCBound = 2 × the largest request's weighted tokens.
-	MaxServiceDiff float64 `json:"max_service_diff"`
-	VTCBound       float64 `json:"vtc_bound"`
+	MaxServiceDiff float64 `json:"maxServiceDiff"`
+	VTCBound       float64 `json:"vtcBound"`
 }
 
 // TenantReport is one tenant's outcome.
@@ -43,15 +43,15 @@ type TenantReport struct {
 	Admitted int            `json:"admitted"`
 	Degraded int            `json:"degraded"`
 	Rejected map[string]int `json:"rejected"` // by reason
-	WaitP50  float64        `json:"wait_p50_ms"`
-	WaitP95  float64        `json:"wait_p95_ms"`
-	WaitP99  float64        `json:"wait_p99_ms"`
-	WaitMax  float64        `json:"wait_max_ms"`
+	WaitP50  float64        `json:"waitP50Ms"`
+	WaitP95  float64        `json:"waitP95Ms"`
+	WaitP99  float64        `json:"waitP99Ms"`
+	WaitMax  float64        `json:"waitMaxMs"`
 	// FloorViolations counts the seconds in which the tenant had unmet
 	// demand (a request refused for a reason other than its own limits,
 	// or one waiting a second or more) and was admitted less than its
 	// floor.
-	FloorViolations int `json:"floor_violation_seconds"`
+	FloorViolations int `json:"floorViolationSeconds"`
 	// Wasserstein2 is the 2-Wasserstein distance between the
 	// distributions of the achieved and the target per-second rates.
 	Wasserstein2 float64 `json:"wasserstein2"`
@@ -59,12 +59,12 @@ type TenantReport struct {
 	// weighted tokens, the weighted max-min fair share of what was
 	// admitted in total that second given each tenant's demand, and the
 	// demand (backlog + arrivals − refusals by the tenant's own limits).
-	Achieved []int64 `json:"achieved_per_s"`
-	Target   []int64 `json:"target_per_s"`
-	Demand   []int64 `json:"demand_per_s"`
+	Achieved []int64 `json:"achievedPerS"`
+	Target   []int64 `json:"targetPerS"`
+	Demand   []int64 `json:"demandPerS"`
 	// WaitMaxPerS is the longest queue wait of the requests admitted in
 	// each second, in ms: the wait curve over time.
-	WaitMaxPerS []float64 `json:"wait_max_ms_per_s"`
+	WaitMaxPerS []float64 `json:"waitMaxMsPerS"`
 }
 
 // Refused returns the tenant's refusals, all reasons.
@@ -80,10 +80,10 @@ func (t *TenantReport) Refused() int {
 type DomainReport struct {
 	ID          string  `json:"id"`
 	Admitted    int     `json:"admitted"`
-	PrefillUtil float64 `json:"prefill_utilization"` // busy share of its prefill FLOP/s
-	DecodeUtil  float64 `json:"decode_utilization"`  // busy share of its decode bytes/s
+	PrefillUtil float64 `json:"prefillUtilization"` // busy share of its prefill FLOP/s
+	DecodeUtil  float64 `json:"decodeUtilization"`  // busy share of its decode bytes/s
 	// PrefillPerS is the prefill busy share per second (for plots).
-	PrefillPerS []float64 `json:"prefill_utilization_per_s"`
+	PrefillPerS []float64 `json:"prefillUtilizationPerS"`
 }
 
 // ownLimit reports whether a refusal is the tenant's own doing (its quota,

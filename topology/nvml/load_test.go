@@ -45,7 +45,7 @@ func TestLoadSpecs(t *testing.T) {
 		{"auto:" + file, failWith(noLib), file + " (NVML unavailable: no library)", "", "fallback=" + file},
 		{"auto:" + file, fakeNode, "nvml (node n1)", "", ""},
 		{"auto:", fakeNode, "", `topology "auto:": want a file path`, ""},
-		{"auto:/nonexistent.yaml", failWith(noLib), "", "fallback: topology: open /nonexistent.yaml", ""},
+		{"auto:/nonexistent.yaml", failWith(noLib), "", "fallback: open /nonexistent.yaml", ""},
 		{"auto", failWith(broken), "", "topology auto: gpu 3: GetUUID", ""},
 		{"nvml", fakeNode, "nvml (node n1)", "", ""},
 		{"nvml", failWith(noLib), "", "topology nvml: NVML unavailable: no library", ""},
