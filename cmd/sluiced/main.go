@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -79,6 +80,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.BoolVar(&opts.Security.Insecure, "insecure", false, "allow listening beyond loopback without --auth: anybody who can reach sluiced may call every RPC")
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
 	fs.BoolVar(&opts.Dashboard.Actions, "dashboard-actions", false, "without --auth, let the dashboard's page drain and undrain domains (with --auth the operator role may)")
+	allowedHosts := fs.String("http-allowed-hosts", "", `names the HTTP port answers for beside its IP addresses, localhost and --http-addr's host, comma-separated: "name", ".domain" (it and the names under it) or "*" (any); other Hosts get 421, a guard against DNS rebinding. Without --auth the guard is always on; with it, only when this is set`)
 	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
 	// Metrics: the bound on tenant series overrides the config's.
 	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
@@ -104,6 +106,9 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *allowedHosts != "" {
+		opts.Security.HTTPAllowedHosts = strings.Split(*allowedHosts, ",")
 	}
 	if *printVersion {
 		_, err := fmt.Fprintln(stdout, cli.Version("sluiced"))

@@ -32,6 +32,11 @@ type SecurityOptions struct {
 	// MaxConnections bounds the open connections of each listener
 	// (--max-connections); 0 sizes it from the file-descriptor limit.
 	MaxConnections int
+	// HTTPAllowedHosts are the names the HTTP listener answers for beside
+	// its IP addresses and localhost (--http-allowed-hosts; see hostGuard):
+	// "name", ".domain" (and the names under it) or "*" (any). Without
+	// AuthFile the Host guard is always on; with it, only when this is set.
+	HTTPAllowedHosts []string
 	// ReloadEvery is how often the auth and TLS files are checked for
 	// changes; default 2 s.
 	ReloadEvery time.Duration
@@ -60,6 +65,7 @@ type security struct {
 	auth  *auth.Authenticator
 	audit *auth.Auditor
 	tls   *auth.ServerTLS // nil without --tls-cert
+	hosts *hostGuard      // nil: every Host is answered (with --auth and no --http-allowed-hosts)
 }
 
 // defaultAddrs fills the listen addresses the user left empty: loopback
@@ -94,6 +100,11 @@ func (s *Server) setupSecurity() error {
 	if s.sec.auth, err = auth.New(so.AuthFile, s.log, s.sec.audit); err != nil {
 		return err
 	}
+	if so.AuthFile == "" || len(so.HTTPAllowedHosts) > 0 {
+		if s.sec.hosts, err = newHostGuard(s.opts.HTTPAddr, so.HTTPAllowedHosts); err != nil {
+			return err
+		}
+	}
 	if so.TLSCert != "" || so.TLSKey != "" {
 		if s.sec.tls, err = auth.NewServerTLS(so.TLSCert, so.TLSKey, so.ClientCA, s.log, s.sec.audit); err != nil {
 			return err
@@ -126,7 +137,8 @@ func (s *Server) registerOptions() []grpcserver.RegisterOption {
 
 // httpHandler is the HTTP mux: /healthz open (probes), /metrics open
 // unless --metrics-auth, the JSON APIs for viewers (actions for operators),
-// the dashboard's page and assets open (they hold no data).
+// the dashboard's page and assets open (they hold no data); all of it but
+// /healthz behind the Host guard when it is on.
 func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if s.opts.Security.MetricsAuth {
@@ -136,6 +148,9 @@ func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	mux.HandleFunc("/healthz", s.serveHealthz)
 	mux.Handle("/v1/domains", s.sec.auth.HTTP(auth.RoleViewer, http.HandlerFunc(s.serveDomains)))
 	s.registerDashboard(mux) // the page at "/" and the JSON API under /api/v1/
+	if s.sec.hosts != nil {
+		return s.sec.hosts.wrap(mux)
+	}
 	return mux
 }
 
