@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -79,7 +80,9 @@ func run(args []string, stdout io.Writer) error {
 	fs.BoolVar(&opts.Security.Insecure, "insecure", false, "allow listening beyond loopback without --auth: anybody who can reach sluiced may call every RPC")
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
 	fs.BoolVar(&opts.Dashboard.Actions, "dashboard-actions", false, "without --auth, let the dashboard's page drain and undrain domains (with --auth the operator role may)")
-	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve)")
+	allowedHosts := fs.String("http-allowed-hosts", "", `names the HTTP port answers for beside its IP addresses, localhost and --http-addr's host, comma-separated: "name", ".domain" (it and the names under it) or "*" (any); other Hosts get 421, a guard against DNS rebinding. Without --auth the guard is always on; with it, only when this is set`)
+	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve); at the bound a new connection takes the place of one idle for a second, and is refused only when every connection is busy")
+	fs.IntVar(&opts.Security.MaxConnectionsPerPeer, "max-connections-per-peer", 0, "open connections per listener from one peer address at most, the same way (0: a quarter of --max-connections, at least 8)")
 	// Metrics: the bound on tenant series overrides the config's.
 	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
@@ -104,6 +107,9 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *allowedHosts != "" {
+		opts.Security.HTTPAllowedHosts = strings.Split(*allowedHosts, ",")
 	}
 	if *printVersion {
 		_, err := fmt.Fprintln(stdout, cli.Version("sluiced"))

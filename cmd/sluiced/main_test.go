@@ -75,6 +75,8 @@ func TestSecurityFlags(t *testing.T) {
 		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--client-ca", "ca.pem"}, "--tls-cert"},
 		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-auth"}, "--auth"},
 		{[]string{"--max-connections", "many"}, "max-connections"},
+		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--max-connections-per-peer", "-1"}, "--max-connections-per-peer"},
+		{[]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--http-allowed-hosts", "sluice.internal,https://x"}, "--http-allowed-hosts"},
 	} {
 		if err := run(c.args, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v, want an error containing %q", c.args, err, c.want)

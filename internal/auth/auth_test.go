@@ -101,6 +101,10 @@ func TestParseRefusesWithKeyPath(t *testing.T) {
 		{"star with names", "principals: [{name: a, mtls_san: x, roles: [router], tenants: [acme, '*']}]", "principals[0].tenants[1]", "stands alone"},
 		{"empty tenant", "principals: [{name: a, mtls_san: x, roles: [router], tenants: ['']}]", "principals[0].tenants[0]", "1 to"},
 		{"not yaml", "principals: [", "", "yaml"},
+		{"empty file", "", "", "empty"},
+		{"only a comment", "# principals: to come\n", "", "empty"},
+		{"no principals", "principals: []", "principals", "at least one principal"},
+		{"null principals", "principals: null", "principals", "at least one principal"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -274,6 +278,34 @@ func TestReloadKeepsLastGood(t *testing.T) {
 	}
 	if p, err := a.Identify(Credentials{HasAuthorization: true, Bearer: "new-token", TLS: true}); err != nil || p.Name != "new" {
 		t.Errorf("after the file vanished: %v %v", p, err)
+	}
+}
+
+// An auth file that names nobody (truncated by a non-atomic write, say)
+// would lock every caller out: it is refused at start and on reload,
+// naming the file, and the last good one keeps serving.
+func TestEmptyAuthFileRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.yaml")
+	authtest.WriteFile(t, path, nil)
+	if _, err := New(path, slog.New(slog.DiscardHandler), nil); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("an empty auth file at start: %v, want a refusal naming %s", err, path)
+	}
+	authtest.WriteFile(t, path, goodPolicy(t))
+	a, err := New(path, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := Credentials{HasAuthorization: true, Bearer: "router-token", TLS: true}
+	for _, doc := range []string{"", "\n", "principals: []\n"} {
+		authtest.WriteFile(t, path, []byte(doc))
+		err := a.ReloadIfChanged()
+		var fe *FileError
+		if !errors.As(err, &fe) || fe.File != path {
+			t.Errorf("reload of %q: %v, want a *FileError naming %s", doc, err, path)
+		}
+		if p, err := a.Identify(token); err != nil || p.Name != "router-east" {
+			t.Errorf("after %q was refused: %v %v", doc, p, err)
+		}
 	}
 }
 

@@ -33,8 +33,10 @@
 //
 // The auth file and the TLS files are re-read when their contents change
 // (Watch polls them; SIGHUP reloads at once). A bad auth file is refused with
-// its file, key path and reason and the last good one keeps serving; a bad
-// certificate pair is refused the same way.
+// its file, key path and reason and the last good one keeps serving; a file
+// that names no principal (empty, as a non-atomic rewrite leaves it for a
+// moment) is bad, since it would refuse every caller. A bad certificate pair
+// is refused the same way.
 //
 // Every operator action (drain, undrain, config and auth reloads) and every
 // refused Operator call is one audit line and one count of

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -150,6 +151,15 @@ func Parse(name string, data []byte) (*Policy, error) {
 		}
 		return nil, &FileError{File: name, Reason: err.Error()}
 	}
+	if len(doc.Principals) == 0 {
+		// A file that names nobody would refuse every caller: most often it
+		// is a write caught half done (truncated, not yet rewritten), so it
+		// is refused and the last good file keeps serving.
+		if blank(data) {
+			return nil, &FileError{File: name, Reason: "the file is empty (a write in progress?): an auth file names at least one principal, or every caller would be refused"}
+		}
+		return nil, &FileError{File: name, Key: "principals", Reason: "empty: an auth file names at least one principal, or every caller would be refused"}
+	}
 	pol := &Policy{bySAN: make(map[string]*Principal)}
 	names := make(map[string]bool)
 	tokens := make(map[[sha256.Size]byte]string)
@@ -211,6 +221,16 @@ func Parse(name string, data []byte) (*Policy, error) {
 		pol.names = append(pol.names, fp.Name)
 	}
 	return pol, nil
+}
+
+// blank reports whether data holds no YAML but blank lines and comments.
+func blank(data []byte) bool {
+	for line := range bytes.Lines(data) {
+		if l := bytes.TrimSpace(line); len(l) > 0 && l[0] != '#' {
+			return false
+		}
+	}
+	return true
 }
 
 // bindTenants sets p's tenants from the file's list: the router role needs

@@ -38,6 +38,9 @@
 // (action DrainDomain or UndrainDomain, the principal, the peer, the
 // domain, the reason, the outcome), refusals included. Without an auth file
 // they are off unless the server was started with --dashboard-actions.
+// A page of another site that reaches sluiced by DNS rebinding sends its own
+// name as the Host, which sluiced's HTTP server refuses before this package
+// sees the request (--http-allowed-hosts names the hosts it answers for).
 //
 // The tenant table never sends every tenant: it shows at most MaxRows
 // (default 50) rows, the busiest by answers per second, then the rest in

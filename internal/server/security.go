@@ -10,9 +10,9 @@ import (
 	"runtime"
 	"time"
 
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/internal/auth"
@@ -30,8 +30,19 @@ type SecurityOptions struct {
 	// MetricsAuth puts /metrics behind the viewer role (--metrics-auth).
 	MetricsAuth bool
 	// MaxConnections bounds the open connections of each listener
-	// (--max-connections); 0 sizes it from the file-descriptor limit.
+	// (--max-connections); 0 sizes it from the file-descriptor limit. At
+	// the bound a new connection takes the place of an idle one, and is
+	// refused only when every connection is busy (connLimiter).
 	MaxConnections int
+	// MaxConnectionsPerPeer bounds the connections of each listener from
+	// one peer address (--max-connections-per-peer); 0: a quarter of
+	// MaxConnections, at least 8 (a browser opens 6).
+	MaxConnectionsPerPeer int
+	// HTTPAllowedHosts are the names the HTTP listener answers for beside
+	// its IP addresses and localhost (--http-allowed-hosts; see hostGuard):
+	// "name", ".domain" (and the names under it) or "*" (any). Without
+	// AuthFile the Host guard is always on; with it, only when this is set.
+	HTTPAllowedHosts []string
 	// ReloadEvery is how often the auth and TLS files are checked for
 	// changes; default 2 s.
 	ReloadEvery time.Duration
@@ -60,6 +71,10 @@ type security struct {
 	auth  *auth.Authenticator
 	audit *auth.Auditor
 	tls   *auth.ServerTLS // nil without --tls-cert
+	hosts *hostGuard      // nil: every Host is answered (with --auth and no --http-allowed-hosts)
+	// The listeners' connection bounds; each serves once listen sets its
+	// Listener.
+	grpcConns, httpConns *connLimiter
 }
 
 // defaultAddrs fills the listen addresses the user left empty: loopback
@@ -94,6 +109,20 @@ func (s *Server) setupSecurity() error {
 	if s.sec.auth, err = auth.New(so.AuthFile, s.log, s.sec.audit); err != nil {
 		return err
 	}
+	if so.MaxConnections < 0 || so.MaxConnectionsPerPeer < 0 {
+		return fmt.Errorf("--max-connections %d, --max-connections-per-peer %d: want 0 (the default) or more", so.MaxConnections, so.MaxConnectionsPerPeer)
+	}
+	lims := connLimits{Limit: so.MaxConnections, PerPeer: so.MaxConnectionsPerPeer}
+	if lims.Limit == 0 {
+		lims.Limit = defaultMaxConnections()
+	}
+	s.sec.grpcConns = newConnLimiter("grpc", lims, s.log)
+	s.sec.httpConns = newConnLimiter("http", lims, s.log)
+	if so.AuthFile == "" || len(so.HTTPAllowedHosts) > 0 {
+		if s.sec.hosts, err = newHostGuard(s.opts.HTTPAddr, so.HTTPAllowedHosts); err != nil {
+			return err
+		}
+	}
 	if so.TLSCert != "" || so.TLSKey != "" {
 		if s.sec.tls, err = auth.NewServerTLS(so.TLSCert, so.TLSKey, so.ClientCA, s.log, s.sec.audit); err != nil {
 			return err
@@ -102,13 +131,17 @@ func (s *Server) setupSecurity() error {
 	return nil
 }
 
-// grpcServerOptions are the gRPC server's credentials and interceptors:
-// recovery outermost (a panic in any interceptor is caught), then auth.
+// grpcServerOptions are the gRPC server's credentials, transport limits
+// and interceptors: the connection's busy mark outermost (it only counts),
+// then recovery (a panic in any later interceptor is caught), then auth.
 func (s *Server) grpcServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(s.sec.auth.StreamServerInterceptor()),
+		grpc.ChainUnaryInterceptor(s.sec.grpcConns.UnaryServerInterceptor(), grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(s.sec.grpcConns.StreamServerInterceptor(), s.sec.auth.StreamServerInterceptor()),
 		grpc.NumStreamWorkers(streamWorkers()),
+		grpc.ConnectionTimeout(grpcHandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxIdle, Time: grpcPingAfter, Timeout: grpcPingTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcMinClientPing, PermitWithoutStream: true}),
 	}
 	if s.sec.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.sec.tls.Config("h2"))))
@@ -126,7 +159,8 @@ func (s *Server) registerOptions() []grpcserver.RegisterOption {
 
 // httpHandler is the HTTP mux: /healthz open (probes), /metrics open
 // unless --metrics-auth, the JSON APIs for viewers (actions for operators),
-// the dashboard's page and assets open (they hold no data).
+// the dashboard's page and assets open (they hold no data); all of it but
+// /healthz behind the Host guard when it is on.
 func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if s.opts.Security.MetricsAuth {
@@ -136,6 +170,9 @@ func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	mux.HandleFunc("/healthz", s.serveHealthz)
 	mux.Handle("/v1/domains", s.sec.auth.HTTP(auth.RoleViewer, http.HandlerFunc(s.serveDomains)))
 	s.registerDashboard(mux) // the page at "/" and the JSON API under /api/v1/
+	if s.sec.hosts != nil {
+		return s.sec.hosts.wrap(mux)
+	}
 	return mux
 }
 
@@ -148,6 +185,7 @@ func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 		ReadTimeout:       httpReadTimeout,
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
+		ConnState:         s.sec.httpConns.ConnState,
 		// Accept errors, failed handshakes and handler panics go to the
 		// server's log rather than the process's stderr.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -167,7 +205,7 @@ func (s *Server) serveHTTP() error {
 }
 
 // listen binds both listeners, refuses a listener beyond loopback without an
-// auth file (unless --insecure) and bounds each to MaxConnections.
+// auth file (unless --insecure) and bounds each (connLimiter).
 func (s *Server) listen() error {
 	var err error
 	if s.grpcLis, err = net.Listen("tcp", s.opts.GRPCAddr); err != nil {
@@ -182,13 +220,9 @@ func (s *Server) listen() error {
 		s.httpLis.Close()
 		return err
 	}
-	limit := s.opts.Security.MaxConnections
-	if limit <= 0 {
-		limit = defaultMaxConnections()
-	}
-	s.grpcLis = netutil.LimitListener(s.grpcLis, limit)
-	s.httpLis = netutil.LimitListener(s.httpLis, limit)
-	s.log.Info("connection limit", "per_listener", limit)
+	s.sec.grpcConns.Listener, s.sec.httpConns.Listener = s.grpcLis, s.httpLis
+	s.grpcLis, s.httpLis = s.sec.grpcConns, s.sec.httpConns
+	s.log.Info("connection limits", "per_listener", s.sec.grpcConns.limit, "per_peer", s.sec.grpcConns.perPeer)
 	return nil
 }
 

@@ -526,6 +526,15 @@ func TestAuthFileRotation(t *testing.T) {
 	if err := list(f.caller("viewer")); err != nil {
 		t.Fatalf("after a refused auth file: %v", err)
 	}
+	// A file truncated by a non-atomic rewrite names nobody: refused too,
+	// rather than refusing every caller until it is written.
+	authtest.WriteFile(t, f.authFile, nil)
+	testwait.Until(t, 10*time.Second, "the empty auth file refused", func() bool {
+		return auth.AuditCount(f.srv.metrics.Registry, auth.ActionAuthReload, auth.OutcomeFailed) > 1
+	})
+	if err := list(f.caller("viewer")); err != nil {
+		t.Fatalf("after an empty auth file: %v", err)
+	}
 	authtest.WriteFile(t, f.authFile, []byte(`principals: [{name: newcomer, token_sha256: "`+authtest.TokenSHA256("newcomer-token")+`", roles: [viewer]}]`))
 	testwait.Until(t, 10*time.Second, "the new auth file in force", func() bool { return list(newcomer) == nil })
 	if err := list(f.caller("viewer")); status.Code(err) != codes.Unauthenticated {
