@@ -59,6 +59,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 	fleetLog := fs.Bool("fleet-log", false, "--self-contained: copy the children's logs to stderr")
 	fault := fs.String("fault", "", `for tests: break a promise on purpose to show the drill catches it; "ignore-drains" starts replica-1 on a control-plane prefix of its own (it never sees a drain mark) and registers it in the fleet's membership`)
 	stopCmd := fs.String("stop", "", "a fleet the drill did not start: shell command that stops the part (env DRILL_PART redis|etcd|agent|replica, DRILL_NAME the node or replica id)")
+	memberTTL := fs.Duration("member-ttl", 10*time.Second, "a fleet the drill did not start, with etcd: its replicas' --member-ttl (kill-replica's promise: a dead replica's capacity is back within it)")
 	startCmd := fs.String("start", "", "a fleet the drill did not start: shell command that starts it again (same environment)")
 	fs.DurationVar(&d.Before, "before", d.Before, "steady load before the fault")
 	fs.DurationVar(&d.During, "during", d.During, "the fault's length (at least as long as its stop takes)")
@@ -174,7 +175,7 @@ func runDrill(args []string, out, errw io.Writer) error {
 			return fmt.Errorf("self-contained fleet: %w", err)
 		}
 	} else {
-		co := drill.ConnectOptions{Prefix: controlplane.NormalizePrefix(ef.prefix), Sec: sf.sec, Timeout: ef.timeout}
+		co := drill.ConnectOptions{Prefix: controlplane.NormalizePrefix(ef.prefix), Sec: sf.sec, Timeout: ef.timeout, MemberTTL: *memberTTL}
 		if set["replicas"] {
 			co.Replicas = *replicas
 		}
