@@ -19,6 +19,14 @@ const (
 	// staleRounds is how many intervals of silence drop a replica out of
 	// the store's shares.
 	staleRounds = 3
+	// SilentHoldRounds is how many reconcile intervals a replica's holding
+	// of a gauge (the KV its leases hold in a domain) outlives its last
+	// report where no membership says more (SharedOptions.MemberExpiry):
+	// then the others reclaim it, its holding and its weight in the free
+	// part. Longer than staleRounds, so that a replica that misses a round
+	// or two (a pause, a slow call) loses its share of the free part
+	// first, not what its leases hold.
+	SilentHoldRounds = 10
 	// rejoinRounds is how many intervals after a bucket is rebuilt from
 	// the replicas' levels (a store back from an outage) a replica back
 	// from the same outage still brings its level: the breakers probe every
@@ -109,6 +117,11 @@ type domainRound struct {
 	prefill, decode *syncEntry
 	at              int // the prefill bucket's index; the decode bucket's is at+1
 	gauge           int // the KV gauge's index
+	// keepKV: this replica was silent for longer than its holding lasts
+	// (an outage), so the store may have let go of the others' holdings as
+	// well as its own; its grant is capped at its KV limit from before for
+	// this round, until they have reported again.
+	keepKV bool
 }
 
 func (s *batchedState) tenantReadyLocked(t *tenantState, now int64, reloaded bool) {
@@ -245,7 +258,7 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 			s.round.tenants[len(s.round.tenants)-1].en = s.entries[ek]
 		}
 	}
-	ttl := e.mu.cfg.Leases.TTL.Duration
+	hold := s.holdFor(e.mu.cfg.Leases.TTL.Duration)
 	for _, d := range e.mu.place.domains {
 		if d.removed {
 			continue
@@ -259,12 +272,30 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 		decode := s.report(now, entryKey{d.ID(), kindDecode}, d.cap, &dc, dr, db, 0)
 		req.Buckets = append(req.Buckets, decode)
 		dround.prefill, dround.decode = s.entries[entryKey{d.ID(), kindPrefill}], s.entries[entryKey{d.ID(), kindDecode}]
+		dround.keepKV = dround.prefill.started && now-dround.prefill.ackAt > int64(hold)
 		s.round.domains = append(s.round.domains, dround)
 		kvUsed, _ := d.cap.KV()
-		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: ttl})
+		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: hold})
 	}
 	s.pruneLocked(now)
 	return req
+}
+
+// holdFor is how long this round's holdings outlive this replica's
+// silence: until its membership lapses (its member lease's expiry, were
+// it renewed no more), so that the others reclaim what a dead replica's
+// leases held once the membership says it is gone; SilentHoldRounds
+// intervals where there is no membership, or it has lapsed (etcd
+// unreachable: the reports alone say the replica lives); never past the
+// lease TTL, when its leases would have expired anyway.
+func (s *batchedState) holdFor(leaseTTL time.Duration) time.Duration {
+	hold := SilentHoldRounds * s.opts.Interval
+	if f := s.opts.MemberExpiry; f != nil {
+		if until := f(); !until.IsZero() {
+			hold = max(hold, until.Sub(s.e.clk.Now()))
+		}
+	}
+	return min(hold, leaseTTL)
 }
 
 // report reads one bucket into its entry and returns the bucket's report;
@@ -428,6 +459,13 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		g.PrefillLevel += dr.prefill.refilledInCall(dr.cap.PrefillRate(), now)
 		g.DecodeLevel += dr.decode.refilledInCall(dr.cap.DecodeRate(), now)
 		g.KVLimit = rep.Gauges[dr.gauge]
+		if dr.keepKV {
+			// Back from a silence longer than the holdings last: the others
+			// back from the same outage are yet to report theirs, and the
+			// free part they leave out is not all this replica's.
+			_, _, kv := dr.cap.BaseLimits()
+			g.KVLimit = min(g.KVLimit, kv)
+		}
 		dr.d.cap.ApplyShare(now, g)
 	}
 }

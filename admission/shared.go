@@ -94,7 +94,7 @@ type GaugeReport struct {
 	Limit int64         // the whole gauge's limit
 	Held  int64         // what this replica holds now
 	Share int64         // this replica's weight for the free part (its demand)
-	TTL   time.Duration // how long the holding outlives a silent replica (the lease TTL)
+	TTL   time.Duration // how long the holding outlives a silent replica: then the others reclaim it
 }
 
 // ReconcileReply carries the grants, in the request's order.

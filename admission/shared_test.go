@@ -205,3 +205,107 @@ tenants:
 		}
 	}
 }
+
+// Strict: admissions whose commits are in flight when the store goes away
+// were decided on the whole local buckets, as if this replica were alone.
+// Kept on a failure while the breaker is still closed, their charge is
+// taken from the 1/N slices the breaker cuts (into debt: they are
+// answered already); failing once it is open, they are judged against
+// the slices and refused where these cannot hold them. Either way the
+// replica admits no more during the outage than its slice of what the
+// store last held, refilled at 1/N of the rate.
+func TestStrictInFlightCommitsCountAgainstTheSlice(t *testing.T) {
+	cfg, err := config.Parse("shared.yaml", []byte(sharedConfig)) // tokens 1000/s, burst 3000
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := clock.NewManual(admission.Epoch)
+	mem := memstate.New(clk)
+	flaky := admissiontest.NewFlaky(mem)
+	gated := admissiontest.NewGated(flaky, 8)
+	opts := admission.SharedOptions{Mode: admission.SharedStrict, Replicas: 2, Failures: 3, Cooldown: time.Minute, Timeout: time.Minute}
+	newEngine := func(id string, store admission.SharedState) *admission.Engine {
+		o := opts
+		o.Replica = id
+		e, err := admission.New(cfg, topologytest.HGX(t, 1), admission.WithClock(clk), admission.WithSharedState(store, o))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		return e
+	}
+	e, other := newEngine("r1", gated), newEngine("r2", mem)
+	ctx := context.Background()
+	req := admission.Request{Tenant: "o", Model: "small", PromptTokens: 50, MaxOutputTokens: 50} // 100 tokens
+	// The other replica takes all but one request's worth of the store's
+	// bucket; r1 takes the last: the store then holds 0, and r1 knows it.
+	for i := range 29 {
+		if d, err := other.Admit(ctx, req); err != nil || d.Outcome != admission.Admitted {
+			t.Fatalf("r2's admission %d: %v %v", i, d.Outcome, err)
+		}
+	}
+	answers := make(chan admission.Decision, 8)
+	admit := func() {
+		go func() {
+			d, err := e.Admit(ctx, req)
+			if err != nil {
+				t.Error(err)
+			}
+			answers <- d
+		}()
+	}
+	next := func() admission.Decision {
+		t.Helper()
+		select {
+		case d := <-answers:
+			return d
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer")
+		}
+		return admission.Decision{}
+	}
+	admit()
+	<-gated.Entered()
+	gated.Pass()
+	if d := next(); d.Outcome != admission.Admitted {
+		t.Fatalf("r1's admission: %v %v", d.Outcome, d.Reason)
+	}
+	// Five admissions in flight, decided on r1's whole local bucket (2,900
+	// of 3,000: it saw only its own take); then the store goes away.
+	const inFlight = 5
+	for range inFlight {
+		admit()
+		<-gated.Entered()
+	}
+	clk.Advance(time.Millisecond)
+	flaky.SetDown(true)
+	var got []string
+	kept := 0
+	for i := range inFlight {
+		gated.Pass() // this commit fails: the first two with the breaker closed, the third opens it
+		d := next()
+		got = append(got, fmt.Sprintf("%v %v", d.Outcome, d.Reason))
+		if d.Outcome == admission.Admitted {
+			kept++
+		} else if d.Reason != admission.ReasonQuotaExceeded {
+			t.Errorf("commit %d refused with %v, want QUOTA_EXCEEDED (the slice is empty)", i, d.Reason)
+		}
+	}
+	if st, _ := e.SharedStatus(); !st.BreakerOpen {
+		t.Fatalf("breaker closed after %d failures", inFlight)
+	}
+	if kept != opts.Failures-1 {
+		t.Errorf("answers %v: %d kept, want the %d whose commits failed before the breaker opened, the rest refused by the slice", got, kept, opts.Failures-1)
+	}
+	// The slice started at r1's half of the store's 0 (1 ms of refill) and
+	// owes the two kept: −200. Refilling at 500/s, 200 ms bring it to −100,
+	// still short of a request.
+	if ti, _ := e.Tenant("o"); ti.TokenLevel != -200 {
+		t.Errorf("slice level %d after the outage's first commits, want −200 (the two kept, taken from an empty slice)", ti.TokenLevel)
+	}
+	clk.Advance(200 * time.Millisecond)
+	admit()
+	if d := next(); d.Outcome != admission.Rejected || d.Reason != admission.ReasonQuotaExceeded {
+		t.Errorf("admission 200 ms into the outage: %v %v, want QUOTA_EXCEEDED: the slice is still in debt", d.Outcome, d.Reason)
+	}
+}

@@ -42,6 +42,15 @@ type SharedOptions struct {
 	// again after Cooldown.
 	Failures int           // default 3
 	Cooldown time.Duration // default 1s
+	// MemberExpiry, if set, returns when this replica's membership lapses
+	// should it renew it no more (its member lease's expiry as of its
+	// last keepalive; zero without one). Batched, a replica's holding of
+	// a domain's KV outlives its last report until then, so that a dead
+	// replica's capacity comes back to the others when its member lease
+	// expires; without it, SilentHoldRounds intervals after its last
+	// report. It is called under the engine's lock: it must not call the
+	// engine.
+	MemberExpiry func() time.Time
 	// OnBreaker, if set, is told when the breaker opens (true) and closes
 	// (false). It is called under the engine's lock: it must only note the
 	// change (a log line, a metric), never call the engine.

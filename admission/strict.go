@@ -16,8 +16,9 @@ import (
 // and answers REJECTED with the store's reason and Retry-After. Release
 // settles the difference in the store. When the store cannot be reached,
 // fail-open tiers keep the local admission, decided from a 1/N slice of
-// every bucket while the breaker is open, and fail-closed tiers are
-// refused with STATE_UNAVAILABLE.
+// every bucket while the breaker is open (an admission decided on the
+// whole buckets before it opened counts against the slices: keepLocked),
+// and fail-closed tiers are refused with STATE_UNAVAILABLE.
 type strictState struct {
 	*storeLink
 
@@ -27,6 +28,11 @@ type strictState struct {
 	lastPrune int64
 	known     map[string]knownLevel // per store key, its level after this replica's last commit
 	downAt    int64                 // when the breaker last opened
+	// unsure are the charges of fail-open admissions kept although their
+	// commit failed, while the breaker was still closed: decided on the
+	// whole local buckets, they are taken from the slices when the breaker
+	// opens (see keepLocked). Emptied by any answer from the store.
+	unsure []charge
 }
 
 // knownLevel is a store bucket's level as a commit last returned it, in
@@ -90,6 +96,12 @@ func (s *strictState) fallbackLocked(now int64, down bool) {
 		}
 		d.cap.ApplyShare(now, pd.ShareGrant{PrefillRate: pr / n, PrefillLevel: p, DecodeRate: dr / n, DecodeLevel: dc, KVLimit: kv / n})
 	}
+	if down {
+		for i := range s.unsure {
+			takeSlice(now, &s.unsure[i]) // answered already: into debt if need be
+		}
+	}
+	s.unsure = s.unsure[:0]
 }
 
 // knownShare returns this replica's 1/N share of a store bucket's level
@@ -306,23 +318,26 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 		if !errors.Is(err, errBreakerOpen) {
 			s.failedLocked()
 		}
-		if !failClosed {
-			break
+		if failClosed {
+			why = refusal{ReasonStateUnavailable, probeEvery(s.opts)}
+		} else {
+			why = s.keepLocked(leaseID)
 		}
-		if !errors.Is(err, errBreakerOpen) {
+		if why.refused() && !errors.Is(err, errBreakerOpen) {
 			// The store may have taken it before the error: give it back
 			// (a no-op if it did not).
 			refund = s.settler(refundAll(c), nil)
 		}
-		why = refusal{ReasonStateUnavailable, probeEvery(s.opts)}
 	case !v.Admitted:
 		s.okLocked()
+		s.unsure = s.unsure[:0]
 		why = refusal{ReasonCapacityExceeded, v.RetryAfter}
 		if v.Refused < tenantTakes {
 			why.reason = ReasonQuotaExceeded
 		}
 	default:
 		s.okLocked()
+		s.unsure = s.unsure[:0]
 		now := e.nowLocked()
 		for i, t := range c.Takes {
 			if i < len(v.Levels) {
@@ -339,6 +354,81 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 		e.background(func() { refund(context.Background()) })
 	}
 	return why
+}
+
+// keepLocked decides whether a fail-open admission whose commit failed
+// (or was held back by the open breaker) is kept. One decided on this
+// replica's slice is: the slice is what fallback admits from. One decided
+// on the whole local buckets, before the breaker opened, was judged as if
+// this replica were alone: the store, which knew the other replicas'
+// takes, can no longer say, and the slice cut since does not hold its
+// charge (the cut sets the levels from the store's last answer). Kept as
+// it is, every admission in flight when the store went away would be
+// admitted on top of the slices, up to a whole burst per replica. So its
+// charge is taken from the slices now, and it is refused where they
+// cannot hold it (revoking it then gives back what this took). With the
+// breaker still closed there is no slice yet: it is kept and its charge
+// taken from the slices if the breaker opens before the store answers
+// again (unsure).
+func (s *strictState) keepLocked(leaseID uint64) refusal {
+	e := s.e
+	l, ok := e.mu.leases.get(leaseID)
+	if !ok {
+		return refusal{} // released already: nothing left to decide
+	}
+	if !s.down {
+		s.unsure = append(s.unsure, l.charge)
+		return refusal{}
+	}
+	if l.granted >= s.downAt {
+		return refusal{} // decided on the slice
+	}
+	now := e.nowLocked()
+	why := sliceRefusal(now, &l.charge)
+	takeSlice(now, &l.charge)
+	return why
+}
+
+// sliceRefusal is why the local buckets (the slices, in fallback) cannot
+// hold a charge that is not in them, as the gates and placement would
+// judge it; none when they can. The charge's KV is in the gauge already.
+func sliceRefusal(now int64, c *charge) refusal {
+	t, w := c.tenant, c.gates.weighted
+	if !t.rps.Fits(now, rpsUnit, 0) {
+		return refusal{ReasonQuotaExceeded, durationUntil(t.rps.RetryAfter(now, rpsUnit, 0))}
+	}
+	if c.gates.critical {
+		if !t.critical.Fits(now, w, 0) {
+			return refusal{ReasonQuotaExceeded, durationUntil(t.critical.RetryAfter(now, w, 0))}
+		}
+	} else if !t.tokens.Fits(now, w, -t.tokens.Credit()) {
+		return refusal{ReasonQuotaExceeded, durationUntil(t.tokens.AllowRetryAfter(now, w))}
+	}
+	if c.floor && !t.floor.Fits(now, w, 0) {
+		return refusal{ReasonQuotaExceeded, durationUntil(t.floor.RetryAfter(now, w, 0))}
+	}
+	if c.dom != nil {
+		cost := pd.Cost{PrefillFLOP: c.cost.PrefillFLOP, DecodeBytes: c.cost.DecodeBytes}
+		if !c.dom.cap.Fits(now, cost, c.floor) {
+			return refusal{ReasonCapacityExceeded, durationUntil(c.dom.cap.RetryAfter(now, cost, c.floor))}
+		}
+	}
+	return refusal{}
+}
+
+// takeSlice takes a charge's buckets again from the local buckets, whose
+// levels a slice cut set without it: what Cancel gives back (its KV, in
+// the gauge all along, is not taken twice).
+func takeSlice(now int64, c *charge) {
+	t, w := c.tenant, c.gates.weighted
+	t.rps.Take(now, rpsUnit)
+	t.quotaBucket(c.gates.critical).Take(now, w)
+	if c.floor {
+		t.floor.Take(now, w)
+	}
+	if c.dom != nil {
+		c.dom.cap.Charge(now, pd.Cost{PrefillFLOP: c.cost.PrefillFLOP, DecodeBytes: c.cost.DecodeBytes})
+	}
 }
 
 // refundAll is the settlement that gives back everything a charge took.

@@ -62,7 +62,7 @@ type drillFlags struct {
 	replicas                                   int
 	sluiced, agent, fault, stopCmd, startCmd   string
 	tenants, quotaTenant, creditTenant, config string
-	duration                                   time.Duration
+	duration, memberTTL                        time.Duration
 	tracePath                                  string
 }
 
@@ -77,6 +77,7 @@ func (df *drillFlags) register(c *cobra.Command) {
 	fs.BoolVar(&df.fleetLog, "fleet-log", false, "--self-contained: copy the children's logs to stderr")
 	fs.StringVar(&df.fault, "fault", "", `for tests: break a promise on purpose to show the drill catches it; "ignore-drains" starts replica-1 on a control-plane prefix of its own (it never sees a drain mark) and registers it in the fleet's membership`)
 	fs.StringVar(&df.stopCmd, "stop", "", "a fleet the drill did not start: shell command that stops the part (env DRILL_PART redis|etcd|agent|replica, DRILL_NAME the node or replica id)")
+	fs.DurationVar(&df.memberTTL, "member-ttl", 10*time.Second, "a fleet the drill did not start, with etcd: its replicas' --member-ttl (kill-replica's promise: a dead replica's capacity is back within it)")
 	fs.StringVar(&df.startCmd, "start", "", "a fleet the drill did not start: shell command that starts it again (same environment)")
 	fs.DurationVar(&d.Before, "before", d.Before, "steady load before the fault")
 	fs.DurationVar(&d.During, "during", d.During, "the fault's length (at least as long as its stop takes)")
@@ -189,7 +190,7 @@ func runDrill(g *globals, c *cobra.Command, df *drillFlags, pos []string) error 
 			return fmt.Errorf("self-contained fleet: %w", err)
 		}
 	} else {
-		co := drill.ConnectOptions{Prefix: g.etcdPrefix(), Sec: g.sec, Timeout: g.timeout}
+		co := drill.ConnectOptions{Prefix: g.etcdPrefix(), Sec: g.sec, Timeout: g.timeout, MemberTTL: df.memberTTL}
 		if set["replicas"] {
 			co.Replicas = df.replicas
 		}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -142,6 +143,12 @@ func TestDrillAllSelfContained(t *testing.T) {
 	promise(t, dr, "returning domain warms up")
 	if b, a := *dr.Phases[0].OnTarget, *dr.Phases[2].OnTarget; b == 0 || a == 0 {
 		t.Errorf("drain-domain %s: %d placements before, %d after: the drained domain carried no load", dr.Target, b, a)
+	}
+	// The killed replica's share of the domains' KV came back to the
+	// survivor within its promise (the member TTL and ten intervals).
+	kr := sum.Reports[slices.Index(drill.Names, drill.KillReplica)]
+	if p := promise(t, kr, "dead replica's capacity back"); !p.Held || kr.CapacityBackSeconds == nil {
+		t.Errorf("kill-replica: %+v, back after %v s", p, kr.CapacityBackSeconds)
 	}
 	// The breaker opened and its refusals were seen.
 	ce := sum.Reports[len(sum.Reports)-1]

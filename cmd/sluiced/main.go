@@ -71,7 +71,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Etcd.Prefix, "etcd-prefix", "/sluice/", "key prefix of the control plane in etcd")
 	fs.StringVar(&opts.Etcd.AdvertiseAddr, "advertise-addr", "", "gRPC address routers dial, registered in etcd (default: host name and --grpc-addr's port)")
 	fs.StringVar(&opts.Etcd.ReplicaID, "replica-id", "", "this replica's member id in etcd (default: the advertise address)")
-	fs.DurationVar(&opts.Etcd.MemberTTL, "member-ttl", 10*time.Second, "TTL of the membership lease: a dead replica leaves the count this long after its last keepalive")
+	fs.DurationVar(&opts.Etcd.MemberTTL, "member-ttl", 10*time.Second, "TTL of the membership lease: a dead replica leaves the count this long after its last keepalive, and the others reclaim its share of the domains' KV (batched Redis) then")
 	// Security: who may call, over what.
 	fs.StringVar(&opts.Security.AuthFile, "auth", "", "auth file (YAML): principals, their bearer-token digests or mTLS SANs, roles and tenants; re-read when it changes and on SIGHUP. Without it sluiced serves loopback only")
 	fs.StringVar(&opts.Security.TLSCert, "tls-cert", "", "server certificate (PEM) for gRPC and HTTP; re-read when it changes")

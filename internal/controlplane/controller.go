@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -94,6 +95,11 @@ type Controller struct {
 	// owns st and calls the engine.
 	syncMu sync.Mutex
 	st     state
+
+	// memberExpiry is when this replica's member lease expires unless
+	// renewed, as of its last grant or keepalive (unix nanoseconds; 0:
+	// not registered). Atomic: the engine reads it under its own lock.
+	memberExpiry atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -273,6 +279,22 @@ func (c *Controller) LeaseID() clientv3.LeaseID {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.mu.lease
+}
+
+// MemberExpiry returns when this replica's member lease expires unless
+// it is renewed again: the last grant or keepalive answered plus the
+// lease's TTL, which is when the other replicas and the routers see it
+// gone if it dies now. Zero when it is not registered.
+func (c *Controller) MemberExpiry() time.Time {
+	if ns := c.memberExpiry.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// renewedFor records that the member lease has ttl seconds left now.
+func (c *Controller) renewedFor(ttl int64) {
+	c.memberExpiry.Store(c.opts.Now().Add(time.Duration(ttl) * time.Second).UnixNano())
 }
 
 // Synced reports whether a full read has succeeded.
@@ -801,8 +823,10 @@ func (c *Controller) registerOnce(ctx context.Context, key string, value []byte)
 	c.mu.Lock()
 	c.mu.lease = lease.ID
 	c.mu.Unlock()
+	c.renewedFor(lease.TTL)
 	defer func() {
 		revoke(c.opts.Client, lease.ID)
+		c.memberExpiry.Store(0)
 		c.mu.Lock()
 		c.mu.lease = 0
 		c.mu.Unlock()
@@ -815,7 +839,8 @@ func (c *Controller) registerOnce(ctx context.Context, key string, value []byte)
 	if err != nil {
 		return fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
 	}
-	for range ka {
+	for resp := range ka {
+		c.renewedFor(resp.TTL)
 	}
 	if ctx.Err() != nil {
 		return nil

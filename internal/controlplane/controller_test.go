@@ -224,6 +224,37 @@ func TestMembershipCount(t *testing.T) {
 	}
 }
 
+// MemberExpiry is when the member lease expires unless renewed: about a
+// TTL ahead of every keepalive, moving on with them; where etcd says the
+// lease ends (its remaining TTL) within the keepalive period; zero once
+// the replica has left.
+func TestMemberExpiryFollowsTheKeepalives(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	const ttl = 3 * time.Second
+	r := startReplica(t, cli, Options{Self: client.Member{ID: "a", Addr: "a:7070"}, LeaseTTL: ttl})
+	eventually(t, "registered", func() bool { return r.ctl.LeaseID() != 0 && !r.ctl.MemberExpiry().IsZero() })
+	first := r.ctl.MemberExpiry()
+	if ahead := time.Until(first); ahead <= 0 || ahead > ttl {
+		t.Fatalf("expiry %v ahead right after registering, want within (0, %v]", ahead, ttl)
+	}
+	// etcd's own view: the lease's remaining TTL, in whole seconds, from
+	// an expiry at most a keepalive period (ttl/3) earlier than ours.
+	resp, err := cli.TimeToLive(ctxT(t), r.ctl.LeaseID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdEnd := time.Now().Add(time.Duration(resp.TTL) * time.Second)
+	if d := r.ctl.MemberExpiry().Sub(etcdEnd); d < -ttl/3-time.Second || d > ttl/3+time.Second {
+		t.Errorf("expiry %v from etcd's (TTL %ds left), want within a keepalive period (and etcd's whole-second rounding)", d, resp.TTL)
+	}
+	eventually(t, "a keepalive moves it on", func() bool { return r.ctl.MemberExpiry().After(first) })
+	r.stop() // leaves: its lease revoked
+	if e := r.ctl.MemberExpiry(); !e.IsZero() {
+		t.Errorf("expiry %v after the replica left, want none", e)
+	}
+}
+
 // etcd stopped: the replica keeps admitting, reports the outage (status,
 // metric), and after etcd returns picks up a change another client wrote.
 func TestOutageAndReconnect(t *testing.T) {

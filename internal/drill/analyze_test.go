@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
+	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/load"
 )
@@ -182,5 +184,23 @@ func TestBucketAdmits(t *testing.T) {
 	// rate 100/s, burst 100: 0 s empty (no); 1 s 100 (yes, yes); 1.1 s 10 (no); 10 s full again at 100 (yes).
 	if got := bucketAdmits(asked, 0, 100, 100); got != 150 {
 		t.Fatalf("bucketAdmits = %d, want 150", got)
+	}
+}
+
+// kill-replica's promise: the member TTL where etcd says when a replica
+// is gone, SilentHoldRounds intervals of silence where nothing does; ten
+// intervals more either way.
+func TestReclaimBound(t *testing.T) {
+	w := 100 * time.Millisecond
+	for _, tc := range []struct {
+		f    *Fleet
+		want time.Duration
+	}{
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second, Etcd: &clientv3.Client{}}, 5*time.Second + 10*w},
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, admission.SilentHoldRounds*w + 10*w},
+	} {
+		if got, _ := tc.f.reclaimBound(); got != tc.want {
+			t.Errorf("etcd %v: bound %v, want %v", tc.f.Etcd != nil, got, tc.want)
+		}
 	}
 }

@@ -31,7 +31,12 @@
 //     the grace after the mark until the recovery action;
 //   - the time to recover: from the recovery action until the share of
 //     the mix's requests admitted, over two 250 ms bins, is back to a
-//     fraction of its steady share before the fault.
+//     fraction of its steady share before the fault;
+//   - for kill-replica, the dead replica's capacity: from the kill until
+//     the replicas' KV limits, summed per domain, are back to 95% of
+//     their sum before it, within the member TTL (with etcd: its member
+//     lease's expiry; without, admission.SilentHoldRounds reconcile
+//     intervals of silence) and ten intervals more.
 //
 // The drills are drain-domain (a drain mark in etcd, or the Operator API
 // of every replica), kill-agent, kill-replica, stop-etcd, kill-redis

@@ -124,8 +124,12 @@ type Report struct {
 	Phases   []*PhaseReport `json:"phases"`
 	// RecoverSeconds is the time from the recovery action until the
 	// share of requests admitted was back; nil when it did not come back.
-	RecoverSeconds *float64  `json:"time_to_recover_s"`
-	Promises       []Promise `json:"promises"`
+	RecoverSeconds *float64 `json:"time_to_recover_s"`
+	// CapacityBackSeconds is, for kill-replica, the time from the kill
+	// until the others held the killed replica's share of the domains'
+	// KV again; nil when it did not come back within the promise.
+	CapacityBackSeconds *float64  `json:"capacity_back_s,omitempty"`
+	Promises            []Promise `json:"promises"`
 	// Held is true when every promise held.
 	Held bool `json:"held"`
 }
@@ -451,6 +455,19 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	case KillReplica:
+		// What the replicas hold of each domain's KV before the kill: the
+		// killed one's share must come back to the others.
+		before := r.kvLimits(ctx)
+		lease := r.memberLease(ctx, target)
+		r.note("stop %s", part)
+		if err := r.f.Faults.Stop(ctx, part); err != nil {
+			return err
+		}
+		r.note("%s stopped", part)
+		killed := r.now()
+		r.noteMemberLease(ctx, target, lease)
+		defer r.watchReclaim(ctx, target, before, killed)()
 	default:
 		r.note("stop %s", part)
 		if err := r.f.Faults.Stop(ctx, part); err != nil {

@@ -61,6 +61,10 @@ type Fleet struct {
 	// batched reconcile interval.
 	Replicas int
 	Interval time.Duration
+	// MemberTTL is the replicas' member lease TTL (sluiced's --member-ttl),
+	// with etcd: kill-replica's promise is that a dead replica's capacity
+	// is back within it.
+	MemberTTL time.Duration
 	// Faults stops and starts parts; nil: only drills that need none run.
 	Faults Faults
 	// SelfContained says the drill started the fleet (Local is set).
@@ -177,7 +181,9 @@ type ConnectOptions struct {
 	Replicas int
 	// Interval is the batched reconcile interval (sluiced's --redis-interval).
 	Interval time.Duration
-	Faults   Faults
+	// MemberTTL is the replicas' --member-ttl (default 10 s).
+	MemberTTL time.Duration
+	Faults    Faults
 	// Timeout bounds the wait for the first member list.
 	Timeout time.Duration
 }
@@ -202,7 +208,7 @@ func EtcdConfig(ctx context.Context, cli *clientv3.Client, prefix string) (*admi
 // Connect returns a Fleet over replicas the drill did not start: the members
 // registered in etcd, or the --server addresses.
 func Connect(ctx context.Context, o ConnectOptions) (*Fleet, error) {
-	f := &Fleet{Etcd: o.Etcd, Prefix: o.Prefix, Sec: o.Sec, Replicas: o.Replicas, Interval: o.Interval, Faults: o.Faults}
+	f := &Fleet{Etcd: o.Etcd, Prefix: o.Prefix, Sec: o.Sec, Replicas: o.Replicas, Interval: o.Interval, MemberTTL: o.MemberTTL, Faults: o.Faults}
 	var src client.MemberSource
 	if o.Etcd != nil {
 		src = etcdmembers.NewSource(o.Etcd, o.Prefix, slog.New(slog.DiscardHandler))
@@ -235,6 +241,9 @@ func Connect(ctx context.Context, o ConnectOptions) (*Fleet, error) {
 	}
 	if f.Interval == 0 {
 		f.Interval = 100 * time.Millisecond
+	}
+	if f.MemberTTL == 0 {
+		f.MemberTTL = 10 * time.Second
 	}
 	return f, nil
 }

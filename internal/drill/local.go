@@ -114,7 +114,7 @@ func StartLocal(ctx context.Context, opts LocalOptions) (f *Fleet, err error) {
 		return nil, fmt.Errorf("--replicas %d: want at least 1", opts.Replicas)
 	}
 	l := &Local{opts: opts, agents: map[string]*proc{}, replicas: map[string]*proc{}}
-	f = &Fleet{Prefix: localPrefix, Replicas: opts.Replicas, Interval: localInterval, Faults: l, Local: l}
+	f = &Fleet{Prefix: localPrefix, Replicas: opts.Replicas, Interval: localInterval, MemberTTL: localTTL, Faults: l, Local: l}
 	defer func() {
 		if err != nil {
 			f.Close()

@@ -76,8 +76,20 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	s.redis = rdb
 	s.log.Info("shared state on redis", "mode", mode, "replica", o.ReplicaID, "replicas", max(o.Replicas, 1))
 	log := s.log
+	var memberExpiry func() time.Time
+	if s.opts.Etcd.Endpoints != "" {
+		// The controller is made after the engine, before Serve runs the
+		// reconciles that call this.
+		memberExpiry = func() time.Time {
+			if ctl := s.cp.ctl; ctl != nil {
+				return ctl.MemberExpiry()
+			}
+			return time.Time{}
+		}
+	}
 	return admission.WithSharedState(store, admission.SharedOptions{
 		Mode: mode, Replica: o.ReplicaID, Replicas: o.Replicas, Interval: o.Interval, Timeout: o.Timeout,
+		MemberExpiry: memberExpiry,
 		OnBreaker: func(open bool) {
 			if open {
 				log.Warn("redis unreachable: breaker open; deciding from local slices (fail-closed tiers refused with STATE_UNAVAILABLE)")

@@ -4,11 +4,14 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 )
 
@@ -63,6 +66,67 @@ func TestRedisFlagsAreChecked(t *testing.T) {
 	} {
 		if _, err := New(Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Topology: "simulated", Shared: o}); err == nil {
 			t.Errorf("New accepted %+v", o)
+		}
+	}
+}
+
+// With etcd membership a batched replica's holding of each domain's KV
+// lasts in Redis until its member lease would expire (a dead replica's
+// capacity comes back to the others when the membership says it is gone),
+// not the lease TTL (10 minutes by default) nor, as without a membership,
+// admission.SilentHoldRounds intervals; without etcd, those intervals.
+func TestKVHoldingFollowsTheMemberLease(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb := rs.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// heldFor is how long Redis keeps the replica's holding of every
+	// domain's KV past now, once the replica has reported.
+	heldFor := func(prefix string) []time.Duration {
+		t.Helper()
+		var out []time.Duration
+		eventually(t, func() bool {
+			keys, err := rdb.Keys(ctx, "{"+prefix+"}:d/*/kv").Result()
+			if err != nil || len(keys) == 0 {
+				return false
+			}
+			tm, err := rdb.Time(ctx).Result()
+			if err != nil {
+				return false
+			}
+			out = out[:0]
+			for _, k := range keys {
+				fields, err := rdb.HGetAll(ctx, k).Result()
+				if err != nil {
+					return false
+				}
+				for f, v := range fields {
+					if strings.HasPrefix(f, "u:") {
+						us, _ := strconv.ParseFloat(v, 64)
+						out = append(out, time.UnixMicro(int64(us)).Sub(tm))
+					}
+				}
+			}
+			return len(out) == len(keys)
+		})
+		return out
+	}
+	etcd := etcdtest.Start(t)
+	eo := etcdOpts(etcd.Endpoint())
+	eo.MemberTTL = 6 * time.Second
+	start(t, Options{Topology: "simulated", Etcd: eo, Shared: SharedOptions{RedisURL: rs.URL(), Mode: "batched", Prefix: "member"}})
+	hold := admission.SilentHoldRounds * 100 * time.Millisecond
+	for _, d := range heldFor("member") {
+		// At least 2/3 of the TTL ahead (keepalives every third of it),
+		// at most the TTL.
+		if d < 3*time.Second || d > eo.MemberTTL {
+			t.Errorf("with etcd: the holding outlives the replica's last report by %v, want until its member lease expires (%v TTL)", d, eo.MemberTTL)
+		}
+	}
+	start(t, Options{Topology: "simulated", Shared: SharedOptions{RedisURL: rs.URL(), Mode: "batched", Prefix: "alone"}})
+	for _, d := range heldFor("alone") {
+		if d <= 0 || d > hold {
+			t.Errorf("without etcd: the holding outlives the replica's last report by %v, want %v", d, hold)
 		}
 	}
 }

@@ -182,6 +182,13 @@ func Run(t *testing.T, newStore Factory) {
 		if a := gauge("a", 100, 1, time.Minute); a != 100+157 {
 			t.Errorf("a's limit after c vanished = %d, want 257", a)
 		}
+		// Back after its holding was reclaimed (silent, not dead), c's
+		// report replaces it: 500 counted once, leaving a 100 held plus
+		// 1.083/5.25 of the 100 free, not nothing.
+		gauge("c", 500, 1, time.Minute)
+		if a := gauge("a", 100, 1, time.Minute); a != 100+20 {
+			t.Errorf("a's limit after c's return = %d, want 100 held + 1.083/5.25 of 100 free = 120", a)
+		}
 		// A replica that took nothing last round still gets some of the free part.
 		if z := gauge("z", 0, 0, time.Minute); z <= 0 {
 			t.Errorf("z's limit = %d with demand 0, want a share of the free part", z)
