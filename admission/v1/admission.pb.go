@@ -2209,7 +2209,7 @@ type ExplainAdmitResponse struct {
 	Model  string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
 	// Admitted within the tenant's floor.
 	Floor bool `protobuf:"varint,6,opt,name=floor,proto3" json:"floor,omitempty"`
-	// On QUEUED and DEADLINE_UNMEETABLE: the wait the request's place in the
+	// On QUEUED, QUEUE_FULL and DEADLINE_UNMEETABLE: the wait the request's place in the
 	// fair order predicts.
 	EstimatedWait *durationpb.Duration `protobuf:"bytes,7,opt,name=estimated_wait,json=estimatedWait,proto3" json:"estimated_wait,omitempty"`
 	// The tenant gates, in the order Admit screens them.
