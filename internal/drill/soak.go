@@ -16,16 +16,10 @@ import (
 // (no etcd, no hooks) is not chosen.
 func Soak(ctx context.Context, f *Fleet, d time.Duration, o Options, seed uint64) *Summary {
 	rng := rand.New(rand.NewPCG(seed, 0x50a6))
-	var names []string
-	for _, n := range Names {
-		switch {
-		case n == CreditExhaustion && o.CreditTenant == "":
-		case (n == KillAgent || n == StopEtcd) && f.Etcd == nil:
-		case n != DrainDomain && n != CreditExhaustion && f.Faults == nil:
-		case n == KillAgent && f.Local == nil:
-			// An operator's fleet names its nodes: soak cannot pick one.
-		default:
-			names = append(names, n)
+	var pool []*drillSpec
+	for i := range drills {
+		if drills[i].soakable(f, o) {
+			pool = append(pool, &drills[i])
 		}
 	}
 	sum := &Summary{Held: true}
@@ -36,15 +30,10 @@ func Soak(ctx context.Context, f *Fleet, d time.Duration, o Options, seed uint64
 	}
 	start := time.Now()
 	for i := 0; time.Since(start) < d && ctx.Err() == nil; i++ {
-		name := names[rng.IntN(len(names))]
-		target := ""
-		if f.Local != nil {
-			switch name {
-			case DrainDomain, KillAgent:
-				target = FleetNodes[rng.IntN(len(FleetNodes))]
-			case KillReplica:
-				target = f.Local.Replicas()[rng.IntN(len(f.Local.Replicas()))]
-			}
+		dr := pool[rng.IntN(len(pool))]
+		name, target := dr.name, ""
+		if f.Local != nil && dr.soakTarget != nil {
+			target = dr.soakTarget(f.Local, rng)
 		}
 		do := o
 		do.Before, do.During, do.After = between(o.Before), between(o.During), between(o.After)
