@@ -110,11 +110,11 @@ type Report struct {
 	Phases   []*PhaseReport `json:"phases"`
 	// RecoverSeconds is the time from the recovery action until the
 	// share of requests admitted was back; nil when it did not come back.
-	RecoverSeconds *float64 `json:"time_to_recover_s"`
+	RecoverSeconds *float64 `json:"timeToRecoverS"`
 	// CapacityBackSeconds is, for kill-replica, the time from the kill
 	// until the others held the killed replica's share of the domains'
 	// KV again; nil when it did not come back within the promise.
-	CapacityBackSeconds *float64  `json:"capacity_back_s,omitempty"`
+	CapacityBackSeconds *float64  `json:"capacityBackS,omitempty"`
 	Promises            []Promise `json:"promises"`
 	// Held is true when every promise held.
 	Held bool `json:"held"`
@@ -122,7 +122,7 @@ type Report struct {
 
 // Mark is one event of a drill's timeline.
 type Mark struct {
-	At   float64 `json:"at_s"`
+	At   float64 `json:"atS"`
 	What string  `json:"what"`
 }
 
@@ -137,40 +137,40 @@ type Promise struct {
 // quota tenant and placements where none may go.
 type PhaseReport struct {
 	Name string  `json:"phase"`
-	From float64 `json:"from_s"`
-	To   float64 `json:"to_s"`
+	From float64 `json:"fromS"`
+	To   float64 `json:"toS"`
 	Sent int64   `json:"sent"`
 	// Lost: Admits that got no decision (a gRPC error other than the
 	// deadline); PastDeadline: Admits that got none before their deadline.
 	Lost           int64            `json:"lost"`
-	PastDeadline   int64            `json:"past_deadline"`
+	PastDeadline   int64            `json:"pastDeadline"`
 	Admitted       int64            `json:"admitted"`
 	Rejected       int64            `json:"rejected"`
-	AdmittedPerSec float64          `json:"admitted_per_s"`
+	AdmittedPerSec float64          `json:"admittedPerS"`
 	Refusals       map[string]int64 `json:"refusals,omitempty"`
 	Errors         map[string]int64 `json:"errors,omitempty"`
 	// P50Ms and P99Ms are the Admit latencies; the changes are relative to
 	// the before phase (1.0: unchanged).
-	P50Ms     float64  `json:"p50_ms"`
-	P99Ms     float64  `json:"p99_ms"`
-	P50Change *float64 `json:"p50_change,omitempty"`
-	P99Change *float64 `json:"p99_change,omitempty"`
+	P50Ms     float64  `json:"p50Ms"`
+	P99Ms     float64  `json:"p99Ms"`
+	P50Change *float64 `json:"p50Change,omitempty"`
+	P99Change *float64 `json:"p99Change,omitempty"`
 	// Floors: per floor tenant, the whole seconds in which it was held.
 	Floors []FloorReport `json:"floors,omitempty"`
 	Quota  *QuotaReport  `json:"quota,omitempty"`
 	// Forbidden counts placements on the drained (or departed) domain of
 	// requests sent after its mark and the grace.
-	Forbidden *int64 `json:"placements_after_mark,omitempty"`
+	Forbidden *int64 `json:"placementsAfterMark,omitempty"`
 	// OnTarget counts placements on the drill's domain.
-	OnTarget      *int64           `json:"placements_on_domain,omitempty"`
-	ReleaseErrors map[string]int64 `json:"release_errors,omitempty"`
+	OnTarget      *int64           `json:"placementsOnDomain,omitempty"`
+	ReleaseErrors map[string]int64 `json:"releaseErrors,omitempty"`
 }
 
 // FloorReport is one floor tenant in one phase.
 type FloorReport struct {
 	Tenant  string `json:"tenant"`
 	Floor   int64  `json:"floor"`
-	Held    int    `json:"seconds_held"`
+	Held    int    `json:"secondsHeld"`
 	Seconds int    `json:"seconds"`
 }
 
@@ -178,11 +178,11 @@ type FloorReport struct {
 // against rate × the phase's length.
 type QuotaReport struct {
 	Tenant    string  `json:"tenant"`
-	Admitted  int64   `json:"admitted_tokens"`
-	Quota     int64   `json:"quota_tokens"` // what one exact token bucket of its rate and burst, empty at the phase start, admits of the same requests
-	Upper     int64   `json:"upper_bound_tokens"`
-	Overshoot float64 `json:"overshoot_pct"`
-	Under     float64 `json:"undershoot_pct"`
+	Admitted  int64   `json:"admittedTokens"`
+	Quota     int64   `json:"quotaTokens"` // what one exact token bucket of its rate and burst, empty at the phase start, admits of the same requests
+	Upper     int64   `json:"upperBoundTokens"`
+	Overshoot float64 `json:"overshootPct"`
+	Under     float64 `json:"undershootPct"`
 }
 
 // policy is a tenant's floor, quota and credit: from the config, or as its

@@ -62,11 +62,11 @@ type SoakTotals struct {
 	Drills       map[string]int `json:"drills"`
 	Sent         int64          `json:"sent"`
 	Lost         int64          `json:"lost"`
-	PastDeadline int64          `json:"past_deadline"`
-	AfterMark    int64          `json:"placements_after_mark"`
+	PastDeadline int64          `json:"pastDeadline"`
+	AfterMark    int64          `json:"placementsAfterMark"`
 	Broken       map[string]int `json:"broken,omitempty"`
 	// WorstRecover is the longest time to recover, in seconds.
-	WorstRecover float64 `json:"worst_time_to_recover_s"`
+	WorstRecover float64 `json:"worstTimeToRecoverS"`
 }
 
 // totals adds up the summary's reports.
