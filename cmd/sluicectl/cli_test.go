@@ -271,11 +271,41 @@ func TestJSONAndYAMLOneConvention(t *testing.T) {
 			}
 		}
 	}
+	// drill: a run takes a fleet and seconds a phase (the drill tests
+	// check the keys of theirs); here a summary with every field set
+	// prints as `drill -o json|yaml` prints it.
+	sum := filledDrillSummary()
+	var docs [2]any
+	for i, format := range []string{formatJSON, formatYAML} {
+		var buf bytes.Buffer
+		if err := (output{format: format, w: &buf}).write(sum.WriteJSON, sum.WriteTable); err != nil {
+			t.Fatalf("drill -o %s: %v", format, err)
+		}
+		j := buf.Bytes()
+		if format == formatYAML {
+			var err error
+			if j, err = yaml.YAMLToJSON(j); err != nil || bytes.HasPrefix(bytes.TrimSpace(buf.Bytes()), []byte("{")) {
+				t.Fatalf("drill -o yaml: %v\n%s", err, buf.Bytes())
+			}
+		}
+		if err := json.Unmarshal(j, &docs[i]); err != nil {
+			t.Fatalf("drill -o %s: %v\n%s", format, err, j)
+		}
+		if bad := badKeys(docs[i], ""); len(bad) > 0 {
+			slices.Sort(bad)
+			t.Errorf("drill -o %s: keys not lowerCamelCase: %s", format, strings.Join(slices.Compact(bad), ", "))
+		}
+	}
+	if !reflect.DeepEqual(docs[0], docs[1]) {
+		t.Errorf("drill: -o yaml is not -o json's document:\n%v\n%v", docs[1], docs[0])
+	}
 }
 
-// dataKeyed are keys whose values are maps keyed by data (a reason, a gRPC
-// code), not by field names.
-var dataKeyed = map[string]bool{"refusals": true, "errors": true, "releaseErrors": true, "rejected": true}
+// dataKeyed are keys whose values, where they are objects, are maps keyed
+// by data (a reason, a gRPC code, a drill's name, a broken promise), not
+// by field names: their keys are not checked, what they hold is.
+var dataKeyed = map[string]bool{"refusals": true, "errors": true, "releaseErrors": true, "rejected": true,
+	"drills": true, "broken": true}
 
 // badKeys lists the object keys in doc that are not lowerCamelCase, by
 // path.
@@ -287,9 +317,13 @@ func badKeys(doc any, path string) []string {
 			if !isLowerCamel(k) {
 				bad = append(bad, path+"."+k)
 			}
-			if !dataKeyed[k] {
-				bad = append(bad, badKeys(c, path+"."+k)...)
+			if m, ok := c.(map[string]any); ok && dataKeyed[k] {
+				for dk, dc := range m {
+					bad = append(bad, badKeys(dc, path+"."+k+"."+dk)...)
+				}
+				continue
 			}
+			bad = append(bad, badKeys(c, path+"."+k)...)
 		}
 	case []any:
 		for _, c := range v {

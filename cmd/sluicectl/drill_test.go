@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -50,7 +51,53 @@ func drillJSON(t *testing.T, args ...string) (int, drill.Summary, string) {
 	if err := json.Unmarshal([]byte(out), &sum); err != nil {
 		t.Fatalf("drill %v: exit %d, output is not JSON: %v\n%s\n%s", args, code, err, out, errs)
 	}
+	// The keys are every command's: lowerCamelCase.
+	var doc any
+	_ = json.Unmarshal([]byte(out), &doc)
+	if bad := badKeys(doc, ""); len(bad) > 0 {
+		slices.Sort(bad)
+		t.Errorf("drill %v -o json: keys not lowerCamelCase: %s", args, strings.Join(slices.Compact(bad), ", "))
+	}
 	return code, sum, errs
+}
+
+// filledDrillSummary is a drill summary with every field set (a pointer
+// to a value, a slice and a map of one element each, down to the
+// leaves): its JSON shows every key a report can have, omitempty or not.
+func filledDrillSummary() *drill.Summary {
+	var fill func(v reflect.Value)
+	fill = func(v reflect.Value) {
+		switch v.Kind() {
+		case reflect.Pointer:
+			v.Set(reflect.New(v.Type().Elem()))
+			fill(v.Elem())
+		case reflect.Struct:
+			for i := range v.NumField() {
+				if v.Type().Field(i).IsExported() {
+					fill(v.Field(i))
+				}
+			}
+		case reflect.Slice:
+			v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+			fill(v.Index(0))
+		case reflect.Map:
+			e := reflect.New(v.Type().Elem()).Elem()
+			fill(e)
+			v.Set(reflect.MakeMap(v.Type()))
+			v.SetMapIndex(reflect.ValueOf("k").Convert(v.Type().Key()), e)
+		case reflect.String:
+			v.SetString("x")
+		case reflect.Bool:
+			v.SetBool(true)
+		case reflect.Int, reflect.Int64:
+			v.SetInt(1)
+		case reflect.Float64:
+			v.SetFloat(1)
+		}
+	}
+	var sum drill.Summary
+	fill(reflect.ValueOf(&sum).Elem())
+	return &sum
 }
 
 // promise finds a promise of a report by name.

@@ -24,6 +24,7 @@ const recoverBin = 250 * time.Millisecond
 // the promises. Answers belong to the phase in which they were sent, so a
 // slow answer counts where its request was made.
 func (r *run) analyze(name string) {
+	d := drillNamed(name)
 	answers, releases := r.rec.snapshot()
 	bounds := []struct {
 		name     string
@@ -31,7 +32,7 @@ func (r *run) analyze(name string) {
 	}{{PhaseBefore, 0, r.fault}, {PhaseDuring, r.fault, r.begun}, {PhaseAfter, r.begun, r.ended}}
 	var before *PhaseReport
 	for _, b := range bounds {
-		p := r.measure(b.name, b.from, b.to, answers, releases, name)
+		p := r.measure(b.name, b.from, b.to, answers, releases, d)
 		if before == nil {
 			before = p
 		} else if before.P50Ms > 0 {
@@ -41,11 +42,11 @@ func (r *run) analyze(name string) {
 		r.rep.Phases = append(r.rep.Phases, p)
 	}
 	r.rep.RecoverSeconds = r.recovery(answers)
-	r.judge(name, answers, releases)
+	r.judge(d, answers, releases)
 }
 
 // measure is one phase's report.
-func (r *run) measure(phase string, from, to time.Duration, answers []answer, releases []release, name string) *PhaseReport {
+func (r *run) measure(phase string, from, to time.Duration, answers []answer, releases []release, d *drillSpec) *PhaseReport {
 	p := &PhaseReport{Name: phase, From: secs(from), To: secs(to), Refusals: map[string]int64{}, Errors: map[string]int64{},
 		ReleaseErrors: map[string]int64{}}
 	var lat []time.Duration
@@ -77,7 +78,7 @@ func (r *run) measure(phase string, from, to time.Duration, answers []answer, re
 	slices.Sort(lat)
 	p.P50Ms, p.P99Ms = quantileMs(lat, 0.50), quantileMs(lat, 0.99)
 	for _, rel := range releases {
-		if rel.at >= from && rel.at < to && rel.code != codes.OK && !r.excusedRelease(name, rel) {
+		if rel.at >= from && rel.at < to && rel.code != codes.OK && !r.excusedRelease(d, rel) {
 			p.ReleaseErrors[rel.code.String()]++
 		}
 	}
@@ -189,9 +190,9 @@ func (r *run) forbidden(a *answer) bool {
 }
 
 // excusedRelease reports whether a failed Release is the drill's own doing:
-// a lease of the replica kill-replica killed (its leases died with it).
-func (r *run) excusedRelease(name string, rel release) bool {
-	return name == KillReplica && rel.replica == r.rep.Target
+// a lease of the replica the drill killed (its leases died with it).
+func (r *run) excusedRelease(d *drillSpec, rel release) bool {
+	return d.leasesDie && rel.replica == r.rep.Target
 }
 
 func (r *run) inMix(tenant string) bool {
@@ -261,7 +262,7 @@ func (r *run) admittedShare(answers []answer, from, to time.Duration) (float64, 
 }
 
 // judge adds the promises every drill checks, and its own.
-func (r *run) judge(name string, answers []answer, releases []release) {
+func (r *run) judge(d *drillSpec, answers []answer, releases []release) {
 	add := func(name string, held bool, format string, args ...any) {
 		r.rep.Promises = append(r.rep.Promises, Promise{Name: name, Held: held, Detail: fmt.Sprintf(format, args...)})
 	}
@@ -308,7 +309,7 @@ func (r *run) judge(name string, answers []answer, releases []release) {
 		}
 	}
 	detail := "every Release answered OK"
-	if name == KillReplica {
+	if d.leasesDie {
 		detail += " (leases of the killed replica excepted: they died with it)"
 	}
 	if len(relErr) > 0 {
@@ -324,7 +325,7 @@ func (r *run) judge(name string, answers []answer, releases []release) {
 		return
 	}
 	during := r.rep.Phases[1]
-	what := map[string]string{DrainDomain: "the mark", KillAgent: "its node's departure"}[name]
+	what := d.departure
 	first := ""
 	for i := range answers {
 		if a := &answers[i]; r.forbidden(a) {
@@ -344,7 +345,6 @@ func (r *run) judge(name string, answers []answer, releases []release) {
 	}
 	add("leases there complete", failed == 0, "%d leases granted on %s before the mark and released after it, %d failed", onDomain, r.domain, failed)
 	if b, a := *r.rep.Phases[0].OnTarget, *r.rep.Phases[2].OnTarget; b > 0 {
-		verb := map[string]string{DrainDomain: "undrain restores", KillAgent: "capacity returns with the agent"}[name]
-		add(verb, a > 0, "%d placements on %s before, %d after", b, r.domain, a)
+		add(d.back, a > 0, "%d placements on %s before, %d after", b, r.domain, a)
 	}
 }

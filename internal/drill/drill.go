@@ -23,20 +23,6 @@ import (
 	"github.com/sluice-sched/sluice/internal/load"
 )
 
-// The drills, in the order `all` runs them (each leaves the fleet as it
-// found it).
-const (
-	DrainDomain      = "drain-domain"
-	KillAgent        = "kill-agent"
-	KillReplica      = "kill-replica"
-	StopEtcd         = "stop-etcd"
-	KillRedis        = "kill-redis"
-	CreditExhaustion = "credit-exhaustion"
-)
-
-// Names lists the drills in the order `all` runs them.
-var Names = []string{DrainDomain, KillAgent, KillReplica, StopEtcd, KillRedis, CreditExhaustion}
-
 // Options say how a drill loads the fleet, how long its phases are and how
 // strictly its promises are judged. Zero fields take the defaults of
 // Defaults.
@@ -124,11 +110,11 @@ type Report struct {
 	Phases   []*PhaseReport `json:"phases"`
 	// RecoverSeconds is the time from the recovery action until the
 	// share of requests admitted was back; nil when it did not come back.
-	RecoverSeconds *float64 `json:"time_to_recover_s"`
+	RecoverSeconds *float64 `json:"timeToRecoverS"`
 	// CapacityBackSeconds is, for kill-replica, the time from the kill
 	// until the others held the killed replica's share of the domains'
 	// KV again; nil when it did not come back within the promise.
-	CapacityBackSeconds *float64  `json:"capacity_back_s,omitempty"`
+	CapacityBackSeconds *float64  `json:"capacityBackS,omitempty"`
 	Promises            []Promise `json:"promises"`
 	// Held is true when every promise held.
 	Held bool `json:"held"`
@@ -136,7 +122,7 @@ type Report struct {
 
 // Mark is one event of a drill's timeline.
 type Mark struct {
-	At   float64 `json:"at_s"`
+	At   float64 `json:"atS"`
 	What string  `json:"what"`
 }
 
@@ -151,40 +137,40 @@ type Promise struct {
 // quota tenant and placements where none may go.
 type PhaseReport struct {
 	Name string  `json:"phase"`
-	From float64 `json:"from_s"`
-	To   float64 `json:"to_s"`
+	From float64 `json:"fromS"`
+	To   float64 `json:"toS"`
 	Sent int64   `json:"sent"`
 	// Lost: Admits that got no decision (a gRPC error other than the
 	// deadline); PastDeadline: Admits that got none before their deadline.
 	Lost           int64            `json:"lost"`
-	PastDeadline   int64            `json:"past_deadline"`
+	PastDeadline   int64            `json:"pastDeadline"`
 	Admitted       int64            `json:"admitted"`
 	Rejected       int64            `json:"rejected"`
-	AdmittedPerSec float64          `json:"admitted_per_s"`
+	AdmittedPerSec float64          `json:"admittedPerS"`
 	Refusals       map[string]int64 `json:"refusals,omitempty"`
 	Errors         map[string]int64 `json:"errors,omitempty"`
 	// P50Ms and P99Ms are the Admit latencies; the changes are relative to
 	// the before phase (1.0: unchanged).
-	P50Ms     float64  `json:"p50_ms"`
-	P99Ms     float64  `json:"p99_ms"`
-	P50Change *float64 `json:"p50_change,omitempty"`
-	P99Change *float64 `json:"p99_change,omitempty"`
+	P50Ms     float64  `json:"p50Ms"`
+	P99Ms     float64  `json:"p99Ms"`
+	P50Change *float64 `json:"p50Change,omitempty"`
+	P99Change *float64 `json:"p99Change,omitempty"`
 	// Floors: per floor tenant, the whole seconds in which it was held.
 	Floors []FloorReport `json:"floors,omitempty"`
 	Quota  *QuotaReport  `json:"quota,omitempty"`
 	// Forbidden counts placements on the drained (or departed) domain of
 	// requests sent after its mark and the grace.
-	Forbidden *int64 `json:"placements_after_mark,omitempty"`
+	Forbidden *int64 `json:"placementsAfterMark,omitempty"`
 	// OnTarget counts placements on the drill's domain.
-	OnTarget      *int64           `json:"placements_on_domain,omitempty"`
-	ReleaseErrors map[string]int64 `json:"release_errors,omitempty"`
+	OnTarget      *int64           `json:"placementsOnDomain,omitempty"`
+	ReleaseErrors map[string]int64 `json:"releaseErrors,omitempty"`
 }
 
 // FloorReport is one floor tenant in one phase.
 type FloorReport struct {
 	Tenant  string `json:"tenant"`
 	Floor   int64  `json:"floor"`
-	Held    int    `json:"seconds_held"`
+	Held    int    `json:"secondsHeld"`
 	Seconds int    `json:"seconds"`
 }
 
@@ -192,11 +178,11 @@ type FloorReport struct {
 // against rate × the phase's length.
 type QuotaReport struct {
 	Tenant    string  `json:"tenant"`
-	Admitted  int64   `json:"admitted_tokens"`
-	Quota     int64   `json:"quota_tokens"` // what one exact token bucket of its rate and burst, empty at the phase start, admits of the same requests
-	Upper     int64   `json:"upper_bound_tokens"`
-	Overshoot float64 `json:"overshoot_pct"`
-	Under     float64 `json:"undershoot_pct"`
+	Admitted  int64   `json:"admittedTokens"`
+	Quota     int64   `json:"quotaTokens"` // what one exact token bucket of its rate and burst, empty at the phase start, admits of the same requests
+	Upper     int64   `json:"upperBoundTokens"`
+	Overshoot float64 `json:"overshootPct"`
+	Under     float64 `json:"undershootPct"`
 }
 
 // policy is a tenant's floor, quota and credit: from the config, or as its
@@ -207,8 +193,11 @@ type policy struct {
 
 // run is one drill in progress.
 type run struct {
+	d      *drillSpec
 	f      *Fleet
 	o      Options
+	target string // the drill's target, as given or picked
+	part   Part   // what its fault stops, for target
 	rep    *Report
 	rec    *recorder
 	t0     time.Time
@@ -251,17 +240,12 @@ func (r *run) sleepUntil(ctx context.Context, at time.Duration) error {
 // floor tenant). The report says which promises held; an error means the
 // drill could not be run (a hook failed, the fleet did not answer).
 func Run(ctx context.Context, f *Fleet, name, target string, o Options) (*Report, error) {
-	if !slices.Contains(Names, name) {
+	d := drillNamed(name)
+	if d == nil {
 		return nil, fmt.Errorf("drill %q: want one of %v or all", name, Names)
 	}
-	if f.Faults == nil && name != DrainDomain && name != CreditExhaustion {
-		return nil, fmt.Errorf("drill %s stops part of the fleet: give --stop and --start (or --self-contained)", name)
-	}
-	if name == KillAgent && f.Etcd == nil {
-		return nil, errors.New("drill kill-agent watches the agent's record: the fleet needs etcd (--etcd)")
-	}
-	if name == StopEtcd && f.Etcd == nil {
-		return nil, errors.New("drill stop-etcd: the fleet has no etcd (--etcd)")
+	if why := d.canRun(f); why != "" {
+		return nil, errors.New(why)
 	}
 	if c := o.Config; c != nil {
 		// The config is the truth where it speaks.
@@ -272,7 +256,7 @@ func Run(ctx context.Context, f *Fleet, name, target string, o Options) (*Report
 			o.BreakerOpen = p.BurstCredit.BreakerOpen.Duration
 		}
 	}
-	r := &run{f: f, o: o, t0: time.Now(), mark: -1, rep: &Report{Drill: name, Fleet: describe(f)}}
+	r := &run{d: d, f: f, o: o, target: target, t0: time.Now(), mark: -1, rep: &Report{Drill: name, Fleet: describe(f)}}
 	r.rec = newRecorder(r.t0, f.Router, o.OutputWeight)
 	if opts := r.loadOptions(); opts.Validate() != nil {
 		// A segment's load.Run fails only here; say so before the fleet is
@@ -283,12 +267,7 @@ func Run(ctx context.Context, f *Fleet, name, target string, o Options) (*Report
 	if r.pols, err = r.policies(ctx); err != nil {
 		return nil, err
 	}
-	if name == CreditExhaustion {
-		err = r.creditExhaustion(ctx)
-	} else {
-		err = r.faultDrill(ctx, name, target)
-	}
-	if err != nil {
+	if err := d.drive(r, ctx); err != nil {
 		return r.rep, err
 	}
 	r.analyze(name)
@@ -320,7 +299,7 @@ func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 	for _, m := range r.o.Tenants {
 		names = append(names, m.Tenant)
 	}
-	if r.rep.Drill == CreditExhaustion {
+	if r.d.credit {
 		names = append(names, r.o.CreditTenant)
 	}
 	for _, n := range names {
@@ -379,7 +358,7 @@ func (r *run) drainWait() time.Duration { return r.o.Deadline + r.o.Hold + 3*tim
 
 // faultDrill runs the drills that break something and mend it: before,
 // the fault, during, the recovery, after.
-func (r *run) faultDrill(ctx context.Context, name, target string) error {
+func (r *run) faultDrill(ctx context.Context) error {
 	seg := startSegment(ctx, r.rec, r.loadOptions())
 	defer seg.stop(r.drainWait())
 	arrivals := "(Poisson)"
@@ -390,105 +369,51 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 	if err := r.sleepUntil(ctx, r.o.Before); err != nil {
 		return err
 	}
-	var err error
-	if target, err = r.pickTarget(ctx, name, target); err != nil {
-		return err
-	}
-	r.rep.Target = target
-	part := map[string]Part{KillAgent: {Kind: "agent", Name: target}, KillReplica: {Kind: "replica", Name: target},
-		StopEtcd: {Kind: "etcd"}, KillRedis: {Kind: "redis"}}[name]
-	// mend undoes the fault. Interrupted before it ran (Ctrl-C), it still
-	// runs, on a context of its own: a fleet the drill did not start must
-	// not be left drained or without its Redis.
-	mend := func(ctx context.Context) error {
-		if name == DrainDomain {
-			return r.drain(ctx, target, false)
-		}
-		r.note("start %s", part)
-		if err := r.f.Faults.Start(ctx, part); err != nil {
+	if r.target == "" && r.d.pick != nil {
+		var err error
+		if r.target, err = r.d.pick(r); err != nil {
 			return err
 		}
-		r.note("%s started", part)
-		return nil
 	}
+	r.rep.Target = r.target
+	if r.d.part != nil {
+		r.part = r.d.part(r.target)
+	}
+	// The recovery action undoes the fault. Interrupted before it ran
+	// (Ctrl-C), it still runs, on a context of its own: a fleet the drill
+	// did not start must not be left drained or without its Redis.
 	mended := false
 	defer func() {
 		if !mended {
 			mctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := mend(mctx); err != nil {
+			if err := r.d.mend(r, mctx); err != nil {
 				r.note("undoing the fault after the interruption failed: %v", err)
 			}
 		}
 	}()
 	r.fault = r.now()
-	var stopWatch func()
-	switch name {
-	case DrainDomain:
-		r.domain = target
-		r.mark = r.now()
-		if err := r.drain(ctx, target, true); err != nil {
-			return err
-		}
-		stopWatch = r.watchDrainApplied(ctx, target)
-	case KillAgent:
-		dom, alone, err := r.nodeDomain(ctx, target)
-		if err != nil {
-			return err
-		}
-		r.rep.Target = target + " (domain " + dom + ")"
-		if alone {
-			r.domain = dom
-		}
-		gone := r.watchAgentGone(ctx, target)
-		r.note("stop %s", part)
-		if err := r.f.Faults.Stop(ctx, part); err != nil {
-			return err
-		}
-		r.note("%s stopped", part)
-		select {
-		case at := <-gone:
-			r.mark = at
-			r.note("agent %s's record left etcd (at %.2fs): its GPUs leave capacity", target, secs(at))
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("agent %s: its record is still in etcd 30s after the stop", target)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	case KillReplica:
-		// What the replicas hold of each domain's KV before the kill: the
-		// killed one's share must come back to the others.
-		before := r.kvLimits(ctx)
-		lease := r.memberLease(ctx, target)
-		r.note("stop %s", part)
-		if err := r.f.Faults.Stop(ctx, part); err != nil {
-			return err
-		}
-		r.note("%s stopped", part)
-		killed := r.now()
-		r.noteMemberLease(ctx, target, lease)
-		defer r.watchReclaim(ctx, target, before, killed)()
-	default:
-		r.note("stop %s", part)
-		if err := r.f.Faults.Stop(ctx, part); err != nil {
-			return err
-		}
-		r.note("%s stopped", part)
+	w, err := r.d.fault(r, ctx)
+	if err != nil {
+		return err
+	}
+	if w.wait != nil {
+		defer w.wait()
 	}
 	faultDone := r.now()
 	if err := r.sleepUntil(ctx, max(r.fault+r.o.During, faultDone+r.o.During/2)); err != nil {
 		return err
 	}
-	if stopWatch != nil {
-		stopWatch()
+	if w.stop != nil {
+		w.stop()
 	}
 	r.mend = r.now()
-	if err := mend(ctx); err != nil {
+	if err := r.d.mend(r, ctx); err != nil {
 		return err // the deferred undo tries again on a context of its own
 	}
 	mended = true
-	if name == DrainDomain {
-		defer r.watchWarmup(ctx, target)()
+	if r.d.afterMend != nil {
+		defer r.d.afterMend(r, ctx)()
 	}
 	r.begun = r.now()
 	if err := r.sleepUntil(ctx, r.begun+r.o.After); err != nil {
@@ -499,46 +424,104 @@ func (r *run) faultDrill(ctx context.Context, name, target string) error {
 	return nil
 }
 
-// pickTarget returns target, or the drill's default one.
-func (r *run) pickTarget(ctx context.Context, name, target string) (string, error) {
-	if target != "" || name == StopEtcd || name == KillRedis {
-		return target, nil
+// stopPart stops the drill's part, noting it on the timeline.
+func (r *run) stopPart(ctx context.Context) error {
+	r.note("stop %s", r.part)
+	if err := r.f.Faults.Stop(ctx, r.part); err != nil {
+		return err
 	}
-	switch name {
-	case DrainDomain, KillAgent:
-		answers, _ := r.rec.snapshot()
-		count := map[string]int{}
-		for _, a := range answers {
-			if a.admitted() && a.domain != "" {
-				count[a.domain]++
-			}
-		}
-		if len(count) == 0 {
-			return "", errors.New("no placement before the fault: cannot pick a domain (give one)")
-		}
-		doms := slices.Sorted(maps.Keys(count))
-		best := doms[0]
-		for _, d := range doms {
-			if count[d] > count[best] {
-				best = d
-			}
-		}
-		if name == DrainDomain {
-			return best, nil
-		}
-		// The node whose record makes that domain.
-		if r.f.Local != nil {
-			return best, nil // the self-contained fleet's nodes are their domains
-		}
-		return "", errors.New("kill-agent: give the NODE")
-	case KillReplica:
-		m, ok := r.f.Router.Route(r.o.Tenants[0].Tenant)
-		if !ok {
-			return "", errors.New("no replica is registered")
-		}
-		return m.ID, nil
+	r.note("%s stopped", r.part)
+	return nil
+}
+
+// startPart starts the drill's part again: the recovery action of the
+// drills that stop one.
+func (r *run) startPart(ctx context.Context) error {
+	r.note("start %s", r.part)
+	if err := r.f.Faults.Start(ctx, r.part); err != nil {
+		return err
 	}
-	return "", nil
+	r.note("%s started", r.part)
+	return nil
+}
+
+// stopFault stops the part and watches nothing.
+func (r *run) stopFault(ctx context.Context) (watch, error) { return watch{}, r.stopPart(ctx) }
+
+// drainFault drains the target domain (forbidden from its mark) and
+// watches every replica apply the drain until the recovery action.
+func (r *run) drainFault(ctx context.Context) (watch, error) {
+	r.domain = r.target
+	r.mark = r.now()
+	if err := r.drain(ctx, r.target, true); err != nil {
+		return watch{}, err
+	}
+	return watch{stop: r.watchDrainApplied(ctx, r.target)}, nil
+}
+
+// agentFault stops the target node's agent and waits for its record to
+// leave etcd: from then its GPUs leave capacity, and its domain, when the
+// node is the domain's only one, is forbidden.
+func (r *run) agentFault(ctx context.Context) (watch, error) {
+	dom, alone, err := r.nodeDomain(ctx, r.target)
+	if err != nil {
+		return watch{}, err
+	}
+	r.rep.Target = r.target + " (domain " + dom + ")"
+	if alone {
+		r.domain = dom
+	}
+	gone := r.watchAgentGone(ctx, r.target)
+	if err := r.stopPart(ctx); err != nil {
+		return watch{}, err
+	}
+	select {
+	case at := <-gone:
+		r.mark = at
+		r.note("agent %s's record left etcd (at %.2fs): its GPUs leave capacity", r.target, secs(at))
+	case <-time.After(30 * time.Second):
+		return watch{}, fmt.Errorf("agent %s: its record is still in etcd 30s after the stop", r.target)
+	case <-ctx.Done():
+		return watch{}, ctx.Err()
+	}
+	return watch{}, nil
+}
+
+// replicaFault stops the target replica and watches its share of the
+// domains' KV come back to the others until the drill's end.
+func (r *run) replicaFault(ctx context.Context) (watch, error) {
+	// What the replicas hold of each domain's KV before the kill: the
+	// killed one's share must come back to the others.
+	before := r.kvLimits(ctx)
+	lease := r.memberLease(ctx, r.target)
+	if err := r.stopPart(ctx); err != nil {
+		return watch{}, err
+	}
+	killed := r.now()
+	r.noteMemberLease(ctx, r.target, lease)
+	return watch{wait: r.watchReclaim(ctx, r.target, before, killed)}, nil
+}
+
+// busiestDomain is the domain with the most placements before the fault.
+func (r *run) busiestDomain() (string, error) {
+	answers, _ := r.rec.snapshot()
+	count := map[string]int{}
+	for _, a := range answers {
+		if a.admitted() && a.domain != "" {
+			count[a.domain]++
+		}
+	}
+	if len(count) == 0 {
+		return "", errors.New("no placement before the fault: cannot pick a domain (give one)")
+	}
+	doms := slices.Sorted(maps.Keys(count))
+	best := doms[0]
+	for _, d := range doms {
+		if count[d] > count[best] {
+			best = d
+		}
+	}
+	return best, nil
 }
 
 // drain writes (or deletes) the domain's drain mark in etcd, or without

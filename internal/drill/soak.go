@@ -16,16 +16,10 @@ import (
 // (no etcd, no hooks) is not chosen.
 func Soak(ctx context.Context, f *Fleet, d time.Duration, o Options, seed uint64) *Summary {
 	rng := rand.New(rand.NewPCG(seed, 0x50a6))
-	var names []string
-	for _, n := range Names {
-		switch {
-		case n == CreditExhaustion && o.CreditTenant == "":
-		case (n == KillAgent || n == StopEtcd) && f.Etcd == nil:
-		case n != DrainDomain && n != CreditExhaustion && f.Faults == nil:
-		case n == KillAgent && f.Local == nil:
-			// An operator's fleet names its nodes: soak cannot pick one.
-		default:
-			names = append(names, n)
+	var pool []*drillSpec
+	for i := range drills {
+		if drills[i].soakable(f, o) {
+			pool = append(pool, &drills[i])
 		}
 	}
 	sum := &Summary{Held: true}
@@ -36,15 +30,10 @@ func Soak(ctx context.Context, f *Fleet, d time.Duration, o Options, seed uint64
 	}
 	start := time.Now()
 	for i := 0; time.Since(start) < d && ctx.Err() == nil; i++ {
-		name := names[rng.IntN(len(names))]
-		target := ""
-		if f.Local != nil {
-			switch name {
-			case DrainDomain, KillAgent:
-				target = FleetNodes[rng.IntN(len(FleetNodes))]
-			case KillReplica:
-				target = f.Local.Replicas()[rng.IntN(len(f.Local.Replicas()))]
-			}
+		dr := pool[rng.IntN(len(pool))]
+		name, target := dr.name, ""
+		if f.Local != nil && dr.soakTarget != nil {
+			target = dr.soakTarget(f.Local, rng)
 		}
 		do := o
 		do.Before, do.During, do.After = between(o.Before), between(o.During), between(o.After)
@@ -73,11 +62,11 @@ type SoakTotals struct {
 	Drills       map[string]int `json:"drills"`
 	Sent         int64          `json:"sent"`
 	Lost         int64          `json:"lost"`
-	PastDeadline int64          `json:"past_deadline"`
-	AfterMark    int64          `json:"placements_after_mark"`
+	PastDeadline int64          `json:"pastDeadline"`
+	AfterMark    int64          `json:"placementsAfterMark"`
 	Broken       map[string]int `json:"broken,omitempty"`
 	// WorstRecover is the longest time to recover, in seconds.
-	WorstRecover float64 `json:"worst_time_to_recover_s"`
+	WorstRecover float64 `json:"worstTimeToRecoverS"`
 }
 
 // totals adds up the summary's reports.
