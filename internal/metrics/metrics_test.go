@@ -24,9 +24,10 @@ tenants:
   router: {tier: bench}
 `
 
-// TestInstrumentedAdmitAllocatesNothing: measuring Admit adds no allocation
-// to a decision made at once (the engine's own is 0).
-func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
+// observedEngine is an engine on benchConfig observed by a fresh Metrics,
+// closed at the test's end.
+func observedEngine(t *testing.T) (*Metrics, *admission.Engine) {
+	t.Helper()
 	cfg, err := config.Parse("bench", []byte(benchConfig))
 	if err != nil {
 		t.Fatal(err)
@@ -36,7 +37,14 @@ func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer eng.Close()
+	t.Cleanup(eng.Close)
+	return m, eng
+}
+
+// TestInstrumentedAdmitAllocatesNothing: measuring Admit adds no allocation
+// to a decision made at once (the engine's own is 0).
+func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
+	m, eng := observedEngine(t)
 	in := m.Instrument(eng)
 	ctx := context.Background()
 	req := admission.Request{Tenant: "router", Model: "small", PromptTokens: 10, MaxOutputTokens: 1}
@@ -62,16 +70,7 @@ func TestInstrumentedAdmitAllocatesNothing(t *testing.T) {
 // limits.release_overrun_multiple times its admission is counted under its
 // tenant in sluice_release_overrun_clamped_total; one within it is not.
 func TestClampedReleasesAreCounted(t *testing.T) {
-	cfg, err := config.Parse("bench", []byte(benchConfig))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := New(Options{})
-	eng, err := admission.New(cfg, topology.Simulated(), admission.WithObserver(m))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer eng.Close()
+	m, eng := observedEngine(t)
 	ctx := context.Background()
 	for _, out := range []int64{4 * 5, 1<<63 - 1, 4*5 + 1} {
 		d, err := eng.Admit(ctx, admission.Request{Tenant: "router", Model: "small", PromptTokens: 10, MaxOutputTokens: 5})
