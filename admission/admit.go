@@ -97,8 +97,8 @@ func (e *Engine) Await(ctx context.Context, tk *Ticket) Decision {
 // admission (or turns it into the store's refusal), then the observer
 // sees it.
 func (e *Engine) answer(ctx context.Context, req *Request, d *Decision) {
-	if why := e.shared.decided(ctx, req.RequestID, d.LeaseID); why.refused() {
-		*d = refused(*d, why)
+	if why := e.shared.Decided(ctx, req.RequestID, d.LeaseID); why.Refused() {
+		*d = refused(*d, refusalOf(why))
 	}
 	if e.observer != nil {
 		e.observer.ObserveDecision(*req, *d)
@@ -254,15 +254,15 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 		return nil
 	}
 	if fresh {
-		e.shared.tenantReadyLocked(t, now, false)
+		e.shared.TenantReadyLocked(t, now, false)
 	}
 	r.tenant = t
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 
-	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, e.shared.gateLocked(t), e.mu.gates.frozenLocked(now), rec)
+	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, refusalOf(e.shared.GateLocked(t)), e.mu.gates.frozenLocked(now), rec)
 	if why.reason == ReasonQuotaExceeded && rec == nil { // the strategy notes the demand
-		why.retry = e.shared.quotaRefusedLocked(t, why.retry)
+		why.retry = e.shared.QuotaRefusedLocked(t, why.retry)
 	}
 	if why.refused() {
 		rec.screenRefused()

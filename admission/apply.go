@@ -92,12 +92,14 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 	p := &e.mu.place
 	p.cfg, p.cat, p.maxWeight, p.floorTotal = &st.cfg, st.cat, st.maxWeight, st.floorTotal
 	p.rebuildModels()
-	warming := p.commitDomains(st.domains, now, warm && old != nil, e.shared.capacityRebuiltLocked)
+	warming := p.commitDomains(st.domains, now, warm && old != nil, func(at int64, d *domainState, was *pd.DomainCapacity) {
+		e.shared.CapacityRebuiltLocked(at, d, was)
+	})
 	if old != nil && warmupChanged(&old.Warmup, &st.cfg.Warmup) {
 		p.retuneWarmups(now)
 	}
 	e.mu.gates.reconfigureLocked(&st.cfg, now, p.modelList, func(t *tenantState) {
-		e.shared.tenantReadyLocked(t, now, true)
+		e.shared.TenantReadyLocked(t, now, true)
 	})
 	q := st.cfg.Queue
 	qc := wfq.Config{MaxPerFlow: q.MaxPerFlow, MaxTotal: q.MaxTotal, MaxCritical: q.MaxCritical}

@@ -122,14 +122,14 @@
 //
 // With several replicas, quotas and domain capacity are shared through the
 // SharedState port (internal/state/redisstate on Redis). The engine uses it
-// through an internal strategy with three implementations, called at a few
-// named hooks — a tenant's state built or re-limited, a domain's capacity
+// through a strategy (package sharing) with three implementations, called
+// at a few named hooks — a tenant's state built or re-limited, a domain's capacity
 // rebuilt, the store's gate in the screen, a quota refusal, every answer
 // (decided), every release, and a background loop — so that no gate asks
 // which mode it runs in:
 //
 //   - embedded (the default): every hook does nothing; the buckets are whole.
-//   - batched (batched.go): every bucket is this replica's local grant;
+//   - batched (package sharing): every bucket is this replica's local grant;
 //     decisions never wait for the store. Every interval one Reconcile
 //     call reports what each bucket took (cumulative counters per epoch, so
 //     a repeated report is counted once) and the demand, and brings the
@@ -137,7 +137,7 @@
 //     level, negative for an overage (backpressure). A tenant new to the
 //     replica starts from a 1/N slice without refill; one idle for ten
 //     intervals stops being reported and freezes at its level.
-//   - strict (strict.go): the replica decides locally on whole buckets, as
+//   - strict (package sharing): the replica decides locally on whole buckets, as
 //     if alone, then confirms every admission with one atomic Commit that
 //     takes the tenant's and the domain's amounts from the shared buckets
 //     or refuses them all; a refusal cancels the local charge and answers
@@ -145,7 +145,10 @@
 //     difference with Settle. Duplicates of an admission wait for its one
 //     commit.
 //
-// Both share the store's circuit breaker (storebreaker.go: open after
+// The strategies see the engine only through a narrow view (sharing.View,
+// implemented in engine.go): its lock and clock, the tenants' buckets, the
+// domains' capacities, the leases' charges and a revoke; what they keep
+// of their own is theirs. Both share the store's circuit breaker (open after
 // consecutive failures, probed every reconcile interval, or cool-down if
 // shorter). While it is open, fail-closed tiers are refused with
 // STATE_UNAVAILABLE and fail-open tiers keep deciding locally: batched from

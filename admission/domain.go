@@ -28,6 +28,20 @@ func newDomainState(d topology.Domain, c *pd.DomainCapacity, now int64) *domainS
 // ID returns the domain id.
 func (d *domainState) ID() string { return d.topo.ID }
 
+// The domain as the shared-state strategies see it (sharing.Domain).
+
+// Removed reports whether the domain has left the cluster.
+func (d *domainState) Removed() bool { return d.removed }
+
+// Capacity returns the domain's soft capacity.
+func (d *domainState) Capacity() *pd.DomainCapacity { return d.cap }
+
+// RestoreCapacity makes the capacity whole again after a share: the
+// limits of the domain's own topology, the levels kept.
+func (d *domainState) RestoreCapacity() {
+	_ = d.cap.Resize(&d.topo) // the same domain: cannot fail
+}
+
 // eligible reports whether new requests may be placed on the domain.
 func (d *domainState) eligible() bool {
 	return !d.draining && !d.removed && d.topo.HealthyGPUCount() > 0

@@ -3,9 +3,11 @@ package admission
 import (
 	"context"
 	"fmt"
+	"iter"
 	"sync"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/topology"
 )
@@ -45,8 +47,8 @@ type Engine struct {
 	clk      clock.Clock
 	base     time.Time // the zero of the engine's monotonic nanosecond scale
 	observer Observer
-	shared   sharedStrategy // embedded unless WithSharedState
-	optErr   error          // an invalid option, reported by New
+	shared   sharing.Strategy // embedded unless WithSharedState
+	optErr   error            // an invalid option, reported by New
 
 	// Goroutines the engine starts (the shared strategy's loop, store
 	// calls that need not delay an answer); Close ends and waits for them.
@@ -105,7 +107,7 @@ func (e *Engine) Run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(e.life, cancel)()
-	e.background(func() { e.shared.run(ctx) })
+	e.background(func() { e.shared.Run(ctx) })
 	t := time.NewTimer(time.Millisecond)
 	defer t.Stop()
 	for {
@@ -137,6 +139,65 @@ func (e *Engine) background(fn func()) {
 		fn()
 	}()
 }
+
+// engineView is the engine as the shared-state strategies see it
+// (sharing.View): its lock, clock, tenants, domains and leases, and
+// nothing else. It is the one thing outside the engine that reaches into
+// the engine's rooms, so that it lives here, beside them.
+type engineView struct{ e *Engine }
+
+func (e *Engine) view() sharing.View { return engineView{e} }
+
+func (v engineView) Lock()            { v.e.mu.Lock() }
+func (v engineView) Unlock()          { v.e.mu.Unlock() }
+func (v engineView) NowLocked() int64 { return v.e.nowLocked() }
+func (v engineView) Wall() time.Time  { return v.e.clk.Now() }
+
+func (v engineView) TenantsLocked() iter.Seq[sharing.Tenant] {
+	return func(yield func(sharing.Tenant) bool) {
+		for _, t := range v.e.mu.gates.tenants {
+			if !yield(t) {
+				return
+			}
+		}
+	}
+}
+
+func (v engineView) TenantLocked(name string) sharing.Tenant {
+	if t := v.e.mu.gates.tenants[name]; t != nil {
+		return t
+	}
+	return nil // not a nil *tenantState in the interface
+}
+
+func (v engineView) DomainsLocked() iter.Seq[sharing.Domain] {
+	return func(yield func(sharing.Domain) bool) {
+		for _, d := range v.e.mu.place.domains {
+			if !yield(d) {
+				return
+			}
+		}
+	}
+}
+
+func (v engineView) DomainLocked(id string) sharing.Domain {
+	if d := v.e.mu.place.byID[id]; d != nil {
+		return d
+	}
+	return nil
+}
+
+func (v engineView) LeaseLocked(id uint64) (sharing.Charge, bool) {
+	l, ok := v.e.mu.leases.get(id)
+	if !ok {
+		return sharing.Charge{}, false
+	}
+	return l.sharedCharge(), true
+}
+
+func (v engineView) RevokeLocked(requestID string, id uint64) { v.e.revokeLocked(requestID, id) }
+func (v engineView) LeaseTTLLocked() time.Duration            { return v.e.mu.cfg.Leases.TTL.Duration }
+func (v engineView) Background(fn func())                     { v.e.background(fn) }
 
 // Tick does the engine's timed work at the clock's current time: it rejects
 // queued requests whose deadline has come, expires leases and idempotency

@@ -1,163 +1,58 @@
 package admission
 
-import (
-	"context"
-	"time"
+import "github.com/sluice-sched/sluice/admission/sharing"
+
+// The shared-state port and its messages live in package sharing, beside
+// the strategies that use them; these names keep them where the engine's
+// users (the store adapters, the server, tests) find them.
+type (
+	// SharedState is the port to state that several replicas share:
+	// sharing.Store.
+	SharedState = sharing.Store
+	// ReconcileRequest is one replica's report for every bucket it uses.
+	ReconcileRequest = sharing.ReconcileRequest
+	// BucketReport is one bucket's use by one replica.
+	BucketReport = sharing.BucketReport
+	// GaugeReport is what one replica holds of a gauge.
+	GaugeReport = sharing.GaugeReport
+	// ReconcileReply carries the grants, in the request's order.
+	ReconcileReply = sharing.ReconcileReply
+	// BucketGrant is one replica's slice of a bucket until its next report.
+	BucketGrant = sharing.BucketGrant
+	// StrictCharge is everything one decision takes, checked and taken at once.
+	StrictCharge = sharing.StrictCharge
+	// StrictTake takes an amount from a bucket if its level stays above a minimum.
+	StrictTake = sharing.StrictTake
+	// KVHold holds bytes of a domain's KV gauge under a lease.
+	KVHold = sharing.KVHold
+	// StrictVerdict is the answer to a Commit.
+	StrictVerdict = sharing.StrictVerdict
+	// StrictSettle settles a finished lease.
+	StrictSettle = sharing.StrictSettle
+	// SharedMode selects how decisions use shared state.
+	SharedMode = sharing.Mode
+	// SharedOptions configure shared state.
+	SharedOptions = sharing.Options
+	// SharedStatus describes the shared-state link, for metrics.
+	SharedStatus = sharing.Status
 )
 
-// SharedState is the port to state that several sluiced replicas share
-// (internal/state/redisstate implements it on Redis, internal/state/memstate
-// in memory for one process and for tests). Every amount is in the
-// bucket's units scaled to stay below CumModulus; the engine does the
-// scaling.
-//
-// Batched mode calls only Reconcile; strict mode calls Commit and Settle.
-type SharedState interface {
-	// Reconcile reports what this replica took from each bucket since it
-	// started and what it would take, and returns its grants.
-	Reconcile(ctx context.Context, req *ReconcileRequest) (*ReconcileReply, error)
-	// Commit checks and takes every amount of one decision atomically:
-	// all or nothing.
-	Commit(ctx context.Context, c *StrictCharge) (StrictVerdict, error)
-	// Settle gives back (or takes, for an overrun) what a finished lease
-	// was charged beyond its use, and frees its KV hold.
-	Settle(ctx context.Context, s *StrictSettle) error
-	// Ping checks that the store answers: the probe of an open breaker
-	// in strict mode, where refused requests make no other call.
-	Ping(ctx context.Context) error
-}
+// Shared-state modes.
+const (
+	// SharedBatched decides locally from this replica's grants and
+	// reconciles every interval (the default with several replicas).
+	SharedBatched = sharing.Batched
+	// SharedStrict confirms every admission with one atomic store call.
+	SharedStrict = sharing.Strict
+)
 
-// CumModulus bounds cumulative counters: they count modulo 2^52 so that they
-// stay exact in a Lua (double) number; the store takes differences modulo it.
-const CumModulus = 1 << 52
+// CumModulus bounds cumulative counters: they count modulo 2^52 so that
+// they stay exact in a Lua (double) number.
+const CumModulus = sharing.CumModulus
 
-// ReconcileRequest is one replica's report for every bucket it uses.
-type ReconcileRequest struct {
-	Replica string // this process incarnation
-	// Replicas is N, the replicas expected (config or membership). Each
-	// replica starts a bucket from a 1/N slice before its first report, so
-	// for Stale after a bucket is created the store shares its level as
-	// if N replicas were live, keeping the others' slices out of it.
-	Replicas int
-	Stale    time.Duration // a replica not heard from for this long drops out of the shares
-	// Rejoin is how long after a bucket is rebuilt from the replicas'
-	// levels (see BucketReport.Resume) a replica back from the same outage
-	// still brings its level instead of its takes.
-	Rejoin  time.Duration
-	Buckets []BucketReport
-	Gauges  []GaugeReport
-}
+// SilentHoldRounds is how many reconcile intervals a replica's holding of
+// a gauge outlives its last report where no membership says more.
+const SilentHoldRounds = sharing.SilentHoldRounds
 
-// BucketReport is one bucket's use by one replica.
-type BucketReport struct {
-	Key   string
-	Rate  int64 // the whole bucket's refill rate, units per second
-	Burst int64 // the whole bucket's burst
-	// Cum is what this replica took (net of refunds) in this epoch,
-	// modulo CumModulus. A store that holds an earlier Cum of the same
-	// epoch from the replica applies the difference, so a report repeated
-	// after an ambiguous failure is not charged twice.
-	Cum int64
-	// Unacked is the part of Cum no reply has acknowledged: what a store
-	// without a Cum of this epoch (a new epoch, a Redis restart, a counter
-	// forgotten after long silence) applies instead.
-	Unacked int64
-	// Epoch numbers the replica's counting of this bucket: a new one
-	// starts whenever the replica starts counting it afresh.
-	Epoch  uint64
-	Demand int64 // units per second this replica would take
-	// Age is how long this replica has held the bucket. A store creating
-	// the bucket counts it full since then: the quota refilled while the
-	// replicas spent their starting slices.
-	Age time.Duration
-
-	// Resume says that this replica's local bucket has refilled at its
-	// grant since its last acknowledged report, Span ago (it was not
-	// frozen idle), so that its level, Held, already nets what it took
-	// against its share of the refill. A store that heard from nobody about
-	// the bucket for longer than Stale, or lost it (an outage, a restart),
-	// rebuilds the level from these instead of charging the takes against
-	// its own refill: that refill was capped at the burst while the
-	// replicas refilled locally, and charging the outage's takes (about
-	// R·T) after it would leave the level near B − R·T, refusing everyone
-	// for about as long as the outage lasted. The first such report sets the level to
-	// Held; each other replica whose Span began before that rebuild adds
-	// its Held once, within Rejoin. Any other report is charged as usual.
-	Resume bool
-	Held   int64         // the local level, in the report's units (negative: a share of an overage)
-	Span   time.Duration // since this replica's last acknowledged report of the bucket
-}
-
-// GaugeReport is what one replica holds of a gauge (a domain's KV bytes).
-type GaugeReport struct {
-	Key   string
-	Limit int64         // the whole gauge's limit
-	Held  int64         // what this replica holds now
-	Share int64         // this replica's weight for the free part (its demand)
-	TTL   time.Duration // how long the holding outlives a silent replica: then the others reclaim it
-}
-
-// ReconcileReply carries the grants, in the request's order.
-type ReconcileReply struct {
-	Buckets []BucketGrant
-	Gauges  []int64 // this replica's limit per gauge
-}
-
-// BucketGrant is one replica's slice of a bucket until its next report.
-type BucketGrant struct {
-	// RateMilli is the rate this replica refills at, in thousandths of a
-	// unit per second (whole units would round small rates away).
-	RateMilli int64
-	// Level is its share of the global level; negative is its share of an
-	// overage, the backpressure.
-	Level int64
-}
-
-// StrictCharge is everything one decision takes, checked and taken at once.
-type StrictCharge struct {
-	Takes []StrictTake
-	KV    KVHold
-}
-
-// StrictTake takes Amount from a bucket if its level stays at or above Min
-// (negative Min lends credit).
-type StrictTake struct {
-	Key    string
-	Rate   int64
-	Burst  int64
-	Amount int64
-	Min    int64
-}
-
-// KVHold holds Bytes of a domain's KV gauge under a lease until it is
-// settled or its TTL passes.
-type KVHold struct {
-	Key   string
-	Lease string
-	Limit int64
-	Bytes int64
-	TTL   time.Duration
-}
-
-// StrictVerdict is the answer to a Commit.
-type StrictVerdict struct {
-	Admitted bool
-	// Refused is the index in Takes of the bucket that refused, or
-	// len(Takes) for the KV gauge; meaningful when not admitted.
-	Refused    int
-	RetryAfter time.Duration
-	// Levels are, for an admission the call took, each bucket's level
-	// after the take, in Takes' order (empty when an earlier call had
-	// committed it). A replica whose breaker opens cuts its fallback
-	// slices from them: its share of what the store last held, not of a
-	// full bucket it never saw.
-	Levels []int64
-}
-
-// StrictSettle settles a finished lease: each Amount is given back
-// (negative: taken, an overrun) and the KV hold freed.
-type StrictSettle struct {
-	Refunds []StrictTake
-	KVKey   string
-	Lease   string
-}
+// KindNames are the bucket kinds as metrics label them, by kind.
+var KindNames = sharing.KindNames

@@ -4,12 +4,14 @@ import (
 	"math"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
 )
 
 // rpsUnit is one request in the RPS bucket: milli-requests, so that
-// fractional rates such as 0.5 requests/s stay integers.
-const rpsUnit = 1000
+// fractional rates such as 0.5 requests/s stay integers (the shared
+// store's unit too).
+const rpsUnit = sharing.RequestUnit
 
 // tenantState is an active tenant: its buckets, burst credit, budget and
 // what it holds. Tenants that have been idle long enough to hold nothing
@@ -65,7 +67,7 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 		{p.Floor, p.Floor, 0}, // one second of floor
 		{roundUnits(p.Critical.Rate), roundUnits(p.Critical.Burst), 0},
 	}
-	for i, b := range t.buckets() {
+	for i, b := range t.Buckets() {
 		l := limits[i]
 		if fresh {
 			*b = tokenbucket.New(l[0], l[1], l[2], now)
@@ -77,9 +79,50 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 	t.budget.monthlyCap = usdToMicros(p.Budget.MonthlyUSD)
 }
 
-// buckets returns the tenant's four buckets: RPS, tokens, floor, critical.
-func (t *tenantState) buckets() [4]*tokenbucket.Bucket {
-	return [4]*tokenbucket.Bucket{&t.rps, &t.tokens, &t.floor, &t.critical}
+// Buckets returns the tenant's four buckets: RPS, tokens, floor,
+// critical (sharing's Kind order).
+func (t *tenantState) Buckets() [sharing.TenantKinds]*tokenbucket.Bucket {
+	return [sharing.TenantKinds]*tokenbucket.Bucket{&t.rps, &t.tokens, &t.floor, &t.critical}
+}
+
+// The tenant as the shared-state strategies see it (sharing.Tenant).
+
+// Name returns the tenant's name.
+func (t *tenantState) Name() string { return t.name }
+
+// Created returns the engine time the state was built.
+func (t *tenantState) Created() int64 { return t.created }
+
+// FailClosed reports whether the tier is refused while the shared store
+// is unreachable.
+func (t *tenantState) FailClosed() bool { return t.policy.FailMode == FailClosed }
+
+// CreditLent returns the credit the whole token bucket lends: none unless
+// the burst credit is lending.
+func (t *tenantState) CreditLent() int64 {
+	if t.credit.lending() {
+		return creditLimit(t.policy)
+	}
+	return 0
+}
+
+// ResetLimits gives every bucket its policy's whole limits, keeping its
+// level.
+func (t *tenantState) ResetLimits(now int64) { t.setPolicy(t.policy, now, false) }
+
+// Limits returns the whole (all-replica) rate and burst of a bucket, from
+// the policy.
+func (t *tenantState) Limits(k sharing.Kind) (rate, burst int64) {
+	p := &t.policy
+	switch k {
+	case sharing.KindRPS:
+		return roundUnits(p.RPS.Rate * rpsUnit), roundUnits(p.RPS.Burst * rpsUnit)
+	case sharing.KindTokens:
+		return roundUnits(p.Tokens.Rate), roundUnits(p.Tokens.Burst)
+	case sharing.KindFloor:
+		return p.Floor, p.Floor
+	}
+	return roundUnits(p.Critical.Rate), roundUnits(p.Critical.Burst)
 }
 
 // idle reports whether the tenant holds nothing a rebuild from config
@@ -88,7 +131,7 @@ func (t *tenantState) idle(now int64) bool {
 	if t.inFlight != 0 || t.queued != 0 || !t.credit.settled() || t.budget.spentMon != 0 {
 		return false
 	}
-	for _, b := range t.buckets() {
+	for _, b := range t.Buckets() {
 		if b.Level(now) != b.Burst() {
 			return false
 		}

@@ -1,4 +1,4 @@
-package admission
+package sharing
 
 import (
 	"context"
@@ -42,7 +42,7 @@ type batchedState struct {
 	*storeLink
 	reconciles sync.Mutex // one reconcile at a time
 
-	// Under Engine.mu.
+	// Under the engine's lock.
 	entries   map[entryKey]*syncEntry
 	activity  map[string]*tenantActivity
 	round     round
@@ -61,8 +61,8 @@ func newBatchedState(link *storeLink) *batchedState {
 // syncEntry is this replica's reporting state for one shared bucket.
 type syncEntry struct {
 	key       string
-	kind      bucketKind
-	owner     any   // the *tenantState or *pd.DomainCapacity whose bucket was last read
+	kind      Kind
+	owner     any   // the Tenant or *pd.DomainCapacity whose bucket was last read
 	lastTaken int64 // the owner's Bucket.Taken at the last report
 	scale     int64
 	rem       int64 // unscaled units taken but not yet reported, |rem| < scale
@@ -85,12 +85,12 @@ type syncEntry struct {
 
 type entryKey struct {
 	name string
-	kind bucketKind
+	kind Kind
 }
 
 // tenantActivity is what decides whether a tenant is reported.
 type tenantActivity struct {
-	owner    *tenantState
+	owner    Tenant
 	activeAt int64 // the last round with activity
 	frozen   bool  // idle: its buckets stopped refilling at their grant
 	want     bool  // a quota refusal since the last round asks for a grant
@@ -104,7 +104,7 @@ type round struct {
 }
 
 type tenantRound struct {
-	t    *tenantState
+	t    Tenant
 	b    *tokenbucket.Bucket
 	en   *syncEntry
 	rate int64 // the whole bucket's rate, unscaled
@@ -112,7 +112,7 @@ type tenantRound struct {
 }
 
 type domainRound struct {
-	d               *domainState
+	d               Domain
 	cap             *pd.DomainCapacity // d's capacity when reported: a reload may replace it
 	prefill, decode *syncEntry
 	at              int // the prefill bucket's index; the decode bucket's is at+1
@@ -124,42 +124,44 @@ type domainRound struct {
 	keepKV bool
 }
 
-func (s *batchedState) tenantReadyLocked(t *tenantState, now int64, reloaded bool) {
+// TenantReadyLocked implements Strategy.
+func (s *batchedState) TenantReadyLocked(t Tenant, now int64, reloaded bool) {
 	// A new tenant gets no refill until the store has heard of it (unless
 	// the store is down: then the slice is all there is).
 	s.sliceTenant(t, now, reloaded || s.down)
-	if a := s.activity[t.name]; a != nil && reloaded {
+	if a := s.activity[t.Name()]; a != nil && reloaded {
 		a.frozen = false // an idle tenant freezes again at the next round
 	}
 }
 
-func (s *batchedState) capacityRebuiltLocked(now int64, d *domainState, old *pd.DomainCapacity) {
+// CapacityRebuiltLocked implements Strategy.
+func (s *batchedState) CapacityRebuiltLocked(now int64, d Domain, old *pd.DomainCapacity) {
 	if old != nil {
 		// What the old capacity took since the last report goes into the next.
 		p, dc := old.Taken()
-		for k, taken := range map[bucketKind]int64{kindPrefill: p, kindDecode: dc} {
+		for k, taken := range map[Kind]int64{KindPrefill: p, KindDecode: dc} {
 			if en := s.entries[entryKey{d.ID(), k}]; en != nil && en.owner == old {
 				en.rem += taken - en.lastTaken
-				en.owner, en.lastTaken = d.cap, 0 // CopyLevels does not count as taken
+				en.owner, en.lastTaken = d.Capacity(), 0 // CopyLevels does not count as taken
 			}
 		}
 	}
 	s.keepShare(now, d, old)
 }
 
-// gateLocked thaws, while the store is unreachable, a tenant frozen idle
+// GateLocked thaws, while the store is unreachable, a tenant frozen idle
 // before it went away: no grant can come to thaw it, so it decides on its
 // own 1/N slice, as a tenant new in an outage does, rather than at a rate
 // of 0 until the store returns. (One comparison per decision otherwise.)
-func (s *batchedState) gateLocked(t *tenantState) refusal {
+func (s *batchedState) GateLocked(t Tenant) Refusal {
 	if s.down {
-		if a := s.activity[t.name]; a != nil && a.owner == t && a.frozen {
-			now := s.e.nowLocked()
-			for k, b := range t.buckets() {
-				rate, _ := tenantLimits(t, bucketKind(k))
+		if a := s.activity[t.Name()]; a != nil && a.owner == t && a.frozen {
+			now := s.v.NowLocked()
+			for k, b := range t.Buckets() {
+				rate, _ := t.Limits(Kind(k))
 				b.Level(now) // brings the bucket to now at rate 0: the frozen time refills nothing
 				b.SetLimits(rate/int64(s.replicas), b.Burst(), b.Credit())
-				if en := s.entries[entryKey{t.name, bucketKind(k)}]; en != nil {
+				if en := s.entries[entryKey{t.Name(), Kind(k)}]; en != nil {
 					en.frozen = false
 				}
 			}
@@ -169,28 +171,32 @@ func (s *batchedState) gateLocked(t *tenantState) refusal {
 	return s.storeLink.gateLocked(t)
 }
 
-func (s *batchedState) quotaRefusedLocked(t *tenantState, retry time.Duration) time.Duration {
+// QuotaRefusedLocked implements Strategy.
+func (s *batchedState) QuotaRefusedLocked(t Tenant, retry time.Duration) time.Duration {
 	s.activityOf(t).want = true
 	// The local grant changes at every reconcile (a new tenant has no
 	// refill until its first), so a longer wait is not known.
 	if retry > s.opts.Interval {
 		return s.opts.Interval
 	}
-	return durationUntil(retry)
+	return clampRetry(retry)
 }
 
-func (s *batchedState) decided(context.Context, string, uint64) refusal {
+// Decided implements Strategy: it counts the decision.
+func (s *batchedState) Decided(context.Context, string, uint64) Refusal {
 	s.decisions.Add(1)
-	return refusal{}
+	return Refusal{}
 }
 
-func (s *batchedState) releasedLocked(uint64, lease, int64, pd.Cost) func(context.Context) {
+// ReleasedLocked implements Strategy: a release has nothing to tell the
+// store before the next report.
+func (s *batchedState) ReleasedLocked(uint64, Charge, int64, pd.Cost) func(context.Context) {
 	return nil
 }
 
-// run reconciles every interval until ctx ends; failures feed the breaker
+// Run reconciles every interval until ctx ends; failures feed the breaker
 // and the metrics.
-func (s *batchedState) run(ctx context.Context) {
+func (s *batchedState) Run(ctx context.Context) {
 	t := time.NewTicker(s.opts.Interval)
 	defer t.Stop()
 	for {
@@ -198,21 +204,25 @@ func (s *batchedState) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = s.reconcile(ctx)
+			_ = s.Reconcile(ctx)
 		}
 	}
 }
 
-func (s *batchedState) reconcile(ctx context.Context) error {
+// Reconcile implements Strategy: it reports what this replica took from
+// every shared bucket and applies the grants that come back. While the
+// breaker is open it returns an error without calling the store, until
+// the cool-down lets a probe through.
+func (s *batchedState) Reconcile(ctx context.Context) error {
 	s.reconciles.Lock()
 	defer s.reconciles.Unlock()
-	e := s.e
-	if !s.br.allow(e.clk.Now()) {
+	v := s.v
+	if !s.br.allow(v.Wall()) {
 		return errBreakerOpen
 	}
-	e.mu.Lock()
-	req := s.reportLocked(e.nowLocked())
-	e.mu.Unlock()
+	v.Lock()
+	req := s.reportLocked(v.NowLocked())
+	v.Unlock()
 
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
 	rep, err := s.store.Reconcile(cctx, req)
@@ -221,21 +231,20 @@ func (s *batchedState) reconcile(ctx context.Context) error {
 	if err == nil && (len(rep.Buckets) != len(req.Buckets) || len(rep.Gauges) != len(req.Gauges)) {
 		err = fmt.Errorf("reply has %d buckets and %d gauges for %d and %d", len(rep.Buckets), len(rep.Gauges), len(req.Buckets), len(req.Gauges))
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	v.Lock()
+	defer v.Unlock()
 	if err != nil {
 		s.failedLocked()
 		return fmt.Errorf("shared state: reconcile: %w", err)
 	}
 	s.okLocked()
-	s.applyGrantsLocked(e.nowLocked(), rep)
+	s.applyGrantsLocked(v.NowLocked(), rep)
 	return nil
 }
 
 // reportLocked builds this round's report: every active tenant's buckets
 // and every domain's buckets and KV gauge.
 func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
-	e := s.e
 	s.round.tenants, s.round.domains = s.round.tenants[:0], s.round.domains[:0]
 	req := &ReconcileRequest{
 		Replica:  s.opts.Replica,
@@ -243,38 +252,40 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 		Stale:    staleRounds * s.opts.Interval,
 		Rejoin:   rejoinRounds * s.opts.Interval,
 	}
-	for name, t := range e.mu.gates.tenants {
+	for t := range s.v.TenantsLocked() {
 		if s.idleLocked(now, t) {
 			continue
 		}
-		for k, b := range t.buckets() {
-			rate, burst := tenantLimits(t, bucketKind(k))
+		name := t.Name()
+		for k, b := range t.Buckets() {
+			rate, burst := t.Limits(Kind(k))
 			if rate == 0 && burst == 0 {
 				continue
 			}
-			ek := entryKey{name, bucketKind(k)}
+			ek := entryKey{name, Kind(k)}
 			s.round.tenants = append(s.round.tenants, tenantRound{t: t, b: b, rate: rate, at: len(req.Buckets)})
-			req.Buckets = append(req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.created))
+			req.Buckets = append(req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.Created()))
 			s.round.tenants[len(s.round.tenants)-1].en = s.entries[ek]
 		}
 	}
-	hold := s.holdFor(e.mu.cfg.Leases.TTL.Duration)
-	for _, d := range e.mu.place.domains {
-		if d.removed {
+	hold := s.holdFor(s.v.LeaseTTLLocked())
+	for d := range s.v.DomainsLocked() {
+		if d.Removed() {
 			continue
 		}
-		pr, dr, kvLimit := d.cap.FullLimits()
+		c := d.Capacity()
+		pr, dr, kvLimit := c.FullLimits()
 		// Unramped: a replica's warm-up limits only its own admissions.
-		pb, db := d.cap.FullBursts()
-		pf, dc := d.cap.Bucket(false), d.cap.Bucket(true) // copies: read only
-		dround := domainRound{d: d, cap: d.cap, at: len(req.Buckets), gauge: len(req.Gauges)}
-		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), kindPrefill}, d.cap, &pf, pr, pb, 0))
-		decode := s.report(now, entryKey{d.ID(), kindDecode}, d.cap, &dc, dr, db, 0)
+		pb, db := c.FullBursts()
+		pf, dc := c.Bucket(false), c.Bucket(true) // copies: read only
+		dround := domainRound{d: d, cap: c, at: len(req.Buckets), gauge: len(req.Gauges)}
+		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), KindPrefill}, c, &pf, pr, pb, 0))
+		decode := s.report(now, entryKey{d.ID(), KindDecode}, c, &dc, dr, db, 0)
 		req.Buckets = append(req.Buckets, decode)
-		dround.prefill, dround.decode = s.entries[entryKey{d.ID(), kindPrefill}], s.entries[entryKey{d.ID(), kindDecode}]
+		dround.prefill, dround.decode = s.entries[entryKey{d.ID(), KindPrefill}], s.entries[entryKey{d.ID(), KindDecode}]
 		dround.keepKV = dround.prefill.started && now-dround.prefill.ackAt > int64(hold)
 		s.round.domains = append(s.round.domains, dround)
-		kvUsed, _ := d.cap.KV()
+		kvUsed, _ := c.KV()
 		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: hold})
 	}
 	s.pruneLocked(now)
@@ -292,7 +303,7 @@ func (s *batchedState) holdFor(leaseTTL time.Duration) time.Duration {
 	hold := SilentHoldRounds * s.opts.Interval
 	if f := s.opts.MemberExpiry; f != nil {
 		if until := f(); !until.IsZero() {
-			hold = max(hold, until.Sub(s.e.clk.Now()))
+			hold = max(hold, until.Sub(s.v.Wall()))
 		}
 	}
 	return min(hold, leaseTTL)
@@ -304,7 +315,7 @@ func (s *batchedState) report(now int64, ek entryKey, owner any, b *tokenbucket.
 	en := s.entries[ek]
 	if en == nil {
 		key := tenantKey(ek.name, ek.kind)
-		if ek.kind >= kindPrefill {
+		if ek.kind >= KindPrefill {
 			key = domainKey(ek.name, ek.kind)
 		}
 		s.epochs++
@@ -351,11 +362,11 @@ func (s *batchedState) report(now int64, ek entryKey, owner any, b *tokenbucket.
 	return rep
 }
 
-func (s *batchedState) activityOf(t *tenantState) *tenantActivity {
-	a := s.activity[t.name]
+func (s *batchedState) activityOf(t Tenant) *tenantActivity {
+	a := s.activity[t.Name()]
 	if a == nil || a.owner != t {
 		a = &tenantActivity{owner: t}
-		s.activity[t.name] = a
+		s.activity[t.Name()] = a
 	}
 	return a
 }
@@ -367,15 +378,15 @@ func (s *batchedState) activityOf(t *tenantState) *tenantActivity {
 // their grant, keeping the level they had, so that a share nobody is
 // accounting for cannot grow. Its next take or refusal makes it active
 // and reported again.
-func (s *batchedState) idleLocked(now int64, t *tenantState) bool {
+func (s *batchedState) idleLocked(now int64, t Tenant) bool {
 	a := s.activityOf(t)
-	active := a.want || now-t.created < idleRounds*int64(s.opts.Interval)
+	active := a.want || now-t.Created() < idleRounds*int64(s.opts.Interval)
 	a.want = false
-	for k, b := range t.buckets() {
-		if rate, burst := tenantLimits(t, bucketKind(k)); rate == 0 && burst == 0 {
+	for k, b := range t.Buckets() {
+		if rate, burst := t.Limits(Kind(k)); rate == 0 && burst == 0 {
 			continue
 		}
-		en := s.entries[entryKey{t.name, bucketKind(k)}]
+		en := s.entries[entryKey{t.Name(), Kind(k)}]
 		if en == nil || en.owner != t || !en.started || en.unacked != 0 || en.rem != 0 || b.Taken() != en.lastTaken {
 			active = true
 			break
@@ -389,9 +400,9 @@ func (s *batchedState) idleLocked(now int64, t *tenantState) bool {
 		return false
 	}
 	if !a.frozen {
-		for k, b := range t.buckets() {
+		for k, b := range t.Buckets() {
 			b.SetLimits(0, b.Burst(), b.Credit())
-			if en := s.entries[entryKey{t.name, bucketKind(k)}]; en != nil {
+			if en := s.entries[entryKey{t.Name(), Kind(k)}]; en != nil {
 				en.frozen = true
 			}
 		}
@@ -409,21 +420,20 @@ func (s *batchedState) pruneLocked(now int64) {
 		return
 	}
 	s.lastPrune = now
-	e := s.e
 	for k, en := range s.entries {
 		var live bool
-		if k.kind >= kindPrefill {
-			d := e.mu.place.byID[k.name]
-			live = d != nil && d.cap == en.owner
+		if k.kind >= KindPrefill {
+			d := s.v.DomainLocked(k.name)
+			live = d != nil && d.Capacity() == en.owner
 		} else {
-			live = e.mu.gates.tenants[k.name] == en.owner
+			live = s.v.TenantLocked(k.name) == en.owner
 		}
 		if !live && en.unacked == 0 {
 			delete(s.entries, k)
 		}
 	}
 	for name, a := range s.activity {
-		if e.mu.gates.tenants[name] != a.owner {
+		if s.v.TenantLocked(name) != a.owner {
 			delete(s.activity, name)
 		}
 	}
@@ -439,8 +449,8 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		rate, level := tr.en.granted(g, tr.b.Taken())
 		level += tr.en.refilledInCall(tr.b.Rate(), now)
 		credit := int64(0)
-		if tr.en.kind == kindTokens && tr.t.credit.lending() && tr.rate > 0 {
-			credit = mulDiv(creditLimit(tr.t.policy), rate, tr.rate) // the same share of the credit
+		if lent := tr.t.CreditLent(); tr.en.kind == KindTokens && lent > 0 && tr.rate > 0 {
+			credit = mulDiv(lent, rate, tr.rate) // the same share of the credit
 		}
 		tr.b.SetLimits(rate, tr.b.Burst(), credit)
 		tr.b.SetLevel(now, level)
@@ -449,7 +459,7 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		gp, gd := rep.Buckets[dr.at], rep.Buckets[dr.at+1]
 		s.acked(now, dr.prefill, gp)
 		s.acked(now, dr.decode, gd)
-		if dr.d.cap != dr.cap {
+		if dr.d.Capacity() != dr.cap {
 			continue // rebuilt by a reload meanwhile: the next round grants it
 		}
 		p, dc := dr.cap.Taken()
@@ -466,7 +476,7 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 			_, _, kv := dr.cap.BaseLimits()
 			g.KVLimit = min(g.KVLimit, kv)
 		}
-		dr.d.cap.ApplyShare(now, g)
+		dr.cap.ApplyShare(now, g)
 	}
 }
 

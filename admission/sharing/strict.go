@@ -1,4 +1,4 @@
-package admission
+package sharing
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 type strictState struct {
 	*storeLink
 
-	// Under Engine.mu.
+	// Under the engine's lock.
 	commits   map[uint64]*pendingCommit // leases whose commit is in flight
 	committed map[uint64]struct{}       // leases the store may hold a charge for
 	lastPrune int64
@@ -32,7 +32,7 @@ type strictState struct {
 	// commit failed, while the breaker was still closed: decided on the
 	// whole local buckets, they are taken from the slices when the breaker
 	// opens (see keepLocked). Emptied by any answer from the store.
-	unsure []charge
+	unsure []Charge
 }
 
 // knownLevel is a store bucket's level as a commit last returned it, in
@@ -61,40 +61,40 @@ func newStrictState(link *storeLink) *strictState {
 // takes, and a tenant held at its limit would otherwise get a fresh burst
 // at every outage.
 func (s *strictState) fallbackLocked(now int64, down bool) {
-	e := s.e
 	if down {
 		s.downAt = now
 	}
-	for _, t := range e.mu.gates.tenants {
-		t.setPolicy(t.policy, now, false)
+	for t := range s.v.TenantsLocked() {
+		t.ResetLimits(now)
 		if !down {
 			continue
 		}
 		s.sliceTenant(t, now, true)
-		for k, b := range t.buckets() {
-			rate, burst := tenantLimits(t, bucketKind(k))
-			if share, ok := s.knownShare(tenantKey(t.name, bucketKind(k)), scaleFor(rate, burst), now); ok && share < b.Level(now) {
+		for k, b := range t.Buckets() {
+			rate, burst := t.Limits(Kind(k))
+			if share, ok := s.knownShare(tenantKey(t.Name(), Kind(k)), scaleFor(rate, burst), now); ok && share < b.Level(now) {
 				b.SetLevel(now, share)
 			}
 		}
 	}
-	for _, d := range e.mu.place.domains {
+	for d := range s.v.DomainsLocked() {
 		if !down {
-			_ = d.cap.Resize(&d.topo) // the same domain: cannot fail
+			d.RestoreCapacity()
 			continue
 		}
 		s.sliceDomain(d, now)
 		n := int64(s.replicas)
-		pr, dr, kv := d.cap.FullLimits()
-		pb, db := d.cap.FullBursts()
-		p, dc := d.cap.Levels(now)
-		if share, ok := s.knownShare(domainKey(d.ID(), kindPrefill), scaleFor(pr, pb), now); ok {
+		c := d.Capacity()
+		pr, dr, kv := c.FullLimits()
+		pb, db := c.FullBursts()
+		p, dc := c.Levels(now)
+		if share, ok := s.knownShare(domainKey(d.ID(), KindPrefill), scaleFor(pr, pb), now); ok {
 			p = min(p, share)
 		}
-		if share, ok := s.knownShare(domainKey(d.ID(), kindDecode), scaleFor(dr, db), now); ok {
+		if share, ok := s.knownShare(domainKey(d.ID(), KindDecode), scaleFor(dr, db), now); ok {
 			dc = min(dc, share)
 		}
-		d.cap.ApplyShare(now, pd.ShareGrant{PrefillRate: pr / n, PrefillLevel: p, DecodeRate: dr / n, DecodeLevel: dc, KVLimit: kv / n})
+		c.ApplyShare(now, pd.ShareGrant{PrefillRate: pr / n, PrefillLevel: p, DecodeRate: dr / n, DecodeLevel: dc, KVLimit: kv / n})
 	}
 	if down {
 		for i := range s.unsure {
@@ -127,7 +127,6 @@ func (s *strictState) knownShare(key string, scale, now int64) (int64, bool) {
 // (which would admit a burst on top of the outage's takes): see
 // BucketReport.Resume.
 func (s *strictState) resumeReportLocked(now int64) *ReconcileRequest {
-	e := s.e
 	req := &ReconcileRequest{
 		Replica: s.opts.Replica, Replicas: s.replicas,
 		Stale: staleRounds * s.opts.Interval, Rejoin: rejoinRounds * s.opts.Interval,
@@ -139,49 +138,58 @@ func (s *strictState) resumeReportLocked(now int64) *ReconcileRequest {
 			Resume: true, Held: floorDiv(level, sc), Span: time.Duration(now - s.downAt),
 		})
 	}
-	for name, t := range e.mu.gates.tenants {
-		for k, b := range t.buckets() {
-			if rate, burst := tenantLimits(t, bucketKind(k)); rate != 0 || burst != 0 {
-				add(tenantKey(name, bucketKind(k)), rate, burst, b.Level(now))
+	for t := range s.v.TenantsLocked() {
+		for k, b := range t.Buckets() {
+			if rate, burst := t.Limits(Kind(k)); rate != 0 || burst != 0 {
+				add(tenantKey(t.Name(), Kind(k)), rate, burst, b.Level(now))
 			}
 		}
 	}
-	for _, d := range e.mu.place.domains {
-		if d.removed {
+	for d := range s.v.DomainsLocked() {
+		if d.Removed() {
 			continue
 		}
-		pr, dr, _ := d.cap.FullLimits()
-		pb, db := d.cap.FullBursts()
-		p, dc := d.cap.Levels(now)
-		add(domainKey(d.ID(), kindPrefill), pr, pb, p)
-		add(domainKey(d.ID(), kindDecode), dr, db, dc)
+		c := d.Capacity()
+		pr, dr, _ := c.FullLimits()
+		pb, db := c.FullBursts()
+		p, dc := c.Levels(now)
+		add(domainKey(d.ID(), KindPrefill), pr, pb, p)
+		add(domainKey(d.ID(), KindDecode), dr, db, dc)
 	}
 	return req
 }
 
-func (s *strictState) tenantReadyLocked(t *tenantState, now int64, _ bool) {
+// TenantReadyLocked implements Strategy: in fallback a tenant's buckets
+// are a slice from the start.
+func (s *strictState) TenantReadyLocked(t Tenant, now int64, _ bool) {
 	if s.down {
 		s.sliceTenant(t, now, true)
 	}
 }
 
-func (s *strictState) capacityRebuiltLocked(now int64, d *domainState, old *pd.DomainCapacity) {
+// CapacityRebuiltLocked implements Strategy.
+func (s *strictState) CapacityRebuiltLocked(now int64, d Domain, old *pd.DomainCapacity) {
 	if s.down {
 		s.keepShare(now, d, old)
 	}
 }
 
-func (s *strictState) quotaRefusedLocked(_ *tenantState, retry time.Duration) time.Duration {
-	return durationUntil(retry)
+// GateLocked implements Strategy.
+func (s *strictState) GateLocked(t Tenant) Refusal { return s.storeLink.gateLocked(t) }
+
+// QuotaRefusedLocked implements Strategy.
+func (s *strictState) QuotaRefusedLocked(_ Tenant, retry time.Duration) time.Duration {
+	return clampRetry(retry)
 }
 
-func (s *strictState) reconcile(context.Context) error { return nil }
+// Reconcile implements Strategy: strict has nothing to reconcile.
+func (s *strictState) Reconcile(context.Context) error { return nil }
 
-// run probes the store while the breaker is open: fail-closed tiers are
+// Run probes the store while the breaker is open: fail-closed tiers are
 // refused before any store call, so their traffic alone would never find
 // out that the store is back. It also forgets, now and then, the commits
 // of leases that expired.
-func (s *strictState) run(ctx context.Context) {
+func (s *strictState) Run(ctx context.Context) {
 	t := time.NewTicker(probeEvery(s.opts))
 	defer t.Stop()
 	for {
@@ -191,7 +199,7 @@ func (s *strictState) run(ctx context.Context) {
 		case <-t.C:
 		}
 		s.pruneCommitted()
-		now := s.e.clk.Now()
+		now := s.v.Wall()
 		if open, _ := s.br.status(now); open && s.br.allow(now) {
 			s.answered(s.probe(ctx))
 		}
@@ -207,10 +215,9 @@ func (s *strictState) probe(ctx context.Context) error {
 	if err := s.store.Ping(cctx); err != nil {
 		return err
 	}
-	e := s.e
-	e.mu.Lock()
-	req := s.resumeReportLocked(e.nowLocked())
-	e.mu.Unlock()
+	s.v.Lock()
+	req := s.resumeReportLocked(s.v.NowLocked())
+	s.v.Unlock()
 	if len(req.Buckets) == 0 {
 		return nil
 	}
@@ -227,16 +234,15 @@ func (s *strictState) probe(ctx context.Context) error {
 // pruneCommitted forgets, every pruneEvery, committed leases that are no
 // longer held (expired: the store's hold expires with the same TTL).
 func (s *strictState) pruneCommitted() {
-	e := s.e
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	now := e.nowLocked()
+	s.v.Lock()
+	defer s.v.Unlock()
+	now := s.v.NowLocked()
 	if now-s.lastPrune < int64(pruneEvery) {
 		return
 	}
 	s.lastPrune = now
 	for id := range s.committed {
-		if _, ok := e.mu.leases.get(id); !ok {
+		if _, ok := s.v.LeaseLocked(id); !ok {
 			delete(s.committed, id)
 		}
 	}
@@ -247,37 +253,36 @@ func (s *strictState) pruneCommitted() {
 	}
 }
 
-// decided confirms an admission with the store. Callers of the same
+// Decided confirms an admission with the store. Callers of the same
 // admission (idempotent duplicates) wait for the one commit and get its
 // outcome. The call runs on its own deadline, not the caller's: a caller
 // giving up must neither leave the store's answer unknown nor count
 // against the store's breaker.
-func (s *strictState) decided(ctx context.Context, requestID string, leaseID uint64) refusal {
+func (s *strictState) Decided(ctx context.Context, requestID string, leaseID uint64) Refusal {
 	s.decisions.Add(1)
 	if leaseID == 0 {
-		return refusal{}
+		return Refusal{}
 	}
-	e := s.e
-	e.mu.Lock()
+	s.v.Lock()
 	if pending, ok := s.commits[leaseID]; ok {
-		e.mu.Unlock()
+		s.v.Unlock()
 		select {
 		case <-pending.done:
 			return pending.why
 		case <-ctx.Done():
-			return refusal{} // gone: the answer no longer matters
+			return Refusal{} // gone: the answer no longer matters
 		}
 	}
-	l, ok := e.mu.leases.get(leaseID)
+	l, ok := s.v.LeaseLocked(leaseID)
 	_, done := s.committed[leaseID]
 	if !ok || done { // released already, or confirmed for an earlier caller
-		e.mu.Unlock()
-		return refusal{}
+		s.v.Unlock()
+		return Refusal{}
 	}
-	c, tenantTakes := s.chargeLocked(l, leaseID)
-	failClosed := l.tenant.policy.FailMode == FailClosed
+	c, tenantTakes := s.chargeLocked(&l, leaseID)
+	failClosed := l.Tenant.FailClosed()
 	if s.br.isOpen() { // only the prober probes (see probe)
-		e.mu.Unlock()
+		s.v.Unlock()
 		return s.conclude(requestID, leaseID, StrictVerdict{}, errBreakerOpen, failClosed, c, tenantTakes)
 	}
 	// From here the store may hold the charge: Release settles it (Settle
@@ -285,7 +290,7 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 	s.committed[leaseID] = struct{}{}
 	pending := &pendingCommit{done: make(chan struct{})}
 	s.commits[leaseID] = pending
-	e.mu.Unlock()
+	s.v.Unlock()
 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
 	v, err := s.store.Commit(cctx, c)
@@ -293,9 +298,9 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 	s.calls.Add(1)
 	pending.why = s.conclude(requestID, leaseID, v, err, failClosed, c, tenantTakes)
 
-	e.mu.Lock()
+	s.v.Lock()
 	delete(s.commits, leaseID)
-	e.mu.Unlock()
+	s.v.Unlock()
 	close(pending.done)
 	return pending.why
 }
@@ -304,14 +309,13 @@ func (s *strictState) decided(ctx context.Context, requestID string, leaseID uin
 // for done and take why.
 type pendingCommit struct {
 	done chan struct{}
-	why  refusal // set before done is closed
+	why  Refusal // set before done is closed
 }
 
 // conclude applies the store's verdict (or error) to an admission and
 // returns the refusal it turns into, if any.
-func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict, err error, failClosed bool, c *StrictCharge, tenantTakes int) (why refusal) {
-	e := s.e
-	e.mu.Lock()
+func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict, err error, failClosed bool, c *StrictCharge, tenantTakes int) (why Refusal) {
+	s.v.Lock()
 	var refund func(context.Context)
 	switch {
 	case err != nil:
@@ -319,11 +323,11 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 			s.failedLocked()
 		}
 		if failClosed {
-			why = refusal{ReasonStateUnavailable, probeEvery(s.opts)}
+			why = Refusal{Unavailable, probeEvery(s.opts)}
 		} else {
 			why = s.keepLocked(leaseID)
 		}
-		if why.refused() && !errors.Is(err, errBreakerOpen) {
+		if why.Refused() && !errors.Is(err, errBreakerOpen) {
 			// The store may have taken it before the error: give it back
 			// (a no-op if it did not).
 			refund = s.settler(refundAll(c), nil)
@@ -331,27 +335,27 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 	case !v.Admitted:
 		s.okLocked()
 		s.unsure = s.unsure[:0]
-		why = refusal{ReasonCapacityExceeded, v.RetryAfter}
+		why = Refusal{OverCapacity, v.RetryAfter}
 		if v.Refused < tenantTakes {
-			why.reason = ReasonQuotaExceeded
+			why.Cause = OverQuota
 		}
 	default:
 		s.okLocked()
 		s.unsure = s.unsure[:0]
-		now := e.nowLocked()
+		now := s.v.NowLocked()
 		for i, t := range c.Takes {
 			if i < len(v.Levels) {
 				s.known[t.Key] = knownLevel{level: v.Levels[i], rate: t.Rate, burst: t.Burst, at: now}
 			}
 		}
 	}
-	if why.refused() {
+	if why.Refused() {
 		delete(s.committed, leaseID)
-		e.revokeLocked(requestID, leaseID)
+		s.v.RevokeLocked(requestID, leaseID)
 	}
-	e.mu.Unlock()
+	s.v.Unlock()
 	if refund != nil {
-		e.background(func() { refund(context.Background()) })
+		s.v.Background(func() { refund(context.Background()) })
 	}
 	return why
 }
@@ -370,64 +374,68 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 // breaker still closed there is no slice yet: it is kept and its charge
 // taken from the slices if the breaker opens before the store answers
 // again (unsure).
-func (s *strictState) keepLocked(leaseID uint64) refusal {
-	e := s.e
-	l, ok := e.mu.leases.get(leaseID)
+func (s *strictState) keepLocked(leaseID uint64) Refusal {
+	l, ok := s.v.LeaseLocked(leaseID)
 	if !ok {
-		return refusal{} // released already: nothing left to decide
+		return Refusal{} // released already: nothing left to decide
 	}
 	if !s.down {
-		s.unsure = append(s.unsure, l.charge)
-		return refusal{}
+		s.unsure = append(s.unsure, l)
+		return Refusal{}
 	}
-	if l.granted >= s.downAt {
-		return refusal{} // decided on the slice
+	if l.Granted >= s.downAt {
+		return Refusal{} // decided on the slice
 	}
-	now := e.nowLocked()
-	why := sliceRefusal(now, &l.charge)
-	takeSlice(now, &l.charge)
+	now := s.v.NowLocked()
+	why := sliceRefusal(now, &l)
+	takeSlice(now, &l)
 	return why
 }
 
 // sliceRefusal is why the local buckets (the slices, in fallback) cannot
 // hold a charge that is not in them, as the gates and placement would
 // judge it; none when they can. The charge's KV is in the gauge already.
-func sliceRefusal(now int64, c *charge) refusal {
-	t, w := c.tenant, c.gates.weighted
-	if !t.rps.Fits(now, rpsUnit, 0) {
-		return refusal{ReasonQuotaExceeded, durationUntil(t.rps.RetryAfter(now, rpsUnit, 0))}
+func sliceRefusal(now int64, c *Charge) Refusal {
+	b, w := c.Tenant.Buckets(), c.Weighted
+	rps, tokens, floor, critical := b[KindRPS], b[KindTokens], b[KindFloor], b[KindCritical]
+	if !rps.Fits(now, RequestUnit, 0) {
+		return Refusal{OverQuota, clampRetry(rps.RetryAfter(now, RequestUnit, 0))}
 	}
-	if c.gates.critical {
-		if !t.critical.Fits(now, w, 0) {
-			return refusal{ReasonQuotaExceeded, durationUntil(t.critical.RetryAfter(now, w, 0))}
+	if c.Critical {
+		if !critical.Fits(now, w, 0) {
+			return Refusal{OverQuota, clampRetry(critical.RetryAfter(now, w, 0))}
 		}
-	} else if !t.tokens.Fits(now, w, -t.tokens.Credit()) {
-		return refusal{ReasonQuotaExceeded, durationUntil(t.tokens.AllowRetryAfter(now, w))}
+	} else if !tokens.Fits(now, w, -tokens.Credit()) {
+		return Refusal{OverQuota, clampRetry(tokens.AllowRetryAfter(now, w))}
 	}
-	if c.floor && !t.floor.Fits(now, w, 0) {
-		return refusal{ReasonQuotaExceeded, durationUntil(t.floor.RetryAfter(now, w, 0))}
+	if c.Floor && !floor.Fits(now, w, 0) {
+		return Refusal{OverQuota, clampRetry(floor.RetryAfter(now, w, 0))}
 	}
-	if c.dom != nil {
-		cost := pd.Cost{PrefillFLOP: c.cost.PrefillFLOP, DecodeBytes: c.cost.DecodeBytes}
-		if !c.dom.cap.Fits(now, cost, c.floor) {
-			return refusal{ReasonCapacityExceeded, durationUntil(c.dom.cap.RetryAfter(now, cost, c.floor))}
+	if c.Domain != nil {
+		cost := pd.Cost{PrefillFLOP: c.Cost.PrefillFLOP, DecodeBytes: c.Cost.DecodeBytes}
+		if cp := c.Domain.Capacity(); !cp.Fits(now, cost, c.Floor) {
+			return Refusal{OverCapacity, clampRetry(cp.RetryAfter(now, cost, c.Floor))}
 		}
 	}
-	return refusal{}
+	return Refusal{}
 }
 
 // takeSlice takes a charge's buckets again from the local buckets, whose
 // levels a slice cut set without it: what Cancel gives back (its KV, in
 // the gauge all along, is not taken twice).
-func takeSlice(now int64, c *charge) {
-	t, w := c.tenant, c.gates.weighted
-	t.rps.Take(now, rpsUnit)
-	t.quotaBucket(c.gates.critical).Take(now, w)
-	if c.floor {
-		t.floor.Take(now, w)
+func takeSlice(now int64, c *Charge) {
+	b, w := c.Tenant.Buckets(), c.Weighted
+	b[KindRPS].Take(now, RequestUnit)
+	if c.Critical {
+		b[KindCritical].Take(now, w)
+	} else {
+		b[KindTokens].Take(now, w)
 	}
-	if c.dom != nil {
-		c.dom.cap.Charge(now, pd.Cost{PrefillFLOP: c.cost.PrefillFLOP, DecodeBytes: c.cost.DecodeBytes})
+	if c.Floor {
+		b[KindFloor].Take(now, w)
+	}
+	if c.Domain != nil {
+		c.Domain.Capacity().Charge(now, pd.Cost{PrefillFLOP: c.Cost.PrefillFLOP, DecodeBytes: c.Cost.DecodeBytes})
 	}
 }
 
@@ -445,55 +453,53 @@ func refundAll(c *StrictCharge) *StrictSettle {
 // token (or critical) bucket, its floor bucket if it was admitted within
 // its floor, the domain's prefill and decode buckets and its KV. It also
 // returns how many of the takes are the tenant's.
-func (s *strictState) chargeLocked(l *lease, id uint64) (*StrictCharge, int) {
-	t := l.tenant
+func (s *strictState) chargeLocked(l *Charge, id uint64) (*StrictCharge, int) {
+	t := l.Tenant
 	c := &StrictCharge{Takes: make([]StrictTake, 0, 5)}
 	add := func(key string, rate, burst, amount, floor int64) {
 		sc := scaleFor(rate, burst)
 		c.Takes = append(c.Takes, StrictTake{Key: key, Rate: rate / sc, Burst: burst / sc, Amount: ceilDiv(amount, sc), Min: floor / sc})
 	}
-	rate, burst := tenantLimits(t, kindRPS)
-	add(tenantKey(t.name, kindRPS), rate, burst, rpsUnit, 0)
-	if l.gates.critical {
-		rate, burst = tenantLimits(t, kindCritical)
-		add(tenantKey(t.name, kindCritical), rate, burst, l.gates.weighted, 0)
+	name := t.Name()
+	rate, burst := t.Limits(KindRPS)
+	add(tenantKey(name, KindRPS), rate, burst, RequestUnit, 0)
+	if l.Critical {
+		rate, burst = t.Limits(KindCritical)
+		add(tenantKey(name, KindCritical), rate, burst, l.Weighted, 0)
 	} else {
-		rate, burst = tenantLimits(t, kindTokens)
-		credit := int64(0)
-		if t.credit.lending() {
-			credit = creditLimit(t.policy)
-		}
-		add(tenantKey(t.name, kindTokens), rate, burst, l.gates.weighted, -credit)
+		rate, burst = t.Limits(KindTokens)
+		add(tenantKey(name, KindTokens), rate, burst, l.Weighted, -t.CreditLent())
 	}
-	if l.floor {
-		rate, burst = tenantLimits(t, kindFloor)
-		add(tenantKey(t.name, kindFloor), rate, burst, l.gates.weighted, 0)
+	if l.Floor {
+		rate, burst = t.Limits(KindFloor)
+		add(tenantKey(name, KindFloor), rate, burst, l.Weighted, 0)
 	}
 	tenantTakes := len(c.Takes)
-	pr, dr, kvLimit := l.dom.cap.FullLimits()
-	pb, db := l.dom.cap.FullBursts()
-	add(domainKey(l.dom.ID(), kindPrefill), pr, pb, l.cost.PrefillFLOP, 0)
-	add(domainKey(l.dom.ID(), kindDecode), dr, db, l.cost.DecodeBytes, 0)
+	id0, cp := l.Domain.ID(), l.Domain.Capacity()
+	pr, dr, kvLimit := cp.FullLimits()
+	pb, db := cp.FullBursts()
+	add(domainKey(id0, KindPrefill), pr, pb, l.Cost.PrefillFLOP, 0)
+	add(domainKey(id0, KindDecode), dr, db, l.Cost.DecodeBytes, 0)
 	sc := scaleFor(kvLimit, kvLimit)
 	c.KV = KVHold{
-		Key: kvKey(l.dom.ID()), Lease: replicaLease(s.opts.Replica, id),
-		Limit: kvLimit / sc, Bytes: ceilDiv(l.cost.KVBytes, sc), TTL: time.Duration(l.expires - l.granted),
+		Key: kvKey(id0), Lease: replicaLease(s.opts.Replica, id),
+		Limit: kvLimit / sc, Bytes: ceilDiv(l.Cost.KVBytes, sc), TTL: time.Duration(l.Expires - l.Granted),
 	}
 	return c, tenantTakes
 }
 
-// releasedLocked lists what a released lease gives back to the store —
+// ReleasedLocked lists what a released lease gives back to the store —
 // tokens it did not use (or takes an overrun), the domain's prefill and
 // decode difference, and its KV hold — to be sent once the lease's commit,
 // if Release overtook it, has answered. Nothing when the lease was never
 // committed there.
-func (s *strictState) releasedLocked(id uint64, l lease, actualWeighted int64, actual pd.Cost) func(context.Context) {
+func (s *strictState) ReleasedLocked(id uint64, l Charge, actualWeighted int64, actual pd.Cost) func(context.Context) {
 	if _, ok := s.committed[id]; !ok {
 		return nil
 	}
 	delete(s.committed, id)
-	t := l.tenant
-	st := &StrictSettle{KVKey: kvKey(l.dom.ID()), Lease: replicaLease(s.opts.Replica, id)}
+	t, name, dom := l.Tenant, l.Tenant.Name(), l.Domain.ID()
+	st := &StrictSettle{KVKey: kvKey(dom), Lease: replicaLease(s.opts.Replica, id)}
 	add := func(key string, rate, burst, diff int64) {
 		if diff == 0 {
 			return
@@ -505,21 +511,22 @@ func (s *strictState) releasedLocked(id uint64, l lease, actualWeighted int64, a
 		}
 		st.Refunds = append(st.Refunds, StrictTake{Key: key, Rate: rate / sc, Burst: burst / sc, Amount: amount})
 	}
-	kind := kindTokens
-	if l.gates.critical {
-		kind = kindCritical
+	kind := KindTokens
+	if l.Critical {
+		kind = KindCritical
 	}
-	unused := l.gates.weighted - actualWeighted
-	rate, burst := tenantLimits(t, kind)
-	add(tenantKey(t.name, kind), rate, burst, unused)
-	if l.floor && unused > 0 {
-		rate, burst = tenantLimits(t, kindFloor)
-		add(tenantKey(t.name, kindFloor), rate, burst, unused)
+	unused := l.Weighted - actualWeighted
+	rate, burst := t.Limits(kind)
+	add(tenantKey(name, kind), rate, burst, unused)
+	if l.Floor && unused > 0 {
+		rate, burst = t.Limits(KindFloor)
+		add(tenantKey(name, KindFloor), rate, burst, unused)
 	}
-	pr, dr, _ := l.dom.cap.FullLimits()
-	pb, db := l.dom.cap.FullBursts()
-	add(domainKey(l.dom.ID(), kindPrefill), pr, pb, l.cost.PrefillFLOP-actual.PrefillFLOP)
-	add(domainKey(l.dom.ID(), kindDecode), dr, db, l.cost.DecodeBytes-actual.DecodeBytes)
+	cp := l.Domain.Capacity()
+	pr, dr, _ := cp.FullLimits()
+	pb, db := cp.FullBursts()
+	add(domainKey(dom, KindPrefill), pr, pb, l.Cost.PrefillFLOP-actual.PrefillFLOP)
+	add(domainKey(dom, KindDecode), dr, db, l.Cost.DecodeBytes-actual.DecodeBytes)
 	var pending <-chan struct{}
 	if p := s.commits[id]; p != nil {
 		pending = p.done
