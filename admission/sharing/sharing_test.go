@@ -133,8 +133,18 @@ func (v *fakeView) LeaseLocked(id uint64) (sharing.Charge, bool) {
 	c, ok := v.leases[id]
 	return c, ok
 }
+
+// RevokeLocked gives back what the lease's admission took, as the
+// engine's Cancel does, and forgets the lease.
 func (v *fakeView) RevokeLocked(requestID string, id uint64) {
 	v.revoked[id] = requestID
+	if l, ok := v.leases[id]; ok {
+		now := v.NowLocked()
+		b := l.Tenant.Buckets()
+		b[sharing.KindRPS].Refund(now, sharing.RequestUnit)
+		b[sharing.KindTokens].Refund(now, l.Weighted)
+		v.dom.cap.Release(now, l.Cost, pd.Cost{})
+	}
 	delete(v.leases, id)
 }
 func (v *fakeView) LeaseTTLLocked() time.Duration { return time.Minute }
@@ -350,5 +360,81 @@ func TestStrictRefusedCommitRevokes(t *testing.T) {
 		if revoked && v.revoked[c.id] != "req" {
 			t.Errorf("lease %d revoked with request id %q", c.id, v.revoked[c.id])
 		}
+	}
+}
+
+// Strict, an admission decided on the whole local buckets before the
+// breaker opened and confirmed only after (its commit held back by the
+// open breaker) is taken from the slices once: an idempotent duplicate,
+// which asks again with the same lease, is not charged a second time.
+func TestStrictDuplicateInFallbackChargedOnce(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	store := admissiontest.NewFlaky(memstate.New(clk))
+	tn := newTenant("open", 0, false, rps100, tokens1k)
+	v := newView(t, clk, tn)
+	s := newStrategy(t, v, store, sharing.Options{Mode: sharing.Strict, Replica: "a", Replicas: 2, Failures: 1, Cooldown: time.Minute})
+	ctx := context.Background()
+	v.admit(1, tn, 100, smallCost) // decided on the whole bucket, its commit not yet sent
+	clk.Advance(time.Millisecond)
+	store.SetDown(true)
+	v.admit(2, tn, 100, smallCost)
+	if why := s.Decided(ctx, "r2", 2); why.Refused() { // fails: the breaker opens
+		t.Fatalf("fail-open admission refused as the store went: %+v", why)
+	}
+	if st, _ := s.Status(); !st.BreakerOpen {
+		t.Fatal("breaker closed after a failure with Failures 1")
+	}
+	if why := s.Decided(ctx, "r1", 1); why.Refused() {
+		t.Fatalf("lease 1 refused by a slice that holds it: %+v", why)
+	}
+	_, once := v.bucket(tn, sharing.KindTokens)
+	if why := s.Decided(ctx, "r1", 1); why.Refused() {
+		t.Fatalf("duplicate of lease 1 refused: %+v", why)
+	}
+	if _, again := v.bucket(tn, sharing.KindTokens); again != once {
+		t.Errorf("slice level %d after the duplicate, want %d: lease 1 charged twice", again, once)
+	}
+	if _, revoked := v.revoked[1]; revoked {
+		t.Error("the duplicate revoked an admission its first caller was told was admitted")
+	}
+}
+
+// Strict, a fail-closed admission decided on the whole local buckets
+// before the breaker opened and refused once it is open gives back to the
+// slices no more than it took from them: its revoke leaves the slices
+// (the tenant's and the domain's, which every tenant there admits from)
+// as the breaker cut them.
+func TestStrictFailClosedRevokeAddsNothingToTheSlices(t *testing.T) {
+	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
+	store := admissiontest.NewFlaky(memstate.New(clk))
+	open, closed := newTenant("open", 0, false, rps100, tokens1k), newTenant("closed", 0, true, rps100, tokens1k)
+	v := newView(t, clk, open, closed)
+	s := newStrategy(t, v, store, sharing.Options{Mode: sharing.Strict, Replica: "a", Replicas: 2, Failures: 1, Cooldown: time.Minute})
+	ctx := context.Background()
+	v.admit(1, closed, 100, smallCost) // decided on the whole buckets, its commit not yet sent
+	clk.Advance(time.Millisecond)
+	store.SetDown(true)
+	v.admit(2, open, 100, smallCost)
+	if why := s.Decided(ctx, "r2", 2); why.Refused() { // fails: the breaker opens
+		t.Fatalf("fail-open admission refused as the store went: %+v", why)
+	}
+	_, tokens := v.bucket(closed, sharing.KindTokens)
+	v.Lock()
+	prefill, decode := v.dom.cap.Levels(v.NowLocked())
+	v.Unlock()
+	if why := s.Decided(ctx, "r1", 1); why.Cause != sharing.Unavailable {
+		t.Fatalf("fail-closed admission while the store is down: %+v, want Unavailable", why)
+	}
+	if _, revoked := v.revoked[1]; !revoked {
+		t.Fatal("the refused admission was not revoked")
+	}
+	if _, after := v.bucket(closed, sharing.KindTokens); after != tokens {
+		t.Errorf("tenant slice %d after the revoke, want %d as cut", after, tokens)
+	}
+	v.Lock()
+	p, d := v.dom.cap.Levels(v.NowLocked())
+	v.Unlock()
+	if p != prefill || d != decode {
+		t.Errorf("domain slice prefill %d decode %d after the revoke, want %d %d as cut", p, d, prefill, decode)
 	}
 }

@@ -31,8 +31,12 @@ type strictState struct {
 	// unsure are the charges of fail-open admissions kept although their
 	// commit failed, while the breaker was still closed: decided on the
 	// whole local buckets, they are taken from the slices when the breaker
-	// opens (see keepLocked). Emptied by any answer from the store.
+	// opens (see keepLocked). Emptied when the store answers a commit.
 	unsure []Charge
+	// sliced are the leases whose charge keepLocked took from the slices:
+	// an idempotent duplicate of the admission asks again, and must find
+	// it judged once, not charged a second time.
+	sliced map[uint64]struct{}
 }
 
 // knownLevel is a store bucket's level as a commit last returned it, in
@@ -47,6 +51,7 @@ func newStrictState(link *storeLink) *strictState {
 		storeLink: link,
 		commits:   make(map[uint64]*pendingCommit),
 		committed: make(map[uint64]struct{}),
+		sliced:    make(map[uint64]struct{}),
 		known:     make(map[string]knownLevel),
 	}
 	link.onDown = s.fallbackLocked
@@ -241,9 +246,11 @@ func (s *strictState) pruneCommitted() {
 		return
 	}
 	s.lastPrune = now
-	for id := range s.committed {
-		if _, ok := s.v.LeaseLocked(id); !ok {
-			delete(s.committed, id)
+	for _, ids := range []map[uint64]struct{}{s.committed, s.sliced} {
+		for id := range ids {
+			if _, ok := s.v.LeaseLocked(id); !ok {
+				delete(ids, id)
+			}
 		}
 	}
 	for k, v := range s.known {
@@ -323,6 +330,7 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 			s.failedLocked()
 		}
 		if failClosed {
+			s.oweSliceLocked(leaseID)
 			why = Refusal{Unavailable, probeEvery(s.opts)}
 		} else {
 			why = s.keepLocked(leaseID)
@@ -383,13 +391,30 @@ func (s *strictState) keepLocked(leaseID uint64) Refusal {
 		s.unsure = append(s.unsure, l)
 		return Refusal{}
 	}
-	if l.Granted >= s.downAt {
-		return Refusal{} // decided on the slice
+	if _, done := s.sliced[leaseID]; done || l.Granted >= s.downAt {
+		return Refusal{} // taken from the slices already, or decided on them
 	}
 	now := s.v.NowLocked()
 	why := sliceRefusal(now, &l)
 	takeSlice(now, &l)
+	if !why.Refused() {
+		s.sliced[leaseID] = struct{}{} // a refused one is revoked: nothing left to ask
+	}
 	return why
+}
+
+// oweSliceLocked takes from the slices the charge of a lease about to be
+// revoked that was decided on the whole local buckets before the breaker
+// opened: the slices were cut without it, so the revoke's refund would
+// otherwise add to them what they never gave (capacity every tenant on
+// the domain would then admit from). Nothing while the breaker is closed,
+// for a lease decided on the slices, or one taken from them already.
+func (s *strictState) oweSliceLocked(leaseID uint64) {
+	l, ok := s.v.LeaseLocked(leaseID)
+	if _, done := s.sliced[leaseID]; !ok || done || !s.down || l.Granted >= s.downAt {
+		return
+	}
+	takeSlice(s.v.NowLocked(), &l)
 }
 
 // sliceRefusal is why the local buckets (the slices, in fallback) cannot
@@ -494,6 +519,7 @@ func (s *strictState) chargeLocked(l *Charge, id uint64) (*StrictCharge, int) {
 // if Release overtook it, has answered. Nothing when the lease was never
 // committed there.
 func (s *strictState) ReleasedLocked(id uint64, l Charge, actualWeighted int64, actual pd.Cost) func(context.Context) {
+	delete(s.sliced, id)
 	if _, ok := s.committed[id]; !ok {
 		return nil
 	}
