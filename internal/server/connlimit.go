@@ -157,7 +157,7 @@ type trackedConn struct {
 	net.Conn
 	l    *connLimiter
 	addr net.Addr   // RemoteAddr, byAddr's key; nil unless TCP
-	peer netip.Addr // the peer's address, IPv4 unmapped
+	peer netip.Addr // the peer: its IPv4 address, or its IPv6 /64 (peerOf)
 	// last is when it last read a byte or ended a request, in nanoseconds
 	// since l.epoch; busy counts its requests in progress.
 	last atomic.Int64
@@ -212,13 +212,28 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 	}
 }
 
+// peerOf is the peer a per-peer bound counts an address under: an IPv4
+// address as it is (unmapped from IPv6), an IPv6 one by its /64, the
+// smallest prefix a site is given, so that one host cannot pass as
+// 2^64 peers.
+func peerOf(a netip.Addr) netip.Addr {
+	if a = a.Unmap(); a.Is4() {
+		return a
+	}
+	p, err := a.Prefix(64)
+	if err != nil {
+		return a
+	}
+	return p.Addr()
+}
+
 // admit tracks c, first evicting what the bounds require; it closes c and
 // returns nil when nothing can be evicted.
 func (l *connLimiter) admit(c net.Conn) *trackedConn {
 	tc := &trackedConn{Conn: c, l: l, iAll: -1, iPeer: -1}
 	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		tc.addr = a
-		tc.peer = a.AddrPort().Addr().Unmap()
+		tc.peer = peerOf(a.AddrPort().Addr())
 	}
 	now := l.now()
 	tc.last.Store(now)

@@ -456,3 +456,23 @@ func TestConnLimiterDefaults(t *testing.T) {
 		}
 	}
 }
+
+// A per-peer bound counts an IPv6 peer by its /64: one host holds a
+// whole /64, so counting each of its addresses would let it pass as
+// 2^64 peers. IPv4 addresses, mapped or not, count one by one.
+func TestPeerOfCountsIPv6ByItsSlash64(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"192.0.2.7", "192.0.2.7"},
+		{"::ffff:192.0.2.7", "192.0.2.7"},
+		{"2001:db8:1:2:aaaa::1", "2001:db8:1:2::"},
+		{"2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::"},
+		{"::1", "::"},
+	} {
+		if got := peerOf(netip.MustParseAddr(c.in)); got != netip.MustParseAddr(c.want) {
+			t.Errorf("peerOf(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	if peerOf(netip.MustParseAddr("2001:db8:1:2::1")) == peerOf(netip.MustParseAddr("2001:db8:1:3::1")) {
+		t.Error("two /64s counted as one peer")
+	}
+}
