@@ -13,6 +13,7 @@ import (
 	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
 	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
@@ -303,16 +304,10 @@ func TestStrictFallbackSlicesAndRestores(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(runCtx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if st, _ := s.Status(); !st.BreakerOpen {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the breaker did not close after the store came back")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(t, 10*time.Second, "the breaker closing after the store came back", func() bool {
+		st, _ := s.Status()
+		return !st.BreakerOpen
+	})
 	cancel()
 	<-done
 	if rate, _ := v.bucket(open, sharing.KindTokens); rate != 1000 {

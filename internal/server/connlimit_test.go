@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/grpctest"
+	"github.com/sluice-sched/sluice/internal/testdep"
 	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
@@ -70,7 +71,7 @@ func (f *limiterFixture) dial(from string) (net.Conn, *trackedConn) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
 	c, err := d.Dial("tcp", f.l.Addr().String())
 	if err != nil {
-		f.t.Skipf("dial from %s: %v (this test needs 127.0.0.0/8 routed to loopback, as Linux does)", from, err)
+		testdep.Missing(f.t, "dial from %s: %v (this test needs 127.0.0.0/8 routed to loopback, as Linux does)", from, err)
 	}
 	f.t.Cleanup(func() { c.Close() })
 	// The server never writes: a read returns only when it closes c.
@@ -106,25 +107,13 @@ func (f *limiterFixture) write(c net.Conn, tc *trackedConn) {
 	if _, err := c.Write([]byte{1}); err != nil {
 		f.t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for tc.last.Load() == before {
-		if time.Now().After(deadline) {
-			f.t.Fatal("the server did not read the byte")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(f.t, 5*time.Second, "the server reading the byte", func() bool { return tc.last.Load() != before })
 }
 
 // waitOpen waits until the limiter holds n connections.
 func (f *limiterFixture) waitOpen(n int) {
 	f.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for f.l.Open() != n {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("open %d, want %d", f.l.Open(), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testwait.Until(f.t, 5*time.Second, fmt.Sprintf("%d connections open", n), func() bool { return f.l.Open() == n })
 }
 
 // At the listener's bound a new connection takes the place of the least
@@ -260,7 +249,7 @@ func holdIdle(t *testing.T, addr, from string, n int, hello string) {
 	for range n {
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
-			t.Skipf("dial from %s: %v (this test needs 127.0.0.0/8 routed to loopback, as Linux does)", from, err)
+			testdep.Missing(t, "dial from %s: %v (this test needs 127.0.0.0/8 routed to loopback, as Linux does)", from, err)
 		}
 		t.Cleanup(func() { c.Close() })
 		if hello != "" {
@@ -295,8 +284,9 @@ const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + "\x00\x00\x00\x04\x00\x00
 // client's health Check succeeds within 1 s, taking the place of an idle
 // connection; a host at its share makes room from its own.
 func TestIdleConnectionsDoNotLockGRPCClientsOut(t *testing.T) {
-	const limit = 33 // a quarter, 8, per peer
-	srv, _, _, _ := start(t, Options{Security: SecurityOptions{MaxConnections: limit}})
+	const limit = 33                   // a quarter, 8, per peer
+	clk := clock.NewManual(time.Now()) // the limiter's: idleness moves with it alone
+	srv, _, _, _ := start(t, Options{Clock: clk, Security: SecurityOptions{MaxConnections: limit}})
 	addr := srv.GRPCAddr().String()
 	lim := srv.sec.grpcConns
 	// The oldest connection has a call in progress that sends nothing (a
@@ -323,8 +313,8 @@ func TestIdleConnectionsDoNotLockGRPCClientsOut(t *testing.T) {
 		holdIdle(t, addr, from, 4, h2Preface)
 	}
 	testwait.Until(t, 10*time.Second, "the listener full of idle connections", func() bool { return lim.Open() == limit })
-	holdIdle(t, addr, "127.0.0.6", 4, h2Preface)        // beyond the bound
-	time.Sleep(defaultEvictIdle + 100*time.Millisecond) // every held connection idle past EvictIdle
+	holdIdle(t, addr, "127.0.0.6", 4, h2Preface)         // beyond the bound
+	clk.Advance(defaultEvictIdle + 100*time.Millisecond) // every held connection idle past EvictIdle
 	for i := range 3 {
 		conn := grpctest.Dial(t, addr)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -366,7 +356,8 @@ func TestIdleConnectionsDoNotLockGRPCClientsOut(t *testing.T) {
 // request, do not lock probes out: each new GET /healthz answers within 1 s.
 func TestIdleConnectionsDoNotLockHTTPClientsOut(t *testing.T) {
 	const limit = 17
-	srv, _, _, _ := start(t, Options{Security: SecurityOptions{MaxConnections: limit}})
+	clk := clock.NewManual(time.Now())
+	srv, _, _, _ := start(t, Options{Clock: clk, Security: SecurityOptions{MaxConnections: limit}})
 	addr := srv.HTTPAddr().String()
 	lim := srv.sec.httpConns
 	// The oldest connection reads an event stream and sends nothing: it is
@@ -390,7 +381,7 @@ func TestIdleConnectionsDoNotLockHTTPClientsOut(t *testing.T) {
 		holdIdle(t, addr, from, 2, "GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
 	}
 	testwait.Until(t, 10*time.Second, "the listener full of idle connections", func() bool { return lim.Open() == limit })
-	time.Sleep(defaultEvictIdle + 100*time.Millisecond)
+	clk.Advance(defaultEvictIdle + 100*time.Millisecond)
 	for i := range 3 {
 		hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		resp, err := hc.Get("http://" + addr + "/healthz")

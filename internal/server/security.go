@@ -112,7 +112,7 @@ func (s *Server) setupSecurity() error {
 	if so.MaxConnections < 0 || so.MaxConnectionsPerPeer < 0 {
 		return fmt.Errorf("--max-connections %d, --max-connections-per-peer %d: want 0 (the default) or more", so.MaxConnections, so.MaxConnectionsPerPeer)
 	}
-	lims := connLimits{Limit: so.MaxConnections, PerPeer: so.MaxConnectionsPerPeer}
+	lims := connLimits{Limit: so.MaxConnections, PerPeer: so.MaxConnectionsPerPeer, Clock: s.opts.Clock}
 	if lims.Limit == 0 {
 		lims.Limit = defaultMaxConnections()
 	}
