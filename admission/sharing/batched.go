@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
 	"github.com/sluice-sched/sluice/pd"
 )
@@ -197,16 +198,7 @@ func (s *batchedState) ReleasedLocked(uint64, Charge, int64, pd.Cost) func(conte
 // Run reconciles every interval until ctx ends; failures feed the breaker
 // and the metrics.
 func (s *batchedState) Run(ctx context.Context) {
-	t := time.NewTicker(s.opts.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_ = s.Reconcile(ctx)
-		}
-	}
+	clock.Every(ctx, s.opts.Interval, func() { _ = s.Reconcile(ctx) })
 }
 
 // Reconcile implements Strategy: it reports what this replica took from

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/pd"
 )
 
@@ -195,20 +196,13 @@ func (s *strictState) Reconcile(context.Context) error { return nil }
 // out that the store is back. It also forgets, now and then, the commits
 // of leases that expired.
 func (s *strictState) Run(ctx context.Context) {
-	t := time.NewTicker(probeEvery(s.opts))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	clock.Every(ctx, probeEvery(s.opts), func() {
 		s.pruneCommitted()
 		now := s.v.Wall()
 		if open, _ := s.br.status(now); open && s.br.allow(now) {
 			s.answered(s.probe(ctx))
 		}
-	}
+	})
 }
 
 // probe checks that the store is back and, if it is, hands it the

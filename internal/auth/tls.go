@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluice-sched/sluice/internal/clock"
 )
 
 // ServerTLS serves sluiced's certificate pair and, for mTLS, the CA bundle
@@ -189,16 +191,9 @@ func Watch(ctx context.Context, every time.Duration, rs ...Reloader) {
 	if every <= 0 || len(rs) == 0 {
 		return
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			for _, r := range rs {
-				_ = r.ReloadIfChanged()
-			}
+	clock.Every(ctx, every, func() {
+		for _, r := range rs {
+			_ = r.ReloadIfChanged()
 		}
-	}
+	})
 }

@@ -75,3 +75,22 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Every calls fn every d on the process's clock until ctx ends; the first
+// call is d after the start. It is for background loops (reconciles,
+// probes, reloads), which pace themselves in real time.
+func Every(ctx context.Context, d time.Duration, fn func()) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if ctx.Err() != nil { // both ready: the end wins
+				return
+			}
+			fn()
+		}
+	}
+}
