@@ -358,27 +358,41 @@ func TestStrictRefusedCommitRevokes(t *testing.T) {
 	}
 }
 
-// Strict, an admission decided on the whole local buckets before the
-// breaker opened and confirmed only after (its commit held back by the
-// open breaker) is taken from the slices once: an idempotent duplicate,
-// which asks again with the same lease, is not charged a second time.
-func TestStrictDuplicateInFallbackChargedOnce(t *testing.T) {
+// openedWithOneInFlight is a strict replica of two whose breaker has
+// opened (Failures 1: lease 2, of the fail-open tenant open, failed its
+// commit) while lease 1, of first, decided on the whole local buckets a
+// millisecond before, has not asked the store yet.
+func openedWithOneInFlight(t *testing.T, first, open *fakeTenant) (*fakeView, sharing.Strategy) {
+	t.Helper()
 	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
 	store := admissiontest.NewFlaky(memstate.New(clk))
-	tn := newTenant("open", 0, false, rps100, tokens1k)
-	v := newView(t, clk, tn)
+	tenants := []*fakeTenant{open}
+	if first != open {
+		tenants = append(tenants, first)
+	}
+	v := newView(t, clk, tenants...)
 	s := newStrategy(t, v, store, sharing.Options{Mode: sharing.Strict, Replica: "a", Replicas: 2, Failures: 1, Cooldown: time.Minute})
-	ctx := context.Background()
-	v.admit(1, tn, 100, smallCost) // decided on the whole bucket, its commit not yet sent
+	v.admit(1, first, 100, smallCost)
 	clk.Advance(time.Millisecond)
 	store.SetDown(true)
-	v.admit(2, tn, 100, smallCost)
-	if why := s.Decided(ctx, "r2", 2); why.Refused() { // fails: the breaker opens
+	v.admit(2, open, 100, smallCost)
+	if why := s.Decided(context.Background(), "r2", 2); why.Refused() {
 		t.Fatalf("fail-open admission refused as the store went: %+v", why)
 	}
 	if st, _ := s.Status(); !st.BreakerOpen {
 		t.Fatal("breaker closed after a failure with Failures 1")
 	}
+	return v, s
+}
+
+// Strict, an admission decided on the whole local buckets before the
+// breaker opened and confirmed only after (its commit held back by the
+// open breaker) is taken from the slices once: an idempotent duplicate,
+// which asks again with the same lease, is not charged a second time.
+func TestStrictDuplicateInFallbackChargedOnce(t *testing.T) {
+	tn := newTenant("open", 0, false, rps100, tokens1k)
+	v, s := openedWithOneInFlight(t, tn, tn)
+	ctx := context.Background()
 	if why := s.Decided(ctx, "r1", 1); why.Refused() {
 		t.Fatalf("lease 1 refused by a slice that holds it: %+v", why)
 	}
@@ -400,19 +414,9 @@ func TestStrictDuplicateInFallbackChargedOnce(t *testing.T) {
 // (the tenant's and the domain's, which every tenant there admits from)
 // as the breaker cut them.
 func TestStrictFailClosedRevokeAddsNothingToTheSlices(t *testing.T) {
-	clk := clock.NewManual(time.Unix(1_700_000_000, 0))
-	store := admissiontest.NewFlaky(memstate.New(clk))
 	open, closed := newTenant("open", 0, false, rps100, tokens1k), newTenant("closed", 0, true, rps100, tokens1k)
-	v := newView(t, clk, open, closed)
-	s := newStrategy(t, v, store, sharing.Options{Mode: sharing.Strict, Replica: "a", Replicas: 2, Failures: 1, Cooldown: time.Minute})
+	v, s := openedWithOneInFlight(t, closed, open)
 	ctx := context.Background()
-	v.admit(1, closed, 100, smallCost) // decided on the whole buckets, its commit not yet sent
-	clk.Advance(time.Millisecond)
-	store.SetDown(true)
-	v.admit(2, open, 100, smallCost)
-	if why := s.Decided(ctx, "r2", 2); why.Refused() { // fails: the breaker opens
-		t.Fatalf("fail-open admission refused as the store went: %+v", why)
-	}
 	_, tokens := v.bucket(closed, sharing.KindTokens)
 	v.Lock()
 	prefill, decode := v.dom.cap.Levels(v.NowLocked())
