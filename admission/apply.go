@@ -226,5 +226,6 @@ func (p *placer) commitDomains(staged []stagedDomain, now int64, warm bool, rebu
 		}
 	}
 	p.domains, p.byID = domains, byID
+	p.rebuildTree()
 	return warming
 }

@@ -14,6 +14,7 @@ type domainState struct {
 	topo        topology.Domain
 	cap         *pd.DomainCapacity
 	hash        uint64 // rendezvous node hash of the id
+	idx         int    // index in placer.domains and its rendezvous tree
 	draining    bool
 	drainReason string
 	removed     bool // left the cluster; only its leases still refer to it
@@ -44,7 +45,7 @@ func (d *domainState) RestoreCapacity() {
 
 // eligible reports whether new requests may be placed on the domain.
 func (d *domainState) eligible() bool {
-	return !d.draining && !d.removed && d.topo.HealthyGPUCount() > 0
+	return !d.draining && !d.removed && d.cap.GPUs() > 0 // the capacity counts the healthy GPUs
 }
 
 // info describes the domain for operators.

@@ -14,6 +14,7 @@ func (p *placer) setDrain(now int64, domain string, draining bool, reason string
 	}
 	undrained := d.draining && !draining
 	d.draining, d.drainReason = draining, reason
+	p.reweigh(d)
 	p.changed()
 	if undrained { // after changed: the ramp starts above the floor reserve it now has
 		p.startWarmup(now, d, 0)
@@ -30,5 +31,6 @@ func (p *placer) drainAhead(domain, reason string) {
 		return
 	}
 	d.draining, d.drainReason = true, reason
+	p.reweigh(d)
 	p.changed()
 }

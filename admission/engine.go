@@ -216,7 +216,7 @@ func (e *Engine) Tick() time.Duration {
 		l.expire(now)
 	}
 	room.idem.expire(now, e.mu.cfg.Leases.IdempotencyTTL.Duration)
-	e.mu.place.stepHealth(now)
+	e.mu.place.tick(now)
 	answered = e.dispatchLocked(now, answered)
 	if now-e.mu.lastSweep >= int64(sweepEvery) {
 		e.mu.gates.sweepIdleLocked(now)

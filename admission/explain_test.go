@@ -498,7 +498,7 @@ func sameState(t *rapid.T, x, y *Engine) {
 		}
 		for name, ts := range e.mu.gates.tenants {
 			cp := *ts
-			cp.orders = orderCache{} // a cache of rendezvous orders: reading fills it
+			cp.orders = nil // a cache of first choices: reading fills it
 			in.Tenants[name] = cp
 		}
 		for _, d := range e.mu.place.domains {

@@ -24,8 +24,18 @@ type placer struct {
 	domains     []*domainState
 	byID        map[string]*domainState
 	drainedAway map[string]string // drain reasons of domains not in the cluster: drained when they (re)appear
-	gen         uint64            // bumped whenever placement weights or eligibility change
 	floorTotal  int64             // Σ configured floors, weighted tokens/s
+
+	// Placement order: the domains' rendezvous tree, weighted by placeWeight,
+	// and a cursor for walks past a tenant's first choice (one at a time,
+	// under the engine's lock). gen is bumped whenever a weight changes:
+	// the tenants' cached first choices are then stale.
+	tree   *rendezvous.Tree
+	cursor rendezvous.Cursor
+	gen    uint64
+
+	recovering []*domainState // domains whose health weight is cut: stepHealth's work
+	rates      ratesCache     // Σ rates of the eligible domains
 
 	// During dispatch: domains reserved for queued heads that do not fit.
 	blocked []*domainState
@@ -57,22 +67,24 @@ func (pl *placement) outcome() Outcome {
 	return Admitted
 }
 
-// orderCache holds one tenant's rendezvous order of domains per model
-// index, valid while the placer's generation stays the same.
-type orderCache struct {
-	keyHash []uint64
-	orders  [][]int
-	gen     []uint64
+// orderCache holds, per model index, one tenant's rendezvous key and its
+// first choice of domain, valid while the placer's generation stays the
+// same: the one domain most placements try. 24 bytes per model, whatever
+// the cluster's size.
+type orderCache []firstChoice
+
+// firstChoice is a (tenant, model)'s rendezvous key and first domain.
+type firstChoice struct {
+	keyHash uint64
+	gen     uint64 // the placer's generation it was chosen at; 0: not yet
+	domain  int32  // index in placer.domains; -1: no domain is eligible
 }
 
 // reset sizes the cache for a catalog and empties it.
 func (c *orderCache) reset(tenant string, models []*modelState) {
-	n := len(models)
-	c.keyHash = make([]uint64, n)
-	c.orders = make([][]int, n)
-	c.gen = make([]uint64, n)
+	*c = make(orderCache, len(models))
 	for i, m := range models {
-		c.keyHash[i] = rendezvous.Hash(tenant + "/" + m.name)
+		(*c)[i].keyHash = rendezvous.Hash(tenant + "/" + m.name)
 	}
 }
 
@@ -169,27 +181,67 @@ func containsModel(ms []*modelState, idx int) bool {
 	return false
 }
 
-// order returns the rendezvous order of eligible domains for (tenant,
-// model), weighted by domain health; cached until placement changes.
-func (p *placer) order(t *tenantState, m *modelState) []int {
-	c := &t.orders
-	if c.gen[m.idx] == p.gen && c.orders[m.idx] != nil {
-		return c.orders[m.idx]
+// first returns (tenant, model)'s first choice of domain by rendezvous,
+// cached until a placement weight changes; nil when no domain is eligible.
+func (p *placer) first(t *tenantState, m *modelState) *domainState {
+	c := &t.orders[m.idx]
+	if c.gen != p.gen {
+		c.domain, c.gen = int32(p.tree.First(c.keyHash)), p.gen
 	}
-	nodes := make([]rendezvous.Node, 0, len(p.domains))
-	idx := make([]int, 0, len(p.domains))
+	if c.domain < 0 {
+		return nil
+	}
+	return p.domains[c.domain]
+}
+
+// walk starts the placer's cursor on (tenant, model)'s rendezvous order of
+// the eligible domains; next takes them one by one. The first is first's.
+func (p *placer) walk(t *tenantState, m *modelState) {
+	p.cursor.Walk(p.tree, t.orders[m.idx].keyHash)
+}
+
+// next returns the walk's next domain; nil once it is done.
+func (p *placer) next() *domainState {
+	if i, ok := p.cursor.Next(); ok {
+		return p.domains[i]
+	}
+	return nil
+}
+
+// placeWeight is d's weight in the rendezvous tree: its health weight while
+// it is eligible, 0 (no placement) when it is not.
+func placeWeight(d *domainState) float64 {
+	if !d.eligible() {
+		return 0
+	}
+	return d.health.weight
+}
+
+// reweigh gives d its current placement weight in the tree; the cached
+// first choices go stale if it moved.
+func (p *placer) reweigh(d *domainState) {
+	if w := placeWeight(d); w != p.tree.Weight(d.idx) {
+		p.tree.SetWeight(d.idx, w)
+		p.gen++
+	}
+}
+
+// rebuildTree builds the rendezvous tree over the cluster's domains (after
+// commitDomains).
+func (p *placer) rebuildTree() {
+	hashes := make([]uint64, len(p.domains))
+	p.recovering = p.recovering[:0]
 	for i, d := range p.domains {
-		if d.eligible() {
-			nodes = append(nodes, rendezvous.Node{ID: d.ID(), Weight: d.health.weight})
-			idx = append(idx, i)
+		d.idx, hashes[i] = i, d.hash
+		if d.health.weight < 1 {
+			p.recovering = append(p.recovering, d)
 		}
 	}
-	order := rendezvous.Order(c.keyHash[m.idx], nodes, make([]int, 0, len(nodes)))
-	for i, o := range order {
-		order[i] = idx[o]
+	p.tree = rendezvous.NewTree(hashes)
+	for _, d := range p.domains {
+		p.tree.SetWeight(d.idx, placeWeight(d))
 	}
-	c.orders[m.idx], c.gen[m.idx] = order, p.gen
-	return order
+	p.gen++
 }
 
 // find returns the first domain, in rendezvous order, whose prefill bucket,
@@ -202,22 +254,39 @@ func (p *placer) order(t *tenantState, m *modelState) []int {
 func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *recorder) (placement, bool) {
 	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
-		for _, di := range p.order(r.tenant, m) {
-			d := p.domains[di]
-			if p.isBlocked(d) {
-				continue
-			}
-			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
-			fits := err == nil && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
-			if rec != nil {
-				rec.tried(now, m, d, floor, cost, err, fits)
-			}
-			if fits {
-				return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
+		first := p.first(r.tenant, m)
+		if first == nil {
+			continue
+		}
+		if pl, ok := p.try(now, r, floor, ti, first, rec); ok {
+			return pl, true
+		}
+		p.walk(r.tenant, m)
+		p.next() // first, tried
+		for d := p.next(); d != nil; d = p.next() {
+			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
+				return pl, true
 			}
 		}
 	}
 	return placement{}, false
+}
+
+// try reports whether r's ti-th tier fits d now, and where.
+func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, rec *recorder) (placement, bool) {
+	if p.isBlocked(d) {
+		return placement{}, false
+	}
+	m := r.tierBuf[ti]
+	cost, err := d.cap.Cost(m.model, r.prompt, r.output)
+	fits := err == nil && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
+	if rec != nil {
+		rec.tried(now, m, d, floor, cost, err, fits)
+	}
+	if !fits {
+		return placement{}, false
+	}
+	return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
 }
 
 // withHeadroom is what r's ti-th tier needs of d to be placed there: its
@@ -319,8 +388,8 @@ func (p *placer) fitsQueued(now int64, w *waiter, turn bool) bool {
 // ever hold it.
 func (p *placer) reservedFor(now int64, w *waiter) *domainState {
 	m := w.p.tierBuf[0]
-	for _, di := range p.order(w.p.tenant, m) {
-		d := p.domains[di]
+	p.walk(w.p.tenant, m)
+	for d := p.next(); d != nil; d = p.next() {
 		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {
 			return d
 		}
@@ -339,33 +408,63 @@ func (p *placer) isBlocked(d *domainState) bool {
 	return false
 }
 
-// eligibleRates sums the soft-capacity rates of the domains open to new
-// placements.
-func (p *placer) eligibleRates() (prefill, decode float64) {
-	for _, d := range p.domains {
-		if d.eligible() {
-			prefill += float64(d.cap.PrefillRate())
-			decode += float64(d.cap.DecodeRate())
-		}
-	}
-	return prefill, decode
+// ratesCache is the sum of the soft-capacity rates of the domains open to
+// new placements, for the waiting room's estimates of a wait: summed again
+// after a weight changes, or once per ratesEvery of engine time (the
+// engine's tick; warm-up moves the rates continuously, by a few percent a
+// second at most), instead of once per estimate (a mass expiry asks once
+// per request).
+type ratesCache struct {
+	prefill, decode float64
+	at              int64  // engine time of the sum
+	gen             uint64 // placer generation of the sum, plus one; 0: stale
 }
 
-// stepHealth moves cut weights back up, one step per StepEvery after the
-// cool-down.
-func (p *placer) stepHealth(now int64) {
-	changed := false
-	for _, d := range p.domains {
-		changed = d.health.step(&p.cfg.Health, now) || changed
+// ratesEvery is how long a sum of the eligible rates serves.
+const ratesEvery = int64(10 * time.Millisecond)
+
+// eligibleRates returns the sum of the eligible domains' rates.
+func (p *placer) eligibleRates() (prefill, decode float64) {
+	c := &p.rates
+	if c.gen != p.gen+1 {
+		c.prefill, c.decode, c.gen = 0, 0, p.gen+1
+		for _, d := range p.domains {
+			if d.eligible() {
+				c.prefill += float64(d.cap.PrefillRate())
+				c.decode += float64(d.cap.DecodeRate())
+			}
+		}
 	}
-	if changed {
-		p.gen++
+	return c.prefill, c.decode
+}
+
+// tick does placement's timed work: cut health weights move back up, one
+// step per StepEvery after the cool-down, and the sum of eligible rates
+// ages.
+func (p *placer) tick(now int64) {
+	if now-p.rates.at >= ratesEvery {
+		p.rates.gen, p.rates.at = 0, now
 	}
+	kept := p.recovering[:0]
+	for _, d := range p.recovering {
+		if d.health.step(&p.cfg.Health, now) {
+			p.reweigh(d)
+		}
+		if d.health.weight < 1 {
+			kept = append(kept, d)
+		}
+	}
+	clear(p.recovering[len(kept):])
+	p.recovering = kept
 }
 
 // recordOutcome feeds a Release outcome into the domain's health.
 func (p *placer) recordOutcome(d *domainState, now int64, failed bool) {
+	wasWhole := d.health.weight >= 1
 	if d.health.record(&p.cfg.Health, now, failed) {
-		p.changed()
+		if wasWhole && !d.removed {
+			p.recovering = append(p.recovering, d)
+		}
+		p.reweigh(d)
 	}
 }

@@ -6,10 +6,9 @@ import (
 	"github.com/sluice-sched/sluice/pd"
 )
 
-// changed recomputes the floor reserves over the eligible domains and
-// invalidates every cached rendezvous order: eligibility or weights moved.
+// changed recomputes the floor reserves over the eligible domains:
+// eligibility moved (reweigh has given the domains their weights).
 func (p *placer) changed() {
-	p.gen++
 	prefillCap, decodeCap := p.eligibleBaseRates()
 	for _, d := range p.domains {
 		if !d.eligible() || p.floorTotal == 0 {

@@ -220,13 +220,17 @@ func satAdd(a, b int64) int64 {
 // "gpu-index-3") does not make its domain "mixed".
 func (d Domain) GPUModel() string {
 	healthyOnly := d.HealthyGPUCount() > 0
-	model := ""
+	model, lastName := "", ""
 	for _, nd := range d.Nodes {
 		for _, g := range nd.GPUs {
 			if healthyOnly && !g.Healthy {
 				continue
 			}
+			if model != "" && g.Name == lastName {
+				continue // a domain's GPUs mostly share one name: read it once
+			}
 			m := ModelName(g.Name)
+			lastName = g.Name
 			switch {
 			case model == "":
 				model = m
@@ -283,6 +287,16 @@ func (c Cluster) Clone() Cluster {
 	return out
 }
 
+// domainRef names a domain in Validate's messages, formatted only when one
+// is written.
+type domainRef struct {
+	index int
+	id    string
+}
+
+// String formats the reference as domains[i] "id".
+func (r domainRef) String() string { return fmt.Sprintf("domains[%d] %q", r.index, r.id) }
+
 // Validate checks the invariants the scheduler relies on: at least one
 // domain; domain ids non-empty and unique; every domain has a kind and nodes;
 // node names non-empty and unique across the cluster, so that a node belongs
@@ -301,10 +315,21 @@ func (c Cluster) Validate() error {
 		errs = append(errs, fmt.Errorf(format, args...))
 	}
 	domainAt := make(map[string]int, len(c.Domains))
-	nodeIn := make(map[string]string) // node name → domain id
-	gpuAt := make(map[string]string)  // UUID → "node/index"
+	nodes, gpus := 0, 0
+	for _, d := range c.Domains {
+		nodes += len(d.Nodes)
+		for _, nd := range d.Nodes {
+			gpus += len(nd.GPUs)
+		}
+	}
+	nodeIn := make(map[string]string, nodes) // node name → domain id
+	type gpuRef struct {
+		node  string
+		index int
+	}
+	gpuAt := make(map[string]gpuRef, gpus) // UUID → where it is
 	for i, d := range c.Domains {
-		where := fmt.Sprintf("domains[%d] %q", i, d.ID)
+		where := domainRef{i, d.ID}
 		switch j, dup := domainAt[d.ID]; {
 		case d.ID == "":
 			bad("domains[%d]: empty id", i)
@@ -333,31 +358,33 @@ func (c Cluster) Validate() error {
 				continue
 			}
 			nodeIn[nd.Name] = d.ID
-			at := fmt.Sprintf("%s: node %q", where, nd.Name)
 			if len(nd.GPUs) == 0 {
-				bad("%s: no GPUs", at)
+				bad("%s: node %q: no GPUs", where, nd.Name)
 			}
+			// The messages' prefixes are formatted only for an error: a
+			// fleet's topology has a hundred thousand GPUs.
 			seen := make(map[int]bool, len(nd.GPUs))
 			for _, g := range nd.GPUs {
-				gat := fmt.Sprintf("%s: gpu %d", at, g.Index)
+				gpuBad := func(format string, args ...any) {
+					bad("%s: node %q: gpu %d: "+format, append([]any{where, nd.Name, g.Index}, args...)...)
+				}
 				if seen[g.Index] {
-					bad("%s: duplicate index", gat)
+					gpuBad("duplicate index")
 				}
 				seen[g.Index] = true
 				if g.Name == "" {
-					bad("%s: empty name", gat)
+					gpuBad("empty name")
 				}
 				if err := g.Peaks.check(g.Healthy); err != nil {
-					bad("%s: %w", gat, err)
+					gpuBad("%w", err)
 				}
 				if g.UUID == "" {
 					continue
 				}
-				self := fmt.Sprintf("node %q gpu %d", nd.Name, g.Index)
 				if other, dup := gpuAt[g.UUID]; dup {
-					bad("%s: UUID %s is also %s", gat, g.UUID, other)
+					gpuBad("UUID %s is also node %q gpu %d", g.UUID, other.node, other.index)
 				} else {
-					gpuAt[g.UUID] = self
+					gpuAt[g.UUID] = gpuRef{nd.Name, g.Index}
 				}
 			}
 		}

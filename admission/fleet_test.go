@@ -1,0 +1,136 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/topologytest"
+)
+
+// fleetDomains is the size of the fleet the scale tests place on: a 100k-GPU
+// fleet of NVL72 racks.
+const fleetDomains = 1400
+
+var fleet = sync.OnceValue(func() topology.Cluster { return topologytest.NVL72(fatalT{}, fleetDomains) })
+
+// fatalT panics: for fixtures built outside a test's own T.
+type fatalT struct{}
+
+func (fatalT) Helper()                           {}
+func (fatalT) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+
+// TestPlacementPropertiesAtFleetScale drives 1,400 NVL72 domains with
+// random admissions, releases (some failed, which cut a domain's health
+// weight), drains, undrains and time, and checks after every step that:
+// nothing is placed on a drained domain; a request that fits its tenant's
+// first choice goes there, the first choice being the rendezvous tree's
+// over the domains' current weights (the health weight of an eligible
+// domain, 0 for a drained one); a (tenant, model) stays on its domain
+// while no weight changes; and no bucket, gauge or lease count drifts.
+func TestPlacementPropertiesAtFleetScale(t *testing.T) {
+	cluster := fleet()
+	rapid.Check(t, func(rt *rapid.T) {
+		cfg := testConfig()
+		cfg.Health.MinSamples = 1 // a failed release cuts the weight at once
+		cfg.Tenants = map[string]TenantConfig{}
+		for i := 0; i < 200; i++ {
+			cfg.Tenants[fmt.Sprintf("t%d", i)] = TenantConfig{Tier: []string{"gold", "bronze"}[i%2]}
+		}
+		h := newHarness(rt, cfg, cluster)
+		drained := map[string]bool{}
+		type flow struct{ tenant, model string }
+		last := map[flow]string{} // domain of the flow's last admission since the last weight change
+		var leases []Decision
+		for i := rapid.IntRange(1, 80).Draw(rt, "ops"); i > 0; i-- {
+			switch op := rapid.IntRange(0, 9).Draw(rt, "op"); {
+			case op < 5:
+				f := flow{fmt.Sprintf("t%d", rapid.IntRange(0, 199).Draw(rt, "tenant")), rapid.SampledFrom([]string{"large", "medium", "small"}).Draw(rt, "model")}
+				d := h.admit(req(f.tenant, f.model, rapid.Int64Range(1, 4000).Draw(rt, "prompt"), rapid.Int64Range(1, 400).Draw(rt, "output")))
+				if d.LeaseID == 0 {
+					rt.Fatalf("a small request on an idle fleet was not admitted: %+v", d)
+				}
+				if drained[d.Domain] {
+					rt.Fatalf("placed on drained domain %s", d.Domain)
+				}
+				if want := firstChoiceOf(h, f.tenant, f.model); d.Domain != want {
+					rt.Fatalf("%v placed on %s, its first choice is %s", f, d.Domain, want)
+				}
+				if prev, ok := last[f]; ok && prev != d.Domain {
+					rt.Fatalf("%v moved from %s to %s with no weight changed", f, prev, d.Domain)
+				}
+				last[f] = d.Domain
+				leases = append(leases, d)
+			case op < 7:
+				if len(leases) == 0 {
+					continue
+				}
+				j := rapid.IntRange(0, len(leases)-1).Draw(rt, "lease")
+				outcome := ReleaseOK
+				if rapid.IntRange(0, 3).Draw(rt, "failed") == 0 {
+					outcome = ReleaseError
+					clear(last) // the domain's health weight may be cut
+				}
+				if _, err := h.e.Release(context.Background(), Release{LeaseID: leases[j].LeaseID, Outcome: outcome}); err != nil {
+					rt.Fatalf("Release: %v", err)
+				}
+				leases = append(leases[:j], leases[j+1:]...)
+			case op < 9:
+				id := fmt.Sprintf("rack-%d", rapid.IntRange(1, fleetDomains).Draw(rt, "drain"))
+				var err error
+				if drained[id] {
+					err = h.e.Undrain(id)
+				} else {
+					err = h.e.Drain(id, "test")
+				}
+				if err != nil {
+					rt.Fatalf("drain %s: %v", id, err)
+				}
+				drained[id] = !drained[id]
+				clear(last)
+			default:
+				h.advance(time.Duration(rapid.Int64Range(0, int64(time.Minute)).Draw(rt, "advance")))
+				clear(last) // health weights step back up
+			}
+			checkTreeWeights(rt, h)
+		}
+		checkInvariants(rt, h)
+	})
+}
+
+// firstChoiceOf is the domain the rendezvous tree ranks first for (tenant,
+// model) over the domains' current weights.
+func firstChoiceOf(h *harness, tenant, model string) string {
+	e := h.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t, _ := e.mu.gates.lookupLocked(tenant, e.nowLocked(), e.mu.place.modelList)
+	d := e.mu.place.first(t, e.mu.place.models[model])
+	if d == nil {
+		return ""
+	}
+	return d.ID()
+}
+
+// checkTreeWeights checks that every domain's weight in the rendezvous
+// tree is its health weight while it is eligible and 0 while it is not.
+func checkTreeWeights(t *rapid.T, h *harness) {
+	e := h.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := &e.mu.place
+	for _, d := range p.domains {
+		want := 0.0
+		if d.eligible() {
+			want = d.health.weight
+		}
+		if got := p.tree.Weight(d.idx); got != want {
+			t.Fatalf("%s: tree weight %v, want %v (draining %v, health %v)", d.ID(), got, want, d.draining, d.health.weight)
+		}
+	}
+}
