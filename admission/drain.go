@@ -23,11 +23,17 @@ func (p *placer) setDrain(now int64, domain string, draining bool, reason string
 }
 
 // drainAhead drains domain now if the cluster has it, or else from the
-// moment it appears.
+// moment it appears. A domain drained already only takes the reason: the
+// control plane applies every mark again whenever one comes or goes, and
+// on a fleet each would otherwise spread the floor reserves again.
 func (p *placer) drainAhead(domain, reason string) {
 	d, ok := p.byID[domain]
 	if !ok {
 		p.drainedAway[domain] = reason
+		return
+	}
+	if d.draining {
+		d.drainReason = reason
 		return
 	}
 	d.draining, d.drainReason = true, reason

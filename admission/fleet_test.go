@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -132,5 +133,64 @@ func checkTreeWeights(t *rapid.T, h *harness) {
 		if got := p.tree.Weight(d.idx); got != want {
 			t.Fatalf("%s: tree weight %v, want %v (draining %v, health %v)", d.ID(), got, want, d.draining, d.health.weight)
 		}
+	}
+}
+
+// BenchmarkAdmitFleet measures Admit+Release in-process on 1,400 NVL72
+// domains with 100k configured tenants, each call a tenant drawn at random
+// (so most calls build the tenant's state: from cold), beside the same
+// calls on the default cluster with 100 tenants in the same run; churn
+// drains or undrains a domain every 100 calls, which makes every tenant's
+// cached first choice stale. It reports ns per call of each and their
+// ratio.
+func BenchmarkAdmitFleet(b *testing.B) {
+	run := func(b *testing.B, cluster topology.Cluster, tenants int, churn bool) float64 {
+		cfg := testConfig()
+		cfg.Tenants = make(map[string]TenantConfig, tenants)
+		names := make([]string, tenants)
+		for i := range names {
+			names[i] = fmt.Sprintf("tenant-%d", i)
+			cfg.Tenants[names[i]] = TenantConfig{Tier: "bronze"}
+		}
+		e, err := New(cfg, cluster)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		rng := rand.New(rand.NewPCG(1, 2))
+		n, drained := b.N, ""
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			if churn && i%100 == 0 { // drain a domain, and undrain it 100 calls later
+				if i%200 == 0 {
+					drained = cluster.Domains[rng.IntN(len(cluster.Domains))].ID
+					_ = e.Drain(drained, "bench")
+				} else {
+					_ = e.Undrain(drained)
+				}
+			}
+			d, err := e.Admit(ctx, req(names[rng.IntN(tenants)], "small", 1, 1))
+			if err != nil || d.LeaseID == 0 {
+				b.Fatalf("%+v %v", d, err)
+			}
+			if _, err := e.Release(ctx, Release{LeaseID: d.LeaseID, OutputTokens: 1}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return float64(time.Since(start).Nanoseconds()) / float64(n)
+	}
+	for _, churn := range []bool{false, true} {
+		name := "cold"
+		if churn {
+			name = "cold-churn"
+		}
+		b.Run(name, func(b *testing.B) {
+			fleetNs := run(b, fleet(), 100_000, churn)
+			defNs := run(b, topology.Simulated(), 100, churn)
+			b.ReportMetric(0, "ns/op")
+			b.ReportMetric(fleetNs, "ns/fleet")
+			b.ReportMetric(defNs, "ns/default")
+			b.ReportMetric(fleetNs/defNs, "fleet/default")
+		})
 	}
 }
