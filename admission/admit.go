@@ -272,6 +272,8 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.critical = critical
 	place := &e.mu.place
 	pl, ok := placement{}, false
+	var o outlook // placement's outlook for a request that fits nowhere: O(domains), so taken once
+	looked := false
 	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
 		pl, ok = place.find(now, r, true, 0, r.ntiers, rec)
 	}
@@ -285,12 +287,17 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 			}
 		}
 		pl, ok = place.find(now, r, false, from, upto, rec)
-		if rec == nil && from == 0 && upto > 0 && (!ok || pl.tier > 0) && place.outlook(now, r).own {
-			e.mu.room.tiers.full(now, r.tierBuf[0].name) // its own tier, tried, did not fit
+		if rec == nil && from == 0 && upto > 0 && (!ok || pl.tier > 0) {
+			o, looked = place.outlook(now, r), true
+			if o.own {
+				e.mu.room.tiers.full(now, r.tierBuf[0].name) // its own tier, tried, did not fit
+			}
 		}
 	}
 	if !ok {
-		o := place.outlook(now, r)
+		if !looked {
+			o = place.outlook(now, r)
+		}
 		var w *waiter
 		*d, w = e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue, rec)
 		return w

@@ -194,3 +194,38 @@ func BenchmarkAdmitFleet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSaturatedAdmitFleet measures an Admit that finds every domain
+// full and queues (then gives up, so the queue keeps its size), on 1,400
+// NVL72 domains beside the default cluster's 6 in the same run: the
+// saturated path walks every domain, O(D).
+func BenchmarkSaturatedAdmitFleet(b *testing.B) {
+	run := func(b *testing.B, cluster topology.Cluster) float64 {
+		cfg := testConfig()
+		cfg.Queue.DefaultWait = Duration{time.Hour}
+		h := newHarness(b, cfg, cluster)
+		for {
+			_, w := h.submit(req("a", "large", 100_000, 2_000))
+			if w != nil {
+				h.cancel(w)
+				break
+			}
+		}
+		n := b.N
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			_, w := h.submit(req([]string{"a", "b", "c"}[i%3], "large", 100_000, 2_000))
+			if w == nil {
+				b.Fatal("not queued")
+			}
+			h.cancel(w)
+		}
+		return float64(time.Since(start).Nanoseconds()) / float64(n)
+	}
+	fleetNs := run(b, fleet())
+	defNs := run(b, topology.Simulated())
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(fleetNs, "ns/fleet")
+	b.ReportMetric(defNs, "ns/default")
+	b.ReportMetric(fleetNs/defNs, "fleet/default")
+}
