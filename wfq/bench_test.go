@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/sluice-sched/sluice/internal/cputime"
 )
 
 // benchQueue fills a queue with flows flows of perFlow items each, of random
@@ -74,7 +76,7 @@ func BenchmarkEnqueueDequeueRatio(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if n == warmup {
-			start = threadTime()
+			start = cputime.Thread()
 		}
 		q := qs[which]
 		it := q.Dequeue(nil, 1)
@@ -82,7 +84,7 @@ func BenchmarkEnqueueDequeueRatio(b *testing.B) {
 			b.Fatal(err)
 		}
 		if n++; n == block {
-			ns[which] += float64(threadTime() - start)
+			ns[which] += float64(cputime.Thread() - start)
 			ops[which] += block - warmup
 			which, n = 1-which, 0
 		}
