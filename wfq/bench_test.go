@@ -133,3 +133,30 @@ func BenchmarkDequeueFits(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWorkAhead is the engine's position estimate for a queued Admit:
+// WorkAhead for a new flow's item behind flows backlogged flows of one item
+// each, then the item enqueued and removed again, as a request that waits
+// and leaves does, so that the backlog stays at size and each estimate
+// counts the lane the op before added and took out.
+func BenchmarkWorkAhead(b *testing.B) {
+	for _, flows := range []int{100, 1000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("flows=%d", flows), func(b *testing.B) {
+			q := benchQueue(b, flows, 1)
+			it := &Item{Flow: FlowKey{Tenant: "newcomer", Model: "m"}, Cost: 500, Weight: 2}
+			f := q.Flow(it.Flow)
+			var sink uint64
+			b.ReportAllocs()
+			for b.Loop() {
+				sink += q.WorkAhead(it.Flow, it.Cost, it.Weight, false)
+				if err := q.EnqueueFlow(f, it); err != nil {
+					b.Fatal(err)
+				}
+				q.Remove(it)
+			}
+			if sink == 0 {
+				b.Fatal("no work ahead of a backlog")
+			}
+		})
+	}
+}
