@@ -89,13 +89,32 @@
 // about w_l·(T_l − V_b) of work tagged after V_b, so the work tagged before
 // the new item's F is
 //
-//	Σ_l w_l · (min(T_l, F) − V_b)⁺   (+ the whole critical band, for a normal item)
+//	⌊Σ_l w_l · (min(T_l, F) − V_b)⁺ / 2¹⁶⌋   (+ the whole critical band, for a normal item)
 //
-// in O(lanes). A light flow behind a neighbour's burst has only the burst's
-// weighted share of its own span ahead of it, not the burst: this is what
-// lets the engine refuse a request for its deadline only when its own place
-// in the fair order cannot be served in time. The estimate is off by at
-// most one item per lane (a head partly served, an item straddling F).
+// in cost units, one floor over the exact sum, saturated at 2⁶⁴−1. A light
+// flow behind a neighbour's burst has only the burst's weighted share of
+// its own span ahead of it, not the burst: this is what lets the engine
+// refuse a request for its deadline only when its own place in the fair
+// order cannot be served in time. The estimate is off by at most one item
+// per lane (a head partly served, an item straddling F).
+//
+// Each band keeps its lanes in a treap ordered by T_l, each node with its
+// subtree's Σ w and Σ w·T (128 bits: below 2³¹ lanes · 2³² · 2⁶⁴), so that
+//
+//	Σ_l w_l · (min(T_l, F) − V)⁺ = Σ_{V<T≤F} w·T − V · Σ_{V<T≤F} w + (F − V) · Σ_{T>F} w
+//
+// is read from two descents, towards V and towards F: O(log lanes) per
+// band, whatever the lanes' lengths. The tree follows the lanes lazily:
+// serving a head leaves its lane's tail in place, and every other change
+// of a tail or a weight (Enqueue, Remove, a lane that empties) sets a flag
+// in the lane, which the change has in cache, and appends the lane to a
+// list once until the next estimate. The estimate first moves each listed
+// lane's node, in O(log lanes). So Enqueue and Dequeue pay a flag test (at
+// 100k flows a tree update at each Enqueue would cost several times the
+// Enqueue itself, every node on the path a cache miss), each change is
+// paid for once, by the next estimate, and an estimate costs O((1 + lanes
+// changed since the last) · log lanes). A band's tree is an array of 48
+// bytes a lane, as long as the lane array.
 //
 // # Bounds
 //

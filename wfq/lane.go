@@ -27,7 +27,7 @@ type lane struct {
 	head   uint32         // ring index of the first item
 	n      uint32         // items queued
 	weight uint32         // the weight of the last item enqueued (for WorkAhead), at most MaxUint32
-	_      uint32
+	marked bool           // in its band's tails.marked: the tree has not seen its tail since it changed
 
 	item [inline]*Item // the items, when more is nil
 	flow *Flow         // the flow the lane belongs to

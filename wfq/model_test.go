@@ -349,6 +349,7 @@ func checkInvariants(t *rapid.T, q *Queue) {
 		if n != bd.n {
 			t.Fatalf("band %d: %d items, counts %d", b, n, bd.n)
 		}
+		checkTails(t, bd, b)
 		total += n
 	}
 	for k, f := range q.flows {
@@ -358,5 +359,71 @@ func checkInvariants(t *rapid.T, q *Queue) {
 	}
 	if total != q.n {
 		t.Fatalf("%d items, Len %d", total, q.n)
+	}
+}
+
+// checkTails checks band b's tree of tails: search order by (tag, id),
+// heap order by priority, each node's sums, every node reachable from the
+// root; each unmarked lane in the tree as it is (a non-empty lane with its
+// tail and weight, an empty one not at all); and each lane marked once.
+func checkTails(t *rapid.T, bd *band, b int) {
+	tr := &bd.tails
+	if len(bd.lanes) == 0 {
+		if tr.nodes != nil || tr.root != 0 || len(tr.marked) != 0 {
+			t.Fatalf("band %d: a tree without lanes", b)
+		}
+		return
+	}
+	if len(tr.nodes) != len(bd.lanes)+1 || tr.nodes[0] != (node{}) {
+		t.Fatalf("band %d: %d nodes for %d lanes, or the empty tree not empty", b, len(tr.nodes), len(bd.lanes))
+	}
+	marked := map[int32]bool{}
+	for _, id := range tr.marked {
+		if marked[id] || !bd.lanes[id].marked {
+			t.Fatalf("band %d: lane %d marked twice, or not flagged", b, id)
+		}
+		marked[id] = true
+	}
+	inTree := 0
+	for id := range bd.lanes {
+		l, n := &bd.lanes[id], &tr.nodes[id+1]
+		if n.weight != 0 {
+			inTree++
+		}
+		if l.marked != marked[int32(id)] {
+			t.Fatalf("band %d: lane %d flagged %v, in the marked list %v", b, id, l.marked, marked[int32(id)])
+		}
+		if l.marked {
+			continue
+		}
+		if l.n == 0 && n.weight != 0 || l.n > 0 && (n.weight != l.weight || n.tag != l.tailTag()) {
+			t.Fatalf("band %d: unmarked lane %d (%d items) out of step with its node %+v", b, id, l.n, *n)
+		}
+	}
+	// walk checks the subtree at s, whose keys lie strictly between lo and
+	// hi (0: no bound), and returns its size.
+	var walk func(s, lo, hi int32) int
+	walk = func(s, lo, hi int32) int {
+		if s == 0 {
+			return 0
+		}
+		n := &tr.nodes[s]
+		if n.weight == 0 || lo != 0 && !tr.less(lo, s) || hi != 0 && !tr.less(s, hi) {
+			t.Fatalf("band %d: node %d not a lane, or out of search order", b, s-1)
+		}
+		for _, c := range []int32{n.left, n.right} {
+			if c != 0 && tr.nodes[c].prio > n.prio {
+				t.Fatalf("band %d: node %d out of heap order", b, s-1)
+			}
+		}
+		size := 1 + walk(n.left, lo, s) + walk(n.right, s, hi)
+		l, r := &tr.nodes[n.left], &tr.nodes[n.right]
+		if n.sumW != l.sumW+r.sumW+uint64(n.weight) || n.sumWT != l.sumWT.add(r.sumWT).add(mul128(uint64(n.weight), n.tag)) {
+			t.Fatalf("band %d: node %d's sums are stale", b, s-1)
+		}
+		return size
+	}
+	if size := walk(tr.root, 0, 0); size != inTree {
+		t.Fatalf("band %d: %d nodes reachable, %d in the tree", b, size, inTree)
 	}
 }
