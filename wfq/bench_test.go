@@ -162,3 +162,34 @@ func BenchmarkWorkAhead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRemoveHead is a mass expiry's work on one flow: the head of a
+// lane of n items removed (the oldest request's deadline passed), and
+// enqueued again at the tail so that the lane stays at size.
+func BenchmarkRemoveHead(b *testing.B) {
+	for _, n := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("items=%d", n), func(b *testing.B) {
+			q := New(Config{})
+			f := q.Flow(FlowKey{Tenant: "deep", Model: "m"})
+			items := make([]Item, n)
+			for i := range items {
+				items[i] = Item{Cost: 100, Weight: 1}
+				if err := q.EnqueueFlow(f, &items[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				it := &items[i]
+				if !q.Remove(it) {
+					b.Fatal("the head was not queued")
+				}
+				if err := q.EnqueueFlow(f, it); err != nil {
+					b.Fatal(err)
+				}
+				i = (i + 1) % n
+			}
+		})
+	}
+}

@@ -44,7 +44,10 @@
 // leaves unserved costs its flow no virtual time. (Were the tags to stay,
 // every expiry would push the flow's later requests back, more of them
 // would expire, and the flow would fall below its share.) Remove is
-// O(log flows + items behind it in its lane).
+// O(log flows + log items in its lane) for the lane's head or tail, and
+// O(items behind it) more for an item in between: so a mass expiry of
+// deadlines in arrival order, each flow's oldest first, costs
+// O(log flows + log items) for each request it refuses (see Costs).
 //
 // Forgetting. A flow with no queued item in either band is deleted: each of
 // its dequeued tags is ≤ V_b, so max(F_last, V_b) = V_b and remembering it
@@ -65,8 +68,13 @@
 // and halves when a quarter full. So Enqueue writes the lane and not the
 // item before it, and Dequeue reads the next head's key from the lane, not
 // from the next item. A Dequeue that passes over k heads costs
-// O(k log k) more; Remove finds the item from its lane's tail, in
-// O(items behind it). Enqueue looks the flow up in a map; EnqueueFlow,
+// O(k log k) more. Remove finds the item by a binary search of its
+// lane's sequence numbers, which increase from the head, and moves the
+// items behind it up by its increment one by one, except for the head of a
+// lane past four items: there the lane's ring keeps a drop, which every
+// tag in it is lowered by as it is read, so removing the head adds to the
+// drop in O(1), and the drop comes out into the tags when the ring is next
+// resized. Enqueue looks the flow up in a map; EnqueueFlow,
 // with a *Flow handle from Queue.Flow, skips that lookup. Nothing is
 // allocated per item: items are the caller's, and a lane allocates only as
 // its length passes a power of two above four. A band's lane array is as

@@ -53,8 +53,17 @@ type Item struct {
 }
 
 // FinishTag returns the item's finish tag, in TagUnit units, as set by its
-// last Enqueue. It stays readable after the item leaves the queue.
-func (it *Item) FinishTag() uint64 { return it.tag }
+// last Enqueue and lowered by the Removes of items ahead of it in its flow
+// (see Removal in the package doc). It stays readable after the item
+// leaves the queue.
+func (it *Item) FinishTag() uint64 {
+	if f := it.flow; f != nil {
+		b := bandOf(it)
+		// While queued, tag is as its lane stores it (see lane).
+		return satSub(it.tag, f.q.bands[b].lanes[f.lane[b]].drop())
+	}
+	return it.tag
+}
 
 // Queued reports whether the item is in a queue.
 func (it *Item) Queued() bool { return it.flow != nil }
@@ -323,7 +332,7 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 	}
 	seq := q.seq
 	q.seq++
-	it.tag, it.seq, it.flow = tag, seq, f
+	it.seq, it.flow = seq, f // and tag, in push
 	if id == noLane {
 		id = bd.join(f, tag, seq, it)
 		f.lane[b] = id
