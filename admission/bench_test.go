@@ -76,7 +76,7 @@ func BenchmarkQueuedAdmit(b *testing.B) {
 	ctx := context.Background()
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
-	r := req("b", "large", 4000, 10)
+	r := req("b", "large", 4000, 500) // its finish tag amid the backlog's tails
 	var (
 		ns, ops [2]float64
 		which   int
@@ -113,8 +113,9 @@ func BenchmarkQueuedAdmit(b *testing.B) {
 
 // backlogged returns an engine on one HGX domain that tenant a fills, with
 // one request queued for each of flows bronze tenants: flows backlogged
-// flows of the fair queue. Tenant b, not among them, is left for the
-// benchmark.
+// flows of the fair queue, of assorted sizes, so that their tail tags
+// spread over a span of the virtual time. Tenant b, not among them, is
+// left for the benchmark.
 func backlogged(b *testing.B, flows int) *Engine {
 	cfg := testConfig()
 	cfg.Queue.MaxTotal = flows + 1
@@ -125,7 +126,7 @@ func backlogged(b *testing.B, flows int) *Engine {
 	h := newHarness(b, cfg, hgxCluster(b, 1))
 	h.saturate("a", "large", 4000, 10)
 	for i := range flows {
-		if d, w := h.submit(req(fmt.Sprintf("tenant-%06d", i), "large", 4000, 10)); w == nil {
+		if d, w := h.submit(req(fmt.Sprintf("tenant-%06d", i), "large", 4000, 10+int64(i*7919%1000))); w == nil {
 			b.Fatalf("backlog request %d not queued: %+v", i, d)
 		}
 	}
