@@ -112,7 +112,8 @@
 //	Σ_l w_l · (min(T_l, F) − V)⁺ = Σ_{V<T≤F} w·T − V · Σ_{V<T≤F} w + (F − V) · Σ_{T>F} w
 //
 // is read from two descents, towards V and towards F: O(log lanes) per
-// band, whatever the lanes' lengths. The tree follows the lanes lazily:
+// band (expected: the depth of a treap), whatever the lanes' lengths. The
+// tree follows the lanes lazily:
 // serving a head leaves its lane's tail in place, and every other change
 // of a tail or a weight (Enqueue, Remove, a lane that empties) sets a flag
 // in the lane, which the change has in cache, and appends the lane to a

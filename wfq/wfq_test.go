@@ -546,6 +546,25 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("steady state: %v allocs per Enqueue+Dequeue, want 0", allocs)
 	}
+	// With the position estimates of a request that waits and leaves (in a
+	// backlogged flow: a new one allocates its Flow), which bring the tree
+	// of tails up to date each time.
+	waiter := item(FlowKey{Tenant: "A"}, 3, 2)
+	allocs = testing.AllocsPerRun(1000, func() {
+		q.WorkAhead(waiter.Flow, waiter.Cost, waiter.Weight, false)
+		if err := q.Enqueue(waiter); err != nil {
+			t.Fatal(err)
+		}
+		q.WorkBefore(waiter.FinishTag(), false)
+		q.Remove(waiter)
+		it := q.Dequeue(notFirst, 100)
+		if err := q.Enqueue(it); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("steady state with estimates: %v allocs per op, want 0", allocs)
+	}
 }
 
 func TestFlowLayout(t *testing.T) {
@@ -559,6 +578,9 @@ func TestFlowLayout(t *testing.T) {
 	}
 	if off := unsafe.Offsetof(l.item); off != cacheLine {
 		t.Errorf("the lane's items start at byte %d, want 64 (the second line)", off)
+	}
+	if s := unsafe.Sizeof(node{}); s != 48 {
+		t.Errorf("a node of the tree of tails is %d bytes, want the 48 the package doc says", s)
 	}
 	if s := unsafe.Sizeof(entry{}); s*arity != cacheLine {
 		t.Errorf("a heap entry is %d bytes, want four siblings to a cache line", s)
