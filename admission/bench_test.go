@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/sluice-sched/sluice/internal/cputime"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -51,6 +52,126 @@ func BenchmarkAdmit(b *testing.B) {
 			leases = leases[:0]
 			b.StartTimer()
 		}
+	}
+}
+
+// BenchmarkQueuedAdmit measures a queued Admit behind 1k and behind 100k
+// backlogged flows (one request queued for each of as many tenants), in one
+// run: Submit of a request that fits nowhere and waits, and its removal as
+// a caller giving up (Await with a cancelled context), so that the backlog
+// stays at size. Both estimate the request's place in the fair queue (its
+// wait at Submit, its Retry-After when it leaves). The two sizes run in
+// alternating blocks timed by the thread's CPU time, as
+// wfq.BenchmarkEnqueueDequeueRatio does, and the first ops of each block,
+// which bring the engine back into cache, are not timed. It reports each
+// size's ns per op and their ratio, whose target is ≤ 2.
+func BenchmarkQueuedAdmit(b *testing.B) {
+	const (
+		block  = 1 << 12 // ops per block
+		warmup = 1 << 9  // of which untimed
+	)
+	engines := [2]*Engine{backlogged(b, 1000), backlogged(b, 100_000)}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	ctx := context.Background()
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	r := req("b", "large", 4000, 500) // its finish tag amid the backlog's tails
+	var (
+		ns, ops [2]float64
+		which   int
+		n       int
+		start   time.Duration
+	)
+	b.ReportAllocs()
+	for b.Loop() {
+		if n == warmup {
+			start = cputime.Thread()
+		}
+		e := engines[which]
+		d, tk, err := e.Submit(ctx, r)
+		if err != nil || tk == nil {
+			b.Fatalf("not queued: %+v %v", d, err)
+		}
+		if d := e.Await(gone, tk); d.Reason != ReasonDeadlineUnmeetable {
+			b.Fatalf("given up: %+v", d)
+		}
+		if n++; n == block {
+			ns[which] += float64(cputime.Thread() - start)
+			ops[which] += block - warmup
+			which, n = 1-which, 0
+		}
+	}
+	if ops[0] == 0 || ops[1] == 0 {
+		return // too few ops for a block of each (b.N is still being sized)
+	}
+	small, large := ns[0]/ops[0], ns[1]/ops[1]
+	b.ReportMetric(small, "ns/op-1k")
+	b.ReportMetric(large, "ns/op-100k")
+	b.ReportMetric(large/small, "ratio")
+}
+
+// backlogged returns an engine on one HGX domain that tenant a fills, with
+// one request queued for each of flows bronze tenants: flows backlogged
+// flows of the fair queue, of assorted sizes, so that their tail tags
+// spread over a span of the virtual time. Tenant b, not among them, is
+// left for the benchmark.
+func backlogged(b *testing.B, flows int) *Engine {
+	cfg := testConfig()
+	cfg.Queue.MaxTotal = flows + 1
+	cfg.Queue.DefaultWait = Duration{24 * time.Hour} // no estimate behind the backlog passes it
+	for i := range flows {
+		cfg.Tenants[fmt.Sprintf("tenant-%06d", i)] = TenantConfig{Tier: "bronze"}
+	}
+	h := newHarness(b, cfg, hgxCluster(b, 1))
+	h.saturate("a", "large", 4000, 10)
+	for i := range flows {
+		if d, w := h.submit(req(fmt.Sprintf("tenant-%06d", i), "large", 4000, 10+int64(i*7919%1000))); w == nil {
+			b.Fatalf("backlog request %d not queued: %+v", i, d)
+		}
+	}
+	return h.e
+}
+
+// BenchmarkMassExpiry measures a mass expiry: n requests of one tenant
+// queued a microsecond apart (its flow n deep, its deadlines in the same
+// order, oldest first), whose deadlines all pass before one Tick,
+// which refuses each with its Retry-After from its place in the queue. It
+// reports the Tick's ns per expired request, which stays flat from 1k to
+// 10k when the expiry is O(n log n).
+func BenchmarkMassExpiry(b *testing.B) {
+	for _, n := range []int{1000, 10_000} {
+		b.Run(fmt.Sprintf("expiring=%d", n), func(b *testing.B) {
+			cfg := testConfig()
+			cfg.Queue.MaxPerFlow, cfg.Queue.MaxTotal = n, n
+			cfg.Queue.DefaultWait = Duration{time.Hour}
+			r := req("b", "large", 4000, 10)
+			for b.Loop() {
+				b.StopTimer()
+				h := newHarness(b, cfg, hgxCluster(b, 1))
+				h.saturate("a", "large", 4000, 10)
+				waiters := make([]*waiter, n)
+				for i := range waiters {
+					if d, w := h.submit(r); w == nil {
+						b.Fatalf("request %d not queued: %+v", i, d)
+					} else {
+						waiters[i] = w
+					}
+					h.clk.Advance(time.Microsecond) // deadlines in arrival order
+				}
+				h.clk.Advance(time.Hour)
+				b.StartTimer()
+				h.e.Tick()
+				b.StopTimer()
+				for _, w := range waiters {
+					if !answered(w) || w.decision.Reason != ReasonDeadlineUnmeetable {
+						b.Fatalf("not refused at its deadline: %+v", w.decision)
+					}
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/expired")
+		})
 	}
 }
 

@@ -67,6 +67,7 @@ bench() { # OUTFILE PACKAGE ARGS…: one go test -bench run, its output kept
 
 bench admission.txt ./admission/ -bench 'BenchmarkAdmit$|BenchmarkXTimeRate|BenchmarkIdleTenantMemory|BenchmarkLeaseMemory' -benchmem -count "$COUNT"
 bench wfq.txt ./wfq/ -bench 'BenchmarkEnqueueDequeueRatio$' -benchmem -count "$COUNT"
+bench queued.txt ./admission/ -bench 'BenchmarkQueuedAdmit$' -benchmem -count "$COUNT"
 bench grpc-inprocess.txt ./internal/server/ -bench 'BenchmarkGRPC$|BenchmarkRLS$/(Interleaved|Canned)' -benchtime 3s -count "$COUNT"
 bench replay.txt ./internal/replay/ -bench 'BenchmarkReplayCodeHour$|BenchmarkReadCodeTrace' -benchtime 5x -cpu 1 -count "$COUNT"
 if command -v redis-server >/dev/null; then
@@ -127,6 +128,9 @@ w100k=$(median "$w" BenchmarkEnqueueDequeueRatio ns/op-100k)
 wratio=$(median "$w" BenchmarkEnqueueDequeueRatio ratio)
 row "WFQ enqueue+dequeue, 100k flows (CPU time)" "$w100k ns" "1k flows: $w1k ns" "$(calc "$wratio")× 1k" "<=" 300 "$w100k"
 row "WFQ 100k flows ÷ 1k flows, same run" "$(calc "$wratio")×" "" "" "<=" 4 "$wratio"
+qa=$OUT/queued.txt
+qratio=$(median "$qa" BenchmarkQueuedAdmit ratio)
+row "queued Admit, 100k backlogged flows ÷ 1k" "$(median "$qa" BenchmarkQueuedAdmit ns/op-100k) ns" "1k flows: $(median "$qa" BenchmarkQueuedAdmit ns/op-1k) ns" "$(calc "$qratio")× 1k" "<=" 2 "$qratio"
 
 g=$OUT/grpc-inprocess.txt
 check=$(median "$g" BenchmarkGRPC/HealthCheck ns/op)

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/sluice-sched/sluice/internal/cputime"
 )
 
 // benchQueue fills a queue with flows flows of perFlow items each, of random
@@ -74,7 +76,7 @@ func BenchmarkEnqueueDequeueRatio(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if n == warmup {
-			start = threadTime()
+			start = cputime.Thread()
 		}
 		q := qs[which]
 		it := q.Dequeue(nil, 1)
@@ -82,7 +84,7 @@ func BenchmarkEnqueueDequeueRatio(b *testing.B) {
 			b.Fatal(err)
 		}
 		if n++; n == block {
-			ns[which] += float64(threadTime() - start)
+			ns[which] += float64(cputime.Thread() - start)
 			ops[which] += block - warmup
 			which, n = 1-which, 0
 		}
@@ -127,6 +129,66 @@ func BenchmarkDequeueFits(b *testing.B) {
 				if err := q.EnqueueFlow(it.Value.(*Flow), it); err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkWorkAhead is the engine's position estimates for a request
+// that waits and then leaves, behind flows backlogged flows of one item
+// each: WorkAhead for a new flow's item (its wait, at Admit), the item
+// enqueued, WorkBefore its finish tag (its Retry-After, when it leaves),
+// and the item removed, so that the backlog stays at size. Two estimates
+// per op, each of which sees a lane come or go.
+func BenchmarkWorkAhead(b *testing.B) {
+	for _, flows := range []int{100, 1000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("flows=%d", flows), func(b *testing.B) {
+			q := benchQueue(b, flows, 1)
+			it := &Item{Flow: FlowKey{Tenant: "newcomer", Model: "m"}, Cost: 500, Weight: 2}
+			f := q.Flow(it.Flow)
+			var sink uint64
+			b.ReportAllocs()
+			for b.Loop() {
+				sink += q.WorkAhead(it.Flow, it.Cost, it.Weight, false)
+				if err := q.EnqueueFlow(f, it); err != nil {
+					b.Fatal(err)
+				}
+				sink += q.WorkBefore(it.FinishTag(), false)
+				q.Remove(it)
+			}
+			if sink == 0 {
+				b.Fatal("no work ahead of a backlog")
+			}
+		})
+	}
+}
+
+// BenchmarkRemoveHead is a mass expiry's work on one flow: the head of a
+// lane of n items removed (the oldest request's deadline passed), and
+// enqueued again at the tail so that the lane stays at size.
+func BenchmarkRemoveHead(b *testing.B) {
+	for _, n := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("items=%d", n), func(b *testing.B) {
+			q := New(Config{})
+			f := q.Flow(FlowKey{Tenant: "deep", Model: "m"})
+			items := make([]Item, n)
+			for i := range items {
+				items[i] = Item{Cost: 100, Weight: 1}
+				if err := q.EnqueueFlow(f, &items[i]); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				it := &items[i]
+				if !q.Remove(it) {
+					b.Fatal("the head was not queued")
+				}
+				if err := q.EnqueueFlow(f, it); err != nil {
+					b.Fatal(err)
+				}
+				i = (i + 1) % n
 			}
 		})
 	}

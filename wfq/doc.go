@@ -44,7 +44,10 @@
 // leaves unserved costs its flow no virtual time. (Were the tags to stay,
 // every expiry would push the flow's later requests back, more of them
 // would expire, and the flow would fall below its share.) Remove is
-// O(log flows + items behind it in its lane).
+// O(log flows + log items in its lane) for the lane's head or tail, and
+// O(items behind it) more for an item in between: so a mass expiry of
+// deadlines in arrival order, each flow's oldest first, costs
+// O(log flows + log items) for each request it refuses (see Costs).
 //
 // Forgetting. A flow with no queued item in either band is deleted: each of
 // its dequeued tags is ≤ V_b, so max(F_last, V_b) = V_b and remembering it
@@ -65,8 +68,13 @@
 // and halves when a quarter full. So Enqueue writes the lane and not the
 // item before it, and Dequeue reads the next head's key from the lane, not
 // from the next item. A Dequeue that passes over k heads costs
-// O(k log k) more; Remove finds the item from its lane's tail, in
-// O(items behind it). Enqueue looks the flow up in a map; EnqueueFlow,
+// O(k log k) more. Remove finds the item by a binary search of its
+// lane's sequence numbers, which increase from the head, and moves the
+// items behind it up by its increment one by one, except for the head of a
+// lane past four items: there the lane's ring keeps a drop, which every
+// tag in it is lowered by as it is read, so removing the head adds to the
+// drop in O(1), and the drop comes out into the tags when the ring is next
+// resized. Enqueue looks the flow up in a map; EnqueueFlow,
 // with a *Flow handle from Queue.Flow, skips that lookup. Nothing is
 // allocated per item: items are the caller's, and a lane allocates only as
 // its length passes a power of two above four. A band's lane array is as
@@ -89,13 +97,33 @@
 // about w_l·(T_l − V_b) of work tagged after V_b, so the work tagged before
 // the new item's F is
 //
-//	Σ_l w_l · (min(T_l, F) − V_b)⁺   (+ the whole critical band, for a normal item)
+//	⌊Σ_l w_l · (min(T_l, F) − V_b)⁺ / 2¹⁶⌋   (+ the whole critical band, for a normal item)
 //
-// in O(lanes). A light flow behind a neighbour's burst has only the burst's
-// weighted share of its own span ahead of it, not the burst: this is what
-// lets the engine refuse a request for its deadline only when its own place
-// in the fair order cannot be served in time. The estimate is off by at
-// most one item per lane (a head partly served, an item straddling F).
+// in cost units, one floor over the exact sum, saturated at 2⁶⁴−1. A light
+// flow behind a neighbour's burst has only the burst's weighted share of
+// its own span ahead of it, not the burst: this is what lets the engine
+// refuse a request for its deadline only when its own place in the fair
+// order cannot be served in time. The estimate is off by at most one item
+// per lane (a head partly served, an item straddling F).
+//
+// Each band keeps its lanes in a treap ordered by T_l, each node with its
+// subtree's Σ w and Σ w·T (128 bits: below 2³¹ lanes · 2³² · 2⁶⁴), so that
+//
+//	Σ_l w_l · (min(T_l, F) − V)⁺ = Σ_{V<T≤F} w·T − V · Σ_{V<T≤F} w + (F − V) · Σ_{T>F} w
+//
+// is read from two descents, towards V and towards F: O(log lanes) per
+// band (expected: the depth of a treap), whatever the lanes' lengths. The
+// tree follows the lanes lazily:
+// serving a head leaves its lane's tail in place, and every other change
+// of a tail or a weight (Enqueue, Remove, a lane that empties) sets a flag
+// in the lane, which the change has in cache, and appends the lane to a
+// list once until the next estimate. The estimate first moves each listed
+// lane's node, in O(log lanes). So Enqueue and Dequeue pay a flag test (at
+// 100k flows a tree update at each Enqueue would cost several times the
+// Enqueue itself, every node on the path a cache miss), each change is
+// paid for once, by the next estimate, and an estimate costs O((1 + lanes
+// changed since the last) · log lanes). A band's tree is an array of 48
+// bytes a lane, as long as the lane array.
 //
 // # Bounds
 //

@@ -53,8 +53,17 @@ type Item struct {
 }
 
 // FinishTag returns the item's finish tag, in TagUnit units, as set by its
-// last Enqueue. It stays readable after the item leaves the queue.
-func (it *Item) FinishTag() uint64 { return it.tag }
+// last Enqueue and lowered by the Removes of items ahead of it in its flow
+// (see Removal in the package doc). It stays readable after the item
+// leaves the queue.
+func (it *Item) FinishTag() uint64 {
+	if f := it.flow; f != nil {
+		b := bandOf(it)
+		// While queued, tag is as its lane stores it (see lane).
+		return satSub(it.tag, f.q.bands[b].lanes[f.lane[b]].drop())
+	}
+	return it.tag
+}
 
 // Queued reports whether the item is in a queue.
 func (it *Item) Queued() bool { return it.flow != nil }
@@ -134,6 +143,7 @@ type band struct {
 	free  []int32 // ids not in use
 	v     uint64  // virtual time
 	n     int     // items queued
+	tails tails   // the lanes by tail tag, for WorkAhead
 }
 
 // join gives flow f a new lane, whose only item is it with key (tag, seq),
@@ -146,6 +156,7 @@ func (bd *band) join(f *Flow, tag uint64, seq uint32, it *Item) int32 {
 		id = int32(len(bd.heap.pos))
 		bd.heap.pos = append(bd.heap.pos, 0)
 		bd.lanes = append(bd.lanes, lane{})
+		bd.tails.grow(id)
 	}
 	l := &bd.lanes[id]
 	l.flow = f
@@ -161,9 +172,10 @@ func (bd *band) leave(b, i int) *Flow {
 	bd.heap.remove(i)
 	bd.free = append(bd.free, id)
 	l := &bd.lanes[id]
+	bd.tails.mark(id, l)
 	f := l.flow
 	f.lane[b] = noLane
-	*l = lane{} // drop the pointers
+	*l = lane{marked: true} // drop the pointers; the mark stays until the tree sees the lane leave
 	return f
 }
 
@@ -320,14 +332,16 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 	}
 	seq := q.seq
 	q.seq++
-	it.tag, it.seq, it.flow = tag, seq, f
+	it.seq, it.flow = seq, f // and tag, in push
 	if id == noLane {
 		id = bd.join(f, tag, seq, it)
 		f.lane[b] = id
 	} else {
 		bd.lanes[id].push(tag, seq, it)
 	}
-	bd.lanes[id].weight = uint32(min(max(it.Weight, 1), math.MaxUint32))
+	l := &bd.lanes[id]
+	l.weight = uint32(min(max(it.Weight, 1), math.MaxUint32))
+	bd.tails.mark(id, l)
 	bd.n++
 	q.n++
 	return nil
@@ -345,8 +359,11 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 //
 // is tagged before F: a light flow is served ahead of a neighbour's burst,
 // which contributes only its weight's share of the span up to F. Flow k's
-// own queued items count in full. WorkAhead reads the heap entries and the
-// lanes, no item, in O(lanes in the bands it sums); it changes nothing.
+// own queued items count in full. The value is ⌊Σ_l w_l · (min(T_l, F) −
+// V)⁺ / TagUnit⌋ per band, exactly, saturated at MaxUint64. WorkAhead reads
+// no item: it descends each band's tree of tails (see position.go) in
+// O(log lanes), after moving there the lanes changed since the last
+// estimate; it changes nothing that Dequeue or Enqueue would see.
 func (q *Queue) WorkAhead(k FlowKey, cost, weight uint64, crit bool) uint64 {
 	b := normal
 	if crit {
@@ -372,24 +389,13 @@ func (q *Queue) WorkBefore(tag uint64, crit bool) uint64 {
 	return satAdd(q.bandWork(normal, tag), q.bandWork(critical, math.MaxUint64))
 }
 
-// bandWork sums, over band b's lanes, the work tagged between V and upTo.
+// bandWork returns the work in band b tagged between V and upTo:
+// ⌊Σ_l w_l · (min(T_l, upTo) − V)⁺ / TagUnit⌋ over its lanes l, saturated
+// at MaxUint64. It first brings the band's tree of tails up to date.
 func (q *Queue) bandWork(b int, upTo uint64) uint64 {
 	bd := &q.bands[b]
-	var sum uint64
-	for _, e := range bd.heap.entries() {
-		l := &bd.lanes[e.id]
-		span := min(l.tailTag(), upTo)
-		if span <= bd.v {
-			continue
-		}
-		hi, lo := bits.Mul64(span-bd.v, uint64(l.weight))
-		if hi >= TagUnit {
-			return math.MaxUint64
-		}
-		work, _ := bits.Div64(hi, lo, TagUnit)
-		sum = satAdd(sum, work)
-	}
-	return sum
+	bd.tails.update(bd.lanes)
+	return bd.tails.work(bd.v, upTo)
 }
 
 // increment returns ⌈cost·TagUnit / weight⌉, saturating at MaxUint64.
@@ -567,10 +573,13 @@ func (q *Queue) unlink(it *Item) {
 	it.flow = nil
 	bd.n--
 	q.n--
-	switch i := int(bd.heap.pos[id]); {
-	case l.n == 0:
+	i := int(bd.heap.pos[id])
+	if l.n == 0 {
 		q.forgetIfEmpty(bd.leave(b, i))
-	case k == 0:
+		return
+	}
+	bd.tails.mark(id, l) // its tail moved up
+	if k == 0 {
 		// The head left: re-key the lane's entry by the new head.
 		e := &bd.heap.e[i]
 		e.tag, e.seq = l.key(0)

@@ -339,6 +339,49 @@ func TestRemove(t *testing.T) {
 	}
 }
 
+// A lane longer than its arrays (a ring) lowers its tags lazily when its
+// head is removed: the items behind move up by the head's increment all
+// the same, also when a saturated tag is enqueued behind a lowered lane,
+// and after more heads leave; and they are served with those tags.
+func TestRemoveHeadOfALongLane(t *testing.T) {
+	q := New(Config{})
+	var as []*Item
+	for range 2 * inline {
+		as = append(as, item(fa, 10, 1))
+	}
+	mustEnqueue(t, q, as...) // tags 10, 20, …, 80
+	wantTags := func(when string, its []*Item, tags ...uint64) {
+		t.Helper()
+		for i, it := range its {
+			if got := it.FinishTag(); got != tags[i] {
+				t.Fatalf("%s: item %d's tag %d, want %d", when, i, got, tags[i])
+			}
+		}
+	}
+	for k := range 3 {
+		if !q.Remove(as[k]) {
+			t.Fatalf("Remove(head %d) failed", k)
+		}
+		if got := as[k].FinishTag(); got != 10*TagUnit {
+			t.Fatalf("removed head %d: tag %d, want the 10 it had", k, got/TagUnit)
+		}
+	}
+	rest := as[3:]
+	wantTags("three heads removed", rest, 10*TagUnit, 20*TagUnit, 30*TagUnit, 40*TagUnit, 50*TagUnit)
+	big := item(fa, 1<<48, 1) // its tag saturates: stored with the lane's drop, it would pass 2⁶⁴−1
+	mustEnqueue(t, q, big)
+	wantTags("a saturated tag enqueued", append(rest, big), 10*TagUnit, 20*TagUnit, 30*TagUnit, 40*TagUnit, 50*TagUnit, math.MaxUint64)
+	q.Remove(rest[0])
+	rest = rest[1:]
+	wantTags("one more head removed", append(rest, big), 10*TagUnit, 20*TagUnit, 30*TagUnit, 40*TagUnit, math.MaxUint64-10*TagUnit)
+	for _, want := range append(rest, big) {
+		tag := want.FinishTag()
+		if got := q.Dequeue(nil, 1); got != want || got.FinishTag() != tag || q.VirtualTime() != tag {
+			t.Fatalf("served %+v (tag %d, V %d), want the item of tag %d", got, got.FinishTag(), q.VirtualTime(), tag)
+		}
+	}
+}
+
 // TestRemoveSaturatedThenServeBelowRoot: a Remove whose increment
 // saturated moves the item behind it up past its lane's head (to tag 0
 // here); when fits then serves that head from below the root, the new head
@@ -503,6 +546,25 @@ func TestSteadyStateAllocatesNothing(t *testing.T) {
 	if allocs != 0 {
 		t.Fatalf("steady state: %v allocs per Enqueue+Dequeue, want 0", allocs)
 	}
+	// With the position estimates of a request that waits and leaves (in a
+	// backlogged flow: a new one allocates its Flow), which bring the tree
+	// of tails up to date each time.
+	waiter := item(FlowKey{Tenant: "A"}, 3, 2)
+	allocs = testing.AllocsPerRun(1000, func() {
+		q.WorkAhead(waiter.Flow, waiter.Cost, waiter.Weight, false)
+		if err := q.Enqueue(waiter); err != nil {
+			t.Fatal(err)
+		}
+		q.WorkBefore(waiter.FinishTag(), false)
+		q.Remove(waiter)
+		it := q.Dequeue(notFirst, 100)
+		if err := q.Enqueue(it); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("steady state with estimates: %v allocs per op, want 0", allocs)
+	}
 }
 
 func TestFlowLayout(t *testing.T) {
@@ -516,6 +578,9 @@ func TestFlowLayout(t *testing.T) {
 	}
 	if off := unsafe.Offsetof(l.item); off != cacheLine {
 		t.Errorf("the lane's items start at byte %d, want 64 (the second line)", off)
+	}
+	if s := unsafe.Sizeof(node{}); s != 48 {
+		t.Errorf("a node of the tree of tails is %d bytes, want the 48 the package doc says", s)
 	}
 	if s := unsafe.Sizeof(entry{}); s*arity != cacheLine {
 		t.Errorf("a heap entry is %d bytes, want four siblings to a cache line", s)

@@ -2,6 +2,8 @@ package wfq
 
 import (
 	"fmt"
+	"math"
+	"math/big"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -93,6 +95,120 @@ func TestWorkAheadMatchesServiceOrder(t *testing.T) {
 		slack := (lanes + 1) * (maxCost + 1)
 		if served+slack < est || served > est+slack {
 			rt.Fatalf("served %d before the item, WorkAhead said %d (lanes %d, max cost %d)", served, est, lanes, maxCost)
+		}
+	})
+}
+
+// refBandWork is bandWork by its definition, lane by lane, in big
+// integers: ⌊Σ_l w_l · (min(T_l, upTo) − V)⁺ / TagUnit⌋ over band b's
+// lanes, saturated at MaxUint64.
+func refBandWork(q *Queue, b int, upTo uint64) uint64 {
+	bd := &q.bands[b]
+	sum := new(big.Int)
+	for _, e := range bd.heap.entries() {
+		l := &bd.lanes[e.id]
+		span := min(l.tailTag(), upTo)
+		if span <= bd.v {
+			continue
+		}
+		term := new(big.Int).SetUint64(span - bd.v)
+		sum.Add(sum, term.Mul(term, new(big.Int).SetUint64(uint64(l.weight))))
+	}
+	sum.Rsh(sum, 16)
+	if !sum.IsUint64() {
+		return math.MaxUint64
+	}
+	return sum.Uint64()
+}
+
+// refWorkBefore is WorkBefore from refBandWork.
+func refWorkBefore(q *Queue, tag uint64, crit bool) uint64 {
+	if crit {
+		return refBandWork(q, critical, tag)
+	}
+	return satAdd(refBandWork(q, normal, tag), refBandWork(q, critical, math.MaxUint64))
+}
+
+// TestWorkAheadIsExact runs random Enqueues, Dequeues (with random fits)
+// and Removes in both bands, with costs and weights up to the bounds (tags
+// that saturate, weights past MaxUint32), and after each step compares
+// WorkBefore and WorkAhead, for random tags and items, with the sum over
+// every lane of the definition (refBandWork): the tree answers exactly,
+// whether it has a lane's change to catch up on or many.
+func TestWorkAheadIsExact(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		keys := make([]FlowKey, rapid.IntRange(1, 40).Draw(t, "flows"))
+		for i := range keys {
+			keys[i] = FlowKey{fmt.Sprint(i), "m"}
+		}
+		pool := make([]*Item, rapid.IntRange(1, 120).Draw(t, "items"))
+		for i := range pool {
+			pool[i] = &Item{Value: i}
+		}
+		q := New(Config{})
+		costGen := rapid.OneOf(rapid.Uint64Range(0, 1000), rapid.Uint64Range(0, 1<<48), rapid.Uint64Range(0, math.MaxUint64))
+		weightGen := rapid.OneOf(rapid.Uint64Range(0, 8), rapid.Uint64Range(math.MaxUint32-8, math.MaxUint32+8), rapid.Uint64())
+		// A tag to ask about: near V or a lane's tail, or anywhere.
+		tagGen := func(label string) uint64 {
+			switch rapid.IntRange(0, 3).Draw(t, label+"Kind") {
+			case 0:
+				return rapid.Uint64().Draw(t, label)
+			case 1:
+				return math.MaxUint64
+			default:
+				bd := &q.bands[rapid.IntRange(0, nBands-1).Draw(t, label+"Band")]
+				base := bd.v
+				if es := bd.heap.entries(); len(es) > 0 && rapid.Bool().Draw(t, label+"AtTail") {
+					base = bd.lanes[es[rapid.IntRange(0, len(es)-1).Draw(t, label+"Lane")].id].tailTag()
+				}
+				d := rapid.Uint64Range(0, 2*TagUnit).Draw(t, label+"Offset")
+				if rapid.Bool().Draw(t, label+"Below") {
+					return satSub(base, d)
+				}
+				return satAdd(base, d)
+			}
+		}
+		for step := range rapid.IntRange(1, 300).Draw(t, "steps") {
+			// Several changes between queries, sometimes: the tree then
+			// has several marks to catch up on at once.
+			for range rapid.IntRange(1, 3).Draw(t, "changes") {
+				switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+				case op < 6:
+					it := pool[rapid.IntRange(0, len(pool)-1).Draw(t, "item")]
+					if !it.Queued() {
+						it.Flow = rapid.SampledFrom(keys).Draw(t, "key")
+						it.Cost = costGen.Draw(t, "cost")
+						it.Weight = weightGen.Draw(t, "weight")
+						it.Critical = rapid.IntRange(0, 3).Draw(t, "band") == 0
+						if err := q.Enqueue(it); err != nil {
+							t.Fatal(err)
+						}
+					}
+				case op < 8:
+					mod := rapid.IntRange(1, 3).Draw(t, "fitsMod")
+					q.Dequeue(func(it *Item) bool { return it.Value.(int)%mod == 0 }, rapid.IntRange(1, 4).Draw(t, "maxScan"))
+				default:
+					q.Remove(pool[rapid.IntRange(0, len(pool)-1).Draw(t, "item")])
+				}
+			}
+			tag, crit := tagGen("tag"), rapid.Bool().Draw(t, "crit")
+			if got, want := q.WorkBefore(tag, crit), refWorkBefore(q, tag, crit); got != want {
+				t.Fatalf("step %d: WorkBefore(%d, %v) = %d, by the definition %d", step, tag, crit, got, want)
+			}
+			k := rapid.SampledFrom(keys).Draw(t, "askKey")
+			cost, weight := costGen.Draw(t, "askCost"), weightGen.Draw(t, "askWeight")
+			b := normal
+			if crit {
+				b = critical
+			}
+			f := q.bands[b].v
+			if fl := q.flows[k]; fl != nil && fl.lane[b] != noLane {
+				f = max(f, q.bands[b].lanes[fl.lane[b]].tailTag())
+			}
+			if got, want := q.WorkAhead(k, cost, weight, crit), refWorkBefore(q, satAdd(f, increment(cost, weight)), crit); got != want {
+				t.Fatalf("step %d: WorkAhead(%v, %d, %d, %v) = %d, by the definition %d", step, k, cost, weight, crit, got, want)
+			}
+			checkInvariants(t, q)
 		}
 	})
 }
