@@ -17,7 +17,8 @@ const (
 	// empty and with requests waiting.
 	tickIdle = 50 * time.Millisecond
 	tickBusy = time.Millisecond
-	// sweepEvery is how often idle tenants are dropped.
+	// sweepEvery is how long the idle sweep takes to pass over every
+	// active tenant once (sweepIdleLocked).
 	sweepEvery = 10 * time.Second
 )
 
@@ -63,7 +64,6 @@ type Engine struct {
 		place     placer
 		room      waitingRoom
 		leases    leaseTable
-		lastSweep int64
 		closed    bool
 	}
 }
@@ -218,10 +218,7 @@ func (e *Engine) Tick() time.Duration {
 	room.idem.expire(now, e.mu.cfg.Leases.IdempotencyTTL.Duration)
 	e.mu.place.tick(now)
 	answered = e.dispatchLocked(now, answered)
-	if now-e.mu.lastSweep >= int64(sweepEvery) {
-		e.mu.gates.sweepIdleLocked(now)
-		e.mu.lastSweep = now
-	}
+	e.mu.gates.sweepIdleLocked(now)
 	next := tickIdle
 	if room.queue.Len() > 0 {
 		next = tickBusy

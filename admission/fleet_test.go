@@ -229,3 +229,57 @@ func BenchmarkSaturatedAdmitFleet(b *testing.B) {
 	b.ReportMetric(defNs, "ns/default")
 	b.ReportMetric(fleetNs/defNs, "fleet/default")
 }
+
+// The idle sweep visits the active tenants a slice per tick, one pass per
+// sweepEvery: a tenth of the way through, about a tenth of the idle
+// tenants are gone; after a whole pass, all of them, while a tenant holding
+// a lease stays.
+func TestIdleSweepGoesInSlices(t *testing.T) {
+	cfg := testConfig()
+	cfg.Tenants = map[string]TenantConfig{}
+	const n = 2000
+	for i := 0; i < n; i++ {
+		cfg.Tenants[fmt.Sprintf("t%d", i)] = TenantConfig{Tier: "bronze"}
+	}
+	h := newHarness(t, cfg, hgxCluster(t, 2))
+	// Active tenants with nothing held or spent: looked up, as a first
+	// request does before its gates (a request would spend, and a tenant
+	// that spent this month is not idle).
+	h.e.mu.Lock()
+	for i := 0; i < n; i++ {
+		h.e.mu.gates.lookupLocked(fmt.Sprintf("t%d", i), h.e.nowLocked(), h.e.mu.place.modelList)
+	}
+	h.e.mu.Unlock()
+	held := h.admit(req("t7", "small", 1, 1))
+	active := func() int {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		if len(h.e.mu.gates.active) != len(h.e.mu.gates.tenants) {
+			t.Fatalf("%d tenants in slots, %d by name", len(h.e.mu.gates.active), len(h.e.mu.gates.tenants))
+		}
+		for i, ts := range h.e.mu.gates.active {
+			if ts.slot != i || h.e.mu.gates.tenants[ts.name] != ts {
+				t.Fatalf("slot %d holds %s, whose slot is %d", i, ts.name, ts.slot)
+			}
+		}
+		return len(h.e.mu.gates.active)
+	}
+	h.advance(time.Millisecond) // a pass begins
+	h.advance(sweepEvery / 10)
+	if got := n - active(); got < n/20 || got > n/5 {
+		t.Fatalf("a tenth of a pass dropped %d of %d idle tenants", got, n-1)
+	}
+	for i := 0; i < 10; i++ {
+		h.advance(sweepEvery / 10)
+	}
+	if got := active(); got != 1 {
+		t.Fatalf("after a whole pass %d tenants are active, want only the one that spent and holds a lease", got)
+	}
+	if _, ok := h.e.mu.gates.tenants["t7"]; !ok {
+		t.Fatal("the tenant holding a lease was dropped")
+	}
+	h.release(held.LeaseID, 1, 1)
+	if got := active(); got != 1 {
+		t.Fatalf("%d active after the release, want t7", got)
+	}
+}

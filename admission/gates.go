@@ -10,7 +10,12 @@ import "time"
 type tenantGates struct {
 	cfg     *Config
 	tenants map[string]*tenantState
-	freeze  creditFreeze // an operator's freeze of every tenant's burst credit
+	active  []*tenantState // the same tenants, in slot order: what the idle sweep walks
+	// The idle sweep's pass: when it began, over how many tenants, how
+	// many it has visited, and the slot it goes on from.
+	passAt               int64
+	passLen, visited, at int
+	freeze  creditFreeze   // an operator's freeze of every tenant's burst credit
 }
 
 // lookupLocked returns the tenant's state, building it from config on first
@@ -26,7 +31,20 @@ func (g *tenantGates) lookupLocked(name string, now int64, models []*modelState)
 	t = newTenantState(name, g.cfg.Tenants[name].Tier, p, now)
 	t.orders.reset(name, models)
 	g.tenants[name] = t
+	t.slot = len(g.active)
+	g.active = append(g.active, t)
 	return t, true
+}
+
+// forgetLocked drops an active tenant's state: the last slot's tenant
+// moves into its slot.
+func (g *tenantGates) forgetLocked(t *tenantState) {
+	delete(g.tenants, t.name)
+	last := len(g.active) - 1
+	moved := g.active[last]
+	g.active[t.slot], moved.slot = moved, t.slot
+	g.active[last] = nil
+	g.active = g.active[:last]
 }
 
 // reconfigureLocked re-applies a new config to the active tenants, keeping
@@ -39,7 +57,7 @@ func (g *tenantGates) reconfigureLocked(cfg *Config, now int64, models []*modelS
 		t.orders.reset(name, models) // its queued requests may still be placed
 		p, ok := cfg.Policy(name)
 		if !ok {
-			delete(g.tenants, name)
+			g.forgetLocked(t)
 			continue
 		}
 		t.tier = cfg.Tenants[name].Tier
@@ -66,11 +84,21 @@ func (g *tenantGates) scratchLocked(name string, now int64, models []*modelState
 }
 
 // sweepIdleLocked drops the tenants that hold nothing a rebuild would not
-// recreate.
+// recreate. A pass over every active tenant takes sweepEvery: each call
+// goes on from where the last stopped, as far as the pass should be by now
+// (a pass over a hundred thousand tenants at once would hold the engine's
+// lock for milliseconds). A dropped tenant's slot takes the last slot's
+// tenant, not yet visited, which is visited next.
 func (g *tenantGates) sweepIdleLocked(now int64) {
-	for name, t := range g.tenants {
-		if t.idle(now) {
-			delete(g.tenants, name)
+	if g.visited >= g.passLen || g.at >= len(g.active) {
+		g.passAt, g.passLen, g.visited, g.at = now, len(g.active), 0, 0
+	}
+	part := min(float64(now-g.passAt)/float64(sweepEvery), 1)
+	for ; g.at < len(g.active) && float64(g.visited) < part*float64(g.passLen); g.visited++ {
+		if t := g.active[g.at]; t.idle(now) {
+			g.forgetLocked(t)
+		} else {
+			g.at++
 		}
 	}
 }

@@ -34,7 +34,8 @@ type tenantState struct {
 	inFlight int64 // leases held
 	queued   int64 // waiting in the fair queue
 
-	orders orderCache // placement's rendezvous orders for this tenant
+	orders orderCache // placement's first choices for this tenant
+	slot   int        // index in tenantGates.active
 }
 
 // refusal is why a gate turned a request away and when to retry; the zero
