@@ -59,12 +59,12 @@ type Engine struct {
 
 	mu struct {
 		sync.Mutex
-		cfg       *Config
-		gates     tenantGates
-		place     placer
-		room      waitingRoom
-		leases    leaseTable
-		closed    bool
+		cfg    *Config
+		gates  tenantGates
+		place  placer
+		room   waitingRoom
+		leases leaseTable
+		closed bool
 	}
 }
 

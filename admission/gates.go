@@ -15,7 +15,7 @@ type tenantGates struct {
 	// many it has visited, and the slot it goes on from.
 	passAt               int64
 	passLen, visited, at int
-	freeze  creditFreeze   // an operator's freeze of every tenant's burst credit
+	freeze               creditFreeze // an operator's freeze of every tenant's burst credit
 }
 
 // lookupLocked returns the tenant's state, building it from config on first
