@@ -167,7 +167,7 @@ if [[ $FLEET == 1 ]]; then
 	fd=$(jq -r '.domains // "?"' "$f/fleet.json" 2>/dev/null || echo "?")
 	ft=$(jq -r '.tenants // "?"' "$f/fleet.json" 2>/dev/null || echo "?")
 	fa=$(jq -r '.load.tenants[0].pool // "?"' "$f/cold.json" 2>/dev/null || echo "?")
-	for spec in "cold:$fd NVL72 × $fa random tenants, cold:0.8" "churn:the same, placement changing ${CHURN:-10}/s:0.75"; do
+	for spec in "cold:$fd NVL72 × $fa tenants, from cold:0.8" "churn:the same, placement changing ${CHURN:-10}/s:0.75"; do
 		IFS=: read -r name label target <<<"$spec"
 		j=$f/$name.json
 		if [[ ! -f $j ]]; then
@@ -179,8 +179,8 @@ if [[ $FLEET == 1 ]]; then
 	done
 	rss=nan hwm=?
 	if [[ -f $f/rss.json ]]; then
-		rss=$(calc "$(jq -r .rssMB "$f/rss.json")")
-		hwm=$(calc "$(jq -r .hwmMB "$f/rss.json")")
+		rss=$(jq -r '.rssMB | round' "$f/rss.json")
+		hwm=$(jq -r '.hwmMB | round' "$f/rss.json")
 	fi
 	row "fleet: RSS, $ft tenants, $(jq -r '.active // "?"' "$f/rss.json" 2>/dev/null || echo "?") active" "$rss MB" "" "" "<=" 512 "$rss"
 	info "  its peak (VmHWM), start-up included" "$hwm MB" "" ""

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -82,11 +83,13 @@ func TestFleetOfNVL72DomainsAndAMillionTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 	index := map[string]int{} // domain id → its place in the fleet
+	var ids []string          // and back
 	for _, d := range list.GetDomains() {
 		if d.GetKind() != "nvl72" || d.GetGpus() != fleetgen.NVL72Trays*fleetgen.NVL72GPUsOnTray {
 			t.Errorf("domain %s: kind %q with %d GPUs, want nvl72 with %d", d.GetId(), d.GetKind(), d.GetGpus(), fleetgen.NVL72Trays*fleetgen.NVL72GPUsOnTray)
 		}
-		index[d.GetId()] = len(index)
+		index[d.GetId()] = len(ids)
+		ids = append(ids, d.GetId())
 	}
 	if len(index) != domains {
 		t.Fatalf("ListDomains: %d distinct domains, want %d", len(index), domains)
@@ -152,7 +155,7 @@ func TestFleetOfNVL72DomainsAndAMillionTenants(t *testing.T) {
 		t.Helper()
 		if n := failures.Swap(0); n > 0 {
 			mu.Lock()
-			t.Fatalf("%s: %d calls went wrong; the first:\n%v", phase, n, firstErr)
+			t.Fatalf("%s: %d calls went wrong; the first:\n%s", phase, n, strings.Join(firstErr, "\n"))
 		}
 	}
 
@@ -175,7 +178,7 @@ func TestFleetOfNVL72DomainsAndAMillionTenants(t *testing.T) {
 	each(sample, func(k int) {
 		i := k * (active / sample)
 		if d := place(i); d >= 0 && d != first[i] {
-			fail("tenant %s: placed on domain %d, then on %d with nothing changed", name(i), first[i], d)
+			fail("tenant %s: placed on %s, then on %s with nothing changed", name(i), ids[first[i]], ids[d])
 		}
 	})
 	check("second Admit of a sample")
@@ -183,36 +186,31 @@ func TestFleetOfNVL72DomainsAndAMillionTenants(t *testing.T) {
 	// A drained domain places nothing; its tenants go elsewhere and come
 	// back once it is undrained.
 	drained := first[0]
-	var ids []string
-	for id, d := range index {
-		if d == drained {
-			ids = append(ids, id)
-		}
-	}
+	id := ids[drained]
 	var its []int
 	for i, d := range first {
 		if d == drained {
 			its = append(its, i)
 		}
 	}
-	if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: ids[0], Reason: "fleet test"}); err != nil {
+	if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: id, Reason: "fleet test"}); err != nil {
 		t.Fatal(err)
 	}
 	each(len(its), func(k int) {
 		if d := place(its[k]); d == drained {
-			fail("tenant %s placed on %s, which is draining", name(its[k]), ids[0])
+			fail("tenant %s placed on %s, which is draining", name(its[k]), id)
 		}
 	})
-	check("Admits while " + ids[0] + " drains")
-	if _, err := op.UndrainDomain(ctx, &admissionv1.UndrainDomainRequest{Domain: ids[0]}); err != nil {
+	check("Admits while " + id + " drains")
+	if _, err := op.UndrainDomain(ctx, &admissionv1.UndrainDomainRequest{Domain: id}); err != nil {
 		t.Fatal(err)
 	}
 	each(len(its), func(k int) {
 		if d := place(its[k]); d >= 0 && d != drained {
-			fail("tenant %s placed on domain %d after %s was undrained, want it back there", name(its[k]), d, ids[0])
+			fail("tenant %s placed on %s after %s was undrained, want it back there", name(its[k]), ids[d], id)
 		}
 	})
-	check("Admits after " + ids[0] + " was undrained")
+	check("Admits after " + id + " was undrained")
 
 	list, err = op.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
 	if err != nil {
@@ -239,7 +237,7 @@ func TestFleetOfNVL72DomainsAndAMillionTenants(t *testing.T) {
 	}
 	t.Logf("sluiced with %d NVL72 domains and %d tenants, %d of them active: %.1f MB resident (peak %.1f MB); ready in %v; %d tenants on %d domains; %s drained and undrained with %d tenants of its own",
 		domains, tenants, active, float64(least)/(1<<20), float64(statusBytes(t, pid, "VmHWM"))/(1<<20), startup.Round(time.Millisecond),
-		active, len(used), ids[0], len(its))
+		active, len(used), id, len(its))
 	if least > fleetRSSLimit {
 		t.Errorf("sluiced with %d domains and %d tenants, %d active: %.1f MB resident, want ≤ %d MB",
 			domains, tenants, active, float64(least)/(1<<20), fleetRSSLimit>>20)

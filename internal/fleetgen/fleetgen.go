@@ -6,9 +6,9 @@
 // that admits at once and a measurement reads the decision path, not a
 // refusal.
 //
-// Nothing it writes is committed: a million tenants are ~25 MB of YAML,
-// written in about a second. The files are plain topology and config files
-// (topology/file.go's format, internal/config's), read by sluiced's
+// Nothing it writes is committed: a million tenants are 30 MB of YAML,
+// written in a tenth of a second. The files are plain topology and config
+// files (topology/file.go's format, internal/config's), read by sluiced's
 // --topology and --config like any other.
 //
 // Tenants are named by TenantFormat with their index, 0 to T−1, so that

@@ -192,8 +192,10 @@ func (o *Options) Validate() error {
 			if m.Pool < 0 || m.Pool > maxPool {
 				return fmt.Errorf("--tenant-pool %s: count %d: want 1 to %d", m.Tenant, m.Pool, maxPool)
 			}
-			if _, err := parsePattern(m.Tenant); m.Pool > 0 && err != nil {
-				return fmt.Errorf("--tenant-pool: %w", err)
+			if m.Pool > 0 {
+				if _, err := parsePattern(m.Tenant); err != nil {
+					return fmt.Errorf("--tenant-pool: %w", err)
+				}
 			}
 		}
 		if o.Prompt < 1 || o.Output < 1 {

@@ -13,8 +13,8 @@ import (
 )
 
 // maxPool bounds a pool's names, so that a typo cannot ask for a billion
-// (the recorders keep a bit per name).
-const maxPool = 100_000_000
+// (each recorder keeps a bit per name: 1.25 MB at the bound).
+const maxPool = 10_000_000
 
 // ParseTenantPools reads a --tenant-pool value,
 // "pattern:count:model[:share],…": each entry stands for count tenants,

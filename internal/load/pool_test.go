@@ -140,7 +140,7 @@ func TestParseTenantPools(t *testing.T) {
 		t.Errorf("ParseTenantPools: %+v, want %+v", m, want)
 	}
 	for _, bad := range []string{"", "fleet-%d", "fleet-%d:10", "fleet:10:small", "fleet-%d-%d:10:small", "fleet-%x:10:small",
-		"fleet-%5d:10:small", "fleet-%d:0:small", "fleet-%d:x:small", "fleet-%d:200000000:small", "fleet-%d:10:", "fleet-%d:10:small:0",
+		"fleet-%5d:10:small", "fleet-%d:0:small", "fleet-%d:x:small", "fleet-%d:10000001:small", "fleet-%d:10:", "fleet-%d:10:small:0",
 		"fleet-%d:10:small:x", "fleet-%d%:10:small", "fleet-%%d:10:small", "fleet-%021d:10:small"} {
 		if _, err := load.ParseTenantPools(bad); err == nil || !strings.Contains(err.Error(), "--tenant-pool") {
 			t.Errorf("ParseTenantPools(%q): %v, want an error naming --tenant-pool", bad, err)
@@ -157,6 +157,31 @@ func TestParseTenantPools(t *testing.T) {
 			t.Errorf("%q with %d: %q, %v; want %q, as fmt writes it", tc.pattern, tc.i, got, err, tc.want)
 		}
 	}
+	o := closedOpts()
+	o.Tenants = []load.Mix{{Tenant: "no-verb", Model: "small", Share: 1, Pool: 5}}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--tenant-pool") {
+		t.Errorf("a pool without a verb: %v", err)
+	}
+}
+
+// Two entries of one pattern share its row, the larger count its size,
+// whichever is drawn first.
+func TestOnePatternTwoPools(t *testing.T) {
+	_, conn := startServer(t)
+	opts := poolOpts("nobody-%d:3:small:100,nobody-%d:1000:medium:1")
+	opts.Duration = 100 * time.Millisecond
+	c := newCounting(load.NewTarget(conn))
+	r, err := load.Run(context.Background(), opts, []load.Target{c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := tenantResult(t, r, "nobody-%d")
+	if len(r.Tenants) != 1 || row.Pool != 1000 || row.Distinct != int64(len(c.admits)) || row.Distinct < 4 {
+		t.Errorf("row %+v, %d names counted: want one row of 1000 names, the distinct count the manual one", row, len(c.admits))
+	}
+}
+
+func TestValidatePools(t *testing.T) {
 	o := closedOpts()
 	o.Tenants = []load.Mix{{Tenant: "no-verb", Model: "small", Share: 1, Pool: 5}}
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "--tenant-pool") {

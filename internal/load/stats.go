@@ -100,11 +100,18 @@ func (s *stats) tenantOf(a Arrival) *tenantStats {
 		return s.tenant(a.Tenant)
 	}
 	t := s.tenant(a.row)
-	if t.drawn == nil {
-		t.pool, t.drawn = a.poolSize, make([]uint64, (a.poolSize+63)/64)
-	}
+	t.growPool(a.poolSize)
 	t.drawn[a.index/64] |= 1 << (a.index % 64)
 	return t
+}
+
+// growPool makes room for a pool of n names: two entries of one pattern
+// share its row, the larger count its size.
+func (t *tenantStats) growPool(n int) {
+	t.pool = max(t.pool, n)
+	if need := (n + 63) / 64; len(t.drawn) < need {
+		t.drawn = append(t.drawn, make([]uint64, need-len(t.drawn))...)
+	}
 }
 
 // record adds d to h, clamped to the histogram's range (a value outside it
@@ -141,9 +148,7 @@ func (s *stats) merge(o *stats) {
 			t.refusals[r] += n
 		}
 		if ot.drawn != nil {
-			if t.drawn == nil {
-				t.pool, t.drawn = ot.pool, make([]uint64, len(ot.drawn))
-			}
+			t.growPool(ot.pool)
 			for i, w := range ot.drawn {
 				t.drawn[i] |= w
 			}
