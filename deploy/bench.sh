@@ -6,6 +6,7 @@
 #   deploy/bench.sh                 # everything (about 10 minutes on 2 cores)
 #   GRPC=0 deploy/bench.sh          # without the separate-process gRPC runs
 #   COUNT=5 deploy/bench.sh         # more runs per benchmark (medians are printed)
+#   FLEET=0 deploy/bench.sh         # without the fleet-scale runs
 #
 # Environment: COUNT (3) runs per Go benchmark; GRPC (1) runs
 # deploy/bench-grpc.sh (sluiced and sluicectl load as two processes; its
@@ -16,6 +17,10 @@
 # the machine moves, beside the time that it does). Run from
 # anywhere; it works in the repository root. Needs Go and jq.
 #
+# FLEET (GRPC's value) runs deploy/bench-fleet.sh: 1,400 NVL72 domains and
+# a million tenants, a few minutes more; its own knobs — DOMAINS, TENANTS,
+# ACTIVE, CHURN — and the ones above pass through.
+#
 # Every figure is a median of COUNT runs. On a machine shared with other
 # work the absolute figures move; the ratios, measured in the same run,
 # move much less.
@@ -23,6 +28,7 @@ set -euo pipefail
 
 COUNT=${COUNT:-3}
 GRPC=${GRPC:-1}
+FLEET=${FLEET:-$GRPC}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 OUT=${OUT:-$(mktemp -d)}
@@ -97,6 +103,10 @@ if [[ $GRPC == 1 ]]; then
 	echo "deploy/bench-grpc.sh" >&2
 	OUT="$OUT/grpc" deploy/bench-grpc.sh >"$OUT/grpc.txt"
 fi
+if [[ $FLEET == 1 ]]; then
+	echo "deploy/bench-fleet.sh" >&2
+	OUT="$OUT/fleet" deploy/bench-fleet.sh >"$OUT/fleet.txt" || true
+fi
 
 echo
 printf '%-46s | %-22s | %-30s | %-16s | %-9s | %s\n' measure figure "reference (same run)" ratio target ""
@@ -154,6 +164,30 @@ if [[ $GRPC == 1 ]]; then
 		ratio=$(jq -r '.ratio' "$j")
 		row "gRPC $label" "$(jq -r '.load.callsPerSec|floor' "$j") calls/s" "health Check $(jq -r '.reference.callsPerSec|floor' "$j") calls/s" "$(calc "$ratio") (CPU $(calc "$(jq -r '.cpuRatio' "$j")"))" ">=" "$target" "$ratio"
 	done
+fi
+
+if [[ $FLEET == 1 ]]; then
+	f=$OUT/fleet
+	fd=$(jq -r '.domains // "?"' "$f/fleet.json" 2>/dev/null || echo "?")
+	ft=$(jq -r '.tenants // "?"' "$f/fleet.json" 2>/dev/null || echo "?")
+	fa=$(jq -r '.load.tenants[0].pool // "?"' "$f/cold.json" 2>/dev/null || echo "?")
+	for spec in "cold:$fd NVL72 × $fa tenants, from cold:0.8" "churn:the same, placement changing ${CHURN:-10}/s:0.75"; do
+		IFS=: read -r name label target <<<"$spec"
+		j=$f/$name.json
+		if [[ ! -f $j ]]; then
+			row "fleet: $label" "?" "" "" ">=" "$target" nan
+			continue
+		fi
+		ratio=$(jq -r '.ratio' "$j")
+		row "fleet: $label" "$(jq -r '.load.callsPerSec|floor' "$j") calls/s" "health Check $(jq -r '.reference.callsPerSec|floor' "$j") calls/s" "$(calc "$ratio") (CPU $(calc "$(jq -r '.cpuRatio' "$j")"))" ">=" "$target" "$ratio"
+	done
+	rss=nan hwm=?
+	if [[ -f $f/rss.json ]]; then
+		rss=$(jq -r '.rssMB | round' "$f/rss.json")
+		hwm=$(jq -r '.hwmMB | round' "$f/rss.json")
+	fi
+	row "fleet: RSS, $ft tenants, $(jq -r '.active // "?"' "$f/rss.json" 2>/dev/null || echo "?") active" "$rss MB" "" "" "<=" 512 "$rss"
+	info "  its peak (VmHWM), start-up included" "$hwm MB" "" ""
 fi
 
 r=$OUT/replay.txt

@@ -72,7 +72,7 @@ func TestEveryCommandsHelpAndUnknownFlag(t *testing.T) {
 	// The walk reached the nouns, their verbs, the shorthands and cobra's
 	// own commands.
 	for _, want := range []string{"", "domain list", "domain drain", "domain undrain", "tenant list", "tenant get", "credit freeze",
-		"credit thaw", "config validate", "config apply", "config status", "explain", "topology", "replay", "recommend", "load",
+		"credit thaw", "config validate", "config apply", "config status", "explain", "topology", "replay", "recommend", "fleet generate", "load",
 		"drill", "version", "completion bash", "completion zsh", "completion fish", "help", "domains", "drain", "undrain", "tenants"} {
 		if !slices.Contains(paths, want) {
 			t.Errorf("no command %q in the tree %q", want, paths)
@@ -104,6 +104,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"domain", "list", "--timeout", "soon"}, `invalid argument "soon" for "--timeout" flag`},
 		{[]string{"tenant", "list", "--page", "two"}, `invalid argument "two" for "--page" flag`},
 		{[]string{"topology", "-x"}, "unknown shorthand flag: 'x'"},
+		{[]string{"fleet"}, "sluicectl fleet wants a command: generate"},
+		{[]string{"fleet", "generate"}, "--dir: want the directory"},
+		{[]string{"fleet", "generate", "--dir", "x", "--domains", "many"}, `invalid argument "many" for "--domains" flag`},
 	} {
 		code, out, errs := sluicectl(tc.args...)
 		if code != 2 || !strings.Contains(errs, tc.want) || !strings.Contains(errs, "--help' for usage.") || strings.Count(errs, "sluicectl: ") != 1 {
@@ -224,6 +227,7 @@ func TestJSONAndYAMLOneConvention(t *testing.T) {
 		{[]string{"topology", "--topology", "simulated"}, true},
 		{[]string{"config", "validate", "-f", cfg}, true},
 		{[]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "--to", "2m"}, true},
+		{[]string{"fleet", "generate", "--dir", t.TempDir(), "--domains", "2", "--tenants", "3"}, true},
 		{[]string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "1m"}, true},
 		{[]string{"config", "status", "--server", addr}, false},
 		{[]string{"domain", "list", "--server", addr}, false},

@@ -368,7 +368,7 @@ func offline(cmd *cobra.Command, args []string) bool {
 		return false
 	}
 	path := strings.TrimPrefix(cmd.CommandPath(), "sluicectl")
-	for _, p := range []string{"", " topology", " replay", " recommend", " version", " help", " config validate"} {
+	for _, p := range []string{"", " topology", " replay", " recommend", " version", " help", " config validate", " fleet generate"} {
 		if path == p {
 			return true
 		}
@@ -376,13 +376,13 @@ func offline(cmd *cobra.Command, args []string) bool {
 	return strings.HasPrefix(path, " completion")
 }
 
-// redirectOutputs points the files an example writes (--html, --svg) into
-// the test's directory, not the repository's.
+// redirectOutputs points the files an example writes (--html, --svg, a
+// directory --dir) into the test's directory, not the repository's.
 func redirectOutputs(t *testing.T, args []string) []string {
 	out := slices.Clone(args)
 	dir := t.TempDir()
 	for i, a := range out {
-		for _, f := range []string{"--html", "--svg"} {
+		for _, f := range []string{"--html", "--svg", "--dir"} {
 			switch {
 			case a == f && i+1 < len(out):
 				out[i+1] = filepath.Join(dir, filepath.Base(out[i+1]))

@@ -39,10 +39,15 @@ callers, an open loop at --rate, or a trace's arrivals (--trace). It prints
 the calls and Admit calls per second, the admissions and refusals by tenant,
 HdrHistogram latencies and the first error message of each kind; with
 --reference health, the same callers against the server's health Check in
-alternating rounds, and the ratio.`,
+alternating rounds, and the ratio.
+
+--tenant-pool draws each call's tenant from many generated names (a fleet's
+million tenants) without listing them; --churn drains, undrains and cuts
+the health weight of the server's domains while the load runs.`,
 		Example: `  sluicectl load --server localhost:7070
   sluicectl load --rate 500 --arrivals poisson --duration 30s --deadline 2s -o json
-  sluicectl load --reference health --rounds 6 --duration 5s`,
+  sluicectl load --reference health --rounds 6 --duration 5s
+  sluicectl load --tenant-pool fleet-%06d:100000:small --churn --reference health --rounds 4`,
 		Args: noArgs,
 		RunE: func(c *cobra.Command, _ []string) error { return runLoad(g, c, &lf) },
 	}
@@ -57,9 +62,11 @@ type loadFlags struct {
 	rounds, serverPID, prefill           int
 	rate                                 float64
 	arrivals, tenants, accept, reference string
+	pool, order                          string
 	prompt, output                       int64
 	duration, deadline, hold             time.Duration
-	release, requestIDs                  bool
+	release, requestIDs, churn           bool
+	churnRate                            float64
 }
 
 // register adds the flags to c.
@@ -71,6 +78,9 @@ func (lf *loadFlags) register(c *cobra.Command) {
 	fs.StringVar(&lf.arrivals, "arrivals", "poisson", "open loop arrivals: poisson (exponential gaps, seeded) or fixed (evenly spaced)")
 	fs.IntVar(&lf.maxInFlight, "max-in-flight", 10000, "open loop and trace: calls outstanding at most; an arrival past it is dropped and counted")
 	fs.StringVar(&lf.tenants, "tenants", defaultLoadTenants, "closed and open loops: tenant:model:share,… each call's tenant and model, drawn by --seed")
+	fs.StringVar(&lf.pool, "tenant-pool", "", "closed and open loops, instead of --tenants: pattern:count:model[:share],… each entry count tenants named by pattern "+
+		"(one %d or %0Nd) with 0…count-1, e.g. fleet-%06d:100000:small (sluicectl fleet generate prints the value for its tenants); each call draws one, as --tenant-order says")
+	fs.StringVar(&lf.order, "tenant-order", "random", "how --tenant-pool draws: random (each call any name, by --seed) or sequential (the names in turn, shared by the callers: n calls reach min(n, count) tenants)")
 	fs.Int64Var(&lf.prompt, "prompt", 100, "closed and open loops: prompt tokens per request")
 	fs.Int64Var(&lf.output, "output", 10, "closed and open loops: max output tokens per request (also the output each Release reports)")
 	fs.StringVar(&lf.accept, "accept-downgrade", "", "lower model tiers every request accepts, comma-separated (e.g. medium,small)")
@@ -84,6 +94,9 @@ func (lf *loadFlags) register(c *cobra.Command) {
 	fs.IntVar(&lf.rounds, "rounds", 1, "with --reference: rounds of load and reference, alternating which goes first")
 	fs.IntVar(&lf.serverPID, "server-pid", 0, "the server's process id, when it runs on this machine: its CPU time per call is reported beside the client's (from /proc)")
 	fs.IntVar(&lf.prefill, "prefill", 0, "admit this many leases before measuring and hold them through the run (released at the end unless --release=false)")
+	fs.BoolVar(&lf.churn, "churn", false, "change placement during the load's rounds through the server's API, --churn-rate times a second: in turn drain a random domain, "+
+		"cut a domain's health weight (an Admit released with OUTCOME_ERROR), undrain the domain drained longest ago; every drain is undone at each round's end")
+	fs.Float64Var(&lf.churnRate, "churn-rate", 10, "with --churn: changes per second")
 }
 
 // runLoad runs load.
@@ -141,7 +154,31 @@ func runLoad(g *globals, c *cobra.Command, lf *loadFlags) error {
 			return fmt.Errorf("--%s needs --trace", f)
 		}
 	}
-	if opts.Mode != load.ModeTrace {
+	switch lf.order {
+	case "random":
+	case "sequential":
+		opts.Sequential = true
+	default:
+		return fmt.Errorf("--tenant-order %q: want random or sequential", lf.order)
+	}
+	switch {
+	case opts.Mode == load.ModeTrace:
+		if set("tenant-pool") || set("tenant-order") {
+			return errors.New("--tenant-pool and --tenant-order are for the closed and open loops; --trace gives the tenants (--mix)")
+		}
+	case set("tenant-pool"):
+		if set("tenants") {
+			return errors.New("--tenants and --tenant-pool: give one")
+		}
+		m, err := load.ParseTenantPools(lf.pool)
+		if err != nil {
+			return err
+		}
+		opts.Tenants = m
+	default:
+		if set("tenant-order") {
+			return errors.New("--tenant-order is how --tenant-pool draws: it needs --tenant-pool")
+		}
 		m, err := load.ParseTenants(lf.tenants)
 		if err != nil {
 			return err
@@ -178,6 +215,15 @@ func runLoad(g *globals, c *cobra.Command, lf *loadFlags) error {
 	fleet := server == "" && g.etcd.endpoints != ""
 	if fleet && lf.reference != "" {
 		return errors.New("--reference runs against one server: give --server (the fleet's replicas are measured one at a time)")
+	}
+	if set("churn-rate") && !lf.churn {
+		return errors.New("--churn-rate is --churn's: it needs --churn")
+	}
+	if lf.churn && fleet {
+		return errors.New("--churn changes one server's placement: give --server")
+	}
+	if lf.churn && opts.Mode == load.ModeTrace {
+		return errors.New("--churn draws its health cuts' tenants from --tenants or --tenant-pool: it is for the closed and open loops, not --trace")
 	}
 	if fleet && set("conns") {
 		return errors.New("--conns is for one server: with --etcd the Router holds one connection per replica")
@@ -248,6 +294,15 @@ func runLoad(g *globals, c *cobra.Command, lf *loadFlags) error {
 		leaseSum = func(ctx context.Context) (int64, error) { return load.LeasesHeld(ctx, grpcs[0]) }
 	}
 
+	if lf.churn {
+		lctx, cancel := context.WithTimeout(ctx, g.timeout)
+		ch, err := load.NewChurn(lctx, grpcs[0], targets[0], lf.churnRate, tf.seed)
+		cancel()
+		if err != nil {
+			return serverErr(server, err)
+		}
+		opts.Churn = ch
+	}
 	var held []load.Lease
 	if lf.prefill > 0 {
 		var err error

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/fleetgen"
 	"github.com/sluice-sched/sluice/internal/load"
+	"github.com/sluice-sched/sluice/internal/server"
 )
 
 // Bad flags are refused before anything is dialled, each with an error
@@ -37,6 +43,16 @@ func TestLoadFlagErrors(t *testing.T) {
 		{[]string{"--etcd", "http://127.0.0.1:1", "--reference", "health"}, "--reference runs against one server"},
 		{[]string{"--etcd", "http://127.0.0.1:1", "--conns", "2"}, "--conns is for one server"},
 		{[]string{"--trace", replayTrace, "--mix", replayMix, "--prefill", "10"}, "--prefill admits leases of --tenants"},
+		{[]string{"--tenant-pool", "fleet:10:small"}, "want one %d"},
+		{[]string{"--tenant-pool", "fleet-%d:0:small"}, "count must be"},
+		{[]string{"--tenants", "acme:small:1", "--tenant-pool", "fleet-%d:10:small"}, "--tenants and --tenant-pool: give one"},
+		{[]string{"--tenant-pool", "fleet-%d:10:small", "--tenant-order", "sideways"}, `--tenant-order "sideways"`},
+		{[]string{"--tenant-order", "sequential"}, "it needs --tenant-pool"},
+		{[]string{"--trace", replayTrace, "--mix", replayMix, "--tenant-pool", "fleet-%d:10:small"}, "--tenant-pool and --tenant-order are for the closed and open loops"},
+		{[]string{"--churn-rate", "5"}, "it needs --churn"},
+		{[]string{"--churn", "--etcd", "http://127.0.0.1:1"}, "--churn changes one server's placement"},
+		{[]string{"--churn", "--trace", replayTrace, "--mix", replayMix}, "--churn draws its health cuts' tenants"},
+		{[]string{"--churn", "--churn-rate", "0", "--server", "127.0.0.1:1"}, "--churn-rate 0"},
 	} {
 		code, _, errs := sluicectl(append([]string{"load"}, tc.args...)...)
 		if code != 1 || !strings.Contains(errs, tc.want) {
@@ -93,6 +109,58 @@ func TestLoadCommand(t *testing.T) {
 	code, out, errs := sluicectl("load", "--server", addr, "--trace", replayTrace, "--mix", replayMix, "--to", "20s", "--speed", "100")
 	if code != 0 || !strings.Contains(out, "trace arrivals") || !strings.Contains(out, "Admit latency") {
 		t.Errorf("trace: exit %d\n%s\n%s", code, out, errs)
+	}
+}
+
+// The fleet's files, written by fleet generate, serve as sluiced reads
+// them; load draws from their tenants with the printed --tenant-pool, in
+// turn, while --churn changes placement, and says what it did.
+func TestFleetGenerateThenLoadWithChurn(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "fleet")
+	code, out, errs := sluicectl("fleet", "generate", "--dir", dir, "--domains", "6", "--tenants", "500", "-o", "json")
+	if code != 0 {
+		t.Fatalf("fleet generate: exit %d: %s", code, errs)
+	}
+	var f fleetgen.Files
+	if err := json.Unmarshal([]byte(out), &f); err != nil {
+		t.Fatalf("-o json: %v\n%s", err, out)
+	}
+	if f.Domains != 6 || f.Tenants != 500 || f.TenantPool != "fleet-%03d:500:small" || f.Topology != filepath.Join(dir, "topology.yaml") {
+		t.Errorf("fleet generate: %+v", f)
+	}
+	if code, out, errs := sluicectl("fleet", "generate", "--dir", dir, "--domains", "3", "--tenants", "7"); code != 0 ||
+		!strings.Contains(out, "3 NVL72 domains, 216 GPUs") || !strings.Contains(out, "--tenant-pool fleet-%01d:7:small") {
+		t.Errorf("fleet generate, table: exit %d\n%s%s", code, out, errs)
+	}
+	if code, _, errs := sluicectl("fleet", "generate", "--dir", dir, "--domains", "0"); code != 1 || !strings.Contains(errs, "--domains 0") {
+		t.Errorf("--domains 0: exit %d, %q", code, errs)
+	}
+	if code, _, errs := sluicectl("fleet", "generate", "--dir", dir, "--domains", "6", "--tenants", "500"); code != 0 {
+		t.Fatalf("fleet generate: exit %d: %s", code, errs)
+	}
+	if code, out, errs := sluicectl("config", "validate", "-f", f.Config); code != 0 {
+		t.Errorf("config validate of the fleet's config: exit %d\n%s%s", code, out, errs)
+	}
+	srv, err := server.New(server.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Topology: f.Topology, ConfigPath: f.Config,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = srv.Serve(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	addr := srv.GRPCAddr().String()
+
+	rep := loadJSON(t, "--server", addr, "--tenant-pool", f.TenantPool, "--tenant-order", "sequential", "--concurrency", "2",
+		"--duration", "300ms", "--churn", "--churn-rate", "50")
+	row := rep.Load.Tenants[0]
+	if row.Tenant != "fleet-%03d" || row.Pool != 500 || row.Admitted != rep.Load.AdmitCalls || row.Distinct != min(rep.Load.AdmitCalls, 500) || row.Distinct == 0 {
+		t.Errorf("pool row %+v, %d Admit calls: want every call admitted, each name once until all 500 were called", row, rep.Load.AdmitCalls)
+	}
+	ch := rep.Load.Churn
+	if ch == nil || ch.Drains == 0 || ch.Undrains != ch.Drains || ch.HealthCuts == 0 || ch.Draining != 0 || ch.WeightCut != int(ch.HealthCuts) || len(ch.Errors) != 0 {
+		t.Errorf("churn: %+v; want drains all undone, health cuts the server shows, no error", ch)
 	}
 }
 

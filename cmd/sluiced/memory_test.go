@@ -33,15 +33,7 @@ func TestHundredThousandTenantsResidentMemory(t *testing.T) {
 		tenants = 100_000
 		limit   = 64 << 20
 	)
-	bin := filepath.Join(t.TempDir(), "sluiced")
-	gobin, err := exec.LookPath("go") // go test runs with its own go first on PATH
-	if err != nil {
-		t.Fatalf("no go on PATH to build sluiced with: %v", err)
-	}
-	build := exec.Command(gobin, "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := buildSluiced(t)
 	path := filepath.Join(t.TempDir(), "tenants.yaml")
 	if err := os.WriteFile(path, withTenants(t, tenants), 0o600); err != nil {
 		t.Fatal(err)
@@ -81,6 +73,22 @@ func TestHundredThousandTenantsResidentMemory(t *testing.T) {
 	if least > limit {
 		t.Errorf("sluiced with %d tenants: %.1f MB resident, want ≤ %d MB", tenants, float64(least)/(1<<20), limit>>20)
 	}
+}
+
+// buildSluiced builds sluiced as it is deployed (no race detector, which
+// multiplies memory) and returns the binary's path.
+func buildSluiced(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sluiced")
+	gobin, err := exec.LookPath("go") // go test runs with its own go first on PATH
+	if err != nil {
+		t.Fatalf("no go on PATH to build sluiced with: %v", err)
+	}
+	build := exec.Command(gobin, "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
 }
 
 // withTenants is the embedded default config with its tenants replaced by
@@ -124,11 +132,20 @@ func withTenants(t *testing.T, n int) []byte {
 // HTTP address it serves on.
 func readyAddr(t *testing.T, logs io.Reader, tenants int) string {
 	t.Helper()
+	_, httpAddr := readyAddrs(t, logs, tenants)
+	return httpAddr
+}
+
+// readyAddrs reads sluiced's JSON log until its ready line and returns the
+// gRPC and HTTP addresses it serves on.
+func readyAddrs(t *testing.T, logs io.Reader, tenants int) (grpcAddr, httpAddr string) {
+	t.Helper()
 	sc := bufio.NewScanner(logs)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		var line struct {
 			Msg     string `json:"msg"`
+			GRPC    string `json:"grpc"`
 			HTTP    string `json:"http"`
 			Tenants int    `json:"tenants"`
 		}
@@ -142,28 +159,32 @@ func readyAddr(t *testing.T, logs io.Reader, tenants int) string {
 			for sc.Scan() {
 			}
 		}()
-		return line.HTTP
+		return line.GRPC, line.HTTP
 	}
 	t.Fatalf("sluiced exited before it was ready: %v", sc.Err())
-	return ""
+	return "", ""
 }
 
 // residentBytes reads a process's resident set size from /proc.
-func residentBytes(t *testing.T, pid int) int64 {
+func residentBytes(t *testing.T, pid int) int64 { return statusBytes(t, pid, "VmRSS") }
+
+// statusBytes reads a size in kB of /proc/PID/status (VmRSS, VmHWM) in
+// bytes.
+func statusBytes(t *testing.T, pid int, field string) int64 {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
 			if err != nil {
-				t.Fatalf("VmRSS %q: %v", rest, err)
+				t.Fatalf("%s %q: %v", field, rest, err)
 			}
 			return kb << 10
 		}
 	}
-	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }

@@ -85,8 +85,16 @@ func Compare(ctx context.Context, opts Options, targets []Target, conns []grpc.C
 		}
 	}
 	var loads, refs []*Result
+	// One draw for every round: pools in turn go on where the last round
+	// ended.
+	opts.draw = newPicker(&opts)
+	seed := opts.Seed
 	for i := range rounds {
 		refFirst := i%2 == 0
+		// Each round draws other tenants from the mix: with the same seed
+		// a round would repeat the last one's draws, and a pool's tenants
+		// would be warm from the second round on.
+		opts.Seed = seed + uint64(i)*0x9e3779b97f4a7c15
 		var l, r *Result
 		var err error
 		runRef := func() error {
@@ -169,17 +177,17 @@ func Prefill(ctx context.Context, opts Options, targets []Target, n int) ([]Leas
 		granted  atomic.Int64
 	)
 	maxFail := int64(max(1000, n/10))
+	pick := newPicker(&opts)
 	var wg sync.WaitGroup
 	for w := range max(opts.Concurrency, 1) {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(opts.Seed, 1<<32+uint64(w)))
-			pick := newPicker(&opts)
 			t := targets[w%len(targets)]
 			for granted.Add(1) <= int64(n) {
 				if ctx.Err() != nil || failures.Load() > maxFail {
 					return
 				}
-				a := pick(rng)
+				a := pick.pick(rng)
 				cctx, cancel := withDeadline(ctx, opts.Deadline)
 				resp, err := t.Admit(cctx, &admissionv1.AdmitRequest{RequestId: ids.next(), Tenant: a.Tenant, Model: a.Model,
 					PromptTokens: a.Prompt, MaxOutputTokens: a.Output, Priority: admissionv1.Priority_PRIORITY_NORMAL,
@@ -325,6 +333,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 	case r.LeasesError != "":
 		fmt.Fprintf(w, "leases held on the server: unknown (%s)\n", r.LeasesError)
 	}
+	if ch := r.Load.Churn; ch != nil {
+		fmt.Fprintf(w, "churn (%g/s asked, %d domains): %d drains, %d undrains, %d health cuts (%d found no uncut domain), %.1f changes/s; after: %d draining, %d with a cut weight; errors: %s\n",
+			ch.Rate, ch.Domains, ch.Drains, ch.Undrains, ch.HealthCuts, ch.HealthMisses, ch.ChangesPerSec, ch.Draining, ch.WeightCut, orNone(countList(ch.Errors)))
+		if ch.FirstError != "" {
+			fmt.Fprintf(w, "first churn error: %s\n", ch.FirstError)
+		}
+	}
 	if r.Load.Dropped > 0 {
 		fmt.Fprintf(w, "dropped arrivals (max in flight reached): %d\n", r.Load.Dropped)
 	}
@@ -332,7 +347,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TENANT\tREQUESTS\tADMITTED\tADMITTED/S\tDEGRADED\tDEGRADED/S\tREJECTED\tERRORS\tREFUSALS")
 	for _, t := range r.Load.Tenants {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%d\t%.1f\t%d\t%d\t%s\n", t.Tenant, t.Requests, t.Admitted, t.AdmittedPerSec,
+		name := t.Tenant
+		if t.Pool > 0 {
+			name = fmt.Sprintf("%s (%d of %d called)", t.Tenant, t.Distinct, t.Pool)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%d\t%.1f\t%d\t%d\t%s\n", name, t.Requests, t.Admitted, t.AdmittedPerSec,
 			t.Degraded, t.DegradedPerSec, t.Rejected, t.Errors, countList(t.Refusals))
 	}
 	if err := tw.Flush(); err != nil {

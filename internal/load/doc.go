@@ -24,7 +24,25 @@
 //
 // In the closed and open loops each call's tenant and model are drawn from
 // a weighted mix (ParseTenants: "acme:large:0.5,globex:small:0.5") by a
-// generator seeded per caller.
+// generator seeded per caller, and per round of Compare, so that a round
+// does not repeat the last one's draws. An entry of the mix may stand for
+// many tenants (ParseTenantPools: "fleet-%06d:100000:small" is
+// fleet-000000 … fleet-099999): a call draws one of its names at random,
+// or in turn (Options.Sequential, one counter shared by the callers and
+// the rounds), and its answers are counted as one row with how many of its
+// names were called (a bit per name), so that a million tenants cost
+// neither a flag value nor a row each.
+//
+// # Churn
+//
+// A fleet's placement changes while it serves: Options.Churn (NewChurn)
+// drains a random domain, cuts a domain's health weight and undrains the
+// domain it drained longest ago, in turn, at a rate, during each run of the
+// load (not the reference's), through the server's public API only: the
+// Operator API's DrainDomain and UndrainDomain, and for a weight, an Admit
+// of a tenant of the mix released with OUTCOME_ERROR on the domain it was
+// placed on. Each run ends by undoing its drains and reading the server's
+// domains: how many are draining and how many have a cut weight.
 //
 // # What is measured
 //

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,11 +58,14 @@ func (g generated) Release(ctx context.Context, req *admissionv1.ReleaseRequest)
 }
 
 // Mix is one part of a tenant mix: the share of the calls that go to Tenant
-// on Model.
+// on Model. With Pool > 0 it stands for Pool tenants: Tenant is then a
+// pattern with one integer verb (ParseTenantPools), and each call draws
+// one of its names.
 type Mix struct {
 	Tenant string  `json:"tenant"`
 	Model  string  `json:"model"`
 	Share  float64 `json:"share"`
+	Pool   int     `json:"pool,omitempty"`
 }
 
 // ParseTenants reads a --tenants value, "tenant:model:share,…" (the form of
@@ -101,6 +103,11 @@ type Arrival struct {
 	Model  string
 	Prompt int64
 	Output int64
+
+	// Drawn from a pool: the pattern its answers are counted under, the
+	// pool's size and the name's index in it.
+	row             string
+	poolSize, index int
 }
 
 // Options say what load to offer.
@@ -121,6 +128,11 @@ type Options struct {
 	// requests' token counts.
 	Tenants        []Mix
 	Prompt, Output int64
+	// Sequential makes the mix's pools hand out their names in turn (0,
+	// 1, …, and round again), shared by the callers (and by Compare's
+	// rounds), so that n calls reach min(n, Pool) tenants; else each call
+	// draws one at random.
+	Sequential bool
 	// AcceptDowngrade is every request's accept_downgrade.
 	AcceptDowngrade []string
 	// Duration is how long calls start (trace: 0 runs the whole trace).
@@ -143,6 +155,11 @@ type Options struct {
 	// its CPU time per call is then reported beside the client's (read
 	// from /proc; 0: not measured).
 	ServerPID int
+	// Churn, when set, changes placement on the server through its public
+	// API while each run of the load lasts (not the reference's).
+	Churn *Churn
+
+	draw *picker // Compare's, shared by its rounds; nil: each run its own
 }
 
 // defaultMaxInFlight is MaxInFlight's default: enough for any rate a
@@ -170,6 +187,16 @@ func (o *Options) Validate() error {
 	if o.Mode != ModeTrace {
 		if len(o.Tenants) == 0 {
 			return errors.New("--tenants: want at least one tenant:model:share")
+		}
+		for _, m := range o.Tenants {
+			if m.Pool < 0 || m.Pool > maxPool {
+				return fmt.Errorf("--tenant-pool %s: count %d: want 1 to %d", m.Tenant, m.Pool, maxPool)
+			}
+			if m.Pool > 0 {
+				if _, err := parsePattern(m.Tenant); err != nil {
+					return fmt.Errorf("--tenant-pool: %w", err)
+				}
+			}
 		}
 		if o.Prompt < 1 || o.Output < 1 {
 			return fmt.Errorf("--prompt %d --output %d: want at least 1 token each", o.Prompt, o.Output)
@@ -215,7 +242,17 @@ func Run(ctx context.Context, opts Options, targets []Target) (*Result, error) {
 	do := func(ctx context.Context, worker int, sh *shard, a Arrival) {
 		admitOne(ctx, &opts, targets[worker%len(targets)], ids, sh, a)
 	}
+	var stopChurn func() *ChurnResult
+	if opts.Churn != nil {
+		stopChurn = opts.Churn.start(ctx, &opts)
+	}
 	st, elapsed, err := drive(ctx, &opts, do)
+	if stopChurn != nil {
+		ch := stopChurn()
+		if st != nil {
+			st.churn = ch
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +274,7 @@ func RunHealth(ctx context.Context, opts Options, conns []grpc.ClientConnInterfa
 		clients[i] = healthpb.NewHealthClient(c)
 	}
 	req := &healthpb.HealthCheckRequest{}
+	opts.draw = &picker{} // a Check names no tenant: nothing to draw
 	do := func(ctx context.Context, worker int, sh *shard, _ Arrival) {
 		cctx, cancel := withDeadline(ctx, opts.Deadline)
 		t0 := time.Now()
@@ -319,7 +357,7 @@ func admitOne(ctx context.Context, opts *Options, t Target, ids *ids, sh *shard,
 	sh.mu.Lock()
 	sh.st.calls++
 	sh.st.recordAdmitLatency(lat)
-	ts := sh.st.tenant(a.Tenant)
+	ts := sh.st.tenantOf(a)
 	if err != nil {
 		code := status.Code(err)
 		sh.st.admitErrors[code]++
@@ -398,14 +436,18 @@ func drive(ctx context.Context, opts *Options, do caller) (*stats, time.Duration
 	for i := range shards {
 		shards[i] = &shard{st: newStats()}
 	}
+	pick := opts.draw
+	if pick == nil {
+		pick = newPicker(opts)
+	}
 	cpu0 := sampleCPU(opts.ServerPID)
 	start := time.Now()
 	var err error
 	switch opts.Mode {
 	case ModeClosed:
-		driveClosed(ctx, opts, do, shards, start)
+		driveClosed(ctx, opts, do, pick, shards, start)
 	default:
-		err = driveOpen(ctx, opts, do, shards, start)
+		err = driveOpen(ctx, opts, do, pick, shards, start)
 	}
 	elapsed := time.Since(start)
 	cpu1 := sampleCPU(opts.ServerPID)
@@ -428,7 +470,7 @@ func drive(ctx context.Context, opts *Options, do caller) (*stats, time.Duration
 // starts its next call as soon as the last one (with its hold and
 // Release) ended. A call in flight when the time is up is finished, not
 // cancelled, so that every call counted has its answer.
-func driveClosed(ctx context.Context, opts *Options, do caller, shards []*shard, start time.Time) {
+func driveClosed(ctx context.Context, opts *Options, do caller, pick *picker, shards []*shard, start time.Time) {
 	var stop atomic.Bool
 	timer := time.AfterFunc(opts.Duration, func() { stop.Store(true) })
 	defer timer.Stop()
@@ -436,10 +478,9 @@ func driveClosed(ctx context.Context, opts *Options, do caller, shards []*shard,
 	for w := range opts.Concurrency {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(opts.Seed, uint64(w)))
-			pick := newPicker(opts)
 			sh := shards[w%len(shards)]
 			for !stop.Load() && ctx.Err() == nil {
-				do(ctx, w, sh, pick(rng))
+				do(ctx, w, sh, pick.pick(rng))
 			}
 		})
 	}
@@ -451,7 +492,7 @@ func driveClosed(ctx context.Context, opts *Options, do caller, shards []*shard,
 // an arrival that finds them all busy is dropped and counted. A late
 // scheduler sends what is due at once and records how late in the start
 // lag.
-func driveOpen(ctx context.Context, opts *Options, do caller, shards []*shard, start time.Time) error {
+func driveOpen(ctx context.Context, opts *Options, do caller, pick *picker, shards []*shard, start time.Time) error {
 	limit := opts.MaxInFlight
 	if limit == 0 {
 		limit = defaultMaxInFlight
@@ -460,7 +501,6 @@ func driveOpen(ctx context.Context, opts *Options, do caller, shards []*shard, s
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	rng := rand.New(rand.NewPCG(opts.Seed, math.MaxUint64))
-	pick := newPicker(opts)
 	var at time.Duration
 	for i := 0; ; i++ {
 		var a Arrival
@@ -476,7 +516,7 @@ func driveOpen(ctx context.Context, opts *Options, do caller, shards []*shard, s
 				gap = rng.ExpFloat64() / opts.Rate
 			}
 			at += time.Duration(gap * float64(time.Second))
-			a = pick(rng)
+			a = pick.pick(rng)
 		}
 		if opts.Duration > 0 && at >= opts.Duration {
 			return nil
@@ -505,31 +545,6 @@ func driveOpen(ctx context.Context, opts *Options, do caller, shards []*shard, s
 			defer func() { <-sem }()
 			do(ctx, i, sh, a)
 		})
-	}
-}
-
-// newPicker returns a draw from opts.Tenants by share, as an Arrival with
-// the run's token counts.
-func newPicker(opts *Options) func(*rand.Rand) Arrival {
-	if len(opts.Tenants) == 0 {
-		return func(*rand.Rand) Arrival { return Arrival{} }
-	}
-	cum := make([]float64, len(opts.Tenants))
-	s := 0.0
-	for i, m := range opts.Tenants {
-		s += m.Share
-		cum[i] = s
-	}
-	arr := make([]Arrival, len(opts.Tenants))
-	for i, m := range opts.Tenants {
-		arr[i] = Arrival{Tenant: m.Tenant, Model: m.Model, Prompt: opts.Prompt, Output: opts.Output}
-	}
-	return func(rng *rand.Rand) Arrival {
-		if len(arr) == 1 {
-			return arr[0]
-		}
-		k := sort.SearchFloat64s(cum, rng.Float64()*s)
-		return arr[min(k, len(arr)-1)]
 	}
 }
 

@@ -3,6 +3,7 @@ package load
 import (
 	"cmp"
 	"maps"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -26,10 +27,13 @@ type shard struct {
 	st *stats
 }
 
-// tenantStats are one tenant's answers.
+// tenantStats are one tenant's answers, or a pool's: then drawn has a bit
+// for each of its names, set once the name was called.
 type tenantStats struct {
 	admitted, degraded, errors int64
 	refusals                   map[string]int64
+	pool                       int
+	drawn                      []uint64
 }
 
 // firstError is the earliest error of a kind a run met, with when, so
@@ -66,6 +70,8 @@ type stats struct {
 	// (set by drive, summed by merge across rounds).
 	clientCPU, serverCPU time.Duration
 	serverCPUKnown       bool
+	// churn is what Options.Churn did during the run (nil: none).
+	churn *ChurnResult
 }
 
 func newHist() *hdrhistogram.Histogram { return hdrhistogram.New(histLowest, histHighest, histDigits) }
@@ -85,6 +91,27 @@ func (s *stats) tenant(name string) *tenantStats {
 		s.tenants[name] = t
 	}
 	return t
+}
+
+// tenantOf is the row a's answers count under: its tenant's, or its
+// pool's, with a's name marked as called.
+func (s *stats) tenantOf(a Arrival) *tenantStats {
+	if a.poolSize == 0 {
+		return s.tenant(a.Tenant)
+	}
+	t := s.tenant(a.row)
+	t.growPool(a.poolSize)
+	t.drawn[a.index/64] |= 1 << (a.index % 64)
+	return t
+}
+
+// growPool makes room for a pool of n names: two entries of one pattern
+// share its row, the larger count its size.
+func (t *tenantStats) growPool(n int) {
+	t.pool = max(t.pool, n)
+	if need := (n + 63) / 64; len(t.drawn) < need {
+		t.drawn = append(t.drawn, make([]uint64, need-len(t.drawn))...)
+	}
 }
 
 // record adds d to h, clamped to the histogram's range (a value outside it
@@ -120,7 +147,14 @@ func (s *stats) merge(o *stats) {
 		for r, n := range ot.refusals {
 			t.refusals[r] += n
 		}
+		if ot.drawn != nil {
+			t.growPool(ot.pool)
+			for i, w := range ot.drawn {
+				t.drawn[i] |= w
+			}
+		}
 	}
+	s.churn = s.churn.merge(o.churn)
 	s.firstAdmitError.merge(o.firstAdmitError)
 	s.firstReleaseError.merge(o.firstReleaseError)
 	for c, n := range o.admitErrors {
@@ -169,6 +203,10 @@ type TenantResult struct {
 	AdmittedPerSec float64          `json:"admittedPerSec"`
 	DegradedPerSec float64          `json:"degradedPerSec"`
 	Refusals       map[string]int64 `json:"refusals,omitempty"` // by reason
+	// Pool is, for a --tenant-pool entry (Tenant its pattern), how many
+	// names it draws from; Distinct how many of them were called.
+	Pool     int   `json:"pool,omitempty"`
+	Distinct int64 `json:"distinct,omitempty"`
 }
 
 // Result is what one run measured.
@@ -215,6 +253,8 @@ type Result struct {
 	// measured). Their sum is what a call costs the machine.
 	ClientCPUPerCallUs float64 `json:"clientCpuPerCallUs,omitempty"`
 	ServerCPUPerCallUs float64 `json:"serverCpuPerCallUs,omitempty"`
+	// Churn is what Options.Churn did to placement during the run.
+	Churn *ChurnResult `json:"churn,omitempty"`
 
 	st *stats // kept so that rounds can be merged
 }
@@ -247,7 +287,10 @@ func (s *stats) result(kind string, elapsed time.Duration) *Result {
 	for _, name := range slices.Sorted(maps.Keys(s.tenants)) {
 		t := s.tenants[name]
 		tr := TenantResult{Tenant: name, Admitted: t.admitted, Degraded: t.degraded, Errors: t.errors,
-			AdmittedPerSec: rate(t.admitted), DegradedPerSec: rate(t.degraded)}
+			AdmittedPerSec: rate(t.admitted), DegradedPerSec: rate(t.degraded), Pool: t.pool}
+		for _, w := range t.drawn {
+			tr.Distinct += int64(bits.OnesCount64(w))
+		}
 		for reason, n := range t.refusals {
 			tr.Rejected += n
 			r.Refusals[reason] += n
@@ -260,6 +303,7 @@ func (s *stats) result(kind string, elapsed time.Duration) *Result {
 		r.Admissions += tr.Admitted + tr.Degraded
 		r.Tenants = append(r.Tenants, tr)
 	}
+	r.Churn = s.churn
 	r.AdmitCallsPerSec = rate(r.AdmitCalls)
 	r.AdmissionsPerSec = rate(r.Admissions)
 	q := percentiles(s.queued)
