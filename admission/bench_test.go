@@ -71,23 +71,12 @@ func BenchmarkQueuedAdmit(b *testing.B) {
 		warmup = 1 << 9  // of which untimed
 	)
 	engines := [2]*Engine{backlogged(b, 1000), backlogged(b, 100_000)}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	ctx := context.Background()
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	r := req("b", "large", 4000, 500) // its finish tag amid the backlog's tails
-	var (
-		ns, ops [2]float64
-		which   int
-		n       int
-		start   time.Duration
-	)
 	b.ReportAllocs()
-	for b.Loop() {
-		if n == warmup {
-			start = cputime.Thread()
-		}
+	cputime.Ratio(b, block, warmup, "ns/op-1k", "ns/op-100k", func(which int) {
 		e := engines[which]
 		d, tk, err := e.Submit(ctx, r)
 		if err != nil || tk == nil {
@@ -96,19 +85,7 @@ func BenchmarkQueuedAdmit(b *testing.B) {
 		if d := e.Await(gone, tk); d.Reason != ReasonDeadlineUnmeetable {
 			b.Fatalf("given up: %+v", d)
 		}
-		if n++; n == block {
-			ns[which] += float64(cputime.Thread() - start)
-			ops[which] += block - warmup
-			which, n = 1-which, 0
-		}
-	}
-	if ops[0] == 0 || ops[1] == 0 {
-		return // too few ops for a block of each (b.N is still being sized)
-	}
-	small, large := ns[0]/ops[0], ns[1]/ops[1]
-	b.ReportMetric(small, "ns/op-1k")
-	b.ReportMetric(large, "ns/op-100k")
-	b.ReportMetric(large/small, "ratio")
+	})
 }
 
 // backlogged returns an engine on one HGX domain that tenant a fills, with

@@ -3,10 +3,8 @@ package wfq
 import (
 	"fmt"
 	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/sluice-sched/sluice/internal/cputime"
 )
@@ -64,38 +62,15 @@ func BenchmarkEnqueueDequeueRatio(b *testing.B) {
 		block  = 1 << 16 // ops per block
 		warmup = 1 << 13 // of which untimed
 	)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	qs := [2]*Queue{benchQueue(b, 1000, 4), benchQueue(b, 100_000, 4)}
-	var (
-		ns, ops [2]float64
-		which   int
-		n       int
-		start   time.Duration
-	)
 	b.ReportAllocs()
-	for b.Loop() {
-		if n == warmup {
-			start = cputime.Thread()
-		}
+	cputime.Ratio(b, block, warmup, "ns/op-1k", "ns/op-100k", func(which int) {
 		q := qs[which]
 		it := q.Dequeue(nil, 1)
 		if err := q.EnqueueFlow(it.Value.(*Flow), it); err != nil {
 			b.Fatal(err)
 		}
-		if n++; n == block {
-			ns[which] += float64(cputime.Thread() - start)
-			ops[which] += block - warmup
-			which, n = 1-which, 0
-		}
-	}
-	if ops[0] == 0 || ops[1] == 0 {
-		return // too few ops for a block of each (b.N is still being sized)
-	}
-	small, large := ns[0]/ops[0], ns[1]/ops[1]
-	b.ReportMetric(small, "ns/op-1k")
-	b.ReportMetric(large, "ns/op-100k")
-	b.ReportMetric(large/small, "ratio")
+	})
 }
 
 // BenchmarkEnqueueDequeueByKey is BenchmarkEnqueueDequeue through Enqueue,
