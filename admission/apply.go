@@ -66,7 +66,7 @@ type staged struct {
 	cat        *pd.Catalog
 	domains    []stagedDomain
 	floorTotal int64
-	maxWeight  int64
+	weights    map[int64]int // tenants by weight
 }
 
 // stagedDomain is a domain of the next configuration.
@@ -90,7 +90,8 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 	old := e.mu.cfg
 	e.mu.cfg = &st.cfg
 	p := &e.mu.place
-	p.cfg, p.cat, p.maxWeight, p.floorTotal = &st.cfg, st.cat, st.maxWeight, st.floorTotal
+	p.cfg, p.cat, p.floorTotal, p.weights = &st.cfg, st.cat, st.floorTotal, st.weights
+	p.maxWeight = p.highestWeight()
 	p.rebuildModels()
 	warming := p.commitDomains(st.domains, now, warm && old != nil, func(at int64, d *domainState, was *pd.DomainCapacity) {
 		e.shared.CapacityRebuiltLocked(at, d, was)
@@ -131,7 +132,7 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 // levels and KV over (on the cluster given, or the placer's current one).
 // Floors are checked against the new capacity when checkFloors is set.
 func (p *placer) stage(in *Config, cluster *topology.Cluster, now int64, checkFloors bool) (*staged, error) {
-	st := &staged{cfg: in.clone(), maxWeight: 1}
+	st := &staged{cfg: in.clone(), weights: make(map[int64]int)}
 	cfg := &st.cfg
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -167,13 +168,10 @@ func (p *placer) stage(in *Config, cluster *topology.Cluster, now int64, checkFl
 		st.domains = append(st.domains, stagedDomain{live: live, topo: *d, cap: c})
 		caps = append(caps, c)
 	}
-	for name := range cfg.Tenants {
-		pol, _ := cfg.Policy(name)
+	for _, tc := range cfg.Tenants {
+		pol, _ := cfg.policyOf(tc)
 		st.floorTotal += pol.Floor
-		st.maxWeight = max(st.maxWeight, pol.Weight)
-	}
-	for _, pol := range cfg.Tiers {
-		st.maxWeight = max(st.maxWeight, pol.Weight)
+		st.weights[pol.Weight]++
 	}
 	if checkFloors {
 		if err := checkFloorsFit(cat, caps, st.floorTotal, cfg.OutputTokenWeight); err != nil {

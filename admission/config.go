@@ -298,6 +298,11 @@ func (c *Config) Policy(tenant string) (TierPolicy, bool) {
 	if !ok {
 		return TierPolicy{}, false
 	}
+	return c.policyOf(tc)
+}
+
+// policyOf is the effective policy of a tenant entry under c's tiers.
+func (c *Config) policyOf(tc TenantConfig) (TierPolicy, bool) {
 	p, ok := c.Tiers[tc.Tier]
 	if !ok {
 		return TierPolicy{}, false
@@ -505,21 +510,32 @@ func (c *Config) validatePolicies() error {
 			return err
 		}
 	}
-	for _, name := range sortedKeys(c.Tenants) {
-		key := "tenants." + name
-		if strings.TrimSpace(name) == "" || len(name) > 128 {
-			return cfgErr(key, "tenant name must be 1 to 128 characters")
+	// A million tenants are checked without sorting their names: the
+	// refusal is the least name's, as a sorted pass would find first.
+	var first string
+	var firstErr error
+	for name, tc := range c.Tenants {
+		if firstErr != nil && name >= first {
+			continue
 		}
-		tc := c.Tenants[name]
-		if _, ok := c.Tiers[tc.Tier]; !ok {
-			return cfgErr(key+".tier", "unknown tier %q (known: %s)", tc.Tier, strings.Join(sortedKeys(c.Tiers), ", "))
-		}
-		p, _ := c.Policy(name)
-		if err := validatePolicy(key, p); err != nil {
-			return err
+		if err := c.validateTenant(name, tc); err != nil {
+			first, firstErr = name, err
 		}
 	}
-	return nil
+	return firstErr
+}
+
+// validateTenant checks one tenant's name, tier and resolved policy.
+func (c *Config) validateTenant(name string, tc TenantConfig) error {
+	key := "tenants." + name
+	if strings.TrimSpace(name) == "" || len(name) > 128 {
+		return cfgErr(key, "tenant name must be 1 to 128 characters")
+	}
+	if _, ok := c.Tiers[tc.Tier]; !ok {
+		return cfgErr(key+".tier", "unknown tier %q (known: %s)", tc.Tier, strings.Join(sortedKeys(c.Tiers), ", "))
+	}
+	p, _ := c.policyOf(tc)
+	return validatePolicy(key, p)
 }
 
 // validateCapacity checks the catalog and the soft-capacity knobs.

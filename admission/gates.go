@@ -53,17 +53,27 @@ func (g *tenantGates) forgetLocked(t *tenantState) {
 // leases and queued requests keep their own pointer to it until they end.
 func (g *tenantGates) reconfigureLocked(cfg *Config, now int64, models []*modelState, each func(*tenantState)) {
 	g.cfg = cfg
-	for name, t := range g.tenants {
-		t.orders.reset(name, models) // its queued requests may still be placed
-		p, ok := cfg.Policy(name)
-		if !ok {
-			g.forgetLocked(t)
-			continue
-		}
-		t.tier = cfg.Tenants[name].Tier
-		t.setPolicy(p, now, false)
-		each(t)
+	for name := range g.tenants {
+		g.reconfigureTenantLocked(name, now, models, each)
 	}
+}
+
+// reconfigureTenantLocked re-applies the config to one tenant, if active,
+// as reconfigureLocked does to each.
+func (g *tenantGates) reconfigureTenantLocked(name string, now int64, models []*modelState, each func(*tenantState)) {
+	t, ok := g.tenants[name]
+	if !ok {
+		return // idle: its state is built from the config when it next asks
+	}
+	t.orders.reset(name, models) // its queued requests may still be placed
+	p, ok := g.cfg.Policy(name)
+	if !ok {
+		g.forgetLocked(t)
+		return
+	}
+	t.tier = g.cfg.Tenants[name].Tier
+	t.setPolicy(p, now, false)
+	each(t)
 }
 
 // scratchLocked returns a copy of the tenant's state (built from config for

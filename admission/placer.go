@@ -19,7 +19,8 @@ type placer struct {
 	cat       *pd.Catalog
 	models    map[string]*modelState
 	modelList []*modelState
-	maxWeight int64 // the highest tenant weight: degradation headroom is relative to it
+	maxWeight int64         // the highest tenant weight: degradation headroom is relative to it
+	weights   map[int64]int // configured tenants by weight, so that maxWeight follows one tenant's change
 
 	domains     []*domainState
 	byID        map[string]*domainState
