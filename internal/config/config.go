@@ -62,16 +62,42 @@ func (e *Error) Error() string {
 // value, such as "tiers.enterprise.weight" or "models[2].decode_batch".
 // Integer values may be whole numbers written with an exponent (405e9).
 func Parse(name string, data []byte) (admission.Config, error) {
+	if base, chunks, ok := splitTenants(data); ok {
+		if cfg, err, ok := parseSplit(name, base, chunks); ok {
+			return cfg, err
+		}
+	}
+	return parseWhole(name, data)
+}
+
+// parseWhole is Parse of the document in one piece: the reference the
+// split parse of a large tenants block falls back to.
+func parseWhole(name string, data []byte) (admission.Config, error) {
+	cfg, doc, err := decode(name, data)
+	if err != nil {
+		return admission.Config{}, err
+	}
+	return finish(name, cfg, doc)
+}
+
+// decode decodes a document strictly into a Config, without defaults; doc
+// is the checked document, which says which keys it wrote.
+func decode(name string, data []byte) (admission.Config, any, error) {
 	js, doc, err := strictJSON(data, reflect.TypeFor[admission.Config]())
 	if err != nil {
-		return admission.Config{}, Wrap(name, err)
+		return admission.Config{}, nil, Wrap(name, err)
 	}
 	var cfg admission.Config
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&cfg); err != nil {
-		return admission.Config{}, &Error{File: name, Reason: err.Error()}
+		return admission.Config{}, nil, &Error{File: name, Reason: err.Error()}
 	}
+	return cfg, doc, nil
+}
+
+// finish fills the defaults of the keys doc did not write and validates.
+func finish(name string, cfg admission.Config, doc any) (admission.Config, error) {
 	if err := cfg.ApplyDefaults(func(key string) bool { return present(doc, key) }); err != nil {
 		return admission.Config{}, Wrap(name, err)
 	}

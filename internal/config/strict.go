@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 )
@@ -43,6 +44,13 @@ func refuse(key, format string, args ...any) error {
 // them; and the checked document itself, so that the caller can tell a key
 // written as 0 from one omitted.
 func strictJSON(data []byte, target reflect.Type) ([]byte, any, error) {
+	return strictJSONAt("", data, target)
+}
+
+// strictJSONAt is strictJSON of a document that sits at path in a larger
+// one (a tenant's entry at "tenants.NAME"), so that errors name its keys
+// as the larger document would.
+func strictJSONAt(path string, data []byte, target reflect.Type) ([]byte, any, error) {
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return nil, nil, &keyError{reason: err.Error()}
@@ -53,7 +61,7 @@ func strictJSON(data []byte, target reflect.Type) ([]byte, any, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, nil, &keyError{reason: err.Error()}
 	}
-	doc, err = check("", target, doc)
+	doc, err = check(path, target, doc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -243,6 +251,20 @@ func checkStruct(path string, t reflect.Type, obj map[string]any) (map[string]an
 // tag promoted, the shallowest (then the tagged) winning a name; a name
 // held by two equal candidates belongs to no field, as in encoding/json.
 func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if f, ok := fieldCache.Load(t); ok {
+		return f.(map[string]reflect.Type)
+	}
+	f := computeJSONFields(t)
+	fieldCache.Store(t, f)
+	return f
+}
+
+// fieldCache holds jsonFields' answers: a config of a million tenants asks
+// for TenantConfig's fields a million times. The maps are never modified.
+var fieldCache sync.Map // reflect.Type → map[string]reflect.Type
+
+// computeJSONFields is jsonFields without the cache.
+func computeJSONFields(t reflect.Type) map[string]reflect.Type {
 	type cand struct {
 		typ    reflect.Type
 		depth  int
