@@ -19,57 +19,40 @@ import (
 
 // ParseDocuments builds the config that the policy document base and the
 // tenant documents (tenant name → its entry) stored under prefix describe:
-// the tenants are merged into base's tenants map and the whole is parsed by
-// config.Parse, strictly, defaulted and validated. A refusal is a
-// *config.Error whose File is the etcd key at fault: the tenant's key when
-// the problem is inside one tenant's entry, the policy key otherwise.
+// each tenant document is decoded alone (config.ParseTenant), the tenants
+// join base's own tenants, and the whole is defaulted and validated
+// (config.ParseParts). A refusal is a *config.Error whose File is the etcd
+// key at fault: the tenant's key when the problem is inside one tenant's
+// entry (the least such name, when several are), the policy key otherwise.
 func ParseDocuments(prefix string, base []byte, tenants map[string][]byte) (admission.Config, error) {
-	baseKey := ConfigKey(prefix)
-	var doc map[string]json.RawMessage
-	js, err := yaml.YAMLToJSONStrict(base)
-	if err == nil {
-		err = json.Unmarshal(js, &doc)
-	}
-	if err != nil || doc == nil {
-		if err == nil {
-			err = errors.New("want a mapping of keys, got none")
+	parsed := make(map[string]admission.TenantConfig, len(tenants))
+	var first string
+	var firstErr error
+	for name, doc := range tenants {
+		if firstErr != nil && name >= first {
+			continue
 		}
-		return admission.Config{}, &config.Error{File: baseKey, Reason: err.Error()}
-	}
-	if len(tenants) > 0 {
-		merged := make(map[string]json.RawMessage)
-		if raw, ok := doc["tenants"]; ok && !isNull(raw) {
-			if err := json.Unmarshal(raw, &merged); err != nil {
-				return admission.Config{}, &config.Error{File: baseKey, Key: "tenants", Reason: "want a mapping of keys: " + err.Error()}
-			}
+		tc, err := parseTenantDocument(prefix, name, doc)
+		if err != nil {
+			first, firstErr = name, err
+			continue
 		}
-		for _, name := range slices.Sorted(maps.Keys(tenants)) {
-			key := TenantKey(prefix, name)
-			if !validName(name) {
-				return admission.Config{}, &config.Error{File: key, Reason: "a tenant name must be non-empty and without '/'"}
-			}
-			if _, dup := merged[name]; dup {
-				return admission.Config{}, &config.Error{File: key, Key: "tenants." + name,
-					Reason: fmt.Sprintf("tenant %q is also defined in %s; define it in one place", name, baseKey)}
-			}
-			tj, err := yaml.YAMLToJSONStrict(tenants[name])
-			if err != nil {
-				return admission.Config{}, &config.Error{File: key, Key: "tenants." + name, Reason: err.Error()}
-			}
-			merged[name] = tj
-		}
-		b, err := json.Marshal(merged)
-		if err != nil { // every value is JSON that came out of YAMLToJSONStrict
-			return admission.Config{}, &config.Error{File: baseKey, Key: "tenants", Reason: err.Error()}
-		}
-		doc["tenants"] = b
+		parsed[name] = tc
 	}
-	all, err := json.Marshal(doc)
-	if err != nil {
-		return admission.Config{}, &config.Error{File: baseKey, Reason: err.Error()}
+	if firstErr != nil {
+		return admission.Config{}, firstErr
 	}
-	cfg, err := config.Parse(baseKey, all)
+	cfg, err := config.ParseParts(ConfigKey(prefix), base, parsed)
 	return cfg, attribute(prefix, tenants, err)
+}
+
+// parseTenantDocument decodes the tenant document of name.
+func parseTenantDocument(prefix, name string, doc []byte) (admission.TenantConfig, error) {
+	key := TenantKey(prefix, name)
+	if !validName(name) {
+		return admission.TenantConfig{}, &config.Error{File: key, Reason: "a tenant name must be non-empty and without '/'"}
+	}
+	return config.ParseTenant(key, name, doc)
 }
 
 // attribute names the tenant document a refusal points into, when it does:
@@ -77,6 +60,24 @@ func ParseDocuments(prefix string, base []byte, tenants map[string][]byte) (admi
 // dots, so the longest name that matches wins ("a.b" over "a" for
 // tenants.a.b.weight).
 func attribute(prefix string, tenants map[string][]byte, err error) error {
+	return attributeTo(prefix, err, func(match func(t string)) {
+		for t := range tenants {
+			match(t)
+		}
+	})
+}
+
+// attributeNames is attribute among the tenant documents named.
+func attributeNames(prefix string, names []string, err error) error {
+	return attributeTo(prefix, err, func(match func(t string)) {
+		for _, t := range names {
+			match(t)
+		}
+	})
+}
+
+// attributeTo is attribute among the tenants each visits.
+func attributeTo(prefix string, err error, each func(match func(t string))) error {
 	var ce *config.Error
 	if !errors.As(err, &ce) {
 		return err
@@ -86,11 +87,11 @@ func attribute(prefix string, tenants map[string][]byte, err error) error {
 		return err
 	}
 	best, found := "", false
-	for t := range tenants {
+	each(func(t string) {
 		if (name == t || strings.HasPrefix(name, t+".") || strings.HasPrefix(name, t+"[")) && (!found || len(t) > len(best)) {
 			best, found = t, true
 		}
-	}
+	})
 	if !found {
 		return err
 	}

@@ -408,3 +408,89 @@ func TestApplyConfigGuardsReadModifyWrite(t *testing.T) {
 		t.Fatalf("documents after the failed apply: %v, %v; want the file's hooli written and the last deletion (%s) standing", got, err, last)
 	}
 }
+
+// A change of tenant documents alone reaches the engine as a change of
+// those tenants (UpdateTenants), not as the whole config re-read: written,
+// deleted, or refused with the tenant's key while the rest keeps serving.
+// After a refusal, changes take the whole path until the documents are
+// good again.
+func TestTenantDocumentsChangeOnlyTheirTenants(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := etcd.Client(t)
+	if _, err := ApplyConfig(ctxT(t), cli, DefaultPrefix, "sluice.yaml", config.DefaultYAML()); err != nil {
+		t.Fatal(err)
+	}
+	eng := &recordingEngine{Engine: newEngine(t)}
+	r := startReplica(t, cli, Options{Engine: eng})
+	st := r.ctl.Status()
+	eventually(t, "serving etcd's config", func() bool { return st.View().Source == SourceEtcd })
+	// step writes (or deletes, value "") tenant documents and returns the
+	// engine's calls that applied them.
+	step := func(what string, docs map[string]string) []string {
+		t.Helper()
+		before := len(eng.log())
+		var ops []clientv3.Op
+		for _, name := range slices.Sorted(maps.Keys(docs)) {
+			if docs[name] == "" {
+				ops = append(ops, clientv3.OpDelete(TenantKey(DefaultPrefix, name)))
+			} else {
+				ops = append(ops, clientv3.OpPut(TenantKey(DefaultPrefix, name), docs[name]))
+			}
+		}
+		resp, err := cli.Txn(ctxT(t)).Then(ops...).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, what, func() bool { return r.ctl.Revision() >= resp.Header.Revision })
+		return eng.log()[before:]
+	}
+
+	if calls := step("newco written", map[string]string{"newco": "tier: free\nweight: 3\n"}); !slices.Equal(calls, []string{"update newco"}) {
+		t.Fatalf("newco's document applied by %q, want its update alone", calls)
+	}
+	if ti, ok := eng.Tenant("newco"); !ok || ti.Weight != 3 {
+		t.Fatalf("newco: %+v, %v", ti, ok)
+	}
+	calls := step("hooli deleted, newco changed", map[string]string{"hooli": "", "newco": "tier: premium\n"})
+	if !slices.Equal(calls, []string{"update hooli,newco"}) {
+		t.Fatalf("applied by %q, want one update of both", calls)
+	}
+	if _, ok := eng.Tenant("hooli"); ok {
+		t.Fatal("hooli still configured after its document was deleted")
+	}
+	if ti, _ := eng.Tenant("newco"); ti.Tier != "premium" {
+		t.Fatalf("newco's tier %q, want premium", ti.Tier)
+	}
+
+	// The engine refuses a weight of 0 (the document decodes); the refusal
+	// names the tenant's key and nothing changes.
+	step("a refused tenant", map[string]string{"oops": "tier: free\nweight: 0\n"})
+	if v := st.View(); v.LastRefusal == nil || v.LastRefusal.Source != TenantKey(DefaultPrefix, "oops") || v.LastRefusal.Key != "tenants.oops.weight" {
+		t.Fatalf("refusal: %+v", v.LastRefusal)
+	}
+	if _, ok := eng.Tenant("oops"); ok {
+		t.Fatal("a refused tenant was configured")
+	}
+	// While oops stands refused, another change re-reads everything and
+	// is refused with it (by the config's validation, before the engine);
+	// once oops is mended, the whole config applies, and the next change is
+	// a tenant's again.
+	if calls := step("another tenant while oops is refused", map[string]string{"later": "tier: free\n"}); len(calls) != 0 {
+		t.Fatalf("applied by %q, want the whole config refused", calls)
+	}
+	if _, ok := eng.Tenant("later"); ok {
+		t.Fatal("a change applied beside a refused document")
+	}
+	if calls := step("oops mended", map[string]string{"oops": "tier: free\n"}); !slices.Equal(calls, []string{"apply"}) {
+		t.Fatalf("applied by %q, want the whole config", calls)
+	}
+	if _, ok := eng.Tenant("later"); !ok {
+		t.Fatal("later not configured once oops was mended")
+	}
+	if calls := step("one more", map[string]string{"last": "tier: free\n"}); !slices.Equal(calls, []string{"update last"}) {
+		t.Fatalf("applied by %q, want its update alone", calls)
+	}
+	if v := st.View(); v.LastRefusal != nil && v.Revision < v.LastRefusal.Revision {
+		t.Fatalf("status after the mend: %+v", v)
+	}
+}

@@ -27,6 +27,10 @@ type Engine interface {
 	// Apply validates cfg (against the cluster too) and swaps it in,
 	// keeping leases and queued work; a refusal leaves the old one serving.
 	Apply(cfg admission.Config) error
+	// UpdateTenants changes the named tenants of the config in force
+	// alone, as Apply of it with those changes would; a refusal changes
+	// nothing.
+	UpdateTenants(updates []admission.TenantUpdate) error
 	// SetTopology replaces the cluster; leases on domains that leave finish.
 	// Only an invalid cluster is refused, not one short of the floors.
 	SetTopology(c topology.Cluster) error
@@ -141,6 +145,12 @@ type configApplied struct {
 	// engine refusal, and a retry refused for the same reason is not
 	// recorded again.
 	refusal string
+	// current is set while the engine holds the config of the documents
+	// as of seen: a change of tenant documents alone is then applied to
+	// those tenants alone. inline is set when the policy document holds
+	// tenants of its own (a tenant document must then be checked against
+	// them: such changes take the whole path).
+	current, inline bool
 }
 
 // topologyApplied is what the topology reconciler last did with the node
@@ -335,7 +345,7 @@ func (c *Controller) syncLocked(ctx context.Context) error {
 		}
 	}
 	c.st.synced = true
-	c.reconcile(resp.Header.Revision, touched{config: true, agents: true, drains: true, members: true, freeze: true})
+	c.reconcile(resp.Header.Revision, touched{config: true, whole: true, agents: true, drains: true, members: true, freeze: true})
 	c.st.started = true
 	c.mu.Lock()
 	c.mu.synced = true
@@ -346,13 +356,22 @@ func (c *Controller) syncLocked(ctx context.Context) error {
 	return nil
 }
 
-// touched says which kinds of key an update changed.
-type touched struct{ config, agents, drains, members, freeze bool }
+// touched says which kinds of key an update changed. A config change is
+// whole (the policy document changed, or everything was read) or only of
+// the tenant documents named in tenants.
+type touched struct {
+	config, agents, drains, members, freeze bool
+	whole                                   bool
+	tenants                                 []string
+}
 
-func (t *touched) add(k kind) {
+func (t *touched) add(k kind, name string) {
 	switch k {
-	case kindConfig, kindTenant:
+	case kindConfig:
+		t.config, t.whole = true, true
+	case kindTenant:
 		t.config = true
+		t.tenants = append(t.tenants, name)
 	case kindAgent:
 		t.agents = true
 	case kindDrain:
@@ -431,7 +450,7 @@ func (c *Controller) watch(ctx context.Context, rev int64) error {
 		for _, ev := range wr.Events {
 			key := string(ev.Kv.Key)
 			k, name := classify(c.prefix, key)
-			t.add(k)
+			t.add(k, name)
 			if ev.Type == clientv3.EventTypeDelete {
 				delete(c.st.kvs[k], key)
 				if k == kindConfig || k == kindTenant {
@@ -466,7 +485,13 @@ func (c *Controller) reconcile(rev int64, t touched) {
 	}
 	retry := topoChanged && c.st.config.refusal != ""
 	if t.config || retry {
-		if c.reconcileConfig(retry) && c.st.topology.refused {
+		applied := false
+		if !t.whole && !retry && c.st.config.current && !c.st.config.inline {
+			applied = c.reconcileTenants(t.tenants)
+		} else {
+			applied = c.reconcileConfig(retry)
+		}
+		if applied && c.st.topology.refused {
 			// The new config may fit the cluster the old one did not.
 			topoChanged = c.reconcileTopology() || topoChanged
 		}
@@ -506,6 +531,7 @@ func (c *Controller) reconcileConfig(retry bool) bool {
 	}
 	lastRefusal := c.st.config.refusal
 	c.st.config.seen, c.st.config.refusal = fp, "" // only an engine refusal below sets it again
+	c.st.config.current = false                    // only an application below sets it again
 	if !hasBase {
 		if fp == 0 {
 			return false // etcd holds no config: the local one serves
@@ -533,6 +559,48 @@ func (c *Controller) reconcileConfig(retry bool) bool {
 	c.opts.Status.Applied(SourceEtcd, fp, c.opts.Now())
 	c.opts.Logger.Info("config applied from etcd", "key", ConfigKey(c.prefix), "revision", fp,
 		"tenants", len(cfg.Tenants), "tenant_documents", len(tenants))
+	c.st.config.current, c.st.config.inline = true, len(cfg.Tenants) != len(tenants)
+	return true
+}
+
+// reconcileTenants applies a change of the named tenant documents alone
+// (written or deleted) to the engine, which holds the config of the other
+// documents: its cost is the change's, not every tenant's. A refusal
+// (a document that does not decode, an engine refusal) is recorded as a
+// whole config's is, and the next change reads every document again.
+func (c *Controller) reconcileTenants(names []string) bool {
+	slices.Sort(names)
+	names = slices.Compact(names)
+	fp := max(c.st.config.seen, c.st.config.deleteRev)
+	updates := make([]admission.TenantUpdate, 0, len(names))
+	var bad error
+	for _, name := range names {
+		e, ok := c.st.kvs[kindTenant][TenantKey(c.prefix, name)]
+		if !ok {
+			updates = append(updates, admission.TenantUpdate{Name: name, Remove: true})
+			continue
+		}
+		fp = max(fp, e.modRev)
+		tc, err := parseTenantDocument(c.prefix, name, e.value)
+		if err != nil && bad == nil {
+			bad = err
+		}
+		updates = append(updates, admission.TenantUpdate{Name: name, Config: tc})
+	}
+	c.st.config.seen, c.st.config.refusal, c.st.config.current = fp, "", false
+	if bad != nil {
+		c.refuse(fp, bad)
+		return false
+	}
+	if err := c.opts.Engine.UpdateTenants(updates); err != nil {
+		err = attributeNames(c.prefix, names, config.Wrap(ConfigKey(c.prefix), err))
+		c.st.config.refusal = err.Error()
+		c.refuse(fp, err)
+		return false
+	}
+	c.st.config.current = true
+	c.opts.Status.Applied(SourceEtcd, fp, c.opts.Now())
+	c.opts.Logger.Info("tenant documents applied from etcd", "key", ConfigKey(c.prefix), "revision", fp, "tenants_changed", len(names))
 	return true
 }
 

@@ -552,6 +552,15 @@ func (e *recordingEngine) Apply(cfg admission.Config) error {
 	return e.Engine.Apply(cfg)
 }
 
+func (e *recordingEngine) UpdateTenants(updates []admission.TenantUpdate) error {
+	var names []string
+	for _, u := range updates {
+		names = append(names, u.Name)
+	}
+	e.record("update " + strings.Join(names, ","))
+	return e.Engine.UpdateTenants(updates)
+}
+
 func (e *recordingEngine) SetTopology(c topology.Cluster) error {
 	var ids []string
 	for _, d := range c.Domains {

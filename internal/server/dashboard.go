@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"maps"
 	"slices"
 	"sort"
 	"sync/atomic"
@@ -91,8 +92,47 @@ var (
 	_ grpcserver.CreditEngine = (*pagedEngine)(nil)
 )
 
-// configChanged re-reads the config's tenants after a config change.
-func (st *serverState) configChanged() { st.dir.Store(newTenantDirectory(st.eng.Config())) }
+// configChanged indexes the tenants of cfg, the config the engine took.
+func (st *serverState) configChanged(cfg admission.Config) { st.dir.Store(newTenantDirectory(cfg)) }
+
+// tenantsChanged applies the engine's tenant updates to the directory: a
+// copy of the names with the changed ones merged in, at the cost of a
+// copy rather than of a sort of every name.
+func (st *serverState) tenantsChanged(updates []admission.TenantUpdate) {
+	old := st.dir.Load()
+	byName := make(map[string]admission.TenantUpdate, len(updates))
+	changed := make([]string, 0, len(updates))
+	for _, u := range updates {
+		byName[u.Name] = u
+		changed = append(changed, u.Name)
+	}
+	slices.Sort(changed)
+	d := &tenantDirectory{
+		names:      make([]string, 0, len(old.names)+len(updates)),
+		tierBudget: old.tierBudget,
+		ownBudget:  maps.Clone(old.ownBudget),
+	}
+	i := 0
+	for _, name := range changed {
+		for ; i < len(old.names) && old.names[i] < name; i++ {
+			d.names = append(d.names, old.names[i])
+		}
+		if i < len(old.names) && old.names[i] == name {
+			i++
+		}
+		u := byName[name]
+		delete(d.ownBudget, name)
+		if u.Remove {
+			continue
+		}
+		d.names = append(d.names, name)
+		if b := u.Config.Overrides().Budget; b != nil {
+			d.ownBudget[name] = *b
+		}
+	}
+	d.names = append(d.names, old.names[i:]...)
+	st.dir.Store(d)
+}
 
 // topologyChanged records the cluster the engine now serves.
 func (st *serverState) topologyChanged(c topology.Cluster) { st.cluster.Store(&c) }
@@ -159,12 +199,22 @@ type trackedEngine struct {
 	st *serverState
 }
 
-// Apply applies cfg and, when the engine took it, re-reads its tenants.
+// Apply applies cfg and, when the engine took it, indexes its tenants.
 func (t *trackedEngine) Apply(cfg admission.Config) error {
 	if err := t.Engine.Apply(cfg); err != nil {
 		return err
 	}
-	t.st.configChanged()
+	t.st.configChanged(cfg)
+	return nil
+}
+
+// UpdateTenants applies updates and, when the engine took them, updates
+// the tenant directory.
+func (t *trackedEngine) UpdateTenants(updates []admission.TenantUpdate) error {
+	if err := t.Engine.UpdateTenants(updates); err != nil {
+		return err
+	}
+	t.st.tenantsChanged(updates)
 	return nil
 }
 

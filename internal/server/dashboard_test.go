@@ -6,15 +6,19 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"pgregory.net/rapid"
 
+	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth"
 	"github.com/sluice-sched/sluice/internal/config"
@@ -159,4 +163,47 @@ func TestListTenantsPagesFollowReload(t *testing.T) {
 	if got := strings.Join(list(), ","); got != "aaa,acme,globex,hooli,initech,zzz" {
 		t.Fatalf("tenants after the reload: %s", got)
 	}
+}
+
+// The tenant directory after tenant updates is the one built from the
+// config with those updates: names sorted, own budgets kept, removed
+// tenants gone.
+func TestTenantDirectoryFollowsTenantUpdates(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		name := rapid.SampledFrom([]string{"a", "b", "c", "d", "e", "f"})
+		draw := func(label string) admission.TenantConfig {
+			tc := admission.TenantConfig{Tier: "free"}
+			if rapid.Bool().Draw(t, label+" budget") {
+				tc.TenantOverrides = &admission.TenantOverrides{Budget: &admission.Budget{DailyUSD: rapid.Float64Range(1, 9).Draw(t, label+" usd")}}
+			}
+			return tc
+		}
+		cfg := admission.Config{Tiers: map[string]admission.TierPolicy{"free": {Budget: admission.Budget{MonthlyUSD: 5}}}, Tenants: map[string]admission.TenantConfig{}}
+		for range rapid.IntRange(0, 6).Draw(t, "tenants") {
+			cfg.Tenants[name.Draw(t, "name")] = draw("initial")
+		}
+		st := &serverState{}
+		st.configChanged(cfg)
+		var updates []admission.TenantUpdate
+		seen := map[string]bool{}
+		for range rapid.IntRange(1, 4).Draw(t, "updates") {
+			u := admission.TenantUpdate{Name: name.Draw(t, "changed"), Remove: rapid.Bool().Draw(t, "remove")}
+			if seen[u.Name] {
+				continue
+			}
+			seen[u.Name] = true
+			if u.Remove {
+				delete(cfg.Tenants, u.Name)
+			} else {
+				u.Config = draw("update")
+				cfg.Tenants[u.Name] = u.Config
+			}
+			updates = append(updates, u)
+		}
+		st.tenantsChanged(updates)
+		got, want := st.dir.Load(), newTenantDirectory(cfg)
+		if !slices.Equal(got.names, want.names) || !maps.Equal(got.ownBudget, want.ownBudget) || !maps.Equal(got.tierBudget, want.tierBudget) {
+			t.Fatalf("after %+v:\ngot  %v %v\nwant %v %v", updates, got.names, got.ownBudget, want.names, want.ownBudget)
+		}
+	})
 }

@@ -138,7 +138,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("topology %s: %w", opts.Topology, err)
 	}
 	s.state = &serverState{eng: s.eng}
-	s.state.configChanged()
+	s.state.configChanged(cfg)
 	s.state.topologyChanged(cluster)
 	if err := s.newDashboard(); err != nil {
 		return nil, err
@@ -216,7 +216,7 @@ func (s *Server) reloadConfig() error {
 		s.log.Error("config refused; the last good config keeps serving", "err", err)
 		return err
 	}
-	s.state.configChanged()
+	s.state.configChanged(cfg)
 	s.log.Info("config reloaded", "file", s.opts.ConfigPath, "tenants", len(cfg.Tenants))
 	return nil
 }
