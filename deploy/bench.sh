@@ -19,7 +19,9 @@
 #
 # FLEET (GRPC's value) runs deploy/bench-fleet.sh: 1,400 NVL72 domains and
 # a million tenants, a few minutes more; its own knobs — DOMAINS, TENANTS,
-# ACTIVE, CHURN — and the ones above pass through.
+# ACTIVE, CHURN — and the ones above pass through. It also runs
+# BenchmarkTenantChangeAtFleetScale (internal/controlplane): one tenant's
+# change through a real etcd holding a million tenant documents.
 #
 # Every figure is a median of COUNT runs. On a machine shared with other
 # work the absolute figures move; the ratios, measured in the same run,
@@ -106,6 +108,7 @@ fi
 if [[ $FLEET == 1 ]]; then
 	echo "deploy/bench-fleet.sh" >&2
 	OUT="$OUT/fleet" deploy/bench-fleet.sh >"$OUT/fleet.txt" || true
+	bench etcd-tenant.txt ./internal/controlplane/ -bench BenchmarkTenantChangeAtFleetScale -benchtime 200x -count 1 -timeout 30m
 fi
 
 echo
@@ -188,6 +191,10 @@ if [[ $FLEET == 1 ]]; then
 	fi
 	row "fleet: RSS, $ft tenants, $(jq -r '.active // "?"' "$f/rss.json" 2>/dev/null || echo "?") active" "$rss MB" "" "" "<=" 512 "$rss"
 	info "  its peak (VmHWM), start-up included" "$hwm MB" "" ""
+	e=$OUT/etcd-tenant.txt
+	change=$(median "$e" BenchmarkTenantChangeAtFleetScale ms/change)
+	row "fleet: one tenant's change through etcd, 1M" "$change ms" "etcd put+watch $(median "$e" BenchmarkTenantChangeAtFleetScale ms/etcd-trip) ms" "$(calc "$(median "$e" BenchmarkTenantChangeAtFleetScale ratio)")× etcd" "<=" 100 "$change"
+	info "  start-up from etcd, 1M tenant documents" "$(median "$e" BenchmarkTenantChangeAtFleetScale startup-s) s" "" ""
 fi
 
 r=$OUT/replay.txt

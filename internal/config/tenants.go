@@ -29,6 +29,9 @@ var chunkEntries = 4096
 // in a whole config ("tenants.NAME.weight"). The entry is checked alone:
 // its tier's existence and its policy are checked with the config it joins.
 func ParseTenant(file, name string, data []byte) (admission.TenantConfig, error) {
+	if tier, ok := tierOnly(data); ok { // the JSON sluicectl config apply writes: no YAML to convert
+		return admission.TenantConfig{Tier: tier}, nil
+	}
 	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return admission.TenantConfig{}, &Error{File: file, Key: "tenants." + name, Reason: err.Error()}
