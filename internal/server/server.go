@@ -140,6 +140,11 @@ func New(opts Options) (*Server, error) {
 	s.state = &serverState{eng: s.eng}
 	s.state.configChanged(cfg)
 	s.state.topologyChanged(cluster)
+	// The engine and the tenant directory hold what they need of the
+	// tenants; the parsed map (tens of MB at a million tenants) is given
+	// back below with the parse's garbage.
+	tenants := len(cfg.Tenants)
+	cfg.Tenants = nil
 	if err := s.newDashboard(); err != nil {
 		return nil, err
 	}
@@ -166,7 +171,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.log.Info("sluiced ready", "config", cfgName, "topology", opts.Topology,
-		"domains", len(cluster.Domains), "gpus", cluster.GPUCount(), "tenants", len(cfg.Tenants),
+		"domains", len(cluster.Domains), "gpus", cluster.GPUCount(), "tenants", tenants,
 		"grpc", s.grpcLis.Addr().String(), "http", s.httpLis.Addr().String())
 	return s, nil
 }
