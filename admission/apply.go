@@ -14,7 +14,7 @@ import (
 // The engine keeps its own copy of cfg.
 func (e *Engine) Apply(cfg Config) error {
 	e.mu.Lock()
-	answered, err := e.applyLocked(&cfg, nil, e.nowLocked(), true, true)
+	answered, err := e.applyLocked(&cfg, true, nil, e.nowLocked(), true, true)
 	e.mu.Unlock()
 	finish(answered)
 	return err
@@ -46,7 +46,7 @@ func (e *Engine) setTopology(cluster topology.Cluster, warm bool) error {
 	}
 	e.mu.Lock()
 	cfg := e.mu.cfg.clone()
-	answered, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), false, warm)
+	answered, err := e.applyLocked(&cfg, false, &cluster, e.nowLocked(), false, warm)
 	e.mu.Unlock()
 	finish(answered)
 	return err
@@ -56,13 +56,16 @@ func (e *Engine) setTopology(cluster topology.Cluster, warm bool) error {
 func (e *Engine) Config() Config {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.mu.cfg.clone()
+	cfg := e.mu.cfg.clone()
+	cfg.Tenants = e.mu.gates.index.toMap()
+	return cfg
 }
 
 // staged is the next configuration, built and checked in full before
 // anything live changes.
 type staged struct {
-	cfg        Config
+	cfg        Config // without its tenants, which are in tenants
+	tenants    *tenantIndex
 	cat        *pd.Catalog
 	domains    []stagedDomain
 	floorTotal int64
@@ -77,12 +80,17 @@ type stagedDomain struct {
 }
 
 // applyLocked validates cfg (and cluster, when not nil) together and, only if
-// both are good, swaps them in. With warm, domains that join or gain
+// both are good, swaps them in. With withTenants, cfg's tenants replace the
+// configured ones; without, cfg's are ignored and the configured ones stay. With warm, domains that join or gain
 // healthy GPUs warm up (never on the first apply: domains present at
 // start-up start whole). It returns the queued requests it had to answer
 // (their model is gone).
-func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, checkFloors, warm bool) ([]*waiter, error) {
-	st, err := e.mu.place.stage(in, cluster, now, checkFloors)
+func (e *Engine) applyLocked(in *Config, withTenants bool, cluster *topology.Cluster, now int64, checkFloors, warm bool) ([]*waiter, error) {
+	keep := e.mu.gates.index
+	if withTenants {
+		keep = nil
+	}
+	st, err := e.mu.place.stage(in, keep, cluster, now, checkFloors)
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +107,7 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 	if old != nil && warmupChanged(&old.Warmup, &st.cfg.Warmup) {
 		p.retuneWarmups(now)
 	}
-	e.mu.gates.reconfigureLocked(&st.cfg, now, p.modelList, func(t *tenantState) {
+	e.mu.gates.reconfigureLocked(&st.cfg, st.tenants, now, p.modelList, func(t *tenantState) {
 		e.shared.TenantReadyLocked(t, now, true)
 	})
 	q := st.cfg.Queue
@@ -128,13 +136,18 @@ func (e *Engine) applyLocked(in *Config, cluster *topology.Cluster, now int64, c
 }
 
 // stage builds the next configuration: cfg defaulted and validated, its
-// catalog, and every domain's capacity built from them, carrying the live
-// levels and KV over (on the cluster given, or the placer's current one).
-// Floors are checked against the new capacity when checkFloors is set.
-func (p *placer) stage(in *Config, cluster *topology.Cluster, now int64, checkFloors bool) (*staged, error) {
-	st := &staged{cfg: in.clone(), weights: make(map[int64]int)}
+// tenants indexed (or, with keep, the tenants of keep, the index in force,
+// kept), its catalog, and every domain's capacity built from them,
+// carrying the live levels and KV over (on the cluster given, or the
+// placer's current one). Floors are checked against the new capacity when
+// checkFloors is set.
+func (p *placer) stage(in *Config, keep *tenantIndex, cluster *topology.Cluster, now int64, checkFloors bool) (*staged, error) {
+	st := &staged{cfg: in.cloneSettings(), weights: make(map[int64]int)}
 	cfg := &st.cfg
 	cfg.SetDefaults()
+	if keep == nil {
+		cfg.Tenants = in.Tenants // read here, copied into the index below
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -168,10 +181,16 @@ func (p *placer) stage(in *Config, cluster *topology.Cluster, now int64, checkFl
 		st.domains = append(st.domains, stagedDomain{live: live, topo: *d, cap: c})
 		caps = append(caps, c)
 	}
-	for _, tc := range cfg.Tenants {
-		pol, _ := cfg.policyOf(tc)
-		st.floorTotal += pol.Floor
-		st.weights[pol.Weight]++
+	if keep != nil {
+		st.tenants, st.floorTotal, st.weights = keep, p.floorTotal, p.weights
+	} else {
+		for _, tc := range cfg.Tenants {
+			pol, _ := cfg.policyOf(tc)
+			st.floorTotal += pol.Floor
+			st.weights[pol.Weight]++
+		}
+		st.tenants = newTenantIndex(cfg.Tenants, cfg.Tiers)
+		cfg.Tenants = nil
 	}
 	if checkFloors {
 		if err := checkFloorsFit(cat, caps, st.floorTotal, cfg.OutputTokenWeight); err != nil {

@@ -94,9 +94,9 @@ const (
 type TenantConfig struct {
 	Tier string `json:"tier"`
 	// The overrides' keys sit beside tier in the document; nil when there
-	// are none. Most tenants take their tier's policy as it is, and an idle
-	// tenant then costs the engine its name and these 24 bytes. Read the
-	// overrides through Overrides, which is never nil.
+	// are none. Most tenants take their tier's policy as it is (the engine
+	// keeps such a tenant as its name and a few bytes: tenantindex.go).
+	// Read the overrides through Overrides, which is never nil.
 	*TenantOverrides
 }
 
@@ -221,14 +221,21 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // clone returns a deep copy, so that neither the caller nor the engine can
 // change the other's config behind its back.
 func (c *Config) clone() Config {
-	out := *c
-	out.Tiers = make(map[string]TierPolicy, len(c.Tiers))
-	for k, v := range c.Tiers {
-		out.Tiers[k] = v
-	}
+	out := c.cloneSettings()
 	out.Tenants = make(map[string]TenantConfig, len(c.Tenants))
 	for k, v := range c.Tenants {
 		out.Tenants[k] = v.clone()
+	}
+	return out
+}
+
+// cloneSettings is clone without the tenants (nil in the copy).
+func (c *Config) cloneSettings() Config {
+	out := *c
+	out.Tenants = nil
+	out.Tiers = make(map[string]TierPolicy, len(c.Tiers))
+	for k, v := range c.Tiers {
+		out.Tiers[k] = v
 	}
 	if c.Models != nil {
 		out.Models = make([]pd.Model, len(c.Models))

@@ -91,7 +91,7 @@ func New(cfg Config, cluster topology.Cluster, opts ...Option) (*Engine, error) 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, err := e.applyLocked(&cfg, &cluster, e.nowLocked(), true, false); err != nil {
+	if _, err := e.applyLocked(&cfg, true, &cluster, e.nowLocked(), true, false); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -298,7 +298,7 @@ func (e *Engine) Tenants() []TenantInfo {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.nowLocked()
-	names := sortedKeys(e.mu.cfg.Tenants)
+	names := e.mu.gates.index.sortedNames()
 	out := make([]TenantInfo, 0, len(names))
 	for _, n := range names {
 		out = append(out, e.mu.gates.infoLocked(n, now, e.base))
@@ -310,7 +310,7 @@ func (e *Engine) Tenants() []TenantInfo {
 func (e *Engine) Tenant(name string) (TenantInfo, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, ok := e.mu.cfg.Tenants[name]; !ok {
+	if _, ok := e.mu.gates.index.find(name); !ok {
 		return TenantInfo{}, false
 	}
 	return e.mu.gates.infoLocked(name, e.nowLocked(), e.base), true

@@ -5,10 +5,12 @@ import "time"
 // tenantGates is the first room a request passes through: per tenant, the
 // burst-credit breaker, the cost budget, the RPS and token buckets and the
 // concurrency limit; for all of them, an operator's credit freeze
-// (creditfreeze.go). It owns the active tenants' state; an idle tenant
-// lives only in the config until its next request.
+// (creditfreeze.go). It owns the configured tenants (index) and the active
+// tenants' state; an idle tenant lives only in the index until its next
+// request.
 type tenantGates struct {
-	cfg     *Config
+	cfg     *Config      // tiers and knobs; its Tenants map is nil, the index holds them
+	index   *tenantIndex // every configured tenant
 	tenants map[string]*tenantState
 	active  []*tenantState // the same tenants, in slot order: what the idle sweep walks
 	// The idle sweep's pass: when it began, over how many tenants, how
@@ -24,16 +26,26 @@ func (g *tenantGates) lookupLocked(name string, now int64, models []*modelState)
 	if t, ok := g.tenants[name]; ok {
 		return t, false
 	}
-	p, ok := g.cfg.Policy(name)
+	p, tier, ok := g.policy(name)
 	if !ok {
 		return nil, false
 	}
-	t = newTenantState(name, g.cfg.Tenants[name].Tier, p, now)
+	t = newTenantState(name, tier, p, now)
 	t.orders.reset(name, models)
 	g.tenants[name] = t
 	t.slot = len(g.active)
 	g.active = append(g.active, t)
 	return t, true
+}
+
+// policy returns a configured tenant's effective policy and its tier.
+func (g *tenantGates) policy(name string) (TierPolicy, string, bool) {
+	tc, ok := g.index.get(name)
+	if !ok {
+		return TierPolicy{}, "", false
+	}
+	p, ok := g.cfg.policyOf(tc)
+	return p, tc.Tier, ok
 }
 
 // forgetLocked drops an active tenant's state: the last slot's tenant
@@ -51,8 +63,8 @@ func (g *tenantGates) forgetLocked(t *tenantState) {
 // their levels, and calls each for every tenant that stays. A tenant removed
 // from config is forgotten: new requests are UNKNOWN_TENANT, while its
 // leases and queued requests keep their own pointer to it until they end.
-func (g *tenantGates) reconfigureLocked(cfg *Config, now int64, models []*modelState, each func(*tenantState)) {
-	g.cfg = cfg
+func (g *tenantGates) reconfigureLocked(cfg *Config, index *tenantIndex, now int64, models []*modelState, each func(*tenantState)) {
+	g.cfg, g.index = cfg, index
 	for name := range g.tenants {
 		g.reconfigureTenantLocked(name, now, models, each)
 	}
@@ -66,12 +78,12 @@ func (g *tenantGates) reconfigureTenantLocked(name string, now int64, models []*
 		return // idle: its state is built from the config when it next asks
 	}
 	t.orders.reset(name, models) // its queued requests may still be placed
-	p, ok := g.cfg.Policy(name)
+	p, tier, ok := g.policy(name)
 	if !ok {
 		g.forgetLocked(t)
 		return
 	}
-	t.tier = g.cfg.Tenants[name].Tier
+	t.tier = tier
 	t.setPolicy(p, now, false)
 	each(t)
 }
@@ -84,11 +96,11 @@ func (g *tenantGates) scratchLocked(name string, now int64, models []*modelState
 		cp := *live
 		return &cp
 	}
-	p, ok := g.cfg.Policy(name)
+	p, tier, ok := g.policy(name)
 	if !ok {
 		return nil
 	}
-	t := newTenantState(name, g.cfg.Tenants[name].Tier, p, now)
+	t := newTenantState(name, tier, p, now)
 	t.orders.reset(name, models)
 	return t
 }
@@ -119,8 +131,8 @@ func (g *tenantGates) infoLocked(name string, now int64, base time.Time) TenantI
 	t, ok := g.tenants[name]
 	if !ok {
 		// Idle: describe it as a fresh state would be, without keeping one.
-		p, _ := g.cfg.Policy(name)
-		t = newTenantState(name, g.cfg.Tenants[name].Tier, p, now)
+		p, tier, _ := g.policy(name)
+		t = newTenantState(name, tier, p, now)
 	}
 	info := TenantInfo{
 		Name:             name,

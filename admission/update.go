@@ -35,10 +35,10 @@ func (e *Engine) UpdateTenants(updates []TenantUpdate) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	cfg, p := e.mu.cfg, &e.mu.place
+	cfg, p, index := e.mu.cfg, &e.mu.place, e.mu.gates.index
 	floorTotal := p.floorTotal
 	for _, u := range updates {
-		if old, ok := cfg.Tenants[u.Name]; ok {
+		if old, ok := index.get(u.Name); ok {
 			pol, _ := cfg.policyOf(old)
 			floorTotal -= pol.Floor
 		}
@@ -61,14 +61,14 @@ func (e *Engine) UpdateTenants(updates []TenantUpdate) error {
 	// Commit: nothing below can fail.
 	now := e.nowLocked()
 	for _, u := range updates {
-		if old, ok := cfg.Tenants[u.Name]; ok {
+		if old, ok := index.get(u.Name); ok {
 			pol, _ := cfg.policyOf(old)
 			p.unweigh(pol.Weight)
 		}
 		if u.Remove {
-			delete(cfg.Tenants, u.Name)
+			index.remove(u.Name)
 		} else {
-			cfg.Tenants[u.Name] = u.Config
+			index.set(u.Name, u.Config)
 			pol, _ := cfg.policyOf(u.Config)
 			p.weights[pol.Weight]++
 		}

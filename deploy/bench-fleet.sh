@@ -47,6 +47,7 @@ DURATION=${DURATION:-5s}
 ROUNDS=${ROUNDS:-6}
 CHURN=${CHURN:-10}
 PORT=${PORT:-17170}
+MEMORY_LIMIT=${MEMORY_LIMIT:-460MiB}
 SKIP=${SKIP:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$(mktemp -d)
@@ -80,7 +81,7 @@ start_server() {
 	local t0
 	t0=$(date +%s.%N)
 	"$bin/sluiced" --config "$fleet/config.yaml" --topology "$fleet/topology.yaml" --grpc-addr "$addr" \
-		--http-addr "127.0.0.1:$((PORT + 1))" --log-level warn >"$OUT/$1.sluiced.log" 2>&1 &
+		--http-addr "127.0.0.1:$((PORT + 1))" --memory-limit "$MEMORY_LIMIT" --log-level warn >"$OUT/$1.sluiced.log" 2>&1 &
 	pid=$!
 	# A million tenants take a while to read: up to 5 minutes.
 	for _ in $(seq 3000); do
@@ -135,11 +136,12 @@ if ! skipped rss; then
 		sleep 1
 	done
 	hwm=$(kb "$pid" VmHWM)
-	jq -n --argjson rss "$least" --argjson hwm "$hwm" --argjson startup "$(cat "$OUT/rss.startup")" \
+	heap=$(curl -s "http://127.0.0.1:$((PORT + 1))/metrics" | awk '$1 == "go_memstats_heap_inuse_bytes" { printf "%d", $2 }')
+	jq -n --argjson rss "$least" --argjson hwm "$hwm" --argjson heap "${heap:-0}" --arg limit "$MEMORY_LIMIT" --argjson startup "$(cat "$OUT/rss.startup")" \
 		--argjson domains "$DOMAINS" --argjson tenants "$TENANTS" --argjson active "$ACTIVE" \
 		--argjson prefilled "$(jq .prefilled "$OUT/rss-load.json")" \
-		'{domains: $domains, tenants: $tenants, active: $active, prefilled: $prefilled, rssMB: ($rss / 1024), hwmMB: ($hwm / 1024), startupSeconds: $startup}' >"$OUT/rss.json"
-	jq -r '"  \(.prefilled) tenants admitted once each; sluiced VmRSS \(.rssMB*10|round/10) MB (least of 5 samples), VmHWM \(.hwmMB*10|round/10) MB; start-up \(.startupSeconds) s"' "$OUT/rss.json"
+		'{domains: $domains, tenants: $tenants, active: $active, prefilled: $prefilled, rssMB: ($rss / 1024), hwmMB: ($hwm / 1024), heapInuseMB: ($heap / 1048576), memoryLimit: $limit, startupSeconds: $startup}' >"$OUT/rss.json"
+	jq -r '"  \(.prefilled) tenants admitted once each; sluiced VmRSS \(.rssMB*10|round/10) MB (least of 5 samples), VmHWM \(.hwmMB*10|round/10) MB, heap in use \(.heapInuseMB*10|round/10) MB (--memory-limit \(.memoryLimit)); start-up \(.startupSeconds) s"' "$OUT/rss.json"
 	stop_server
 fi
 

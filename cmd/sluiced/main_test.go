@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -111,5 +113,24 @@ func TestDeploymentArgsAreSluicedFlags(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(append(args, "--version"), &out); err != nil {
 		t.Fatalf("deploy/k8s/sluiced.yaml args %v: %v", args, err)
+	}
+}
+
+// --memory-limit sets the runtime's soft limit from a size, leaves it with
+// off, and refuses anything else naming the flag.
+func TestMemoryLimitFlag(t *testing.T) {
+	before := debug.SetMemoryLimit(-1)
+	defer debug.SetMemoryLimit(before)
+	logger := slog.New(slog.DiscardHandler)
+	if err := setMemoryLimit("300MiB", logger); err != nil || debug.SetMemoryLimit(-1) != 300<<20 {
+		t.Fatalf("300MiB: %v, limit %d", err, debug.SetMemoryLimit(-1))
+	}
+	if err := setMemoryLimit("off", logger); err != nil || debug.SetMemoryLimit(-1) != 300<<20 {
+		t.Fatalf("off changed the limit: %v, %d", err, debug.SetMemoryLimit(-1))
+	}
+	for _, bad := range []string{"bogus", "0", "-5MiB"} {
+		if err := setMemoryLimit(bad, logger); err == nil || !strings.Contains(err.Error(), "--memory-limit") {
+			t.Errorf("%q: got %v, want a refusal naming --memory-limit", bad, err)
+		}
 	}
 }

@@ -66,11 +66,49 @@ type Rates struct {
 // total is the tenant's traffic, by which the busiest come first.
 func (r Rates) total() float64 { return r.Admitted + r.Degraded + r.Refused }
 
-// rateTable is one Sample's result: every tenant with counters, the busiest
-// first, and their rates by name.
+// rateTable is one Sample's result: every tenant with counters, ranked
+// (the busiest first) when a page first asks, since a page is asked for
+// far less often than once a second and a hundred thousand active tenants
+// take milliseconds to sort. It has no index by name: a page looks up the
+// few rows it shows in one pass, and a map of every active tenant rebuilt
+// each second would cost more than the counters themselves.
 type rateTable struct {
 	ranked []rankedTenant
-	byName map[string]Rates
+	sort   sync.Once
+}
+
+// busiestFirst returns the tenants, the busiest first.
+func (rt *rateTable) busiestFirst() []rankedTenant {
+	rt.sort.Do(func() {
+		slices.SortFunc(rt.ranked, func(a, b rankedTenant) int {
+			if c := cmp.Compare(b.rates.total(), a.rates.total()); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(b.rates.Tokens, a.rates.Tokens); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.name, b.name)
+		})
+	})
+	return rt.ranked
+}
+
+// ratesOf returns the rates of the named tenants that have counters.
+func (rt *rateTable) ratesOf(names []string) map[string]Rates {
+	want := make(map[string]bool, len(names))
+	for _, n := range names {
+		want[n] = true
+	}
+	out := make(map[string]Rates, len(names))
+	for _, r := range rt.ranked {
+		if want[r.name] {
+			out[r.name] = r.rates
+			if len(out) == len(want) {
+				break
+			}
+		}
+	}
+	return out
 }
 
 // rankedTenant is a tenant and its rates.
@@ -82,7 +120,7 @@ type rankedTenant struct {
 // NewTraffic returns an empty Traffic.
 func NewTraffic() *Traffic {
 	t := &Traffic{tenants: make(map[string]*tenantCounters)}
-	t.rates.Store(&rateTable{byName: map[string]Rates{}})
+	t.rates.Store(&rateTable{})
 	return t
 }
 
@@ -145,7 +183,7 @@ func (t *Traffic) Sample(now time.Time) {
 	dt := now.Sub(t.times[oldest]).Seconds()
 	var gone []string
 	t.mu.RLock()
-	table := &rateTable{ranked: make([]rankedTenant, 0, len(t.tenants)), byName: make(map[string]Rates, len(t.tenants))}
+	table := &rateTable{ranked: make([]rankedTenant, 0, len(t.tenants))}
 	for name, c := range t.tenants {
 		moved := false
 		for i := range c.n {
@@ -164,7 +202,6 @@ func (t *Traffic) Sample(now time.Time) {
 			r = Rates{Admitted: d(countAdmitted), Degraded: d(countDegraded), Refused: d(countRefused), Tokens: d(countTokens)}
 		}
 		table.ranked = append(table.ranked, rankedTenant{name, r})
-		table.byName[name] = r
 	}
 	t.mu.RUnlock()
 	if len(gone) > 0 {
@@ -174,15 +211,6 @@ func (t *Traffic) Sample(now time.Time) {
 		}
 		t.mu.Unlock()
 	}
-	slices.SortFunc(table.ranked, func(a, b rankedTenant) int {
-		if c := cmp.Compare(b.rates.total(), a.rates.total()); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(b.rates.Tokens, a.rates.Tokens); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.name, b.name)
-	})
 	t.rates.Store(table)
 }
 
@@ -199,6 +227,6 @@ func (t *Traffic) Tracked() int {
 // RatesOf returns a tenant's rates as of the last Sample; false when it has
 // no counters.
 func (t *Traffic) RatesOf(name string) (Rates, bool) {
-	r, ok := t.table().byName[name]
+	r, ok := t.table().ratesOf([]string{name})[name]
 	return r, ok
 }

@@ -275,7 +275,7 @@ func (d *Dashboard) tenantTable(ctx context.Context, q tableQuery) (TenantTable,
 	match := func(name string) bool { return q.q == "" || strings.Contains(name, q.q) }
 	picked := make([]string, 0, q.n)
 	seen := make(map[string]bool, q.n)
-	for _, r := range rt.ranked {
+	for _, r := range rt.busiestFirst() {
 		if r.rates.total() <= 0 {
 			break // the rest have no traffic: they come in name order below
 		}
@@ -297,13 +297,14 @@ func (d *Dashboard) tenantTable(ctx context.Context, q tableQuery) (TenantTable,
 		}
 	}
 	tt.Rows = make([]TenantRow, 0, len(picked))
+	rates := rt.ratesOf(picked)
 	for _, name := range picked {
 		gt, err := d.opts.Operator.GetTenant(ctx, &admissionv1.GetTenantRequest{Name: name})
 		if err != nil {
 			continue // left the config since the names were read
 		}
 		ti := gt.GetTenant()
-		r := rt.byName[name]
+		r := rates[name]
 		row := TenantRow{
 			Tenant: protoJSON(ti), AdmittedPerSecond: r.Admitted, DegradedPerSecond: r.Degraded,
 			RefusedPerSecond: r.Refused, AchievedTokensRate: r.Tokens,
