@@ -17,9 +17,9 @@ import (
 // of their own.
 type tenantIndex struct {
 	hash      func(string) uint64 // maphash with a seed of its own; tests make it collide
-	byHash    map[uint64]uint32 // name hash → entry
-	byName    map[string]uint32 // the entries whose hash an earlier entry holds
-	names     []byte            // every entry's name, end to end
+	byHash    map[uint64]uint32   // name hash → entry
+	byName    map[string]uint32   // the entries whose hash an earlier entry holds
+	names     []byte              // every entry's name, end to end
 	entries   []indexEntry
 	tiers     []string // tier names; an entry holds its tier's position
 	tierOf    map[string]uint16

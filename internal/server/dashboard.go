@@ -1,8 +1,8 @@
 package server
 
 import (
-	"net/http"
 	"maps"
+	"net/http"
 	"slices"
 	"sort"
 	"sync/atomic"
