@@ -81,9 +81,9 @@ type stagedDomain struct {
 
 // applyLocked validates cfg (and cluster, when not nil) together and, only if
 // both are good, swaps them in. With withTenants, cfg's tenants replace the
-// configured ones; without, cfg's are ignored and the configured ones stay. With warm, domains that join or gain
-// healthy GPUs warm up (never on the first apply: domains present at
-// start-up start whole). It returns the queued requests it had to answer
+// configured ones; without, cfg's are ignored and the configured ones stay.
+// With warm, domains that join or gain healthy GPUs warm up (never on the
+// first apply: domains present at start-up start whole). It returns the queued requests it had to answer
 // (their model is gone).
 func (e *Engine) applyLocked(in *Config, withTenants bool, cluster *topology.Cluster, now int64, checkFloors, warm bool) ([]*waiter, error) {
 	keep := e.mu.gates.index
