@@ -3,7 +3,7 @@
 # command, each printed beside the reference measured in the same run, the
 # ratio the target is about, the target, and whether it is met.
 #
-#   deploy/bench.sh                 # everything (about 10 minutes on 2 cores)
+#   deploy/bench.sh                 # everything (about 20 minutes on 2 cores)
 #   GRPC=0 deploy/bench.sh          # without the separate-process gRPC runs
 #   COUNT=5 deploy/bench.sh         # more runs per benchmark (medians are printed)
 #   FLEET=0 deploy/bench.sh         # without the fleet-scale runs
