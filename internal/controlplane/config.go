@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -43,7 +44,7 @@ func ParseDocuments(prefix string, base []byte, tenants map[string][]byte) (admi
 		return admission.Config{}, firstErr
 	}
 	cfg, err := config.ParseParts(ConfigKey(prefix), base, parsed)
-	return cfg, attribute(prefix, tenants, err)
+	return cfg, attribute(prefix, maps.Keys(tenants), err)
 }
 
 // parseTenantDocument decodes the tenant document of name.
@@ -56,28 +57,10 @@ func parseTenantDocument(prefix, name string, doc []byte) (admission.TenantConfi
 }
 
 // attribute names the tenant document a refusal points into, when it does:
-// the refusal's key path is tenants.NAME or under it. Tenant names may hold
-// dots, so the longest name that matches wins ("a.b" over "a" for
-// tenants.a.b.weight).
-func attribute(prefix string, tenants map[string][]byte, err error) error {
-	return attributeTo(prefix, err, func(match func(t string)) {
-		for t := range tenants {
-			match(t)
-		}
-	})
-}
-
-// attributeNames is attribute among the tenant documents named.
-func attributeNames(prefix string, names []string, err error) error {
-	return attributeTo(prefix, err, func(match func(t string)) {
-		for _, t := range names {
-			match(t)
-		}
-	})
-}
-
-// attributeTo is attribute among the tenants each visits.
-func attributeTo(prefix string, err error, each func(match func(t string))) error {
+// the refusal's key path is tenants.NAME or under it, for one of the tenant
+// documents named. Tenant names may hold dots, so the longest name that
+// matches wins ("a.b" over "a" for tenants.a.b.weight).
+func attribute(prefix string, names iter.Seq[string], err error) error {
 	var ce *config.Error
 	if !errors.As(err, &ce) {
 		return err
@@ -87,11 +70,11 @@ func attributeTo(prefix string, err error, each func(match func(t string))) erro
 		return err
 	}
 	best, found := "", false
-	each(func(t string) {
+	for t := range names {
 		if (name == t || strings.HasPrefix(name, t+".") || strings.HasPrefix(name, t+"[")) && (!found || len(t) > len(best)) {
 			best, found = t, true
 		}
-	})
+	}
 	if !found {
 		return err
 	}

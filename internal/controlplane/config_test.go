@@ -265,14 +265,14 @@ func TestAttributeLongestTenant(t *testing.T) {
 	}
 	for range 20 { // map order varies between iterations
 		for key, want := range cases {
-			err := attribute("/p/", tenants, &config.Error{File: "/p/config", Key: key, Reason: "r"})
+			err := attribute("/p/", maps.Keys(tenants), &config.Error{File: "/p/config", Key: key, Reason: "r"})
 			var ce *config.Error
 			if !errors.As(err, &ce) || ce.File != TenantKey("/p/", want) || ce.Key != key {
 				t.Fatalf("%s: %v; want it on tenant %s", key, err, want)
 			}
 		}
 	}
-	err := attribute("/p/", tenants, &config.Error{File: "/p/config", Key: "tenants.zed.weight", Reason: "r"})
+	err := attribute("/p/", maps.Keys(tenants), &config.Error{File: "/p/config", Key: "tenants.zed.weight", Reason: "r"})
 	var ce *config.Error
 	if !errors.As(err, &ce) || ce.File != "/p/config" {
 		t.Fatalf("a tenant without a document: %v", err)

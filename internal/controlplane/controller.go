@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"slices"
@@ -546,8 +547,7 @@ func (c *Controller) reconcileConfig(retry bool) bool {
 		return false
 	}
 	if err := c.opts.Engine.Apply(cfg); err != nil {
-		err = attribute(c.prefix, tenants, config.Wrap(ConfigKey(c.prefix), err))
-		c.st.config.refusal = err.Error()
+		err = c.engineRefused(maps.Keys(tenants), err)
 		if retry && c.st.config.refusal == lastRefusal {
 			c.opts.Logger.Debug("config in etcd retried after a topology change; still refused for the same reason",
 				"key", ConfigKey(c.prefix), "revision", fp, "err", err)
@@ -593,8 +593,7 @@ func (c *Controller) reconcileTenants(names []string) bool {
 		return false
 	}
 	if err := c.opts.Engine.UpdateTenants(updates); err != nil {
-		err = attributeNames(c.prefix, names, config.Wrap(ConfigKey(c.prefix), err))
-		c.st.config.refusal = err.Error()
+		err = c.engineRefused(slices.Values(names), err)
 		c.refuse(fp, err)
 		return false
 	}
@@ -602,6 +601,15 @@ func (c *Controller) reconcileTenants(names []string) bool {
 	c.opts.Status.Applied(SourceEtcd, fp, c.opts.Now())
 	c.opts.Logger.Info("tenant documents applied from etcd", "key", ConfigKey(c.prefix), "revision", fp, "tenants_changed", len(names))
 	return true
+}
+
+// engineRefused names the file of an engine's refusal (the tenant document
+// among names it points into, else the policy document) and remembers it:
+// a topology change retries only an engine refusal.
+func (c *Controller) engineRefused(names iter.Seq[string], err error) error {
+	err = attribute(c.prefix, names, config.Wrap(ConfigKey(c.prefix), err))
+	c.st.config.refusal = err.Error()
+	return err
 }
 
 // refuse records and logs a refused config.
