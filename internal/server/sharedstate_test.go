@@ -34,7 +34,7 @@ func TestTwoReplicasShareStateThroughRedis(t *testing.T) {
 	}
 	rdb := rs.Client()
 	eventually(t, func() bool {
-		fields, err := rdb.HKeys(ctx, "{sluice}:t/acme/tok").Result()
+		fields, err := rdb.HKeys(ctx, "{sluice/t/acme}/tok").Result()
 		if err != nil {
 			return false
 		}
@@ -86,7 +86,7 @@ func TestKVHoldingFollowsTheMemberLease(t *testing.T) {
 		t.Helper()
 		var out []time.Duration
 		eventually(t, func() bool {
-			keys, err := rdb.Keys(ctx, "{"+prefix+"}:d/*/kv").Result()
+			keys, err := rdb.Keys(ctx, "{"+prefix+"/d/*}/kv").Result()
 			if err != nil || len(keys) == 0 {
 				return false
 			}

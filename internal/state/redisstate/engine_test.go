@@ -3,6 +3,7 @@ package redisstate_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -277,7 +278,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before, err := rdb.HGet(context.Background(), "{sluice}:t/t1/tok", "l").Float64()
+	before, err := rdb.HGet(context.Background(), "{sluice/t/t1}/tok", "l").Float64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +334,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	// refill since the restart. (Slack: the replicas' grants refilled from
 	// their last grant, a round or two before the outage, to their first
 	// report after it.)
-	level, err := rdb.HGet(context.Background(), "{sluice}:t/t1/tok", "l").Float64()
+	level, err := rdb.HGet(context.Background(), "{sluice/t/t1}/tok", "l").Float64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,11 +349,11 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	}
 }
 
-// Every key one script call touches maps to one Cluster hash slot: both
-// modes run through a Cluster client against a Redis in cluster mode,
-// which refuses a script whose keys span slots (CROSSSLOT); and every key
-// written is checked with the CRC16 slot function.
-func TestKeysShareOneSlot(t *testing.T) {
+// Every key is under its owner's hash tag: both modes run through a
+// Cluster client against a Redis in cluster mode, and every key written is
+// checked with the CRC16 slot function: a tenant's or a domain's keys
+// share one slot, and the owners spread over many.
+func TestKeysFollowTheirOwner(t *testing.T) {
 	if got := crc16("123456789"); got != 0x31C3 {
 		t.Fatalf("CRC16 of the reference string = %#x, want 0x31c3", got)
 	}
@@ -394,11 +395,22 @@ func TestKeysShareOneSlot(t *testing.T) {
 	if len(keys) < 10 {
 		t.Fatalf("only %d keys written: %v", len(keys), keys)
 	}
-	want := slot(keys[0])
+	owners := make(map[string]uint16) // the hash tag's text: its slot
+	slots := make(map[uint16]bool)
 	for _, k := range keys {
-		if got := slot(k); got != want {
-			t.Errorf("key %q is in slot %d, %q in %d", k, got, keys[0], want)
+		i, j := indexByte(k, '{'), indexByte(k, '}')
+		if i != 0 || j < 0 || !strings.HasPrefix(k[1:j], "sluice/t/") && !strings.HasPrefix(k[1:j], "sluice/d/") {
+			t.Errorf("key %q is not under a tenant's or a domain's hash tag", k)
+			continue
 		}
+		if want, ok := owners[k[1:j]]; ok && slot(k) != want {
+			t.Errorf("key %q is in slot %d, its owner's other keys in %d", k, slot(k), want)
+		}
+		owners[k[1:j]] = slot(k)
+		slots[slot(k)] = true
+	}
+	if len(owners) < 4 || len(slots) < len(owners)/2 {
+		t.Errorf("%d owners in %d slots: want them spread", len(owners), len(slots))
 	}
 }
 

@@ -220,7 +220,7 @@ func (f *reclaimFleet) comesBack(t *testing.T) {
 	}
 	_, la := kvOn(f.a, f.dom)
 	_, lb := kvOn(f.b, f.dom)
-	h, err := f.srv.Client().HGet(ctx, "{sluice}:d/"+f.dom+"/kv", "h:a").Int64()
+	h, err := f.srv.Client().HGet(ctx, "{sluice/d/"+f.dom+"}/kv", "h:a").Int64()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,15 +1,18 @@
+#!lua flags=allow-cross-slot-keys
 -- One replica's batched report; returns its grants (see package state).
--- KEYS: bucket hashes, then gauge hashes, all under one hash tag.
--- ARGV: replica, stale_us, nbuckets, N (replicas), rejoin_us, then per bucket
---   rate, burst, cum, unacked, demand, epoch, age_us, resume (0|1), held, span_us
--- then per gauge: limit, held, share, ttl_us.
+-- KEYS: one key, which routes the call to the node that owns it.
+-- ARGV: replica, stale_us, nbuckets, N (replicas), rejoin_us, ngauges, the
+--   bucket hashes, the gauge hashes (any slots the node owns), then per
+--   bucket rate, burst, cum, unacked, demand, epoch, age_us, resume (0|1),
+--   held, span_us; then per gauge: limit, held, share, ttl_us.
 -- Bucket hash fields: l level, t last refill (us), born (us), rb last rebuild
 --   from the replicas' levels (us); per replica r: c:r "epoch:cumulative",
 --   d:r demand, s:r last seen (us), h:r the rebuild r's level went into and
 --   v:r that level.
 -- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
--- the replica's limit.
+-- the replica's limit; false (nil) for a key the node could not serve
+-- (its slot is elsewhere, or migrating): the caller sends it again alone.
 
 -- Numbers written to Redis go through num: the default conversion keeps
 -- only 14 digits, too few for microsecond times and 52-bit counters.
@@ -17,13 +20,14 @@ local function num(x) return string.format('%.17g', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local rid, stale, nb, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), math.max(tonumber(ARGV[4]), 1)
-local rejoin = tonumber(ARGV[5])
+local rejoin, ng = tonumber(ARGV[5]), tonumber(ARGV[6])
+local key0 = 6
 -- A silent replica leaves the shares after stale, its counter only after
 -- forget: a replica back from a long breaker must still find it.
 local forget = math.max(100 * stale, 60000000)
 local M = 4503599627370496 -- 2^52, admission.CumModulus
 local out = {}
-local a = 6
+local a = key0 + nb + ng + 1
 
 local function fields(key)
   local f, kv = {}, redis.call('HGETALL', key)
@@ -47,13 +51,11 @@ local function waterfill(rate, ids, dem)
   return g
 end
 
-for i = 1, nb do
-  local key = KEYS[i]
-  local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local cumArg, unacked, demArg = ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4]
-  local epoch, age = ARGV[a + 5], tonumber(ARGV[a + 6])
-  local resume, held, span = ARGV[a + 7] == '1', tonumber(ARGV[a + 8]), tonumber(ARGV[a + 9])
-  a = a + 10
+local function bucket(b, key)
+  local rate, burst = tonumber(ARGV[b]), tonumber(ARGV[b + 1])
+  local cumArg, unacked, demArg = ARGV[b + 2], tonumber(ARGV[b + 3]), ARGV[b + 4]
+  local epoch, age = ARGV[b + 5], tonumber(ARGV[b + 6])
+  local resume, held, span = ARGV[b + 7] == '1', tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9])
   local f = fields(key)
   local level, ts = tonumber(f.l), tonumber(f.t)
   local rb = tonumber(f.rb)
@@ -125,14 +127,12 @@ for i = 1, nb do
   local ttl = 10 * stale / 1000
   if rate > 0 then ttl = ttl + 1000 * burst / rate end
   redis.call('PEXPIRE', key, math.ceil(ttl))
-  out[i] = {math.floor(g * 1000), math.floor(share)}
+  return {math.floor(g * 1000), math.floor(share)}
 end
 
-for i = nb + 1, #KEYS do
-  local key = KEYS[i]
-  local limit, held, share, ttl = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  a = a + 4
-  redis.call('HSET', key, 'h:' .. rid, ARGV[a - 3], 'w:' .. rid, ARGV[a - 2], 'u:' .. rid, num(now + ttl))
+local function gauge(b, key)
+  local limit, held, share, ttl = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  redis.call('HSET', key, 'h:' .. rid, ARGV[b + 1], 'w:' .. rid, ARGV[b + 2], 'u:' .. rid, num(now + ttl))
   local f = fields(key)
   local total, shares, n = 0, 0, 0
   for field, v in pairs(f) do
@@ -157,6 +157,18 @@ for i = nb + 1, #KEYS do
     mine = free * (share + least) / (shares + n * least)
   end
   redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
-  out[i] = math.floor(held + mine)
+  return math.floor(held + mine)
+end
+
+-- A key of a slot the node does not serve fails at its first call, before
+-- anything of it is written: pcall keeps the others' answers.
+for i = 1, nb + ng do
+  local ok, res
+  if i <= nb then
+    ok, res = pcall(bucket, a + 10 * (i - 1), ARGV[key0 + i])
+  else
+    ok, res = pcall(gauge, a + 10 * nb + 4 * (i - nb - 1), ARGV[key0 + i])
+  end
+  if ok then out[i] = res else out[i] = false end
 end
 return out

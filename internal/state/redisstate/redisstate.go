@@ -1,16 +1,25 @@
 // Package redisstate implements admission.SharedState on Redis (go-redis
-// UniversalClient: standalone, Sentinel or Cluster). Each operation is one
-// Lua script call, loaded once and run by EVALSHA (go-redis falls back to
-// EVAL, which loads it again, on NOSCRIPT). The scripts use Redis server
-// TIME as the clock, PEXPIRE every key they write, and every key of a call
-// shares one hash tag, the prefix, so that a call runs on one Cluster slot.
+// UniversalClient: standalone, Sentinel or Cluster; Redis 7 or later).
+//
+// Every key is under the hash tag of what it belongs to — a tenant's
+// buckets under {prefix/t/TENANT}, a domain's buckets and KV under
+// {prefix/d/DOMAIN} — so that a Cluster spreads tenants and domains over
+// its masters. Each operation is one Lua script call per node that holds
+// its keys, loaded once and run by EVALSHA (go-redis falls back to EVAL,
+// which loads it again, on NOSCRIPT). The scripts declare one key, which
+// routes the call to its node, take the others as arguments, and run with
+// allow-cross-slot-keys: one call covers every slot the node serves. They
+// use Redis server TIME as the clock and PEXPIRE every key they write.
 package redisstate
 
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,34 +42,64 @@ var (
 
 // Store is the Redis shared state. It is safe for concurrent use.
 type Store struct {
-	rdb    redis.UniversalClient
-	prefix string // "{prefix}:" starts every key
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // rdb, when it is a Cluster client
+	prefix  string
 }
 
-// New returns a store keeping its keys under the hash tag {prefix}
-// (default "sluice").
+// New returns a store keeping its keys under hash tags that start with
+// prefix (default "sluice").
 func New(rdb redis.UniversalClient, prefix string) *Store {
 	if prefix == "" {
 		prefix = "sluice"
 	}
-	return &Store{rdb: rdb, prefix: "{" + prefix + "}:"}
+	cluster, _ := rdb.(*redis.ClusterClient)
+	return &Store{rdb: rdb, cluster: cluster, prefix: prefix}
 }
 
 // CommitSHA returns the SHA1 the strict commit script runs under (EVALSHA).
 func CommitSHA() string { return commitScript.Hash() }
 
-// Key returns the Redis key of an engine key.
-func (s *Store) Key(k string) string { return s.prefix + k }
-
-// Load loads the scripts (SCRIPT LOAD), so that the first decision does not
-// pay for it; calls reload them by themselves after a flush or restart.
-func (s *Store) Load(ctx context.Context) error {
-	for _, sc := range []*redis.Script{reconcileScript, commitScript, settleScript} {
-		if err := sc.Load(ctx, s.rdb).Err(); err != nil {
-			return fmt.Errorf("redis: script load: %w", err)
-		}
+// Key returns the Redis key of an engine key ("t/acme/rps" is
+// "{sluice/t/acme}/rps"): everything up to the key's last slash is its
+// owner, and the owner is the hash tag.
+func (s *Store) Key(k string) string {
+	i := strings.LastIndexByte(k, '/')
+	if i < 0 {
+		return "{" + s.prefix + "}/" + k
 	}
-	return nil
+	return "{" + s.prefix + "/" + k[:i] + "}" + k[i:]
+}
+
+// Shard implements admission.ShardedState: the address of the master
+// that serves the key now, or "" when Redis is not a Cluster.
+func (s *Store) Shard(k string) string {
+	if s.cluster == nil {
+		return ""
+	}
+	c, err := s.cluster.MasterForKey(context.Background(), s.Key(k))
+	if err != nil {
+		return "" // no slot map yet: the call finds its node by itself
+	}
+	return c.Options().Addr
+}
+
+// Load loads the scripts (SCRIPT LOAD) on every master, so that the first
+// decision does not pay for it; calls reload them by themselves after a
+// flush, a restart or a failover.
+func (s *Store) Load(ctx context.Context) error {
+	load := func(ctx context.Context, c redis.Scripter) error {
+		for _, sc := range []*redis.Script{reconcileScript, commitScript, settleScript} {
+			if err := sc.Load(ctx, c).Err(); err != nil {
+				return fmt.Errorf("redis: script load: %w", err)
+			}
+		}
+		return nil
+	}
+	if s.cluster != nil {
+		return s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return load(ctx, c) })
+	}
+	return load(ctx, s.rdb)
 }
 
 func micros(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
@@ -73,32 +112,83 @@ func resume(r bool) string {
 	return "0"
 }
 
-// Reconcile implements admission.SharedState.
+// group is the part of a call that one node serves: the indices of its
+// keys in the call.
+type group struct {
+	node redis.Scripter
+	at   []int
+}
+
+// groups splits keys by the master that serves them: one group over
+// every key for a store that is not a Cluster.
+func (s *Store) groups(ctx context.Context, keys []string) ([]group, error) {
+	if s.cluster == nil {
+		at := make([]int, len(keys))
+		for i := range at {
+			at[i] = i
+		}
+		return []group{{node: s.rdb, at: at}}, nil
+	}
+	var out []group
+	byNode := make(map[*redis.Client]int)
+	for i, k := range keys {
+		c, err := s.cluster.MasterForKey(ctx, k)
+		if err != nil {
+			return nil, fmt.Errorf("redis: slot of %s: %w", k, err)
+		}
+		g, ok := byNode[c]
+		if !ok {
+			g = len(out)
+			byNode[c] = g
+			out = append(out, group{node: c})
+		}
+		out[g].at = append(out[g].at, i)
+	}
+	return out, nil
+}
+
+// Reconcile implements admission.SharedState: one script call per node,
+// in parallel; a key whose node has changed since the slot map was read
+// (a failover, a slot migration) is sent again on its own, through the
+// client, which follows MOVED and ASK.
 func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
-	keys := make([]string, 0, len(req.Buckets)+len(req.Gauges))
-	args := make([]any, 0, 5+10*len(req.Buckets)+4*len(req.Gauges))
-	args = append(args, req.Replica, micros(req.Stale), len(req.Buckets), req.Replicas, micros(req.Rejoin))
+	nb := len(req.Buckets)
+	keys := make([]string, 0, nb+len(req.Gauges))
 	for _, b := range req.Buckets {
 		keys = append(keys, s.Key(b.Key))
-		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand),
-			strconv.FormatUint(b.Epoch, 10), micros(b.Age), resume(b.Resume), itoa(b.Held), micros(b.Span))
 	}
 	for _, g := range req.Gauges {
 		keys = append(keys, s.Key(g.Key))
-		args = append(args, itoa(g.Limit), itoa(g.Held), itoa(g.Share), micros(g.TTL))
 	}
 	if len(keys) == 0 {
 		return &admission.ReconcileReply{}, nil
 	}
-	res, err := reconcileScript.Run(ctx, s.rdb, keys, args...).Slice()
+	groups, err := s.groups(ctx, keys)
 	if err != nil {
 		return nil, fmt.Errorf("redis: reconcile: %w", err)
 	}
-	if len(res) != len(keys) {
-		return nil, fmt.Errorf("redis: reconcile: %d results for %d keys", len(res), len(keys))
+	res := make([]any, len(keys))
+	errs := make([]error, len(groups))
+	var wg sync.WaitGroup
+	for gi, g := range groups {
+		wg.Go(func() { errs[gi] = s.reconcileOn(ctx, g.node, req, keys, g.at, res) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("redis: reconcile: %w", err)
+	}
+	for i := range res {
+		if res[i] == nil {
+			if err := s.reconcileOn(ctx, s.rdb, req, keys, []int{i}, res); err != nil {
+				return nil, fmt.Errorf("redis: reconcile: %s: %w", keys[i], err)
+			}
+			if res[i] == nil {
+				return nil, fmt.Errorf("redis: reconcile: %s: not served by the node its slot maps to", keys[i])
+			}
+		}
 	}
 	rep := &admission.ReconcileReply{
-		Buckets: make([]admission.BucketGrant, len(req.Buckets)),
+		Buckets: make([]admission.BucketGrant, nb),
 		Gauges:  make([]int64, len(req.Gauges)),
 	}
 	for i := range req.Buckets {
@@ -114,69 +204,221 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		rep.Buckets[i] = admission.BucketGrant{RateMilli: rate, Level: level}
 	}
 	for i := range req.Gauges {
-		v, ok := res[len(req.Buckets)+i].(int64)
+		v, ok := res[nb+i].(int64)
 		if !ok {
-			return nil, fmt.Errorf("redis: reconcile: gauge %s: malformed reply %v", req.Gauges[i].Key, res[len(req.Buckets)+i])
+			return nil, fmt.Errorf("redis: reconcile: gauge %s: malformed reply %v", req.Gauges[i].Key, res[nb+i])
 		}
 		rep.Gauges[i] = v
 	}
 	return rep, nil
 }
 
-// kvKeys returns the KV holds hash and expiry zset of a gauge key.
-func (s *Store) kvKeys(k string) (string, string) {
-	return s.Key(k + ":holds"), s.Key(k + ":expiry")
+// reconcileOn runs the reconcile script on one node for the request's
+// keys at the indices at (ascending: buckets first, then gauges), storing each
+// answer at its index in res (nil where the node did not serve the key).
+func (s *Store) reconcileOn(ctx context.Context, node redis.Scripter, req *admission.ReconcileRequest, keys []string, at []int, res []any) error {
+	nb := len(req.Buckets)
+	var buckets, gauges []int
+	for _, i := range at {
+		if i < nb {
+			buckets = append(buckets, i)
+		} else {
+			gauges = append(gauges, i-nb)
+		}
+	}
+	args := make([]any, 0, 6+len(at)+10*len(buckets)+4*len(gauges))
+	args = append(args, req.Replica, micros(req.Stale), len(buckets), req.Replicas, micros(req.Rejoin), len(gauges))
+	for _, i := range at {
+		args = append(args, keys[i])
+	}
+	for _, i := range buckets {
+		b := &req.Buckets[i]
+		args = append(args, itoa(b.Rate), itoa(b.Burst), itoa(b.Cum), itoa(b.Unacked), itoa(b.Demand),
+			strconv.FormatUint(b.Epoch, 10), micros(b.Age), resume(b.Resume), itoa(b.Held), micros(b.Span))
+	}
+	for _, i := range gauges {
+		g := &req.Gauges[i]
+		args = append(args, itoa(g.Limit), itoa(g.Held), itoa(g.Share), micros(g.TTL))
+	}
+	out, err := reconcileScript.Run(ctx, node, keys[at[0]:at[0]+1], args...).Slice()
+	if err != nil {
+		return err
+	}
+	if len(out) != len(at) {
+		return fmt.Errorf("%d results for %d keys", len(out), len(at))
+	}
+	for j, i := range at { // in order: buckets first, as the script answers
+		res[i] = out[j]
+	}
+	return nil
 }
 
-// Commit implements admission.SharedState.
+// kvKeys returns the KV holds hash and expiry zset of a gauge key.
+func (s *Store) kvKeys(k string) (string, string) {
+	key := s.Key(k)
+	return key + ":holds", key + ":expiry"
+}
+
+// Commit implements admission.SharedState. Where the decision's buckets
+// and its KV are on one node (always, but on a Cluster whose tenant and
+// domain slots fall on two masters), one script takes them all or none.
+// Otherwise the buckets on other nodes than the KV's are taken first, one
+// call per node, and the KV's node decides last; a refusal there gives
+// back what the first calls took. Each node's part is atomic on its own:
+// no bucket ever goes below its minimum.
 func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
-	keys := make([]string, 0, len(c.Takes)+2)
-	args := make([]any, 0, 1+4*len(c.Takes)+4)
-	args = append(args, len(c.Takes))
+	hk, zk := s.kvKeys(c.KV.Key)
+	keys := make([]string, 0, len(c.Takes)+1)
 	for _, t := range c.Takes {
 		keys = append(keys, s.Key(t.Key))
-		args = append(args, itoa(t.Rate), itoa(t.Burst), itoa(t.Amount), itoa(t.Min))
 	}
-	hk, zk := s.kvKeys(c.KV.Key)
-	keys = append(keys, hk, zk)
-	args = append(args, c.KV.Lease, itoa(c.KV.Limit), itoa(c.KV.Bytes), micros(c.KV.TTL))
-	res, err := commitScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	keys = append(keys, hk)
+	groups, err := s.groups(ctx, keys)
 	if err != nil {
 		return admission.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
 	}
-	switch {
-	case len(res) == 1 && res[0] == 1: // committed by an earlier call
-		return admission.StrictVerdict{Admitted: true}, nil
-	case len(res) == 1+len(c.Takes) && res[0] == 1:
-		return admission.StrictVerdict{Admitted: true, Levels: res[1:]}, nil
-	case len(res) == 3 && res[0] == 0:
-		return admission.StrictVerdict{Refused: int(res[1]), RetryAfter: time.Duration(res[2]) * time.Microsecond}, nil
+	levels := make([]int64, len(c.Takes))
+	var taken []group // committed parts on other nodes than the KV's
+	for _, g := range kvLast(groups, len(keys)-1) {
+		withKV := g.at[len(g.at)-1] == len(keys)-1
+		takes := g.at
+		if withKV {
+			takes = g.at[:len(g.at)-1]
+		}
+		args := make([]any, 0, 1+len(takes)+2+4*len(takes)+4)
+		args = append(args, len(takes))
+		for _, i := range takes {
+			args = append(args, keys[i])
+		}
+		lease, h, z := "", "", ""
+		if withKV {
+			lease, h, z = c.KV.Lease, hk, zk
+		}
+		args = append(args, h, z)
+		for _, i := range takes {
+			t := &c.Takes[i]
+			args = append(args, itoa(t.Rate), itoa(t.Burst), itoa(t.Amount), itoa(t.Min))
+		}
+		args = append(args, lease, itoa(c.KV.Limit), itoa(c.KV.Bytes), micros(c.KV.TTL))
+		res, err := commitScript.Run(ctx, g.node, keys[g.at[0]:g.at[0]+1], args...).Int64Slice()
+		if err != nil {
+			return admission.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
+		}
+		switch {
+		case len(res) == 1 && res[0] == 1 && withKV: // committed by an earlier call
+			return admission.StrictVerdict{Admitted: true}, nil
+		case len(res) == 1+len(takes) && res[0] == 1:
+			for j, i := range takes {
+				levels[i] = res[1+j]
+			}
+			if !withKV {
+				taken = append(taken, g)
+			}
+		case len(res) == 3 && res[0] == 0:
+			refused := len(c.Takes) // the KV
+			if int(res[1]) < len(takes) {
+				refused = takes[res[1]]
+			}
+			s.giveBack(ctx, c, keys, taken)
+			return admission.StrictVerdict{Refused: refused, RetryAfter: time.Duration(res[2]) * time.Microsecond}, nil
+		default:
+			return admission.StrictVerdict{}, fmt.Errorf("redis: commit: malformed reply %v", res)
+		}
 	}
-	return admission.StrictVerdict{}, fmt.Errorf("redis: commit: malformed reply %v", res)
+	return admission.StrictVerdict{Admitted: true, Levels: levels}, nil
+}
+
+// kvLast orders the groups so that the one holding key kv comes last.
+func kvLast(groups []group, kv int) []group {
+	for i, g := range groups {
+		if g.at[len(g.at)-1] == kv {
+			groups[i], groups[len(groups)-1] = groups[len(groups)-1], groups[i]
+			break
+		}
+	}
+	return groups
+}
+
+// giveBack returns what the parts of a refused commit already took on
+// their nodes. A failure leaves it taken there: the decision is refused,
+// and the bucket refills at its rate.
+func (s *Store) giveBack(ctx context.Context, c *admission.StrictCharge, keys []string, taken []group) {
+	for _, g := range taken {
+		_ = s.settleOn(ctx, g.node, keys, g.at, c.Takes, "", "", "")
+	}
 }
 
 // Ping implements admission.SharedState.
 func (s *Store) Ping(ctx context.Context) error {
+	if s.cluster != nil {
+		if err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }); err != nil {
+			return fmt.Errorf("redis: ping: %w", err)
+		}
+		return nil
+	}
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: ping: %w", err)
 	}
 	return nil
 }
 
-// Settle implements admission.SharedState.
+// Settle implements admission.SharedState: the KV's node settles the
+// lease first, and only if it held it are the buckets on other nodes
+// given back, so that a lease is settled once wherever its parts are.
 func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
-	keys := make([]string, 0, len(st.Refunds)+2)
-	args := make([]any, 0, 1+3*len(st.Refunds)+1)
-	args = append(args, len(st.Refunds))
+	hk, zk := s.kvKeys(st.KVKey)
+	keys := make([]string, 0, len(st.Refunds)+1)
 	for _, r := range st.Refunds {
 		keys = append(keys, s.Key(r.Key))
+	}
+	keys = append(keys, hk)
+	groups, err := s.groups(ctx, keys)
+	if err != nil {
+		return fmt.Errorf("redis: settle: %w", err)
+	}
+	groups = kvLast(groups, len(keys)-1)
+	kv := groups[len(groups)-1]
+	if err := s.settleOn(ctx, kv.node, keys, kv.at[:len(kv.at)-1], st.Refunds, st.Lease, hk, zk); err != nil {
+		if errors.Is(err, errNotHeld) {
+			return nil
+		}
+		return fmt.Errorf("redis: settle: %w", err)
+	}
+	for _, g := range groups[:len(groups)-1] {
+		if err := s.settleOn(ctx, g.node, keys, g.at, st.Refunds, "", "", ""); err != nil {
+			return fmt.Errorf("redis: settle: %w", err)
+		}
+	}
+	return nil
+}
+
+// errNotHeld is a settle the store held no lease for: nothing to do.
+var errNotHeld = errors.New("lease not held")
+
+// settleOn runs the settle script on one node for the refunds at the
+// indices at, with the lease and its KV keys (all empty: unchecked).
+func (s *Store) settleOn(ctx context.Context, node redis.Scripter, keys []string, at []int, refunds []admission.StrictTake, lease, hk, zk string) error {
+	args := make([]any, 0, 1+len(at)+2+3*len(at)+1)
+	args = append(args, len(at))
+	for _, i := range at {
+		args = append(args, keys[i])
+	}
+	args = append(args, hk, zk)
+	for _, i := range at {
+		r := &refunds[i]
 		args = append(args, itoa(r.Rate), itoa(r.Burst), itoa(r.Amount))
 	}
-	hk, zk := s.kvKeys(st.KVKey)
-	keys = append(keys, hk, zk)
-	args = append(args, st.Lease)
-	if err := settleScript.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
-		return fmt.Errorf("redis: settle: %w", err)
+	args = append(args, lease)
+	route := hk
+	if len(at) > 0 {
+		route = keys[at[0]]
+	}
+	held, err := settleScript.Run(ctx, node, []string{route}, args...).Int64()
+	if err != nil {
+		return err
+	}
+	if held == 0 {
+		return errNotHeld
 	}
 	return nil
 }
