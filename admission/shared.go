@@ -9,6 +9,9 @@ type (
 	// SharedState is the port to state that several replicas share:
 	// sharing.Store.
 	SharedState = sharing.Store
+	// ShardedState is a SharedState spread over shards that fail on their
+	// own: sharing.Sharded.
+	ShardedState = sharing.Sharded
 	// ReconcileRequest is one replica's report for every bucket it uses.
 	ReconcileRequest = sharing.ReconcileRequest
 	// BucketReport is one bucket's use by one replica.

@@ -27,6 +27,17 @@ type Store interface {
 	Ping(ctx context.Context) error
 }
 
+// Sharded is a Store whose keys live on shards that fail on their own (a
+// Redis Cluster's masters). Batched mode sends each round one call per
+// shard and keeps a breaker per shard, so that one shard's outage touches
+// only the tenants and domains whose keys it holds.
+type Sharded interface {
+	Store
+	// Shard names the shard that serves key now (keys with one owner, a
+	// tenant's or a domain's, share one); "" where it is not yet known.
+	Shard(key string) string
+}
+
 // CumModulus bounds cumulative counters: they count modulo 2^52 so that they
 // stay exact in a Lua (double) number; the store takes differences modulo it.
 const CumModulus = 1 << 52

@@ -422,3 +422,5 @@ func (s *Store) settleOn(ctx context.Context, node redis.Scripter, keys []string
 	}
 	return nil
 }
+
+var _ admission.ShardedState = (*Store)(nil)
