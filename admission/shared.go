@@ -38,6 +38,8 @@ type (
 	SharedOptions = sharing.Options
 	// SharedStatus describes the shared-state link, for metrics.
 	SharedStatus = sharing.Status
+	// SharedShard is one shard's state in SharedStatus.
+	SharedShard = sharing.ShardStatus
 )
 
 // Shared-state modes.

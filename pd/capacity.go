@@ -108,6 +108,8 @@ type DomainCapacity struct {
 	// WarmupFull at warmEnd; warmEnd is 0 when the domain is whole.
 	warm, warmFrom  int64
 	warmAt, warmEnd int64
+	// paused: the buckets refill at rate 0 until the next ApplyShare (Pause).
+	paused bool
 
 	perModel []modelRates // by catalog id
 }
@@ -257,11 +259,24 @@ type ShareGrant struct {
 // that has the level for it. Resize restores the whole domain.
 func (c *DomainCapacity) ApplyShare(now int64, g ShareGrant) {
 	c.warmTo(now)
+	c.paused = false
 	c.basePrefillRate, c.baseDecodeRate = max(g.PrefillRate, 0), max(g.DecodeRate, 0)
 	c.baseKV = max(g.KVLimit, 0)
 	c.applyReserve()
 	c.prefill.SetLevel(now, g.PrefillLevel)
 	c.decode.SetLevel(now, g.DecodeLevel)
+}
+
+// Pause stops the buckets refilling, keeping their levels, bursts and
+// reserve watermarks, until the next ApplyShare: the slice of a domain a
+// replica has stopped reporting (batched shared state), so that a share
+// the store no longer accounts for cannot grow.
+func (c *DomainCapacity) Pause(now int64) {
+	c.warmTo(now)
+	c.prefill.Level(now) // refill at the old rates up to now
+	c.decode.Level(now)
+	c.paused = true
+	c.applyLimits()
 }
 
 // FullLimits returns the whole domain's prefill and decode rates and KV
@@ -365,8 +380,12 @@ func (c *DomainCapacity) applyReserve() {
 // for each of them: the reserve part, which keeps tenants' floors, is whole
 // from the first moment; the shared part ramps.
 func (c *DomainCapacity) applyLimits() {
-	c.prefill.SetLimits(warmed(c.resPR, c.basePrefillRate, c.warm), warmed(c.resPrefill, c.basePrefillBurst, c.warm), 0)
-	c.decode.SetLimits(warmed(c.resDR, c.baseDecodeRate, c.warm), warmed(c.resDecode, c.baseDecodeBurst, c.warm), 0)
+	pr, dr := warmed(c.resPR, c.basePrefillRate, c.warm), warmed(c.resDR, c.baseDecodeRate, c.warm)
+	if c.paused {
+		pr, dr = 0, 0
+	}
+	c.prefill.SetLimits(pr, warmed(c.resPrefill, c.basePrefillBurst, c.warm), 0)
+	c.decode.SetLimits(dr, warmed(c.resDecode, c.baseDecodeBurst, c.warm), 0)
 	c.kvLimit = warmed(c.resKV, c.baseKV, c.warm)
 }
 

@@ -191,3 +191,147 @@ func (c *Counting) Settles() int {
 	defer c.mu.Unlock()
 	return c.settles
 }
+
+// Sharded spreads keys over several stores, as a Redis Cluster spreads
+// them over its masters: a key's shard follows its owner (everything up
+// to its last slash: "t/acme" of "t/acme/rps"), by a hash. Each shard is
+// a Flaky in front of its own store, so a test takes one shard down. It
+// implements admission.ShardedState; Commit and Settle must stay on one
+// shard (strict mode's split across shards is redisstate's, tested
+// there).
+type Sharded struct {
+	names  []string
+	shards map[string]*Flaky
+}
+
+// NewSharded returns a store over the named shards, each in front of the
+// store new makes for it.
+func NewSharded(names []string, new func(name string) admission.SharedState) *Sharded {
+	s := &Sharded{names: names, shards: make(map[string]*Flaky, len(names))}
+	for _, n := range names {
+		s.shards[n] = NewFlaky(new(n))
+	}
+	return s
+}
+
+// Of returns the named shard, to take down or bring up.
+func (s *Sharded) Of(name string) *Flaky { return s.shards[name] }
+
+// Shard implements admission.ShardedState.
+func (s *Sharded) Shard(key string) string {
+	owner := key
+	if i := strings.LastIndexByte(key, '/'); i >= 0 {
+		owner = key[:i]
+	}
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(owner); i++ {
+		h = (h ^ uint32(owner[i])) * 16777619
+	}
+	return s.names[h%uint32(len(s.names))]
+}
+
+// Reconcile implements admission.SharedState: one call per shard the
+// request's keys are on (an empty request checks its Shard).
+func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+	if len(r.Buckets) == 0 && len(r.Gauges) == 0 {
+		if sh := s.shards[r.Shard]; sh != nil {
+			return sh.Reconcile(ctx, r)
+		}
+		return &admission.ReconcileReply{}, s.Ping(ctx)
+	}
+	parts := make(map[string]*admission.ReconcileRequest)
+	type at struct {
+		shard string
+		i     int
+	}
+	var buckets, gauges []at
+	part := func(key string) (string, *admission.ReconcileRequest) {
+		name := s.Shard(key)
+		p := parts[name]
+		if p == nil {
+			c := *r
+			c.Shard, c.Buckets, c.Gauges = name, nil, nil
+			p = &c
+			parts[name] = p
+		}
+		return name, p
+	}
+	for _, b := range r.Buckets {
+		name, p := part(b.Key)
+		buckets = append(buckets, at{name, len(p.Buckets)})
+		p.Buckets = append(p.Buckets, b)
+	}
+	for _, g := range r.Gauges {
+		name, p := part(g.Key)
+		gauges = append(gauges, at{name, len(p.Gauges)})
+		p.Gauges = append(p.Gauges, g)
+	}
+	replies := make(map[string]*admission.ReconcileReply, len(parts))
+	for name, p := range parts {
+		rep, err := s.shards[name].Reconcile(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		replies[name] = rep
+	}
+	out := &admission.ReconcileReply{}
+	for _, a := range buckets {
+		out.Buckets = append(out.Buckets, replies[a.shard].Buckets[a.i])
+	}
+	for _, a := range gauges {
+		out.Gauges = append(out.Gauges, replies[a.shard].Gauges[a.i])
+	}
+	return out, nil
+}
+
+// errAcrossShards is a strict call whose keys are on several shards.
+var errAcrossShards = errors.New("admissiontest: a strict call across shards")
+
+// one returns the shard every key is on.
+func (s *Sharded) one(keys ...string) (*Flaky, error) {
+	name := s.Shard(keys[0])
+	for _, k := range keys[1:] {
+		if s.Shard(k) != name {
+			return nil, errAcrossShards
+		}
+	}
+	return s.shards[name], nil
+}
+
+// Commit implements admission.SharedState (on one shard).
+func (s *Sharded) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+	keys := []string{c.KV.Key}
+	for _, t := range c.Takes {
+		keys = append(keys, t.Key)
+	}
+	sh, err := s.one(keys...)
+	if err != nil {
+		return admission.StrictVerdict{}, err
+	}
+	return sh.Commit(ctx, c)
+}
+
+// Settle implements admission.SharedState (on one shard).
+func (s *Sharded) Settle(ctx context.Context, st *admission.StrictSettle) error {
+	keys := []string{st.KVKey}
+	for _, t := range st.Refunds {
+		keys = append(keys, t.Key)
+	}
+	sh, err := s.one(keys...)
+	if err != nil {
+		return err
+	}
+	return sh.Settle(ctx, st)
+}
+
+// Ping implements admission.SharedState: every shard answers.
+func (s *Sharded) Ping(ctx context.Context) error {
+	for _, n := range s.names {
+		if err := s.shards[n].Ping(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var _ admission.ShardedState = (*Sharded)(nil)

@@ -25,6 +25,9 @@ type ConfigStatus struct {
 	// ControlPlaneConnected is whether etcd is reachable; false when there
 	// is no control plane (nothing is connected).
 	ControlPlaneConnected bool
+	// SharedShards are the shared state's shards and which are down
+	// (empty where the store is not sharded).
+	SharedShards []admission.SharedShard
 }
 
 // The control planes GetConfigStatus names.
@@ -79,6 +82,9 @@ func (s *operatorServer) GetConfigStatus(context.Context, *admissionv1.GetConfig
 		ControlPlaneConnected: st.ControlPlaneConnected,
 		ControlPlane:          st.ControlPlane,
 		CreditFreeze:          s.creditFreeze(),
+	}
+	for _, sh := range st.SharedShards {
+		out.SharedShards = append(out.SharedShards, &admissionv1.SharedShard{Name: sh.Name, Down: sh.Down})
 	}
 	if !st.AppliedAt.IsZero() {
 		out.AppliedAt = timestamppb.New(st.AppliedAt)

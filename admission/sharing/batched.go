@@ -2,6 +2,7 @@ package sharing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -43,19 +44,26 @@ type batchedState struct {
 	*storeLink
 	reconciles sync.Mutex // one reconcile at a time
 
+	sharded Sharded // the store, when it is sharded
+
 	// Under the engine's lock.
 	entries   map[entryKey]*syncEntry
 	activity  map[string]*tenantActivity
-	round     round
+	domains   map[string]*domainActivity
+	shards    shardSet
 	lastPrune int64
 	epochs    uint64 // the last epoch handed to an entry
 }
 
 func newBatchedState(link *storeLink) *batchedState {
+	sharded, _ := link.store.(Sharded)
 	return &batchedState{
 		storeLink: link,
+		sharded:   sharded,
 		entries:   make(map[entryKey]*syncEntry),
 		activity:  make(map[string]*tenantActivity),
+		domains:   make(map[string]*domainActivity),
+		shards:    shardSet{byName: make(map[string]*shard)},
 	}
 }
 
@@ -97,12 +105,18 @@ type tenantActivity struct {
 	want     bool  // a quota refusal since the last round asks for a grant
 }
 
-// round is one reconcile: each bucket reported, with the index of its
-// report in the request, which is its grant's index in the reply.
-type round struct {
-	tenants []tenantRound
-	domains []domainRound
+// domainActivity is what decides whether a domain is reported.
+type domainActivity struct {
+	owner      *pd.DomainCapacity
+	reportedAt int64 // engine time of the last report
+	kvHeld     int64 // the KV its leases held then
+	took       bool  // that report carried takes: the next says whether they stopped
+	paused     bool  // not reported since: its buckets stopped refilling
 }
+
+// A round is one reconcile, one call per shard (shard.req): each bucket
+// reported, with the index of its report in its shard's request, which
+// is its grant's index in the reply.
 
 type tenantRound struct {
 	t    Tenant
@@ -129,7 +143,7 @@ type domainRound struct {
 func (s *batchedState) TenantReadyLocked(t Tenant, now int64, reloaded bool) {
 	// A new tenant gets no refill until the store has heard of it (unless
 	// the store is down: then the slice is all there is).
-	s.sliceTenant(t, now, reloaded || s.down)
+	s.sliceTenant(t, now, reloaded || s.tenantDownLocked(t))
 	if a := s.activity[t.Name()]; a != nil && reloaded {
 		a.frozen = false // an idle tenant freezes again at the next round
 	}
@@ -155,7 +169,7 @@ func (s *batchedState) CapacityRebuiltLocked(now int64, d Domain, old *pd.Domain
 // own 1/N slice, as a tenant new in an outage does, rather than at a rate
 // of 0 until the store returns. (One comparison per decision otherwise.)
 func (s *batchedState) GateLocked(t Tenant) Refusal {
-	if s.down {
+	if s.tenantDownLocked(t) {
 		if a := s.activity[t.Name()]; a != nil && a.owner == t && a.frozen {
 			now := s.v.NowLocked()
 			for k, b := range t.Buckets() {
@@ -168,8 +182,11 @@ func (s *batchedState) GateLocked(t Tenant) Refusal {
 			}
 			a.activeAt, a.frozen = now, false
 		}
+		if t.FailClosed() {
+			return Refusal{Unavailable, probeEvery(s.opts)} // the next probe may find it back
+		}
 	}
-	return s.storeLink.gateLocked(t)
+	return Refusal{}
 }
 
 // QuotaRefusedLocked implements Strategy.
@@ -202,62 +219,88 @@ func (s *batchedState) Run(ctx context.Context) {
 }
 
 // Reconcile implements Strategy: it reports what this replica took from
-// every shared bucket and applies the grants that come back. While the
-// breaker is open it returns an error without calling the store, until
-// the cool-down lets a probe through.
+// the shared buckets and applies the grants that come back, one call per
+// shard, all at once. A shard whose breaker is open is not called until
+// its cool-down lets a probe through (errBreakerOpen); the others go on.
 func (s *batchedState) Reconcile(ctx context.Context) error {
 	s.reconciles.Lock()
 	defer s.reconciles.Unlock()
 	v := s.v
-	if !s.br.allow(v.Wall()) {
-		return errBreakerOpen
-	}
 	v.Lock()
-	req := s.reportLocked(v.NowLocked())
+	calls, held := s.reportLocked(v.NowLocked())
 	v.Unlock()
 
 	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	rep, err := s.store.Reconcile(cctx, req)
-	cancel()
-	s.calls.Add(1)
-	if err == nil && (len(rep.Buckets) != len(req.Buckets) || len(rep.Gauges) != len(req.Gauges)) {
-		err = fmt.Errorf("reply has %d buckets and %d gauges for %d and %d", len(rep.Buckets), len(rep.Gauges), len(req.Buckets), len(req.Gauges))
+	reps := make([]*ReconcileReply, len(calls))
+	errs := make([]error, len(calls))
+	if len(calls) == 1 {
+		reps[0], errs[0] = s.reconcileOn(cctx, calls[0])
+	} else {
+		var wg sync.WaitGroup
+		for i, sh := range calls {
+			wg.Go(func() { reps[i], errs[i] = s.reconcileOn(cctx, sh) })
+		}
+		wg.Wait()
 	}
+	cancel()
 	v.Lock()
 	defer v.Unlock()
-	if err != nil {
-		s.failedLocked()
+	now := v.NowLocked()
+	for i, sh := range calls {
+		if errs[i] != nil {
+			s.shardFailedLocked(sh)
+			continue
+		}
+		s.shardOKLocked(sh)
+		s.applyGrantsLocked(now, sh, reps[i])
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shared state: reconcile: %w", err)
 	}
-	s.okLocked()
-	s.applyGrantsLocked(v.NowLocked(), rep)
+	if held {
+		return errBreakerOpen
+	}
 	return nil
 }
 
-// reportLocked builds this round's report: every active tenant's buckets
-// and every domain's buckets and KV gauge.
-func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
-	s.round.tenants, s.round.domains = s.round.tenants[:0], s.round.domains[:0]
-	req := &ReconcileRequest{
-		Replica:  s.opts.Replica,
-		Replicas: s.replicas,
-		Stale:    staleRounds * s.opts.Interval,
-		Rejoin:   rejoinRounds * s.opts.Interval,
+// reconcileOn sends one shard's part of the round.
+func (s *batchedState) reconcileOn(ctx context.Context, sh *shard) (*ReconcileReply, error) {
+	rep, err := s.store.Reconcile(ctx, &sh.req)
+	s.calls.Add(1)
+	if err == nil && (len(rep.Buckets) != len(sh.req.Buckets) || len(rep.Gauges) != len(sh.req.Gauges)) {
+		err = fmt.Errorf("reply has %d buckets and %d gauges for %d and %d", len(rep.Buckets), len(rep.Gauges), len(sh.req.Buckets), len(sh.req.Gauges))
 	}
+	if err != nil && sh.name != "" {
+		err = fmt.Errorf("shard %s: %w", sh.name, err)
+	}
+	return rep, err
+}
+
+// reportLocked builds this round's report, one request per shard: every
+// active tenant's buckets, and the buckets and KV gauge of every domain
+// this replica has used since its last report (or whose report is due:
+// see domainDueLocked). It returns the shards to call, and whether a
+// shard's breaker held its part back.
+func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
+	s.beginRoundLocked()
 	for t := range s.v.TenantsLocked() {
-		if s.idleLocked(now, t) {
+		name := t.Name()
+		// Every shard holding a tenant here, idle or not, is called each
+		// round: its answer (or its failure) is what thaws an idle tenant
+		// in an outage.
+		sh := s.partLocked(s.shardOf(tenantKey(name, KindRPS)))
+		if s.idleLocked(now, t) || sh == nil {
 			continue
 		}
-		name := t.Name()
 		for k, b := range t.Buckets() {
 			rate, burst := t.Limits(Kind(k))
 			if rate == 0 && burst == 0 {
 				continue
 			}
 			ek := entryKey{name, Kind(k)}
-			s.round.tenants = append(s.round.tenants, tenantRound{t: t, b: b, rate: rate, at: len(req.Buckets)})
-			req.Buckets = append(req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.Created()))
-			s.round.tenants[len(s.round.tenants)-1].en = s.entries[ek]
+			sh.tenants = append(sh.tenants, tenantRound{t: t, b: b, rate: rate, at: len(sh.req.Buckets)})
+			sh.req.Buckets = append(sh.req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.Created()))
+			sh.tenants[len(sh.tenants)-1].en = s.entries[ek]
 		}
 	}
 	hold := s.holdFor(s.v.LeaseTTLLocked())
@@ -266,22 +309,78 @@ func (s *batchedState) reportLocked(now int64) *ReconcileRequest {
 			continue
 		}
 		c := d.Capacity()
+		shardName := s.shardOf(domainKey(d.ID(), KindPrefill))
+		sh := s.partLocked(shardName)
+		if !s.domainDueLocked(now, d, c, shardName, hold) || sh == nil {
+			continue
+		}
 		pr, dr, kvLimit := c.FullLimits()
 		// Unramped: a replica's warm-up limits only its own admissions.
 		pb, db := c.FullBursts()
 		pf, dc := c.Bucket(false), c.Bucket(true) // copies: read only
-		dround := domainRound{d: d, cap: c, at: len(req.Buckets), gauge: len(req.Gauges)}
-		req.Buckets = append(req.Buckets, s.report(now, entryKey{d.ID(), KindPrefill}, c, &pf, pr, pb, 0))
+		dround := domainRound{d: d, cap: c, at: len(sh.req.Buckets), gauge: len(sh.req.Gauges)}
+		prefill := s.report(now, entryKey{d.ID(), KindPrefill}, c, &pf, pr, pb, 0)
 		decode := s.report(now, entryKey{d.ID(), KindDecode}, c, &dc, dr, db, 0)
-		req.Buckets = append(req.Buckets, decode)
+		sh.req.Buckets = append(sh.req.Buckets, prefill, decode)
 		dround.prefill, dround.decode = s.entries[entryKey{d.ID(), KindPrefill}], s.entries[entryKey{d.ID(), KindDecode}]
 		dround.keepKV = dround.prefill.started && now-dround.prefill.ackAt > int64(hold)
-		s.round.domains = append(s.round.domains, dround)
+		sh.domains = append(sh.domains, dround)
 		kvUsed, _ := c.KV()
-		req.Gauges = append(req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: hold})
+		sh.req.Gauges = append(sh.req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: hold})
+		a := s.domains[d.ID()]
+		a.reportedAt, a.kvHeld = now, kvUsed
 	}
 	s.pruneLocked(now)
-	return req
+	return s.endRoundLocked()
+}
+
+// domainDueLocked reports whether this round reports domain d (its
+// capacity c, on the shard named shardName): a domain new here or
+// rebuilt; one this replica took from, or whose KV its leases changed,
+// since its last report; one whose last report carried takes (this one
+// tells the store they stopped, so that its share of the rate goes to
+// those that use it); one with a report unacknowledged; and any other once
+// every hold/2, so that its KV holding never lapses. At fleet scale a
+// replica uses a few of the domains in a round, so a round's size follows
+// what the replica did, not the size of the fleet.
+//
+// A domain not reported pauses: its buckets stop refilling at their
+// grant, keeping their level, as an idle tenant's do, so that a share the
+// store no longer accounts for (it drops a replica silent for Stale)
+// cannot grow; its next report brings a grant again. While its shard is
+// down no grant can come, so a paused domain takes its 1/N slice.
+func (s *batchedState) domainDueLocked(now int64, d Domain, c *pd.DomainCapacity, shardName string, hold time.Duration) bool {
+	a := s.domains[d.ID()]
+	if a == nil || a.owner != c {
+		s.domains[d.ID()] = &domainActivity{owner: c, took: true}
+		return true
+	}
+	pf, dc := s.entries[entryKey{d.ID(), KindPrefill}], s.entries[entryKey{d.ID(), KindDecode}]
+	if sh := s.shards.byName[shardName]; a.paused && sh != nil && sh.down {
+		s.sliceDomain(d, now)
+		a.paused = false
+		for _, en := range []*syncEntry{pf, dc} {
+			if en != nil {
+				en.frozen = false // it refills again: the store's return rebuilds from its level
+			}
+		}
+	}
+	if pf == nil || dc == nil || pf.owner != c || dc.owner != c || !pf.started || !dc.started {
+		return true
+	}
+	p, dcTaken := c.Taken()
+	kv, _ := c.KV()
+	took := p != pf.lastTaken || dcTaken != dc.lastTaken
+	if took || a.took || kv != a.kvHeld || pf.unacked != 0 || dc.unacked != 0 || now-a.reportedAt >= int64(hold/2) {
+		a.took = took
+		return true
+	}
+	if !a.paused {
+		c.Pause(now)
+		pf.frozen, dc.frozen = true, true
+		a.paused = true
+	}
+	return false
 }
 
 // holdFor is how long this round's holdings outlive this replica's
@@ -429,13 +528,18 @@ func (s *batchedState) pruneLocked(now int64) {
 			delete(s.activity, name)
 		}
 	}
+	for id, a := range s.domains {
+		if d := s.v.DomainLocked(id); d == nil || d.Capacity() != a.owner {
+			delete(s.domains, id)
+		}
+	}
 }
 
 // applyGrantsLocked installs the grants of the round just reported. A
 // bucket's level becomes its share of the global level less what it took
 // since the report.
-func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
-	for _, tr := range s.round.tenants {
+func (s *batchedState) applyGrantsLocked(now int64, sh *shard, rep *ReconcileReply) {
+	for _, tr := range sh.tenants {
 		g := rep.Buckets[tr.at]
 		s.acked(now, tr.en, g)
 		rate, level := tr.en.granted(g, tr.b.Taken())
@@ -447,7 +551,7 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 		tr.b.SetLimits(rate, tr.b.Burst(), credit)
 		tr.b.SetLevel(now, level)
 	}
-	for _, dr := range s.round.domains {
+	for _, dr := range sh.domains {
 		gp, gd := rep.Buckets[dr.at], rep.Buckets[dr.at+1]
 		s.acked(now, dr.prefill, gp)
 		s.acked(now, dr.decode, gd)
@@ -469,6 +573,9 @@ func (s *batchedState) applyGrantsLocked(now int64, rep *ReconcileReply) {
 			g.KVLimit = min(g.KVLimit, kv)
 		}
 		dr.cap.ApplyShare(now, g)
+		if a := s.domains[dr.d.ID()]; a != nil && a.owner == dr.cap {
+			a.paused = false
+		}
 	}
 }
 

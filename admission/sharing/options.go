@@ -93,4 +93,7 @@ type Status struct {
 	// Calls/Decisions is the store calls per decision.
 	Calls, Decisions uint64
 	Failures         uint64
+	// Shards is each shard's state, by name, where the store is Sharded
+	// (batched: a breaker per shard; BreakerOpen while any is open).
+	Shards []ShardStatus
 }

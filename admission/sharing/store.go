@@ -44,6 +44,12 @@ const CumModulus = 1 << 52
 
 // ReconcileRequest is one replica's report for every bucket it uses.
 type ReconcileRequest struct {
+	// Shard is the shard the request is for, where the store is Sharded
+	// (every key is on it, as Sharded.Shard named it). A request with no
+	// buckets and no gauges checks that the shard (or the store) answers:
+	// each round calls every shard that holds anything of the replica's,
+	// so an outage is seen while its tenants are idle too.
+	Shard   string
 	Replica string // this process incarnation
 	// Replicas is N, the replicas expected (config or membership). Each
 	// replica starts a bucket from a 1/N slice before its first report, so

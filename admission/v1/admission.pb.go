@@ -2110,7 +2110,10 @@ type GetConfigStatusResponse struct {
 	// alone. Empty from servers older than this field.
 	ControlPlane string `protobuf:"bytes,6,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
 	// The operator's freeze of burst credit in force; absent when none.
-	CreditFreeze  *CreditFreeze `protobuf:"bytes,7,opt,name=credit_freeze,json=creditFreeze,proto3" json:"credit_freeze,omitempty"`
+	CreditFreeze *CreditFreeze `protobuf:"bytes,7,opt,name=credit_freeze,json=creditFreeze,proto3" json:"credit_freeze,omitempty"`
+	// The shards of the shared state (a Redis Cluster's masters), each with
+	// whether its breaker is open; empty where the store is not sharded.
+	SharedShards  []*SharedShard `protobuf:"bytes,8,rep,name=shared_shards,json=sharedShards,proto3" json:"shared_shards,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2194,6 +2197,68 @@ func (x *GetConfigStatusResponse) GetCreditFreeze() *CreditFreeze {
 	return nil
 }
 
+func (x *GetConfigStatusResponse) GetSharedShards() []*SharedShard {
+	if x != nil {
+		return x.SharedShards
+	}
+	return nil
+}
+
+// SharedShard is one shard of the shared state as this replica sees it.
+type SharedShard struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The shard's name: its master's address.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Its breaker is open: its tenants decide on their fail modes.
+	Down          bool `protobuf:"varint,2,opt,name=down,proto3" json:"down,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SharedShard) Reset() {
+	*x = SharedShard{}
+	mi := &file_admission_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SharedShard) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SharedShard) ProtoMessage() {}
+
+func (x *SharedShard) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SharedShard.ProtoReflect.Descriptor instead.
+func (*SharedShard) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SharedShard) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SharedShard) GetDown() bool {
+	if x != nil {
+		return x.Down
+	}
+	return false
+}
+
 // ExplainAdmitResponse is what Admit would do with a request now.
 type ExplainAdmitResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2222,7 +2287,7 @@ type ExplainAdmitResponse struct {
 
 func (x *ExplainAdmitResponse) Reset() {
 	*x = ExplainAdmitResponse{}
-	mi := &file_admission_proto_msgTypes[25]
+	mi := &file_admission_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2299,7 @@ func (x *ExplainAdmitResponse) String() string {
 func (*ExplainAdmitResponse) ProtoMessage() {}
 
 func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[25]
+	mi := &file_admission_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2312,7 @@ func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainAdmitResponse.ProtoReflect.Descriptor instead.
 func (*ExplainAdmitResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{25}
+	return file_admission_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExplainAdmitResponse) GetOutcome() string {
@@ -2332,7 +2397,7 @@ type GateCheck struct {
 
 func (x *GateCheck) Reset() {
 	*x = GateCheck{}
-	mi := &file_admission_proto_msgTypes[26]
+	mi := &file_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2344,7 +2409,7 @@ func (x *GateCheck) String() string {
 func (*GateCheck) ProtoMessage() {}
 
 func (x *GateCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[26]
+	mi := &file_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2357,7 +2422,7 @@ func (x *GateCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateCheck.ProtoReflect.Descriptor instead.
 func (*GateCheck) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{26}
+	return file_admission_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GateCheck) GetGate() string {
@@ -2418,7 +2483,7 @@ type PlacementCheck struct {
 
 func (x *PlacementCheck) Reset() {
 	*x = PlacementCheck{}
-	mi := &file_admission_proto_msgTypes[27]
+	mi := &file_admission_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2430,7 +2495,7 @@ func (x *PlacementCheck) String() string {
 func (*PlacementCheck) ProtoMessage() {}
 
 func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[27]
+	mi := &file_admission_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2443,7 +2508,7 @@ func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementCheck.ProtoReflect.Descriptor instead.
 func (*PlacementCheck) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{27}
+	return file_admission_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PlacementCheck) GetModel() string {
@@ -2623,7 +2688,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\x12*\n" +
-	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf4\x02\n" +
+	"\x02at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x03\n" +
 	"\x17GetConfigStatusResponse\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x129\n" +
@@ -2632,7 +2697,11 @@ const file_admission_proto_rawDesc = "" +
 	"\flast_refusal\x18\x04 \x01(\v2\".sluice.admission.v1.ConfigRefusalR\vlastRefusal\x126\n" +
 	"\x17control_plane_connected\x18\x05 \x01(\bR\x15controlPlaneConnected\x12#\n" +
 	"\rcontrol_plane\x18\x06 \x01(\tR\fcontrolPlane\x12F\n" +
-	"\rcredit_freeze\x18\a \x01(\v2!.sluice.admission.v1.CreditFreezeR\fcreditFreeze\"\xa0\x03\n" +
+	"\rcredit_freeze\x18\a \x01(\v2!.sluice.admission.v1.CreditFreezeR\fcreditFreeze\x12E\n" +
+	"\rshared_shards\x18\b \x03(\v2 .sluice.admission.v1.SharedShardR\fsharedShards\"5\n" +
+	"\vSharedShard\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04down\x18\x02 \x01(\bR\x04down\"\xa0\x03\n" +
 	"\x14ExplainAdmitResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\tR\aoutcome\x123\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\x06reason\x12:\n" +
@@ -2714,7 +2783,7 @@ func file_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_admission_proto_goTypes = []any{
 	(Priority)(0),                     // 0: sluice.admission.v1.Priority
 	(Decision)(0),                     // 1: sluice.admission.v1.Decision
@@ -2745,69 +2814,71 @@ var file_admission_proto_goTypes = []any{
 	(*GetConfigStatusRequest)(nil),    // 26: sluice.admission.v1.GetConfigStatusRequest
 	(*ConfigRefusal)(nil),             // 27: sluice.admission.v1.ConfigRefusal
 	(*GetConfigStatusResponse)(nil),   // 28: sluice.admission.v1.GetConfigStatusResponse
-	(*ExplainAdmitResponse)(nil),      // 29: sluice.admission.v1.ExplainAdmitResponse
-	(*GateCheck)(nil),                 // 30: sluice.admission.v1.GateCheck
-	(*PlacementCheck)(nil),            // 31: sluice.admission.v1.PlacementCheck
-	(*durationpb.Duration)(nil),       // 32: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
+	(*SharedShard)(nil),               // 29: sluice.admission.v1.SharedShard
+	(*ExplainAdmitResponse)(nil),      // 30: sluice.admission.v1.ExplainAdmitResponse
+	(*GateCheck)(nil),                 // 31: sluice.admission.v1.GateCheck
+	(*PlacementCheck)(nil),            // 32: sluice.admission.v1.PlacementCheck
+	(*durationpb.Duration)(nil),       // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
 }
 var file_admission_proto_depIdxs = []int32{
 	0,  // 0: sluice.admission.v1.AdmitRequest.priority:type_name -> sluice.admission.v1.Priority
 	1,  // 1: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
 	2,  // 2: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	32, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	32, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
+	33, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	33, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
 	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
-	32, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
+	33, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
 	3,  // 7: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	32, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	32, // 9: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
-	33, // 10: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	33, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	33, // 9: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
+	34, // 10: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
 	9,  // 11: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
 	13, // 12: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	33, // 13: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
-	32, // 14: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
+	34, // 13: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
+	33, // 14: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
 	13, // 15: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
 	9,  // 16: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	9,  // 17: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	10, // 18: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
 	10, // 19: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	33, // 20: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	33, // 21: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	34, // 20: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	34, // 21: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
 	27, // 22: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
 	13, // 23: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	2,  // 24: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	32, // 25: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	32, // 26: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
-	30, // 27: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
-	31, // 28: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
-	4,  // 29: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 30: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 31: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	18, // 32: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	20, // 33: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	22, // 34: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	24, // 35: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	26, // 36: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	4,  // 37: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
-	14, // 38: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
-	16, // 39: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
-	5,  // 40: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 41: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 42: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	19, // 43: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	21, // 44: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	23, // 45: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	25, // 46: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	28, // 47: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	29, // 48: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
-	15, // 49: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
-	17, // 50: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
-	40, // [40:51] is the sub-list for method output_type
-	29, // [29:40] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	29, // 24: sluice.admission.v1.GetConfigStatusResponse.shared_shards:type_name -> sluice.admission.v1.SharedShard
+	2,  // 25: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
+	33, // 26: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	33, // 27: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
+	31, // 28: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
+	32, // 29: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
+	4,  // 30: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	7,  // 31: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	11, // 32: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	18, // 33: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	20, // 34: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	22, // 35: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	24, // 36: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	26, // 37: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	4,  // 38: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
+	14, // 39: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
+	16, // 40: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
+	5,  // 41: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	8,  // 42: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	12, // 43: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	19, // 44: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	21, // 45: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	23, // 46: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	25, // 47: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	28, // 48: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	30, // 49: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
+	15, // 50: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
+	17, // 51: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
+	41, // [41:52] is the sub-list for method output_type
+	30, // [30:41] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
@@ -2821,7 +2892,7 @@ func file_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admission_proto_rawDesc), len(file_admission_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

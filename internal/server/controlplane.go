@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/internal/config"
@@ -62,8 +63,9 @@ type controlPlane struct {
 
 // statusSource adapts controlplane.Status to the Operator's port.
 type statusSource struct {
-	st   *controlplane.Status
-	etcd bool // the server uses etcd (--etcd)
+	st     *controlplane.Status
+	etcd   bool // the server uses etcd (--etcd)
+	shared func() (admission.SharedStatus, bool)
 }
 
 // ConfigStatus implements grpcserver.ConfigStatusSource. Without etcd there
@@ -78,6 +80,11 @@ func (s statusSource) ConfigStatus() grpcserver.ConfigStatus {
 	}
 	if r := v.LastRefusal; r != nil {
 		out.LastRefusal = r
+	}
+	if s.shared != nil {
+		if st, ok := s.shared(); ok {
+			out.SharedShards = st.Shards
+		}
 	}
 	return out
 }
@@ -103,7 +110,7 @@ func (s *Server) newConfigStatus(cfgName string) grpcserver.RegisterOption {
 	}
 	s.cp.status = controlplane.NewStatus(source, s.opts.Clock.Now(), m)
 	s.cp.metrics = m
-	return grpcserver.WithConfigStatus(statusSource{st: s.cp.status, etcd: etcd})
+	return grpcserver.WithConfigStatus(statusSource{st: s.cp.status, etcd: etcd, shared: s.sharedStatus})
 }
 
 // startControlPlane connects to etcd when --etcd is set, registers the

@@ -156,6 +156,36 @@ func (s *Server) setReplicaCount(n int) {
 	}
 }
 
+// sharedStatus is the engine's shared-state status (ok false without
+// shared state, or before the engine is built).
+func (s *Server) sharedStatus() (admission.SharedStatus, bool) {
+	if s.eng == nil {
+		return admission.SharedStatus{}, false
+	}
+	return s.eng.SharedStatus()
+}
+
+// shardCollector exports sluice_shared_shard_up per shard of a sharded
+// store: the shards come and go with the cluster's masters.
+type shardCollector struct {
+	status func() admission.SharedStatus
+	desc   *prometheus.Desc
+}
+
+// Describe implements prometheus.Collector.
+func (c shardCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c shardCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, sh := range c.status().Shards {
+		up := 1.0
+		if sh.Down {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, up, sh.Name)
+	}
+}
+
 // registerSharedMetrics exports the shared-state link: breaker, fallback
 // time, reconcile lag, overage applied and Redis calls per decision.
 func (s *Server) registerSharedMetrics(reg *prometheus.Registry) {
@@ -165,7 +195,10 @@ func (s *Server) registerSharedMetrics(reg *prometheus.Registry) {
 	}
 	status := func() admission.SharedStatus { st, _ := eng.SharedStatus(); return st }
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_shared_breaker_open", Help: "1 while the breaker around Redis is open (decisions use the local slices and the tiers' fail modes)."},
+		shardCollector{status: status, desc: prometheus.NewDesc("sluice_shared_shard_up",
+			"Per shard of a sharded store (a Redis Cluster master): 0 while its breaker is open (its tenants and domains decide on their fail modes), 1 otherwise.",
+			[]string{"shard"}, nil)},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_shared_breaker_open", Help: "1 while the breaker around Redis (batched: around any shard) is open (decisions use the local slices and the tiers' fail modes)."},
 			func() float64 {
 				if status().BreakerOpen {
 					return 1

@@ -45,6 +45,7 @@ type Store struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // rdb, when it is a Cluster client
 	prefix  string
+	nodes   sync.Map // master address → its *redis.Client, as Shard found them
 }
 
 // New returns a store keeping its keys under hash tags that start with
@@ -81,7 +82,11 @@ func (s *Store) Shard(k string) string {
 	if err != nil {
 		return "" // no slot map yet: the call finds its node by itself
 	}
-	return c.Options().Addr
+	addr := c.Options().Addr
+	if _, ok := s.nodes.Load(addr); !ok {
+		s.nodes.Store(addr, c)
+	}
+	return addr
 }
 
 // Load loads the scripts (SCRIPT LOAD) on every master, so that the first
@@ -110,6 +115,16 @@ func resume(r bool) string {
 		return "1"
 	}
 	return "0"
+}
+
+// reloadSlots has a Cluster client read the slot map again, in the
+// background: a call sent straight to a node (not through the client,
+// which would follow MOVED itself) failed or found a key gone, after a
+// failover or a slot migration.
+func (s *Store) reloadSlots() {
+	if s.cluster != nil {
+		s.cluster.ReloadState(context.Background())
+	}
 }
 
 // group is the part of a call that one node serves: the indices of its
@@ -161,6 +176,9 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		keys = append(keys, s.Key(g.Key))
 	}
 	if len(keys) == 0 {
+		if err := s.pingShard(ctx, req.Shard); err != nil {
+			return nil, fmt.Errorf("redis: reconcile: %w", err)
+		}
 		return &admission.ReconcileReply{}, nil
 	}
 	groups, err := s.groups(ctx, keys)
@@ -175,10 +193,12 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		s.reloadSlots()
 		return nil, fmt.Errorf("redis: reconcile: %w", err)
 	}
 	for i := range res {
 		if res[i] == nil {
+			s.reloadSlots()
 			if err := s.reconcileOn(ctx, s.rdb, req, keys, []int{i}, res); err != nil {
 				return nil, fmt.Errorf("redis: reconcile: %s: %w", keys[i], err)
 			}
@@ -302,6 +322,7 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 		args = append(args, lease, itoa(c.KV.Limit), itoa(c.KV.Bytes), micros(c.KV.TTL))
 		res, err := commitScript.Run(ctx, g.node, keys[g.at[0]:g.at[0]+1], args...).Int64Slice()
 		if err != nil {
+			s.reloadSlots()
 			return admission.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
 		}
 		switch {
@@ -346,6 +367,19 @@ func (s *Store) giveBack(ctx context.Context, c *admission.StrictCharge, keys []
 	for _, g := range taken {
 		_ = s.settleOn(ctx, g.node, keys, g.at, c.Takes, "", "", "")
 	}
+}
+
+// pingShard checks that the master at addr answers (every master where
+// addr is unknown, the store where it is not a Cluster).
+func (s *Store) pingShard(ctx context.Context, addr string) error {
+	if c, ok := s.nodes.Load(addr); ok && addr != "" {
+		if err := c.(*redis.Client).Ping(ctx).Err(); err != nil {
+			s.reloadSlots()
+			return fmt.Errorf("ping %s: %w", addr, err)
+		}
+		return nil
+	}
+	return s.Ping(ctx)
 }
 
 // Ping implements admission.SharedState.
@@ -415,6 +449,7 @@ func (s *Store) settleOn(ctx context.Context, node redis.Scripter, keys []string
 	}
 	held, err := settleScript.Run(ctx, node, []string{route}, args...).Int64()
 	if err != nil {
+		s.reloadSlots()
 		return err
 	}
 	if held == 0 {
