@@ -189,23 +189,21 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	errs := make([]error, len(groups))
 	var wg sync.WaitGroup
 	for gi, g := range groups {
-		wg.Go(func() { errs[gi] = s.reconcileOn(ctx, g.node, req, keys, g.at, res) })
+		wg.Go(func() {
+			err := s.reconcileOn(ctx, g.node, req, keys, g.at, res)
+			if isRedirect(err) {
+				err = nil // nothing ran: its keys go again through the client
+			}
+			errs[gi] = err
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		s.reloadSlots()
 		return nil, fmt.Errorf("redis: reconcile: %w", err)
 	}
-	for i := range res {
-		if res[i] == nil {
-			s.reloadSlots()
-			if err := s.reconcileOn(ctx, s.rdb, req, keys, []int{i}, res); err != nil {
-				return nil, fmt.Errorf("redis: reconcile: %s: %w", keys[i], err)
-			}
-			if res[i] == nil {
-				return nil, fmt.Errorf("redis: reconcile: %s: not served by the node its slot maps to", keys[i])
-			}
-		}
+	if err := s.resend(ctx, req, keys, res); err != nil {
+		return nil, fmt.Errorf("redis: reconcile: %w", err)
 	}
 	rep := &admission.ReconcileReply{
 		Buckets: make([]admission.BucketGrant, nb),
@@ -231,6 +229,48 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		rep.Gauges[i] = v
 	}
 	return rep, nil
+}
+
+// isRedirect reports whether err is a Cluster redirection (MOVED, ASK):
+// the script's routing key is elsewhere, and nothing ran.
+func isRedirect(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
+}
+
+// resend sends the keys no node answered for (their slot moved since the
+// slot map was read) through the client, which follows MOVED and ASK: one
+// call for all of them, routed by the first, again for those its node did
+// not serve either, while each call answers some.
+func (s *Store) resend(ctx context.Context, req *admission.ReconcileRequest, keys []string, res []any) error {
+	var pending []int
+	for i := range res {
+		if res[i] == nil {
+			pending = append(pending, i)
+		}
+	}
+	if len(pending) > 0 {
+		s.reloadSlots()
+	}
+	for len(pending) > 0 {
+		if err := s.reconcileOn(ctx, s.rdb, req, keys, pending, res); err != nil {
+			return fmt.Errorf("%s: %w", keys[pending[0]], err)
+		}
+		left := pending[:0]
+		for _, i := range pending {
+			if res[i] == nil {
+				left = append(left, i)
+			}
+		}
+		if len(left) == len(pending) {
+			return fmt.Errorf("%s: not served by the node its slot maps to", keys[pending[0]])
+		}
+		pending = left
+	}
+	return nil
 }
 
 // reconcileOn runs the reconcile script on one node for the request's

@@ -35,6 +35,7 @@ type Server struct {
 	dir     string
 	cmd     *exec.Cmd
 	cluster bool
+	extra   []string // more redis-server arguments (a sharded cluster node's)
 }
 
 // Start starts redis-server (no persistence) and registers its stop.
@@ -94,6 +95,7 @@ func (s *Server) start() {
 	if s.cluster {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", s.dir+"/nodes.conf")
 	}
+	args = append(args, s.extra...)
 	s.cmd = exec.Command("redis-server", args...)
 	out, err := s.cmd.StdoutPipe()
 	if err != nil {
