@@ -207,3 +207,44 @@ func TestUnusedDomainsAreReportedEveryHalfHold(t *testing.T) {
 		t.Errorf("%d domain bucket reports in the round after an admission, want the used domain's two at least", got)
 	}
 }
+
+// A tenant that takes a little of what it holds here each round (the
+// most of a fleet's tenants) is not reported every round: its buckets
+// pause at their level. Once it takes a real part of it, the next round
+// reports it.
+func TestQuietTenantsAreLeftOut(t *testing.T) {
+	f := newShardedFleet(t, 1, 1)
+	e := f.engines[0]
+	tenantReports := func() (n int) {
+		for _, c := range f.counting {
+			for _, r := range c.Reports() {
+				n += r.TenantBuckets
+			}
+		}
+		return n
+	}
+	for range 12 { // past its first second
+		f.admit(t, e, "o1")
+		f.round()
+	}
+	before := tenantReports()
+	for range 20 {
+		if d := f.admit(t, e, "o1"); d.Outcome != admission.Admitted {
+			t.Fatalf("o1: %v %v", d.Outcome, d.Reason)
+		}
+		f.round()
+	}
+	if got := tenantReports() - before; got != 0 {
+		t.Errorf("%d tenant bucket reports over 20 rounds of one request each (100 of 100,000 tokens), want none: a quiet tenant is left out", got)
+	}
+	for range 200 { // 20,000 tokens: a fifth of its level
+		if d := f.admit(t, e, "o1"); d.Outcome != admission.Admitted {
+			t.Fatalf("o1: %v %v", d.Outcome, d.Reason)
+		}
+	}
+	before = tenantReports()
+	f.round()
+	if got := tenantReports() - before; got != 2 {
+		t.Errorf("%d tenant bucket reports in the round after o1 took a fifth of its level, want its 2 buckets", got)
+	}
+}

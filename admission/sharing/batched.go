@@ -16,6 +16,16 @@ const (
 	// idleRounds is how many reconcile intervals a tenant must be idle
 	// here before it stops being reported.
 	idleRounds = 10
+	// quietShare: a tenant that took at most 1/quietShare of its level
+	// here since its last report is not reported (see leftOutLocked).
+	quietShare = 8
+	// maxCallTenants bounds the tenants one call reports (after the
+	// domains): a call to a shard holds its single thread for the whole
+	// batch, so an unbounded one (many tenants new at once, or back from
+	// a failure with everything unacknowledged) would time out, and its
+	// tenants, unacknowledged, would all be reported again. Those left
+	// over go in the next rounds, in map order.
+	maxCallTenants = 1024
 	// pruneEvery is how often entries of buckets that are gone are forgotten.
 	pruneEvery = time.Minute
 	// staleRounds is how many intervals of silence drop a replica out of
@@ -283,26 +293,6 @@ func (s *batchedState) reconcileOn(ctx context.Context, sh *shard) (*ReconcileRe
 // shard's breaker held its part back.
 func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 	s.beginRoundLocked()
-	for t := range s.v.TenantsLocked() {
-		name := t.Name()
-		// Every shard holding a tenant here, idle or not, is called each
-		// round: its answer (or its failure) is what thaws an idle tenant
-		// in an outage.
-		sh := s.partLocked(s.shardOf(tenantKey(name, KindRPS)))
-		if s.idleLocked(now, t) || sh == nil {
-			continue
-		}
-		for k, b := range t.Buckets() {
-			rate, burst := t.Limits(Kind(k))
-			if rate == 0 && burst == 0 {
-				continue
-			}
-			ek := entryKey{name, Kind(k)}
-			sh.tenants = append(sh.tenants, tenantRound{t: t, b: b, rate: rate, at: len(sh.req.Buckets)})
-			sh.req.Buckets = append(sh.req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.Created()))
-			sh.tenants[len(sh.tenants)-1].en = s.entries[ek]
-		}
-	}
 	hold := s.holdFor(s.v.LeaseTTLLocked())
 	for d := range s.v.DomainsLocked() {
 		if d.Removed() {
@@ -329,6 +319,29 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 		sh.req.Gauges = append(sh.req.Gauges, GaugeReport{Key: kvKey(d.ID()), Limit: kvLimit, Held: kvUsed, Share: decode.Demand, TTL: hold})
 		a := s.domains[d.ID()]
 		a.reportedAt, a.kvHeld = now, kvUsed
+	}
+	for t := range s.v.TenantsLocked() {
+		name := t.Name()
+		// Every shard holding a tenant here, idle or not, is called each
+		// round: its answer (or its failure) is what thaws an idle tenant
+		// in an outage.
+		sh := s.partLocked(s.shardOf(tenantKey(name, KindRPS)))
+		if s.leftOutLocked(now, t) || sh == nil {
+			continue
+		}
+		if len(sh.tenants) >= maxCallTenants {
+			continue // the next round's: a call's length stays bounded
+		}
+		for k, b := range t.Buckets() {
+			rate, burst := t.Limits(Kind(k))
+			if rate == 0 && burst == 0 {
+				continue
+			}
+			ek := entryKey{name, Kind(k)}
+			sh.tenants = append(sh.tenants, tenantRound{t: t, b: b, rate: rate, at: len(sh.req.Buckets)})
+			sh.req.Buckets = append(sh.req.Buckets, s.report(now, ek, t, b, rate, burst, now-t.Created()))
+			sh.tenants[len(sh.tenants)-1].en = s.entries[ek]
+		}
 	}
 	s.pruneLocked(now)
 	return s.endRoundLocked()
@@ -462,24 +475,44 @@ func (s *batchedState) activityOf(t Tenant) *tenantActivity {
 	return a
 }
 
-// idleLocked reports whether a tenant has been idle here for idleRounds
-// intervals: nothing taken, nothing refused, nothing unacknowledged. An
-// idle tenant is not reported (a round costs the store per bucket, and a
-// replica sees many tenants come and go); its buckets stop refilling at
-// their grant, keeping the level they had, so that a share nobody is
-// accounting for cannot grow. Its next take or refusal makes it active
-// and reported again.
-func (s *batchedState) idleLocked(now int64, t Tenant) bool {
+// leftOutLocked reports whether this round leaves tenant t out. A tenant
+// is left out when it is idle here (nothing taken, nothing refused,
+// nothing unacknowledged for idleRounds intervals) or quiet: since its
+// last report it took at most 1/quietShare of each bucket's level here,
+// and that level is at least 1/(4N) of the burst, so that the store's
+// count of it is off by little. Most of a fleet's tenants are far under
+// their quotas, and reporting each of them every interval made a round's
+// size grow with the tenants (CockroachDB's pods likewise ask for tokens
+// when their local bucket runs low, not every interval).
+//
+// A tenant left out stops refilling at its grant, keeping its level, so
+// that a share nobody is accounting for cannot grow (the store drops a
+// replica silent for Stale from the shares). Once it takes more, runs
+// low, or is refused, it is reported and granted again.
+func (s *batchedState) leftOutLocked(now int64, t Tenant) bool {
 	a := s.activityOf(t)
-	active := a.want || now-t.Created() < idleRounds*int64(s.opts.Interval)
+	active := a.want
 	a.want = false
+	young := now-t.Created() < idleRounds*int64(s.opts.Interval)
+	used := false
 	for k, b := range t.Buckets() {
-		if rate, burst := t.Limits(Kind(k)); rate == 0 && burst == 0 {
+		rate, burst := t.Limits(Kind(k))
+		if rate == 0 && burst == 0 {
 			continue
 		}
 		en := s.entries[entryKey{t.Name(), Kind(k)}]
-		if en == nil || en.owner != t || !en.started || en.unacked != 0 || en.rem != 0 || b.Taken() != en.lastTaken {
+		if en == nil || en.owner != t || !en.started || en.unacked != 0 {
 			active = true
+			break
+		}
+		taken := b.Taken() - en.lastTaken + en.rem
+		if taken == 0 {
+			continue
+		}
+		used = true
+		level := b.Level(now)
+		if quietShare*abs(taken) > level || 4*int64(s.replicas)*level < burst {
+			active = true // it took a real part of what it holds, or runs low
 			break
 		}
 	}
@@ -487,8 +520,10 @@ func (s *batchedState) idleLocked(now int64, t Tenant) bool {
 		a.activeAt, a.frozen = now, false
 		return false
 	}
-	if now-a.activeAt < idleRounds*int64(s.opts.Interval) {
-		return false
+	if used {
+		a.activeAt = now
+	} else if young || !a.frozen && now-a.activeAt < idleRounds*int64(s.opts.Interval) {
+		return false // new, or it just stopped: its reports tell the store so
 	}
 	if !a.frozen {
 		for k, b := range t.Buckets() {
@@ -500,6 +535,13 @@ func (s *batchedState) idleLocked(now int64, t Tenant) bool {
 		a.frozen = true
 	}
 	return true
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 // pruneLocked forgets, every pruneEvery, the entries whose bucket is gone
