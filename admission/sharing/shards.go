@@ -2,6 +2,7 @@ package sharing
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -170,14 +171,6 @@ func (s *batchedState) Status() (Status, bool) {
 		}
 	}
 	s.v.Unlock()
-	slices.SortFunc(st.Shards, func(a, b ShardStatus) int {
-		switch {
-		case a.Name < b.Name:
-			return -1
-		case a.Name > b.Name:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(st.Shards, func(a, b ShardStatus) int { return strings.Compare(a.Name, b.Name) })
 	return st, true
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
+	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
 // shardedStore starts a Redis Cluster and returns it with a store on a
@@ -72,6 +73,53 @@ func reconcileRequest(buckets []admission.BucketReport, gauges []admission.Gauge
 // checkReply says how rep is not the answer to req ("" when it is): in the
 // request's order, each bucket granted its whole rate with a level share
 // within [burst − unacked, burst], each gauge its whole limit.
+// reconcileLoop reconciles next(i), i = 0, 1, …, in the background until
+// end, counting the rounds and what went wrong in each.
+type reconcileLoop struct {
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	rounds   atomic.Int64
+	mu       sync.Mutex
+	failures []string
+}
+
+func startReconcileLoop(ctx context.Context, st *redisstate.Store, next func(i int) *admission.ReconcileRequest) *reconcileLoop {
+	l := &reconcileLoop{stop: make(chan struct{})}
+	l.wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-l.stop:
+				return
+			default:
+			}
+			if why := reconcileOnce(ctx, st, next(i)); why != "" {
+				l.mu.Lock()
+				l.failures = append(l.failures, why)
+				l.mu.Unlock()
+			}
+			l.rounds.Add(1)
+		}
+	})
+	return l
+}
+
+// end stops the loop and returns its rounds and failures.
+func (l *reconcileLoop) end() (rounds int64, failures []string) {
+	close(l.stop)
+	l.wg.Wait()
+	return l.rounds.Load(), l.failures
+}
+
+// reconcileOnce sends req and says what is wrong with the answer ("" if
+// nothing is).
+func reconcileOnce(ctx context.Context, st *redisstate.Store, req *admission.ReconcileRequest) string {
+	rep, err := st.Reconcile(ctx, req)
+	if err != nil {
+		return err.Error()
+	}
+	return checkReply(req, rep)
+}
+
 func checkReply(req *admission.ReconcileRequest, rep *admission.ReconcileReply) string {
 	if len(rep.Buckets) != len(req.Buckets) || len(rep.Gauges) != len(req.Gauges) {
 		return fmt.Sprintf("%d grants and %d gauges for %d buckets and %d gauges", len(rep.Buckets), len(rep.Gauges), len(req.Buckets), len(req.Gauges))
@@ -177,39 +225,12 @@ func TestClusterReconcileDuringReshard(t *testing.T) {
 		before[b.Key] = c.MasterOf(st.Key(b.Key))
 	}
 
-	stop := make(chan struct{})
-	var rounds atomic.Int64
-	var mu sync.Mutex
-	var failures []string
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			at := (i * 37) % len(all)
-			req := reconcileRequest(append(slices.Clone(all[at:]), all[:at]...), nil)
-			rep, err := st.Reconcile(ctx, req)
-			why := ""
-			switch {
-			case err != nil:
-				why = err.Error()
-			default:
-				why = checkReply(req, rep)
-			}
-			if why != "" {
-				mu.Lock()
-				failures = append(failures, why)
-				mu.Unlock()
-			}
-			rounds.Add(1)
-		}
+	loop := startReconcileLoop(ctx, st, func(i int) *admission.ReconcileRequest {
+		at := (i * 37) % len(all)
+		return reconcileRequest(append(slices.Clone(all[at:]), all[:at]...), nil)
 	})
 	err := c.Reshard(from, to, 500)
-	close(stop)
-	wg.Wait()
+	rounds, failures := loop.end()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,12 +242,12 @@ func TestClusterReconcileDuringReshard(t *testing.T) {
 			stayed = append(stayed, b)
 		}
 	}
-	t.Logf("%d rounds during the reshard; %d of %d tenants moved from %s to %s", rounds.Load(), len(moved), len(all), from, to)
-	if len(moved) == 0 || rounds.Load() < 3 {
-		t.Fatalf("%d tenants moved, %d rounds ran during the reshard: it tested nothing", len(moved), rounds.Load())
+	t.Logf("%d rounds during the reshard; %d of %d tenants moved from %s to %s", rounds, len(moved), len(all), from, to)
+	if len(moved) == 0 || rounds < 3 {
+		t.Fatalf("%d tenants moved, %d rounds ran during the reshard: it tested nothing", len(moved), rounds)
 	}
 	if len(failures) > 0 {
-		t.Errorf("%d of %d Reconciles failed during the reshard; first: %s", len(failures), rounds.Load(), failures[0])
+		t.Errorf("%d of %d Reconciles failed during the reshard; first: %s", len(failures), rounds, failures[0])
 	}
 	// The idle store's first request, the moved tenants first: its slot
 	// map still puts them on the old master, and its call there is routed
@@ -401,72 +422,31 @@ func TestClusterReconcileDuringFailover(t *testing.T) {
 		t.Fatalf("%d of %d tenants off the victim %s", len(others), len(all), victim)
 	}
 
-	stop := make(chan struct{})
-	var rounds atomic.Int64
-	var mu sync.Mutex
-	var failures []string
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			req := reconcileRequest(others, nil)
-			rep, err := st.Reconcile(ctx, req)
-			why := ""
-			if err != nil {
-				why = err.Error()
-			} else {
-				why = checkReply(req, rep)
-			}
-			if why != "" {
-				mu.Lock()
-				failures = append(failures, why)
-				mu.Unlock()
-			}
-			rounds.Add(1)
-		}
-	})
+	loop := startReconcileLoop(ctx, st, func(int) *admission.ReconcileRequest { return reconcileRequest(others, nil) })
 	killed := time.Now()
 	c.Kill(victim)
 	promoted := c.WaitFailover(victim, 15*time.Second)
 	failedOver := time.Since(killed)
 
 	// Every tenant again, the victim's included, within a few seconds.
-	deadline := time.Now().Add(5 * time.Second)
 	var lastErr, firstErr string
 	tries := 0
-	for {
+	testwait.Until(t, 5*time.Second, "every tenant answered after the failover", func() bool {
 		tries++
-		req := reconcileRequest(all, nil)
-		rep, err := st.Reconcile(ctx, req)
-		if err == nil {
-			lastErr = checkReply(req, rep)
-		} else {
-			lastErr = err.Error()
-		}
+		lastErr = reconcileOnce(ctx, st, reconcileRequest(all, nil))
 		if firstErr == "" {
 			firstErr = lastErr
 		}
-		if lastErr == "" || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
+		return lastErr == ""
+	})
+	rounds, failures := loop.end()
 	t.Logf("every tenant answered after %d tries (first: %q)", tries, firstErr)
-	t.Logf("failover to %s took %v; %d rounds for the other masters' tenants meanwhile", promoted, failedOver, rounds.Load())
-	if rounds.Load() < 3 {
-		t.Errorf("only %d rounds ran during the failover", rounds.Load())
+	t.Logf("failover to %s took %v; %d rounds for the other masters' tenants meanwhile", promoted, failedOver, rounds)
+	if rounds < 3 {
+		t.Errorf("only %d rounds ran during the failover", rounds)
 	}
 	if len(failures) > 0 {
-		t.Errorf("%d of %d Reconciles of the other masters' tenants failed during the failover; first: %s", len(failures), rounds.Load(), failures[0])
-	}
-	if lastErr != "" {
-		t.Errorf("every tenant, 5 s after the failover to %s: %s", promoted, lastErr)
+		t.Errorf("%d of %d Reconciles of the other masters' tenants failed during the failover; first: %s", len(failures), rounds, failures[0])
 	}
 	if got := st.Shard(all[0].Key); got != promoted {
 		t.Errorf("after the failover Shard(%s) = %q, want the promoted %s", all[0].Key, got, promoted)

@@ -14,7 +14,9 @@ import (
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology"
+	"golang.org/x/time/rate"
 )
 
 // clusterTenants is how many tenants the cluster fleet keeps active
@@ -95,9 +97,11 @@ tenants:
 }
 
 // load admits one request for every tenant in turn, over and over (each
-// tenant about once every half second: active, far under its quota).
+// tenant about once every half second at 2,000: active, under its quota).
 func (f *clusterFleet) load(ctx context.Context, e *admission.Engine, offset int) {
-	for i := offset; ctx.Err() == nil; i++ {
+	// Paced, to leave the cores to Redis and the rounds.
+	pace := rate.NewLimiter(4000, 50)
+	for i := offset; pace.Wait(ctx) == nil; i++ {
 		name := fmt.Sprintf("o%d", i%(f.tenants/2))
 		if i%2 == 1 {
 			name = "c" + name[1:]
@@ -117,9 +121,6 @@ func (f *clusterFleet) load(ctx context.Context, e *admission.Engine, offset int
 		if admitted(d) {
 			_, _ = e.Release(ctx, admission.Release{LeaseID: d.LeaseID, PromptTokens: 50, OutputTokens: 50})
 		}
-		if i%50 == 0 {
-			time.Sleep(10 * time.Millisecond) // leave the cores to Redis and the rounds
-		}
 	}
 }
 
@@ -130,6 +131,14 @@ func (f *clusterFleet) take() (map[string]int, int) {
 	r, a := f.refused, f.admitted
 	f.refused, f.admitted = make(map[string]int), 0
 	return r, a
+}
+
+// rounds waits until every replica has reconciled n more rounds with
+// every shard (3n store calls each).
+func (f *clusterFleet) rounds(t *testing.T, n int) {
+	t.Helper()
+	want := f.calls() + uint64(3*n*len(f.engines))
+	testwait.Until(t, time.Duration(n)*time.Second, fmt.Sprintf("%d rounds", n), func() bool { return f.calls() >= want })
 }
 
 // calls sums the replicas' store calls.
@@ -150,11 +159,17 @@ func (f *clusterFleet) calls() (n uint64) {
 // fail modes, and everything is served again after the failover.
 func TestClusterFleet(t *testing.T) {
 	f := startClusterFleet(t)
-	waitFor(3 * time.Second) // every tenant active and reported
+	testwait.Until(t, 30*time.Second, "every tenant's keys in Redis", func() bool {
+		var n int64
+		for _, k := range f.c.KeysPerMaster() {
+			n += k
+		}
+		return 10*n >= 9*int64(f.tenants)
+	})
 	f.c.ResetStats()
 	f.take()
 	calls0, t0 := f.calls(), time.Now()
-	waitFor(5 * time.Second)
+	f.rounds(t, 50)
 	calls, secs := f.calls()-calls0, time.Since(t0).Seconds()
 	keys, cmds := f.c.KeysPerMaster(), f.c.CommandsPerMaster()
 	refused, admittedN := f.take()
@@ -183,7 +198,7 @@ func TestClusterFleet(t *testing.T) {
 	if err := f.c.Reshard(from, to, 100); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(time.Second)
+	f.rounds(t, 10)
 	refused, _ = f.take()
 	t.Logf("resharded 100 slots %s → %s: %d failed store calls, %d tenants refused", from, to, failures()-before, len(refused))
 	if len(refused) != 0 {
@@ -202,7 +217,16 @@ func TestClusterFleet(t *testing.T) {
 	killed := time.Now()
 	promoted := f.c.WaitFailover(victim, 15*time.Second)
 	failover := time.Since(killed)
-	waitFor(3 * time.Second) // the replicas find the new master
+	// The replicas find the new master.
+	testwait.Until(t, 10*time.Second, "every breaker closed after the failover", func() bool {
+		for _, e := range f.engines {
+			if st, _ := e.SharedStatus(); st.BreakerOpen {
+				return false
+			}
+		}
+		return true
+	})
+	f.rounds(t, 10)
 	refused, _ = f.take()
 	var others []string
 	for name := range refused {
@@ -215,11 +239,10 @@ func TestClusterFleet(t *testing.T) {
 	if len(others) != 0 {
 		t.Errorf("tenants on the masters that stayed up were refused during the failover: %v", others[:min(len(others), 10)])
 	}
-	waitFor(2 * time.Second)
+	f.rounds(t, 20)
 	if refused, _ := f.take(); len(refused) != 0 {
-		t.Errorf("%d tenants still refused 5 s after the failover: %v", len(refused), sample(refused))
+		t.Errorf("%d tenants still refused 20 rounds after the failover: %v", len(refused), sample(refused))
 	}
-
 }
 
 func busiestOverMean(per map[string]int64) float64 {
