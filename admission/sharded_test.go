@@ -12,11 +12,13 @@ import (
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology/topologytest"
 )
 
 // shardedFleet is n batched engines sharing a store of three shards, on a
-// manual clock: tenants o0…o29 fail open, c0…c29 fail closed.
+// manual clock: tenants o0…o29 fail open, c0…c29 fail closed. tune, if
+// given, changes the engines' shared options.
 type shardedFleet struct {
 	clk      *clock.Manual
 	store    *admissiontest.Sharded
@@ -26,7 +28,7 @@ type shardedFleet struct {
 
 var shardNames = []string{"s0", "s1", "s2"}
 
-func newShardedFleet(t *testing.T, n, domains int) *shardedFleet {
+func newShardedFleet(t *testing.T, n, domains int, tune ...func(*admission.SharedOptions)) *shardedFleet {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString(`
@@ -50,8 +52,11 @@ tenants:
 		return f.counting[name]
 	})
 	for i := range n {
-		e, err := admission.New(cfg, topologytest.HGX(t, domains), admission.WithClock(f.clk),
-			admission.WithSharedState(f.store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2}))
+		opts := admission.SharedOptions{Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2}
+		for _, f := range tune {
+			f(&opts)
+		}
+		e, err := admission.New(cfg, topologytest.HGX(t, domains), admission.WithClock(f.clk), admission.WithSharedState(f.store, opts))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,6 +174,45 @@ func TestOneShardDownStaysOnItsShard(t *testing.T) {
 			t.Errorf("c%d after the shard's return: %v %v, want admitted", i, d.Outcome, d.Reason)
 		}
 	}
+}
+
+// A shard that stops answering (its calls wait out a timeout longer than
+// the interval) does not hold the other shards' rounds back: they are
+// called every round, while the silent one has one call out and no
+// other until it answers. Once it does, its rounds come back.
+func TestSilentShardDoesNotHoldRoundsBack(t *testing.T) {
+	f := newShardedFleet(t, 1, 3, func(o *admission.SharedOptions) {
+		o.Interval = 20 * time.Millisecond // Reconcile's patience, in real time
+		o.Timeout = time.Hour
+	})
+	e := f.engines[0]
+	f.round()
+	silent := f.store.Of("s1")
+	silent.SetHung(true)
+	before := map[string]int{}
+	for _, name := range shardNames {
+		before[name] = len(f.counting[name].Reports())
+	}
+	const rounds = 5
+	for range rounds {
+		for i := range 30 {
+			f.admit(t, e, fmt.Sprintf("o%d", i))
+		}
+		f.round()
+	}
+	for _, name := range []string{"s0", "s2"} {
+		if got := len(f.counting[name].Reports()) - before[name]; got != rounds {
+			t.Errorf("shard %s: %d calls in %d rounds while s1 is silent, want one a round", name, got, rounds)
+		}
+	}
+	if got := silent.Hung(); got != 1 {
+		t.Errorf("silent shard s1: %d calls out, want 1 (no new call while one is out)", got)
+	}
+	silent.SetHung(false)
+	testwait.Until(t, 10*time.Second, "s1 answers again each round", func() bool {
+		f.round()
+		return len(f.counting["s1"].Reports())-before["s1"] >= 3
+	})
 }
 
 // A domain a replica does not use is reported only every half of its KV

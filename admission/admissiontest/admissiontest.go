@@ -24,6 +24,10 @@ var ErrDown = errors.New("admissiontest: store down")
 type Flaky struct {
 	admission.SharedState
 	down atomic.Bool
+
+	mu     sync.Mutex
+	hang   chan struct{} // non-nil while hung; closed to let the held calls go
+	waited atomic.Int64
 }
 
 // NewFlaky returns an up store in front of s.
@@ -35,8 +39,44 @@ func (f *Flaky) SetDown(down bool) { f.down.Store(down) }
 // Down reports whether the store is down.
 func (f *Flaky) Down() bool { return f.down.Load() }
 
+// SetHung makes every Reconcile wait, as a master that stopped answering
+// does, until its context ends or SetHung(false) lets it through.
+func (f *Flaky) SetHung(hung bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case hung && f.hang == nil:
+		f.hang = make(chan struct{})
+	case !hung && f.hang != nil:
+		close(f.hang)
+		f.hang = nil
+	}
+}
+
+// Hung counts the calls that have waited on a hang.
+func (f *Flaky) Hung() int64 { return f.waited.Load() }
+
+func (f *Flaky) waitHang(ctx context.Context) error {
+	f.mu.Lock()
+	hang := f.hang
+	f.mu.Unlock()
+	if hang == nil {
+		return nil
+	}
+	f.waited.Add(1)
+	select {
+	case <-hang:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Reconcile implements admission.SharedState.
 func (f *Flaky) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+	if err := f.waitHang(ctx); err != nil {
+		return nil, err
+	}
 	if f.Down() {
 		return nil, ErrDown
 	}

@@ -230,8 +230,12 @@ func (s *batchedState) Run(ctx context.Context) {
 
 // Reconcile implements Strategy: it reports what this replica took from
 // the shared buckets and applies the grants that come back, one call per
-// shard, all at once. A shard whose breaker is open is not called until
-// its cool-down lets a probe through (errBreakerOpen); the others go on.
+// shard, all at once, each applied as it answers. A shard whose breaker is
+// open is not called until its cool-down lets a probe through
+// (errBreakerOpen); the others go on. Reconcile waits for the calls at
+// most an interval: one slower than that (a master that stopped answering
+// waits out its timeout) goes on alone, and the rounds leave its shard be
+// until it answers, so that it does not hold back the others' rounds.
 func (s *batchedState) Reconcile(ctx context.Context) error {
 	s.reconciles.Lock()
 	defer s.reconciles.Unlock()
@@ -240,29 +244,21 @@ func (s *batchedState) Reconcile(ctx context.Context) error {
 	calls, held := s.reportLocked(v.NowLocked())
 	v.Unlock()
 
-	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	reps := make([]*ReconcileReply, len(calls))
-	errs := make([]error, len(calls))
-	if len(calls) == 1 {
-		reps[0], errs[0] = s.reconcileOn(cctx, calls[0])
-	} else {
-		var wg sync.WaitGroup
-		for i, sh := range calls {
-			wg.Go(func() { reps[i], errs[i] = s.reconcileOn(cctx, sh) })
-		}
-		wg.Wait()
+	answers := make(chan error, len(calls))
+	for _, sh := range calls {
+		go func() { answers <- s.reconcileOn(ctx, sh) }()
 	}
-	cancel()
-	v.Lock()
-	defer v.Unlock()
-	now := v.NowLocked()
-	for i, sh := range calls {
-		if errs[i] != nil {
-			s.shardFailedLocked(sh)
-			continue
+	patience := time.NewTimer(s.opts.Interval)
+	defer patience.Stop()
+	var errs []error
+	for range calls {
+		select {
+		case err := <-answers:
+			errs = append(errs, err)
+		case <-patience.C:
+			errs = append(errs, errSlowShard)
+			return fmt.Errorf("shared state: reconcile: %w", errors.Join(errs...))
 		}
-		s.shardOKLocked(sh)
-		s.applyGrantsLocked(now, sh, reps[i])
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shared state: reconcile: %w", err)
@@ -273,8 +269,30 @@ func (s *batchedState) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// reconcileOn sends one shard's part of the round.
-func (s *batchedState) reconcileOn(ctx context.Context, sh *shard) (*ReconcileReply, error) {
+// errSlowShard: a shard's call has not answered within the interval.
+var errSlowShard = errors.New("a shard's call is still out after an interval")
+
+// reconcileOn sends one shard's part of the round and applies its answer:
+// the grants, or a failure to the shard's breaker. The shard is no longer
+// in flight then.
+func (s *batchedState) reconcileOn(ctx context.Context, sh *shard) error {
+	cctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	rep, err := s.call(cctx, sh)
+	cancel()
+	s.v.Lock()
+	defer s.v.Unlock()
+	sh.inflight = false
+	if err != nil {
+		s.shardFailedLocked(sh)
+		return err
+	}
+	s.shardOKLocked(sh)
+	s.applyGrantsLocked(s.v.NowLocked(), sh, rep)
+	return nil
+}
+
+// call sends one shard's part of the round.
+func (s *batchedState) call(ctx context.Context, sh *shard) (*ReconcileReply, error) {
 	rep, err := s.store.Reconcile(ctx, &sh.req)
 	s.calls.Add(1)
 	if err == nil && (len(rep.Buckets) != len(sh.req.Buckets) || len(rep.Gauges) != len(sh.req.Gauges)) {

@@ -13,6 +13,10 @@ type shard struct {
 	name string
 	br   storeBreaker
 	down bool // its breaker is open: the fail modes apply to its tenants
+	// inflight: its call of an earlier round has not answered yet (a
+	// master that stopped answering waits out the call's timeout); rounds
+	// leave it be until it does.
+	inflight bool
 
 	// This round's part, under the engine's lock while it is built.
 	used    bool // some tenant or domain here is on it
@@ -56,17 +60,20 @@ func (s *batchedState) partLocked(name string) *shard {
 	}
 	if !sh.used {
 		sh.used = true
-		sh.send = sh.br.allow(s.v.Wall())
-		sh.req = ReconcileRequest{
-			Shard:    name,
-			Replica:  s.opts.Replica,
-			Replicas: s.replicas,
-			Stale:    staleRounds * s.opts.Interval,
-			Rejoin:   rejoinRounds * s.opts.Interval,
-			Buckets:  sh.req.Buckets[:0],
-			Gauges:   sh.req.Gauges[:0],
+		// A call still out owns its request: this round leaves it be.
+		sh.send = !sh.inflight && sh.br.allow(s.v.Wall())
+		if sh.send {
+			sh.req = ReconcileRequest{
+				Shard:    name,
+				Replica:  s.opts.Replica,
+				Replicas: s.replicas,
+				Stale:    staleRounds * s.opts.Interval,
+				Rejoin:   rejoinRounds * s.opts.Interval,
+				Buckets:  sh.req.Buckets[:0],
+				Gauges:   sh.req.Gauges[:0],
+			}
+			sh.tenants, sh.domains = sh.tenants[:0], sh.domains[:0]
 		}
-		sh.tenants, sh.domains = sh.tenants[:0], sh.domains[:0]
 	}
 	if !sh.send {
 		return nil
@@ -81,20 +88,23 @@ func (s *batchedState) beginRoundLocked() {
 	}
 }
 
-// endRoundLocked returns the shards this round calls, and forgets those
-// no tenant or domain here is on any more: a shard that lost its slots (a
-// failover, a migration). A forgotten shard that was down
-// is down no more: its buckets, if any come back to it, start from a
-// closed breaker.
+// endRoundLocked returns the shards this round calls (in flight until
+// they answer), and forgets those no tenant or domain here is on any
+// more: a shard that lost its slots (a failover, a migration). A
+// forgotten shard that was down is down no more: its buckets, if any come
+// back to it, start from a closed breaker.
 func (s *batchedState) endRoundLocked() (calls []*shard, held bool) {
 	for name, sh := range s.shards.byName {
 		switch {
+		case sh.inflight:
+			// Still out: neither called nor forgotten until it answers.
 		case !sh.used:
 			if sh.down {
 				s.shardDownLocked(sh, false)
 			}
 			delete(s.shards.byName, name)
 		case sh.send:
+			sh.inflight = true
 			calls = append(calls, sh)
 		default:
 			held = true
