@@ -111,6 +111,15 @@ type DomainCapacity struct {
 	// paused: the buckets refill at rate 0 until the next ApplyShare (Pause).
 	paused bool
 
+	// The measured correction of the model (SetFactor), in millionths of
+	// the prior: FactorFull when uncorrected. prior is the model's limits
+	// before it, kept so that a new factor applies to them, not to the
+	// last one's.
+	factor int64
+	prior  limits
+	// floorsShort: a reserve asked for more than the corrected rate holds.
+	floorsShort bool
+
 	perModel []modelRates // by catalog id
 }
 
@@ -142,7 +151,7 @@ func NewDomainCapacity(d *topology.Domain, cat *Catalog, cfg Config, now int64) 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &DomainCapacity{id: d.ID, cat: cat, cfg: cfg.withDefaults(), warm: WarmupFull}
+	c := &DomainCapacity{id: d.ID, cat: cat, cfg: cfg.withDefaults(), warm: WarmupFull, factor: FactorFull}
 	lim, err := c.limits(d)
 	if err != nil {
 		return nil, err
@@ -236,6 +245,8 @@ func perToken(rate int64, tokensPerGPU float64, gpus int) (int64, error) {
 // apply installs lim as the base limits and recomputes the reserve
 // watermarks and the buckets' (warmed) limits.
 func (c *DomainCapacity) apply(lim limits) {
+	c.prior = lim
+	lim = c.corrected(lim)
 	c.gpus, c.gpuModel, c.perModel = lim.gpus, lim.gpuModel, lim.perModel
 	c.basePrefillRate, c.basePrefillBurst = lim.prefillRate, lim.prefillBurst
 	c.baseDecodeRate, c.baseDecodeBurst = lim.decodeRate, lim.decodeBurst
@@ -243,6 +254,92 @@ func (c *DomainCapacity) apply(lim limits) {
 	c.fullPrefillRate, c.fullDecodeRate, c.fullKV = lim.prefillRate, lim.decodeRate, lim.kvLimit
 	c.applyReserve()
 }
+
+// FactorFull is the capacity factor of an uncorrected model, in
+// millionths; MaxFactor the largest SetFactor takes.
+const (
+	FactorFull = 1_000_000
+	MaxFactor  = 16 * FactorFull
+)
+
+// corrected is lim with its rates and bursts scaled by the capacity
+// factor (bounded at maxBurst). The KV limit is HBM the engines hold, and
+// the calibrated costs per token are the model's: neither moves.
+func (c *DomainCapacity) corrected(lim limits) limits {
+	if c.factor == FactorFull {
+		return lim
+	}
+	f := uint64(c.factor)
+	scale := func(v int64) int64 {
+		r, ok := mulDiv(uint64(v), f, FactorFull)
+		if !ok || r > maxBurst {
+			return maxBurst
+		}
+		return r
+	}
+	lim.prefillRate, lim.prefillBurst = scale(lim.prefillRate), scale(lim.prefillBurst)
+	lim.decodeRate, lim.decodeBurst = scale(lim.decodeRate), scale(lim.decodeBurst)
+	return lim
+}
+
+// SetFactor corrects the model's capacity by what the domain is measured
+// to sustain: from now on its rates and bursts are factor millionths of
+// the model's (KV and the costs per token stay the model's). A replica
+// holding a share of the domain keeps its share, scaled the same; levels
+// are kept (cut to the new bursts); the reserves' watermarks follow the
+// new limits, a debt beyond the new burst is forgiven. factor is taken
+// within [1, MaxFactor].
+func (c *DomainCapacity) SetFactor(now, factor int64) {
+	factor = min(max(factor, 1), MaxFactor)
+	if factor == c.factor {
+		return
+	}
+	c.warmTo(now)
+	c.prefill.Level(now) // refill at the old rates up to now
+	c.decode.Level(now)
+	baseP, baseD, baseKV := c.basePrefillRate, c.baseDecodeRate, c.baseKV
+	fullP, fullD := c.fullPrefillRate, c.fullDecodeRate
+	c.factor = factor
+	c.apply(c.prior)
+	if baseP != fullP || baseD != fullD || baseKV != c.fullKV { // a share: scale it
+		c.basePrefillRate = rescale(baseP, c.fullPrefillRate, fullP)
+		c.baseDecodeRate = rescale(baseD, c.fullDecodeRate, fullD)
+		c.baseKV = baseKV
+		c.applyReserve()
+	}
+	// Debt stays bounded at one burst, the new one.
+	for _, b := range []*tokenbucket.Bucket{&c.prefill, &c.decode} {
+		if b.Level(now) < -b.Burst() {
+			setLevel(b, now, -b.Burst())
+		}
+	}
+}
+
+// rescale is v·to/from (v when from is 0).
+func rescale(v, to, from int64) int64 {
+	if from <= 0 {
+		return v
+	}
+	r, ok := mulDiv(uint64(max(v, 0)), uint64(max(to, 0)), uint64(from))
+	if !ok {
+		return to
+	}
+	return r
+}
+
+// Factor returns the capacity factor, in millionths of the model.
+func (c *DomainCapacity) Factor() int64 { return c.factor }
+
+// PriorRates returns the model's prefill and decode rates of the whole
+// domain, before the capacity factor.
+func (c *DomainCapacity) PriorRates() (prefill, decode int64) {
+	return c.prior.prefillRate, c.prior.decodeRate
+}
+
+// FloorsShort reports whether the floor reserves given to the domain ask
+// for more than its corrected rates hold: the capacity measured can no
+// longer keep them whole.
+func (c *DomainCapacity) FloorsShort() bool { return c.floorsShort }
 
 // ShareGrant is one replica's slice of a domain that several replicas
 // share (batched shared state): refill rates, the replica's share of the
@@ -324,6 +421,10 @@ func (c *DomainCapacity) Resize(d *topology.Domain) error {
 func (c *DomainCapacity) CopyLevels(now int64, from *DomainCapacity) {
 	from.warmTo(now)
 	c.warm, c.warmFrom, c.warmAt, c.warmEnd = from.warm, from.warmFrom, from.warmAt, from.warmEnd
+	if from.factor != c.factor {
+		c.factor = from.factor
+		c.apply(c.prior)
+	}
 	c.applyLimits()
 	setLevel(&c.prefill, now, from.prefill.Level(now))
 	setLevel(&c.decode, now, from.decode.Level(now))
@@ -359,8 +460,10 @@ func (c *DomainCapacity) applyReserve() {
 	burstNanos := uint64(math.Round(c.cfg.BurstSeconds * billion))
 	// A replica holding a share of the domain keeps the same share of the
 	// reserves.
-	pr := min(scaleRate(c.resPrefillRate, c.basePrefillRate, c.fullPrefillRate), c.basePrefillRate)
-	dr := min(scaleRate(c.resDecodeRate, c.baseDecodeRate, c.fullDecodeRate), c.baseDecodeRate)
+	wantP := scaleRate(c.resPrefillRate, c.basePrefillRate, c.fullPrefillRate)
+	wantD := scaleRate(c.resDecodeRate, c.baseDecodeRate, c.fullDecodeRate)
+	pr, dr := min(wantP, c.basePrefillRate), min(wantD, c.baseDecodeRate)
+	c.floorsShort = c.gpus > 0 && (wantP > pr || wantD > dr)
 	c.resPR, c.resDR = pr, dr
 	p, _ := mulDiv(uint64(pr), burstNanos, billion)
 	d, _ := mulDiv(uint64(dr), burstNanos, billion)
@@ -469,6 +572,23 @@ func (c *DomainCapacity) Cost(m *Model, prompt, output int64) (Cost, error) {
 	}
 	r := c.perModel[k.id]
 	return k.cost(m.Name, prompt, output, r.prefillPerToken, r.decodePerToken)
+}
+
+// CostCached is Cost for a request whose first cached prompt tokens are
+// served from the engine's prefix cache: its prefill is charged on the
+// uncached tokens only; decode and KV still see the whole context. cached
+// is taken within [0, prompt].
+func (c *DomainCapacity) CostCached(m *Model, prompt, cached, output int64) (Cost, error) {
+	cost, err := c.Cost(m, prompt, output)
+	if err != nil || cached <= 0 {
+		return cost, err
+	}
+	uncached, err := c.Cost(m, prompt-min(cached, prompt), 0)
+	if err != nil {
+		return Cost{}, err
+	}
+	cost.PrefillFLOP = uncached.PrefillFLOP
+	return cost, nil
 }
 
 // watermarks returns the least each bucket may be left at and the most KV

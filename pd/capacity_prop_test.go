@@ -10,7 +10,8 @@ import (
 
 // TestCapacityInvariants drives a domain through random sequences of
 // charge-if-fits (shared or floor), release (with fewer or more output
-// tokens than charged), reserve changes and time advances, and checks after
+// tokens than charged), reserve changes, capacity factors and time
+// advances, and checks after
 // every step that no bucket exceeds its burst or falls below minus its
 // burst, that KV in use stays within [0, limit], and that shared charges
 // never take a bucket below its reserve nor KV into the KV reserve.
@@ -98,6 +99,18 @@ func TestCapacityInvariants(t *testing.T) {
 				now += rapid.Int64Range(0, 2*sec).Draw(t, "ns")
 				check("advance")
 			},
+			"factor": func(t *rapid.T) {
+				f := rapid.Int64Range(FactorFull/10, 4*FactorFull).Draw(t, "factor")
+				c.SetFactor(now, f)
+				priorP, priorD := c.PriorRates()
+				if want, _ := mulDiv(uint64(priorP), uint64(f), FactorFull); abs64(c.PrefillRate()-want) > 1 {
+					t.Fatalf("factor %d: prefill rate %d, want %d", f, c.PrefillRate(), want)
+				}
+				if want, _ := mulDiv(uint64(priorD), uint64(f), FactorFull); abs64(c.DecodeRate()-want) > 1 {
+					t.Fatalf("factor %d: decode rate %d, want %d", f, c.DecodeRate(), want)
+				}
+				check("factor")
+			},
 			"reserve": func(t *rapid.T) {
 				f := rapid.Float64Range(0, 1).Draw(t, "fraction")
 				c.SetReserve(int64(f*float64(c.PrefillRate())), int64(f*float64(c.DecodeRate())))
@@ -105,4 +118,11 @@ func TestCapacityInvariants(t *testing.T) {
 			},
 		})
 	})
+}
+
+func abs64(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
 }

@@ -462,3 +462,80 @@ func TestWarmupWaitAndCarry(t *testing.T) {
 		t.Errorf("from WarmupFull: %d ending %d, want whole", frac, end)
 	}
 }
+
+// A capacity factor scales the rates and bursts from the model's, keeps
+// KV and the costs per token, keeps a replica's share in proportion, and
+// travels with the levels across a reload. Reserves the corrected rates
+// cannot hold are reported.
+func TestSetFactor(t *testing.T) {
+	cat := defaultCatalog(t)
+	d := domain(t, topology.Simulated(), "hgx-h200-1")
+	c := newCap(t, d, cat, DefaultConfig())
+	pr, dr, kv := c.FullLimits()
+	m := get(t, cat, "medium")
+	before, _ := c.Cost(m, 2000, 300)
+	c.SetFactor(sec, FactorFull/2)
+	if c.PrefillRate() != pr/2 || c.DecodeRate() != dr/2 || c.PrefillBurst() != pr || c.DecodeBurst() != dr {
+		t.Errorf("at factor 0.5: rates %d, %d bursts %d, %d; want half of %d, %d", c.PrefillRate(), c.DecodeRate(), c.PrefillBurst(), c.DecodeBurst(), pr, dr)
+	}
+	if p, dc := c.Levels(sec); p != pr || dc != dr {
+		t.Errorf("levels %d, %d: want cut to the new bursts %d, %d", p, dc, pr, dr)
+	}
+	if _, limit := c.KV(); limit != kv {
+		t.Errorf("KV limit %d moved with the factor, want %d", limit, kv)
+	}
+	if after, _ := c.Cost(m, 2000, 300); after != before {
+		t.Errorf("cost moved with the factor: %+v, was %+v", after, before)
+	}
+	if p, dc := c.PriorRates(); p != pr || dc != dr || c.Factor() != FactorFull/2 {
+		t.Errorf("prior %d, %d factor %d", p, dc, c.Factor())
+	}
+
+	// A share keeps its part of the corrected whole.
+	c.ApplyShare(sec, ShareGrant{PrefillRate: pr / 8, DecodeRate: dr / 8, KVLimit: kv / 4})
+	c.SetFactor(sec, FactorFull)
+	if c.PrefillRate() != pr/4 || c.DecodeRate() != dr/4 {
+		t.Errorf("share after the factor doubled: %d, %d, want %d, %d", c.PrefillRate(), c.DecodeRate(), pr/4, dr/4)
+	}
+	if _, limit := c.KV(); limit != kv/4 {
+		t.Errorf("share's KV limit %d, want %d", limit, kv/4)
+	}
+
+	// A reload carries the factor.
+	c.SetFactor(sec, FactorFull/4)
+	fresh := newCap(t, d, cat, DefaultConfig())
+	fresh.CopyLevels(sec, c)
+	if fresh.Factor() != FactorFull/4 || fresh.PrefillRate() != pr/4 {
+		t.Errorf("after a reload: factor %d rate %d, want %d, %d", fresh.Factor(), fresh.PrefillRate(), FactorFull/4, pr/4)
+	}
+
+	// Floors sized for the model no longer fit a quarter of it.
+	fresh.SetReserve(pr/2, dr/2)
+	if !fresh.FloorsShort() {
+		t.Error("reserve of half the model's rate at a quarter of it: not reported short")
+	}
+	fresh.SetFactor(sec, FactorFull)
+	if fresh.FloorsShort() {
+		t.Error("reserve of half the rate at the whole model: reported short")
+	}
+}
+
+// A prompt's cached tokens cost no prefill; decode and KV see the whole
+// context.
+func TestCostCached(t *testing.T) {
+	cat := defaultCatalog(t)
+	c := newCap(t, domain(t, topology.Simulated(), "hgx-h200-1"), cat, DefaultConfig())
+	m := get(t, cat, "medium")
+	whole, _ := c.Cost(m, 2000, 300)
+	part, _ := c.Cost(m, 500, 0)
+	got, err := c.CostCached(m, 2000, 1500, 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PrefillFLOP != part.PrefillFLOP || got.DecodeBytes != whole.DecodeBytes || got.KVBytes != whole.KVBytes {
+		t.Errorf("cached 1500 of 2000: %+v, want prefill %d, decode %d, KV %d", got, part.PrefillFLOP, whole.DecodeBytes, whole.KVBytes)
+	}
+	if got, _ := c.CostCached(m, 2000, 5000, 300); got.PrefillFLOP != 0 {
+		t.Errorf("more cached than the prompt: prefill %d, want 0", got.PrefillFLOP)
+	}
+}
