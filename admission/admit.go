@@ -21,6 +21,7 @@ type pending struct {
 	tierBuf  [maxLowerTiers + 1]*modelState // requested model first, then accepted lower tiers in chain order
 	ntiers   int
 	prompt   int64
+	cached   int64 // prompt tokens the router expects a prefix cache to serve
 	output   int64
 	weighted int64
 	price    int64 // micro-USD at the requested model, charged to the budget
@@ -122,6 +123,8 @@ func validateRequest(r *Request) error {
 		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("must be positive, got %d", r.PromptTokens)}
 	case r.MaxOutputTokens <= 0:
 		return &InvalidArgumentError{Field: "max_output_tokens", Reason: fmt.Sprintf("must be positive, got %d", r.MaxOutputTokens)}
+	case r.ExpectedCachedTokens < 0 || r.ExpectedCachedTokens > r.PromptTokens:
+		return &InvalidArgumentError{Field: "expected_cached_tokens", Reason: fmt.Sprintf("must be in [0, prompt_tokens %d], got %d", r.PromptTokens, r.ExpectedCachedTokens)}
 	case r.Priority != 0 && r.Priority != PriorityNormal && r.Priority != PriorityCritical:
 		return &InvalidArgumentError{Field: "priority", Reason: fmt.Sprintf("unknown priority %d", r.Priority)}
 	case len(r.AcceptDowngrade) > maxLowerTiers:
@@ -382,7 +385,7 @@ func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Du
 	r.place(now, pl)
 	tiers.charge(now, pl.model.name, r.tenant.name, r.weighted, r.tenant.policy.Weight)
 	id := e.mu.leases.add(lease{
-		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, output: r.output,
+		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, cached: r.cached, output: r.output,
 		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
 	})
 	*d = Decision{Outcome: pl.outcome(), LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}

@@ -34,6 +34,7 @@ type Config struct {
 	Health   HealthConfig            `json:"health"`
 	Limits   RequestLimits           `json:"limits"`
 	Warmup   WarmupConfig            `json:"warmup"`
+	Feedback FeedbackConfig          `json:"feedback"`
 	// Metrics is for sluiced's metrics adapter; the engine does not read it.
 	Metrics MetricsConfig `json:"metrics"`
 	// DegradeHeadroom is the share of a domain's buckets a request of the
@@ -167,6 +168,44 @@ type WarmupConfig struct {
 	// Period is how long the linear ramp from StartFraction to the whole
 	// takes (nil: 60s; 0: no warm-up).
 	Period *Duration `json:"period,omitempty"`
+}
+
+// FeedbackConfig sets how each domain's capacity follows what its serving
+// engines report and what it is measured to sustain (see feedback.go):
+// AIMD on the engines' saturation signals, and calibration from the
+// throughput Release reports show while the engines are busy.
+type FeedbackConfig struct {
+	// Period is the control step; default 250ms.
+	Period Duration `json:"period"`
+	// Stale is the age past which engine signals are ignored (the model
+	// alone decides, visibly); default 500ms.
+	Stale Duration `json:"stale"`
+	// QueueThreshold and KVThreshold: engines waiting more requests than
+	// this, or using more of their KV cache, are saturated; defaults 5
+	// and 0.8 (the Gateway API Inference Extension's).
+	QueueThreshold float64 `json:"queue_threshold"`
+	KVThreshold    float64 `json:"kv_threshold"`
+	// Decrease multiplies the capacity factor each saturated period
+	// (default 0.8); Increase adds to it, as a share of the model, each
+	// period the signals have been clear for ClearPeriods while the
+	// domain's capacity is in demand (default 0.02, 4).
+	Decrease     float64 `json:"decrease"`
+	Increase     float64 `json:"increase"`
+	ClearPeriods int     `json:"clear_periods"`
+	// MinFactor and MaxFactor bound the factor, relative to the model;
+	// defaults 0.25 and 2.
+	MinFactor float64 `json:"min_factor"`
+	MaxFactor float64 `json:"max_factor"`
+	// Window is the calibration window (default 5s); CalibrationStep the
+	// most one window moves the factor (default 0.1 of the model), and
+	// Deadband the least (default 0.05): smaller moves are noise.
+	Window          Duration `json:"window"`
+	CalibrationStep float64  `json:"calibration_step"`
+	Deadband        float64  `json:"deadband"`
+	// BusyTTFT: without fresh engine signals, a window whose median
+	// reported time to first token passes it counts as one where the
+	// engines were busy; default 1s.
+	BusyTTFT Duration `json:"busy_ttft"`
 }
 
 // MetricsConfig bounds what the metrics expose.
@@ -386,6 +425,9 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
 //	queue.degrade_after 100ms (0 is allowed: degrade at once)
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
+//	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8,
+//	  increase 0.02, clear_periods 4, min_factor 0.25, max_factor 2, window 5s,
+//	  calibration_step 0.1, deadband 0.05, busy_ttft 1s
 //	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
 //	models: the built-in catalog (pd.DefaultModels)
 func (c *Config) ApplyDefaults(present func(key string) bool) error {
@@ -432,6 +474,20 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 		c.Queue.TierShareWindow = &Duration{5 * time.Second}
 	}
 	d.float("warmup.start_fraction", &c.Warmup.StartFraction, 0.25)
+	f := &c.Feedback
+	d.dur("feedback.period", &f.Period, 250*time.Millisecond)
+	d.dur("feedback.stale", &f.Stale, 500*time.Millisecond)
+	d.float("feedback.queue_threshold", &f.QueueThreshold, 5)
+	d.float("feedback.kv_threshold", &f.KVThreshold, 0.8)
+	d.float("feedback.decrease", &f.Decrease, 0.8)
+	d.float("feedback.increase", &f.Increase, 0.02)
+	d.int("feedback.clear_periods", &f.ClearPeriods, 4)
+	d.float("feedback.min_factor", &f.MinFactor, 0.25)
+	d.float("feedback.max_factor", &f.MaxFactor, 2)
+	d.dur("feedback.window", &f.Window, 5*time.Second)
+	d.float("feedback.calibration_step", &f.CalibrationStep, 0.1)
+	d.float("feedback.deadband", &f.Deadband, 0.05)
+	d.dur("feedback.busy_ttft", &f.BusyTTFT, time.Second)
 	if c.Warmup.Period == nil {
 		c.Warmup.Period = &Duration{60 * time.Second}
 	}
@@ -615,6 +671,38 @@ func (c *Config) validateKnobs() error {
 		return cfgErr("warmup.start_fraction", "must be in (0, 1], got %g", c.Warmup.StartFraction)
 	case c.Warmup.Period != nil && (c.Warmup.Period.Duration < 0 || c.Warmup.Period.Duration > maxDuration):
 		return cfgErr("warmup.period", "must be in [0, %v] (0: no warm-up), got %v", maxDuration, c.Warmup.Period.Duration)
+	}
+	return c.Feedback.validate()
+}
+
+func (f *FeedbackConfig) validate() error {
+	switch {
+	case f.Period.Duration < 10*time.Millisecond || f.Period.Duration > time.Minute:
+		return cfgErr("feedback.period", "must be in [10ms, 1m], got %v", f.Period.Duration)
+	case f.Stale.Duration <= 0 || f.Stale.Duration > time.Hour:
+		return cfgErr("feedback.stale", "must be in (0, 1h], got %v", f.Stale.Duration)
+	case !(f.QueueThreshold >= 0 && f.QueueThreshold < 1e9):
+		return cfgErr("feedback.queue_threshold", "must be ≥ 0, got %g", f.QueueThreshold)
+	case !(f.KVThreshold > 0 && f.KVThreshold <= 1):
+		return cfgErr("feedback.kv_threshold", "must be in (0, 1], got %g", f.KVThreshold)
+	case !(f.Decrease > 0 && f.Decrease < 1):
+		return cfgErr("feedback.decrease", "must be in (0, 1), got %g", f.Decrease)
+	case !(f.Increase > 0 && f.Increase <= 1):
+		return cfgErr("feedback.increase", "must be in (0, 1], got %g", f.Increase)
+	case f.ClearPeriods < 0 || f.ClearPeriods > 1000:
+		return cfgErr("feedback.clear_periods", "must be in [0, 1000], got %d", f.ClearPeriods)
+	case !(f.MinFactor > 0 && f.MinFactor <= 1):
+		return cfgErr("feedback.min_factor", "must be in (0, 1], got %g", f.MinFactor)
+	case !(f.MaxFactor >= 1 && f.MaxFactor <= float64(pd.MaxFactor)/pd.FactorFull):
+		return cfgErr("feedback.max_factor", "must be in [1, %d], got %g", pd.MaxFactor/pd.FactorFull, f.MaxFactor)
+	case f.Window.Duration < f.Period.Duration || f.Window.Duration > time.Hour:
+		return cfgErr("feedback.window", "must be in [feedback.period, 1h], got %v", f.Window.Duration)
+	case !(f.CalibrationStep > 0 && f.CalibrationStep <= 1):
+		return cfgErr("feedback.calibration_step", "must be in (0, 1], got %g", f.CalibrationStep)
+	case !(f.Deadband >= 0 && f.Deadband < 1):
+		return cfgErr("feedback.deadband", "must be in [0, 1), got %g", f.Deadband)
+	case f.BusyTTFT.Duration <= 0 || f.BusyTTFT.Duration > time.Hour:
+		return cfgErr("feedback.busy_ttft", "must be in (0, 1h], got %v", f.BusyTTFT.Duration)
 	}
 	return nil
 }

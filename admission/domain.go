@@ -20,10 +20,11 @@ type domainState struct {
 	removed     bool // left the cluster; only its leases still refer to it
 	inFlight    int
 	health      health
+	loop        capacityLoop // the capacity correction from what its engines report and sustain
 }
 
 func newDomainState(d topology.Domain, c *pd.DomainCapacity, now int64) *domainState {
-	return &domainState{topo: d, cap: c, hash: rendezvous.NodeHash(d.ID), health: health{weight: 1, windowStart: now}}
+	return &domainState{topo: d, cap: c, hash: rendezvous.NodeHash(d.ID), health: health{weight: 1, windowStart: now}, loop: newCapacityLoop(now)}
 }
 
 // ID returns the domain id.
@@ -49,7 +50,7 @@ func (d *domainState) eligible() bool {
 }
 
 // info describes the domain for operators.
-func (d *domainState) info(now int64) DomainInfo {
+func (d *domainState) info(now int64, fb *FeedbackConfig) DomainInfo {
 	p, dec := d.cap.Levels(now)
 	kv, kvLimit := d.cap.KV()
 	warm, warmEnd := d.cap.Warmup(now)
@@ -57,7 +58,9 @@ func (d *domainState) info(now int64) DomainInfo {
 	if warmEnd != 0 {
 		left = time.Duration(warmEnd - now)
 	}
-	return DomainInfo{
+	fullP, fullD, _ := d.cap.FullLimits()
+	priorP, priorD := d.cap.PriorRates()
+	info := DomainInfo{
 		ID:           d.ID(),
 		Kind:         d.topo.Kind,
 		GPUs:         d.topo.GPUCount(),
@@ -77,7 +80,15 @@ func (d *domainState) info(now int64) DomainInfo {
 
 		WarmupFraction: float64(warm) / pd.WarmupFull, // display only
 		WarmupLeft:     left,
+
+		EffectivePrefillRate: fullP,
+		EffectiveDecodeRate:  fullD,
+		PriorPrefillRate:     priorP,
+		PriorDecodeRate:      priorD,
+		FloorsShort:          d.cap.FloorsShort(),
 	}
+	d.loop.info(now, fb, &info)
+	return info
 }
 
 // health turns Release outcomes into a placement weight: above the error

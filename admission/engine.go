@@ -217,6 +217,7 @@ func (e *Engine) Tick() time.Duration {
 	}
 	room.idem.expire(now, e.mu.cfg.Leases.IdempotencyTTL.Duration)
 	e.mu.place.tick(now)
+	e.mu.place.stepFeedback(now)
 	answered = e.dispatchLocked(now, answered)
 	e.mu.gates.sweepIdleLocked(now)
 	next := tickIdle
@@ -288,7 +289,7 @@ func (e *Engine) Domains() []DomainInfo {
 	now := e.nowLocked()
 	out := make([]DomainInfo, 0, len(e.mu.place.domains))
 	for _, d := range e.mu.place.domains {
-		out = append(out, d.info(now))
+		out = append(out, d.info(now, &e.mu.cfg.Feedback))
 	}
 	return out
 }

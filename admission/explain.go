@@ -174,6 +174,13 @@ func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor bool,
 	if w, end := d.cap.Warmup(now); end != 0 {
 		c.Detail += fmt.Sprintf("; warming up: %.1f%% of its shared capacity, whole in %v", 100*float64(w)/pd.WarmupFull, time.Duration(end-now))
 	}
+	if f := d.loop.factor; f != 1 {
+		c.Detail += fmt.Sprintf("; capacity feedback: %.2f× the model (what its engines sustain)", f)
+	}
+	if d.loop.saturated && !floor {
+		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting, KV %.0f%% used): the capacity feedback places only floor traffic here until they clear",
+			d.loop.sig.Queue, 100*d.loop.sig.KVUsage)
+	}
 	rec.placement = append(rec.placement, c)
 }
 

@@ -12,6 +12,7 @@ type lease struct {
 	charge
 	modelName string // resolved again at release: the catalog may have been reloaded
 	prompt    int64
+	cached    int64 // prompt tokens expected from a prefix cache at admission
 	output    int64 // max output tokens admitted
 	outWeight int64 // output token weight at grant time
 	granted   int64

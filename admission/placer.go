@@ -37,6 +37,7 @@ type placer struct {
 
 	recovering []*domainState // domains whose health weight is cut: stepHealth's work
 	rates      ratesCache     // Σ rates of the eligible domains
+	feedbackAt int64          // engine time of the capacity loops' last step
 
 	// During dispatch: domains reserved for queued heads that do not fit.
 	blocked []*domainState
@@ -117,7 +118,7 @@ func (p *placer) resolve(req *Request, r *pending) error {
 	if err := validateLimits(req, &p.cfg.Limits); err != nil {
 		return err
 	}
-	r.prompt, r.output = req.PromptTokens, req.MaxOutputTokens
+	r.prompt, r.cached, r.output = req.PromptTokens, req.ExpectedCachedTokens, req.MaxOutputTokens
 	r.tierBuf[0] = m
 	for i, name := range req.AcceptDowngrade {
 		lower, ok := p.models[name]
@@ -279,8 +280,10 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 		return placement{}, false
 	}
 	m := r.tierBuf[ti]
-	cost, err := d.cap.Cost(m.model, r.prompt, r.output)
-	fits := err == nil && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
+	cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
+	// Engines saturated: the guard keeps the domain to its floors.
+	guarded := d.loop.saturated && !floor
+	fits := err == nil && !guarded && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
 	if rec != nil {
 		rec.tried(now, m, d, floor, cost, err, fits)
 	}
@@ -323,7 +326,7 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 			if d.removed {
 				continue
 			}
-			cost, err := d.cap.Cost(m.model, r.prompt, r.output)
+			cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
 			if err != nil || !d.cap.CanEverFit(cost) {
 				continue
 			}
@@ -391,7 +394,7 @@ func (p *placer) reservedFor(now int64, w *waiter) *domainState {
 	m := w.p.tierBuf[0]
 	p.walk(w.p.tenant, m)
 	for d := p.next(); d != nil; d = p.next() {
-		if cost, err := d.cap.Cost(m.model, w.p.prompt, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {
+		if cost, err := d.cap.CostCached(m.model, w.p.prompt, w.p.cached, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {
 			return d
 		}
 	}

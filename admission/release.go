@@ -74,6 +74,12 @@ func validateRelease(rel *Release) error {
 		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.PromptTokens)}
 	case rel.OutputTokens < 0:
 		return &InvalidArgumentError{Field: "output_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.OutputTokens)}
+	case rel.CachedPromptTokens < 0:
+		return &InvalidArgumentError{Field: "cached_prompt_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.CachedPromptTokens)}
+	case rel.TTFT < 0:
+		return &InvalidArgumentError{Field: "time_to_first_token", Reason: fmt.Sprintf("must be ≥ 0, got %v", rel.TTFT)}
+	case rel.Duration < 0 || (rel.Duration > 0 && rel.Duration < rel.TTFT):
+		return &InvalidArgumentError{Field: "duration", Reason: fmt.Sprintf("must be ≥ 0 and not shorter than time_to_first_token, got %v", rel.Duration)}
 	case rel.Outcome != 0 && rel.Outcome != ReleaseOK && rel.Outcome != ReleaseError && rel.Outcome != ReleaseUnobserved:
 		return &InvalidArgumentError{Field: "outcome", Reason: fmt.Sprintf("unknown outcome %d", rel.Outcome)}
 	}
@@ -86,13 +92,16 @@ func validateRelease(rel *Release) error {
 // domain's health.
 // It returns the answer, and the actual weighted tokens and cost.
 func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res ReleaseResult, weighted int64, actual pd.Cost) {
-	prompt := rel.PromptTokens
+	prompt, cached := rel.PromptTokens, rel.CachedPromptTokens
 	if prompt == 0 {
 		prompt = l.prompt
 	}
+	if cached == 0 {
+		cached = l.cached // as expected, when the router measured none
+	}
 	actual, price := l.cost, l.gates.price
 	if m, known := p.models[l.modelName]; known {
-		if c, err := l.dom.cap.Cost(m.model, prompt, rel.OutputTokens); err == nil {
+		if c, err := l.dom.cap.CostCached(m.model, prompt, cached, rel.OutputTokens); err == nil {
 			actual = c
 		}
 		price = p.cat.PriceMicros(m.model, prompt, rel.OutputTokens)
@@ -102,6 +111,9 @@ func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res R
 	refunded := l.Settle(now, actual, weighted, price)
 	if rel.Outcome != ReleaseUnobserved {
 		p.recordOutcome(l.dom, now, rel.Outcome == ReleaseError)
+	}
+	if rel.Outcome != ReleaseError {
+		l.dom.loop.released(actual, rel.TTFT)
 	}
 	return ReleaseResult{
 		Tenant:           l.tenant.name,

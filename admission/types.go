@@ -98,6 +98,10 @@ type Request struct {
 	Priority        Priority  // PriorityNormal or PriorityCritical; 0 means normal
 	AcceptDowngrade []string  // lower tiers the caller accepts, in any order
 	Deadline        time.Time // zero: now + the configured default queue wait
+	// ExpectedCachedTokens is how many prompt tokens the router expects
+	// the engine to serve from its prefix cache (a prefix-aware router
+	// knows): prefill is charged on the others. At most PromptTokens.
+	ExpectedCachedTokens int64
 }
 
 // Decision is the answer to an Admit call.
@@ -157,6 +161,12 @@ type Release struct {
 	PromptTokens int64 // actual prompt tokens (0: as admitted)
 	OutputTokens int64 // actual output tokens generated
 	Outcome      ReleaseOutcome
+	// What the router measured (0: not reported): the time to first
+	// token, the request's whole duration, and the prompt tokens its
+	// engine served from a prefix cache (charged no prefill).
+	TTFT               time.Duration
+	Duration           time.Duration
+	CachedPromptTokens int64
 	// Authorize, if set, is asked under the engine's lock whether the
 	// caller may release a lease of this tenant; an error refuses the
 	// release (wrapped in ErrNotYourLease) and nothing changes. It must be
@@ -229,6 +239,21 @@ type DomainInfo struct {
 	// long until it is whole (0 when whole).
 	WarmupFraction float64
 	WarmupLeft     time.Duration
+
+	// The closed capacity loop (Config.Feedback): the whole domain's
+	// rates as corrected and as the model gives them, the correction
+	// (CapacityFactor, 1: the model), and the engines' last signals with
+	// their age (zero when none were ever read). EngineSaturated: the
+	// guard holds the domain to its floors. FloorsShort: the floor
+	// reserves it was given ask more than its corrected rates hold.
+	EffectivePrefillRate, EffectiveDecodeRate int64
+	PriorPrefillRate, PriorDecodeRate         int64
+	CapacityFactor                            float64
+	EngineQueue, EngineKVUsage                float64
+	EngineMetricsAge                          time.Duration
+	EngineMetricsStale                        bool
+	EngineSaturated                           bool
+	FloorsShort                               bool
 }
 
 // TenantInfo describes one tenant for operators.

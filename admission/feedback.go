@@ -1,0 +1,241 @@
+package admission
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/sluice-sched/sluice/pd"
+)
+
+// EngineSignal is what a domain's serving engines last reported (their
+// Prometheus metrics, as the Gateway API Inference Extension reads them).
+type EngineSignal struct {
+	Domain  string
+	Queue   float64       // requests waiting, summed over the domain's engines
+	Running float64       // requests running, summed
+	KVUsage float64       // the fullest engine's KV-cache utilisation, 0 to 1
+	Age     time.Duration // how old the reading is as it is given
+}
+
+// ObserveEngines records the engines' latest signals, one per domain;
+// domains the engine does not have are skipped and named in the error
+// (the others are recorded). The capacity loop acts on them at its next
+// step (Config.Feedback).
+func (e *Engine) ObserveEngines(signals []EngineSignal) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.nowLocked()
+	var unknown []string
+	for _, s := range signals {
+		d, ok := e.mu.place.byID[s.Domain]
+		if !ok || d.removed {
+			unknown = append(unknown, s.Domain)
+			continue
+		}
+		d.loop.observe(now, s)
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("engine signals for %d unknown domains (%v): %w", len(unknown), unknown[:min(len(unknown), 5)], ErrUnknownDomain)
+	}
+	return nil
+}
+
+// capacityLoop is one domain's closed capacity loop: it corrects the
+// model's capacity (pd.DomainCapacity.SetFactor) from what the domain's
+// engines report and sustain, and guards it while they are saturated.
+//
+//   - Saturation guard (AIMD): while fresh signals say the engines are
+//     saturated (waiting queue or KV use above the thresholds), nothing
+//     but floor traffic is placed on the domain and the factor shrinks by
+//     Decrease each period; once they have been clear for ClearPeriods,
+//     it grows by Increase each period the domain's buckets are in
+//     demand (most of a period's refill taken), up to MaxFactor: the
+//     loop finds an engine faster than the model as well as a slower one.
+//   - Calibration: over each Window in which the engines were busy (a
+//     waiting queue in nine in ten of their signals, or without fresh signals a median
+//     reported time to first token past BusyTTFT), what the domain served
+//     is what it sustains; the factor moves toward soft_fraction of that,
+//     by at most CalibrationStep and not by less than Deadband.
+//
+// Signals older than Stale are not acted on: the factor holds, the guard
+// is off, and DomainInfo says the metrics are stale.
+type capacityLoop struct {
+	// The engines' last signal, and the engine time it was read at.
+	sig    EngineSignal
+	sigAt  int64
+	hasSig bool
+
+	factor     float64 // the correction, relative to the model
+	saturated  bool    // the guard holds the domain to its floors
+	clearSince int64   // engine time the signals became clear; 0 while saturated or never
+	stepAt     int64   // engine time of the last step
+	// Taken counters at the last step, for demand.
+	takenP, takenD int64
+
+	// The calibration window.
+	winStart        int64
+	servedP         float64 // prefill FLOP of requests released in it
+	servedD         float64 // decode bytes
+	signals, queued int     // signals read in it, and those with a waiting queue
+	ttfts           []time.Duration
+	lastMeasure     float64 // the last window's sustained factor; 0: none yet
+	lastMeasureKind string  // what made that window busy
+}
+
+func newCapacityLoop(now int64) capacityLoop {
+	return capacityLoop{factor: 1, winStart: now, stepAt: now}
+}
+
+// observe records a signal read age ago.
+func (l *capacityLoop) observe(now int64, s EngineSignal) {
+	l.sig, l.sigAt, l.hasSig = s, now-int64(max(s.Age, 0)), true
+	l.signals++
+	if s.Queue > 0 {
+		l.queued++
+	}
+}
+
+// fresh reports whether the last signal is young enough to act on.
+func (l *capacityLoop) fresh(now int64, cfg *FeedbackConfig) bool {
+	return l.hasSig && now-l.sigAt <= int64(cfg.Stale.Duration)
+}
+
+// saturatedBy reports whether s is past a threshold.
+func saturatedBy(s EngineSignal, cfg *FeedbackConfig) bool {
+	return s.Queue > cfg.QueueThreshold || s.KVUsage > cfg.KVThreshold
+}
+
+// released counts a released request's actual cost, and the time to first
+// token the router measured (0: not reported), in the window.
+func (l *capacityLoop) released(actual pd.Cost, ttft time.Duration) {
+	l.servedP += float64(max(actual.PrefillFLOP, 0))
+	l.servedD += float64(max(actual.DecodeBytes, 0))
+	if ttft > 0 && len(l.ttfts) < maxWindowTTFTs {
+		l.ttfts = append(l.ttfts, ttft)
+	}
+}
+
+// maxWindowTTFTs bounds the times kept per window (a median of the first
+// ones is as good).
+const maxWindowTTFTs = 4096
+
+// step runs one control period at now for the domain's capacity c
+// (soft is the share of peak its rates are); it reports whether the
+// factor or the guard changed.
+func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity, soft float64) bool {
+	factor, saturated := l.factor, l.saturated
+	elapsed := now - l.stepAt
+	p, d := c.Taken()
+	demand := elapsed > 0 && (inDemand(p-l.takenP, c.PrefillRate(), elapsed) || inDemand(d-l.takenD, c.DecodeRate(), elapsed))
+	l.stepAt, l.takenP, l.takenD = now, p, d
+
+	if l.fresh(now, cfg) {
+		if saturatedBy(l.sig, cfg) {
+			l.saturated, l.clearSince = true, 0
+			l.factor *= cfg.Decrease
+		} else {
+			l.saturated = false
+			if l.clearSince == 0 {
+				l.clearSince = now
+			}
+			clearFor := int64(cfg.ClearPeriods) * int64(cfg.Period.Duration)
+			if demand && now-l.clearSince >= clearFor {
+				l.factor += cfg.Increase
+			}
+		}
+	} else {
+		l.saturated, l.clearSince = false, 0
+	}
+	if now-l.winStart >= int64(cfg.Window.Duration) {
+		l.calibrate(now, cfg, c, soft)
+	}
+	l.factor = min(max(l.factor, cfg.MinFactor), cfg.MaxFactor)
+	if l.factor != factor {
+		c.SetFactor(now, int64(math.Round(l.factor*pd.FactorFull)))
+	}
+	return l.factor != factor || l.saturated != saturated
+}
+
+// inDemand reports whether taken is most of what rate refills in elapsed
+// nanoseconds: the domain's buckets, not its traffic, bound what it runs.
+func inDemand(taken, rate, elapsed int64) bool {
+	return rate > 0 && float64(taken) >= demandShare*float64(rate)*float64(elapsed)/float64(time.Second)
+}
+
+// demandShare is the share of a period's refill taken that counts as demand.
+const demandShare = 0.8
+
+// calibrate closes the window: if the engines were busy throughout it,
+// what the domain served is what it sustains, and the factor moves toward
+// soft · sustained / the model's rate (the phase nearer its limit
+// decides: the other served only what was asked of it).
+func (l *capacityLoop) calibrate(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity, soft float64) {
+	secs := float64(now-l.winStart) / float64(time.Second)
+	busy := ""
+	switch {
+	case l.fresh(now, cfg) && l.signals > 0 && float64(l.queued) >= busyShare*float64(l.signals):
+		busy = "engine queue"
+	case !l.fresh(now, cfg) && len(l.ttfts) > 0 && medianDuration(l.ttfts) > cfg.BusyTTFT.Duration:
+		busy = "time to first token"
+	}
+	if priorP, priorD := c.PriorRates(); busy != "" && secs > 0 && priorP > 0 && priorD > 0 {
+		peakP, peakD := float64(priorP)/soft, float64(priorD)/soft
+		measured := max(l.servedP/secs/peakP, l.servedD/secs/peakD)
+		l.lastMeasure, l.lastMeasureKind = measured, busy
+		if diff := measured - l.factor; math.Abs(diff) >= cfg.Deadband {
+			l.factor += max(min(diff, cfg.CalibrationStep), -cfg.CalibrationStep)
+		}
+	}
+	l.winStart, l.servedP, l.servedD, l.signals, l.queued = now, 0, 0, 0, 0
+	l.ttfts = l.ttfts[:0]
+}
+
+// busyShare is the share of a window's signals that must show a waiting
+// queue for the engines to count as busy throughout it.
+const busyShare = 0.9
+
+func medianDuration(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// feedbackInfo is the loop's state for DomainInfo.
+func (l *capacityLoop) info(now int64, cfg *FeedbackConfig, info *DomainInfo) {
+	info.CapacityFactor = l.factor
+	info.EngineSaturated = l.saturated
+	if l.hasSig {
+		info.EngineQueue, info.EngineKVUsage = l.sig.Queue, l.sig.KVUsage
+		info.EngineMetricsAge = time.Duration(now - l.sigAt)
+		info.EngineMetricsStale = !l.fresh(now, cfg)
+	}
+}
+
+// stepFeedback runs the capacity loops once a period; the floor reserves
+// are spread again when a factor moved. The dispatcher is woken when a
+// guard lifted, by the caller.
+func (p *placer) stepFeedback(now int64) (lifted bool) {
+	cfg := &p.cfg.Feedback
+	if now-p.feedbackAt < int64(cfg.Period.Duration) {
+		return false
+	}
+	p.feedbackAt = now
+	moved := false
+	for _, d := range p.domains {
+		if d.removed {
+			continue
+		}
+		was := d.loop.saturated
+		if d.loop.step(now, cfg, d.cap, p.cfg.Capacity.SoftFraction) {
+			moved = true
+			lifted = lifted || (was && !d.loop.saturated)
+		}
+	}
+	if moved {
+		p.changed()
+		p.gen++ // the eligible rates moved
+	}
+	return lifted
+}

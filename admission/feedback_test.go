@@ -1,0 +1,294 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+)
+
+const period = 250 * time.Millisecond // the default feedback period
+
+// firstDomain is where tenant's medium requests go while every domain is
+// open: its first choice by rendezvous.
+func firstDomain(h *harness, tenant string) string {
+	h.t.Helper()
+	d := h.admit(req(tenant, "medium", 1000, 100))
+	if d.Outcome != Admitted {
+		h.t.Fatalf("%s: %v %v", tenant, d.Outcome, d.Reason)
+	}
+	h.release(d.LeaseID, 1000, 100)
+	return d.Domain
+}
+
+// drain admits and releases medium requests of tenant a until the
+// domain's buckets hold no more: each takes what it was charged.
+func drain(h *harness) {
+	h.t.Helper()
+	for range 100000 {
+		d, w := h.submit(req("a", "medium", 400, 10))
+		if w != nil {
+			h.cancel(w)
+			return
+		}
+		if d.Outcome == Rejected {
+			return
+		}
+		h.release(d.LeaseID, 400, 10)
+	}
+	h.t.Fatalf("drain: the buckets never ran dry")
+}
+
+// Engines past the queue threshold: nothing but floor traffic is placed
+// on their domain, its capacity factor shrinks, Explain says why, and
+// DomainInfo shows the signals. Once they clear, placement comes back.
+func TestSaturatedEnginesKeepTheirDomainToFloors(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 2))
+	first := firstDomain(h, "a")
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 12, KVUsage: 0.5}}); err != nil {
+		t.Fatal(err)
+	}
+	h.advance(period)
+	info := h.domain(first)
+	if !info.EngineSaturated || info.EngineQueue != 12 || info.EngineKVUsage != 0.5 || info.EngineMetricsStale {
+		t.Errorf("domain info %+v, want saturated with queue 12, KV 0.5, fresh", info)
+	}
+	if info.CapacityFactor != 0.8 || info.EffectivePrefillRate != int64(math.Round(0.8*float64(info.PriorPrefillRate))) {
+		t.Errorf("factor %g, effective prefill %d of prior %d: want 0.8 of it", info.CapacityFactor, info.EffectivePrefillRate, info.PriorPrefillRate)
+	}
+	for range 20 {
+		d := h.admit(req("a", "medium", 1000, 100))
+		if d.Outcome != Admitted || d.Domain == first {
+			t.Fatalf("while %s's engines are saturated: %v on %s, want admitted elsewhere", first, d.Outcome, d.Domain)
+		}
+		h.release(d.LeaseID, 1000, 100)
+	}
+	x, err := h.e.Explain(context.Background(), req("a", "medium", 1000, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := false
+	for _, c := range x.Placement {
+		named = named || (c.Domain == first && !c.Fits && strings.Contains(c.Detail, "engines saturated"))
+	}
+	if !named {
+		t.Errorf("Explain does not name the saturated engines: %+v", x.Placement)
+	}
+
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 0, KVUsage: 0.2}}); err != nil {
+		t.Fatal(err)
+	}
+	h.advance(period)
+	if d := h.admit(req("a", "medium", 1000, 100)); d.Domain != first {
+		t.Errorf("engines clear: placed on %s, want back on %s", d.Domain, first)
+	}
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "nowhere"}}); !errors.Is(err, ErrUnknownDomain) {
+		t.Errorf("signal for an unknown domain: %v, want ErrUnknownDomain", err)
+	}
+}
+
+// KV use past its threshold saturates as a queue does.
+func TestKVUsageSaturates(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", KVUsage: 0.95}}); err != nil {
+		t.Fatal(err)
+	}
+	h.advance(period)
+	if !h.domain("d1").EngineSaturated {
+		t.Fatal("KV 0.95 past the 0.8 threshold: not saturated")
+	}
+	d, w := h.submit(req("a", "medium", 1000, 100))
+	if w == nil && d.Outcome == Admitted {
+		t.Errorf("admitted on the only domain while its engines are saturated")
+	}
+	if w != nil {
+		h.cancel(w)
+	}
+}
+
+// Signals older than feedback.stale are not acted on: the guard lifts,
+// the factor holds, and the domain says its metrics are stale.
+func TestStaleSignalsAreNotActedOn(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 50}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		h.advance(period)
+	}
+	info := h.domain("d1")
+	if info.EngineSaturated || !info.EngineMetricsStale || info.EngineMetricsAge < 4*period {
+		t.Errorf("after %v without signals: %+v, want the guard off and the metrics stale", 4*period, info)
+	}
+	// Read at 0: fresh at the steps of 250ms and 500ms (stale: 500ms), not after.
+	if math.Abs(info.CapacityFactor-0.8*0.8) > 1e-9 {
+		t.Errorf("factor %g, want two saturated periods' cuts (0.64) and held since", info.CapacityFactor)
+	}
+	if d := h.admit(req("a", "medium", 1000, 100)); d.Outcome != Admitted {
+		t.Errorf("stale signals still keep the domain: %v %v", d.Outcome, d.Reason)
+	}
+}
+
+// Clear signals and a domain whose buckets bound what it runs: the factor
+// grows additively after the clear periods, to what an engine faster than
+// the model sustains; with no demand it holds.
+func TestClearEnginesInDemandGrowTheFactor(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	const rounds = 20
+	for range rounds {
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", KVUsage: 0.3}}); err != nil {
+			t.Fatal(err)
+		}
+		drain(h) // the buckets, not the traffic, bound it
+		h.advance(period)
+	}
+	info := h.domain("d1")
+	// Clear from the first step: it grows from the 5th (4 clear periods), by 0.02.
+	if want := 1 + 0.02*float64(rounds-4); math.Abs(info.CapacityFactor-want) > 1e-9 {
+		t.Errorf("factor %g after %d clear periods in demand, want %g", info.CapacityFactor, rounds, want)
+	}
+	if info.EffectiveDecodeRate <= info.PriorDecodeRate {
+		t.Errorf("effective decode rate %d not above the model's %d", info.EffectiveDecodeRate, info.PriorDecodeRate)
+	}
+	grown := info.CapacityFactor
+	for range 10 {
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1"}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
+	}
+	if got := h.domain("d1").CapacityFactor; got != grown {
+		t.Errorf("factor moved to %g with no demand, want it held at %g", got, grown)
+	}
+}
+
+// Without engine signals, Release reports of a slow time to first token
+// mark a busy window: what the domain served in it is what it sustains,
+// and the factor moves toward it by at most calibration_step per window.
+// Releases that report no times move nothing.
+func TestReleasesCalibrateABusyDomain(t *testing.T) {
+	for _, ttft := range []time.Duration{3 * time.Second, 0} {
+		h := newHarness(t, testConfig(), hgxCluster(t, 1))
+		for range 2 * 5 * time.Second / period { // two windows
+			d := h.admit(req("a", "medium", 1000, 100))
+			if _, err := h.e.Release(context.Background(), Release{LeaseID: d.LeaseID, PromptTokens: 1000, OutputTokens: 100, TTFT: ttft, Duration: 2 * ttft}); err != nil {
+				t.Fatal(err)
+			}
+			h.advance(period)
+		}
+		got := h.domain("d1").CapacityFactor
+		switch {
+		case ttft > 0 && math.Abs(got-0.8) > 1e-9: // served far less than the model: two steps of 0.1
+			t.Errorf("TTFT %v: factor %g after two busy windows, want 0.8", ttft, got)
+		case ttft == 0 && got != 1:
+			t.Errorf("no times reported: factor %g, want 1", got)
+		}
+	}
+}
+
+// A factor so low that the floors reserved on the domain no longer fit is
+// reported, not silently broken.
+func TestFloorsTheMeasuredCapacityCannotHoldAreReported(t *testing.T) {
+	cfg := testConfig()
+	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 1709, Weight: 1}
+	cfg.Tenants["f"] = TenantConfig{Tier: "floored"}
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	if h.domain("d1").FloorsShort {
+		t.Fatal("floors short at the model's capacity")
+	}
+	for range 10 {
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 100}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
+	}
+	info := h.domain("d1")
+	if info.CapacityFactor != 0.25 || !info.FloorsShort {
+		t.Errorf("after 10 saturated periods: factor %g floors short %v, want the 0.25 bound and short", info.CapacityFactor, info.FloorsShort)
+	}
+	if d := h.admit(req("f", "medium", 100, 10)); d.Outcome != Admitted || !d.Trace.Floor {
+		t.Errorf("a floor request on the saturated domain: %v %v floor=%v, want admitted from the floor", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+}
+
+// The factor stays within its bounds whatever the engines say, and the
+// rates are always the model's times the factor.
+func TestFactorStaysWithinBounds(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		h := newHarness(t, testConfig(), hgxCluster(t, 1))
+		for range rapid.IntRange(1, 60).Draw(t, "steps") {
+			sig := EngineSignal{Domain: "d1", Queue: rapid.Float64Range(0, 20).Draw(t, "queue"), KVUsage: rapid.Float64Range(0, 1).Draw(t, "kv")}
+			if rapid.Bool().Draw(t, "observe") {
+				if err := h.e.ObserveEngines([]EngineSignal{sig}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if rapid.Bool().Draw(t, "load") {
+				drain(h)
+			}
+			h.advance(time.Duration(rapid.Int64Range(0, int64(time.Second)).Draw(t, "ns")))
+			info := h.domain("d1")
+			if info.CapacityFactor < 0.25 || info.CapacityFactor > 2 {
+				t.Fatalf("factor %g outside [0.25, 2]", info.CapacityFactor)
+			}
+			want := math.Round(info.CapacityFactor*1e6) / 1e6 * float64(info.PriorPrefillRate)
+			if d := float64(info.EffectivePrefillRate) - want; math.Abs(d) > want*1e-9 {
+				t.Fatalf("effective prefill %d, want %.0f (%g of %d)", info.EffectivePrefillRate, want, info.CapacityFactor, info.PriorPrefillRate)
+			}
+		}
+	})
+}
+
+// A prompt the router expects a prefix cache to serve is charged prefill
+// on its other tokens only; Release settles on the tokens it reports.
+func TestExpectedCachedTokensCostNoPrefill(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	m := h.e.mu.place.models["medium"].model
+	cap := h.e.mu.place.domains[0].cap
+	before := h.domain("d1").PrefillLevel
+	r := req("a", "medium", 8000, 10)
+	r.ExpectedCachedTokens = 6000
+	d := h.admit(r)
+	uncached, _ := cap.Cost(m, 2000, 0)
+	if got := before - h.domain("d1").PrefillLevel; got != uncached.PrefillFLOP {
+		t.Errorf("prefill charged %d, want %d (2,000 uncached tokens)", got, uncached.PrefillFLOP)
+	}
+	// The router measured fewer cached tokens: the rest is charged.
+	if _, err := h.e.Release(context.Background(), Release{LeaseID: d.LeaseID, OutputTokens: 10, CachedPromptTokens: 4000}); err != nil {
+		t.Fatal(err)
+	}
+	more, _ := cap.Cost(m, 4000, 0)
+	if got := before - h.domain("d1").PrefillLevel; got != more.PrefillFLOP {
+		t.Errorf("prefill after release %d, want %d (4,000 uncached tokens)", got, more.PrefillFLOP)
+	}
+}
+
+// Bad feedback fields are refused with the field named.
+func TestFeedbackFieldsAreValidated(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	r := req("a", "medium", 100, 10)
+	r.ExpectedCachedTokens = 101
+	var inv *InvalidArgumentError
+	if _, err := h.e.Admit(context.Background(), r); !errors.As(err, &inv) || inv.Field != "expected_cached_tokens" {
+		t.Errorf("expected_cached_tokens past the prompt: %v", err)
+	}
+	d := h.admit(req("a", "medium", 100, 10))
+	for field, rel := range map[string]Release{
+		"time_to_first_token":  {LeaseID: d.LeaseID, TTFT: -time.Second},
+		"duration":             {LeaseID: d.LeaseID, TTFT: 2 * time.Second, Duration: time.Second},
+		"cached_prompt_tokens": {LeaseID: d.LeaseID, CachedPromptTokens: -1},
+	} {
+		if _, err := h.e.Release(context.Background(), rel); !errors.As(err, &inv) || inv.Field != field {
+			t.Errorf("%s: %v", field, err)
+		}
+	}
+	cfg := testConfig()
+	cfg.Feedback.KVThreshold = 1.5
+	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.kv_threshold") {
+		t.Errorf("kv_threshold 1.5: %v, want refused naming feedback.kv_threshold", err)
+	}
+}
