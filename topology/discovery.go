@@ -24,6 +24,9 @@ type NodeDiscovery struct {
 	// what the node could judge alone (fabric state and health); Merge adds
 	// what needs the domain's other nodes (NVLinks against the peers).
 	GPUs []GPU
+	// Engines are the serving engines on the node (their metrics
+	// endpoints); Merge gathers them into the node's domain.
+	Engines []Engine
 }
 
 // Merge assembles a cluster from per-node discoveries. Nodes with the same
@@ -71,6 +74,7 @@ func Merge(nodes []NodeDiscovery) (Cluster, error) {
 		gpus := slices.Clone(nd.GPUs)
 		slices.SortStableFunc(gpus, func(a, b GPU) int { return cmp.Compare(a.Index, b.Index) })
 		d.Nodes = append(d.Nodes, Node{Name: nd.Node, GPUs: gpus})
+		d.Engines = append(d.Engines, nd.Engines...)
 	}
 	slices.Sort(ids)
 	c := Cluster{Domains: make([]Domain, 0, len(ids))}

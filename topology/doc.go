@@ -90,6 +90,8 @@
 //	    gpus_per_node: 4            # required with a count
 //	    nodes: 18                   # nodes rack-b-node01 … rack-b-node18
 //	    node_prefix: rack-b-tray    # optional: name them rack-b-tray01 … instead
+//	    engines:                    # optional: serving engines whose metrics correct the capacity
+//	      - {metrics: "http://rack-b-node01:8000/metrics", kind: vllm}   # kind: vllm, sglang, or one the config names
 //
 // Peaks overrides apply field by field over the table, domain then node then
 // GPU, and make the source "config"; a GPU the table does not know needs all

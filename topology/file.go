@@ -32,13 +32,20 @@ type fileCluster struct {
 }
 
 type fileDomain struct {
-	ID          string          `json:"id"`
-	Kind        string          `json:"kind"`
-	GPU         string          `json:"gpu,omitempty"`
-	GPUsPerNode *int            `json:"gpus_per_node,omitempty"`
-	NodePrefix  string          `json:"node_prefix,omitempty"`
-	Peaks       json.RawMessage `json:"peaks,omitempty"`
-	Nodes       json.RawMessage `json:"nodes"` // a list of nodes, or a node count
+	ID          string            `json:"id"`
+	Kind        string            `json:"kind"`
+	GPU         string            `json:"gpu,omitempty"`
+	GPUsPerNode *int              `json:"gpus_per_node,omitempty"`
+	NodePrefix  string            `json:"node_prefix,omitempty"`
+	Peaks       json.RawMessage   `json:"peaks,omitempty"`
+	Nodes       json.RawMessage   `json:"nodes"`             // a list of nodes, or a node count
+	Engines     []json.RawMessage `json:"engines,omitempty"` // fileEngine each
+}
+
+// fileEngine is a domain's engines[] entry.
+type fileEngine struct {
+	Metrics string `json:"metrics"`
+	Kind    string `json:"kind"`
 }
 
 type fileNode struct {
@@ -145,6 +152,18 @@ func parseDomain(raw json.RawMessage, path string) (Domain, error) {
 		def.peaks = []peaksLayer{l}
 	}
 	d := Domain{ID: fd.ID, Kind: fd.Kind}
+	for j, raw := range fd.Engines {
+		epath := fmt.Sprintf("%s.engines[%d]", path, j)
+		var fe fileEngine
+		if err := decodeObject(raw, epath, &fe); err != nil {
+			return Domain{}, err
+		}
+		e := Engine(fe)
+		if err := e.Validate(); err != nil {
+			return Domain{}, fmt.Errorf("%s.%w", epath, err)
+		}
+		d.Engines = append(d.Engines, e)
+	}
 	nodesPath := path + ".nodes"
 	switch kindOf(fd.Nodes) {
 	case "a list":
@@ -544,6 +563,9 @@ func EncodeJSON(c Cluster) ([]byte, error) {
 			nodes[j] = encodeNode(nd)
 		}
 		fd := fileDomain{ID: d.ID, Kind: d.Kind, Nodes: mustMarshal(nodes)}
+		for _, e := range d.Engines {
+			fd.Engines = append(fd.Engines, mustMarshal(fileEngine(e)))
+		}
 		fc.Domains[i] = mustMarshal(fd)
 	}
 	out, err := json.MarshalIndent(fc, "", "  ")

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -168,5 +169,48 @@ func TestLoadFileErrorsNameTheFile(t *testing.T) {
 	}
 	if _, err := LoadFile(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
 		t.Errorf("missing file error = %v", err)
+	}
+}
+
+// A domain's engines are read, written back, and checked: a URL with a
+// host and a kind.
+func TestDomainEngines(t *testing.T) {
+	const doc = `
+domains:
+  - id: d1
+    kind: hgx
+    gpu: H200
+    gpus_per_node: 8
+    nodes: 1
+    engines:
+      - {metrics: "http://10.0.0.1:8000/metrics", kind: vllm}
+      - {metrics: "https://10.0.0.2:30000/metrics", kind: sglang}
+`
+	c, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Engine{{Metrics: "http://10.0.0.1:8000/metrics", Kind: "vllm"}, {Metrics: "https://10.0.0.2:30000/metrics", Kind: "sglang"}}
+	if !slices.Equal(c.Domains[0].Engines, want) {
+		t.Errorf("engines %+v, want %+v", c.Domains[0].Engines, want)
+	}
+	out, err := EncodeYAML(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse(out)
+	if err != nil || !slices.Equal(back.Domains[0].Engines, want) {
+		t.Errorf("written and read back: %+v, %v", back.Domains, err)
+	}
+	for bad, wantErr := range map[string]string{
+		`{metrics: "ftp://x/metrics", kind: vllm}`:     "domains[0].engines[0].metrics: want an http(s) URL",
+		`{metrics: "http://x:1/metrics"}`:              "domains[0].engines[0].kind: missing",
+		`{kind: vllm}`:                                 "domains[0].engines[0].metrics: missing",
+		`{metrics: "http://x/m", kind: vllm, port: 1}`: "port",
+	} {
+		doc := strings.Replace(doc, `- {metrics: "http://10.0.0.1:8000/metrics", kind: vllm}`, "- "+bad, 1)
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("engine %s: %v, want an error with %q", bad, err, wantErr)
+		}
 	}
 }

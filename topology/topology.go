@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"slices"
 )
 
@@ -136,6 +137,34 @@ type Domain struct {
 	ID    string // an NVML clique id "<ClusterUuid>.<CliqueId>", or a name
 	Kind  string // KindNVL72, KindHGX, …
 	Nodes []Node
+	// Engines are the domain's serving engines whose metrics Sluice reads
+	// (their waiting queue and KV-cache use) to correct its capacity.
+	Engines []Engine
+}
+
+// Engine is one serving engine's Prometheus metrics endpoint and what
+// kind of engine it is ("vllm", "sglang", or a kind sluiced's config
+// names), which says which metrics to read.
+type Engine struct {
+	Metrics string // an http(s) URL
+	Kind    string
+}
+
+// Validate reports what is wrong with the engine, if anything: its metrics
+// URL must be http(s) with a host, and its kind named.
+func (e Engine) Validate() error {
+	u, err := url.Parse(e.Metrics)
+	switch {
+	case e.Metrics == "":
+		return errors.New("metrics: missing")
+	case err != nil:
+		return fmt.Errorf("metrics: %w", err)
+	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
+		return fmt.Errorf("metrics: want an http(s) URL with a host, got %q", e.Metrics)
+	case e.Kind == "":
+		return errors.New("kind: missing (vllm, sglang, or a kind the config names)")
+	}
+	return nil
 }
 
 // GPUCount returns the number of GPUs in the domain, healthy or not.
@@ -343,6 +372,11 @@ func (c Cluster) Validate() error {
 		}
 		if len(d.Nodes) == 0 {
 			bad("%s: no nodes", where)
+		}
+		for j, e := range d.Engines {
+			if err := e.Validate(); err != nil {
+				bad("%s: engines[%d].%v", where, j, err)
+			}
 		}
 		for _, nd := range d.Nodes {
 			if nd.Name == "" {

@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string, logw io.Writer, discover func(node 
 	ttl := fs.Duration("ttl", 10*time.Second, "lease TTL: a dead agent's GPUs leave capacity this long after its last keepalive")
 	rediscover := fs.Duration("rediscover", 30*time.Second, "how often the node is discovered again and a changed record (GPU health) republished; 0 never")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	var engines engineFlags
+	fs.Var(&engines, "engine", "a serving engine on this node, kind=metrics-URL (vllm=http://localhost:8000/metrics, sglang=…); repeatable: the replicas read their metrics to correct the domain's capacity")
 	printVersion := fs.Bool("version", false, "print the version (module version, VCS revision) and exit")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
@@ -106,6 +109,34 @@ func run(ctx context.Context, args []string, logw io.Writer, discover func(node 
 	defer cli.Close()
 	return controlplane.RunAgent(ctx, controlplane.AgentOptions{
 		Client: cli, Prefix: *prefix, TTL: *ttl, Logger: log, RediscoverEvery: every,
-		Discover: loader.Load,
+		Discover: func(ctx context.Context) (topology.NodeDiscovery, error) {
+			nd, err := loader.Load(ctx)
+			nd.Engines = engines
+			return nd, err
+		},
 	})
+}
+
+// engineFlags are the --engine flags: kind=metrics-URL each.
+type engineFlags []topology.Engine
+
+func (f *engineFlags) String() string {
+	parts := make([]string, len(*f))
+	for i, e := range *f {
+		parts[i] = e.Kind + "=" + e.Metrics
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *engineFlags) Set(v string) error {
+	kind, url, ok := strings.Cut(v, "=")
+	if !ok || kind == "" || url == "" {
+		return fmt.Errorf("want kind=metrics-URL (vllm=http://localhost:8000/metrics), got %q", v)
+	}
+	e := topology.Engine{Kind: kind, Metrics: url}
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	*f = append(*f, e)
+	return nil
 }

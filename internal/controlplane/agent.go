@@ -28,6 +28,15 @@ type AgentRecord struct {
 	// domain (an HGX board's NVLink island).
 	Domain string     `json:"domain,omitempty"`
 	GPUs   []AgentGPU `json:"gpus"`
+	// Engines are the node's serving engines, whose metrics the replicas
+	// read to correct their domain's capacity.
+	Engines []AgentEngine `json:"engines,omitempty"`
+}
+
+// AgentEngine is one serving engine of an AgentRecord.
+type AgentEngine struct {
+	Metrics string `json:"metrics"`
+	Kind    string `json:"kind"`
 }
 
 // AgentGPU is one GPU of an AgentRecord.
@@ -63,6 +72,9 @@ type AgentPeaks struct {
 // RecordOf renders a node's discovery for publishing.
 func RecordOf(nd topology.NodeDiscovery) AgentRecord {
 	r := AgentRecord{Node: nd.Node, Domain: nd.Domain, GPUs: make([]AgentGPU, len(nd.GPUs))}
+	for _, e := range nd.Engines {
+		r.Engines = append(r.Engines, AgentEngine(e))
+	}
 	for i, g := range nd.GPUs {
 		r.GPUs[i] = AgentGPU{
 			Index: g.Index, UUID: g.UUID, Name: g.Name, PCIBusID: g.PCIBusID,
@@ -83,6 +95,9 @@ func RecordOf(nd topology.NodeDiscovery) AgentRecord {
 // Discovery returns the record as a topology.NodeDiscovery.
 func (r AgentRecord) Discovery() topology.NodeDiscovery {
 	nd := topology.NodeDiscovery{Node: r.Node, Domain: r.Domain, GPUs: make([]topology.GPU, len(r.GPUs))}
+	for _, e := range r.Engines {
+		nd.Engines = append(nd.Engines, topology.Engine(e))
+	}
 	for i, g := range r.GPUs {
 		nd.GPUs[i] = topology.GPU{
 			Index: g.Index, UUID: g.UUID, Name: g.Name, PCIBusID: g.PCIBusID,
@@ -102,6 +117,9 @@ func (r AgentRecord) Discovery() topology.NodeDiscovery {
 // maxAgentGPUs bounds one node's GPUs, as NVML discovery does, so that a
 // corrupt record cannot make every replica build a huge cluster.
 const maxAgentGPUs = 1024
+
+// maxAgentEngines bounds one node's serving engines likewise.
+const maxAgentEngines = 64
 
 // decodeAgent reads the record under node's agent key and checks it alone:
 // strict JSON (one value, nothing after it), the node it names is the key's, it has GPUs, and it merges into
@@ -123,6 +141,8 @@ func decodeAgent(node string, value []byte) (AgentRecord, error) {
 		return AgentRecord{}, errors.New("no GPUs")
 	case len(r.GPUs) > maxAgentGPUs:
 		return AgentRecord{}, fmt.Errorf("%d GPUs, more than the %d a node may have", len(r.GPUs), maxAgentGPUs)
+	case len(r.Engines) > maxAgentEngines:
+		return AgentRecord{}, fmt.Errorf("%d engines, more than the %d a node may have", len(r.Engines), maxAgentEngines)
 	}
 	if _, err := topology.Merge([]topology.NodeDiscovery{r.Discovery()}); err != nil {
 		return AgentRecord{}, err

@@ -39,6 +39,36 @@ func TestDecodeAgentRefusesTrailingData(t *testing.T) {
 	}
 }
 
+// A node's engines travel in its record and join its domain; a record
+// with an engine that is not an http(s) URL is refused.
+func TestAgentRecordCarriesEngines(t *testing.T) {
+	nd, err := topology.Simulated().NodeDiscovery("hgx-h200-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.Engines = []topology.Engine{{Metrics: "http://127.0.0.1:8000/metrics", Kind: "vllm"}}
+	b, err := json.Marshal(RecordOf(nd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := decodeAgent("hgx-h200-1", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := topology.Merge([]topology.NodeDiscovery{r.Discovery()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Domains[0].Engines; !reflect.DeepEqual(got, nd.Engines) {
+		t.Errorf("merged domain's engines %+v, want %+v", got, nd.Engines)
+	}
+	nd.Engines[0].Metrics = "file:///etc/passwd"
+	b, _ = json.Marshal(RecordOf(nd))
+	if _, err := decodeAgent("hgx-h200-1", b); err == nil || !strings.Contains(err.Error(), "engines[0].metrics") {
+		t.Errorf("an engine with a file URL: %v, want refused naming engines[0].metrics", err)
+	}
+}
+
 // agentGet returns the value and lease of node's agent key ("" when absent).
 func agentGet(t *testing.T, cli *clientv3.Client, node string) (string, clientv3.LeaseID) {
 	t.Helper()

@@ -708,7 +708,7 @@ func unhealthyCluster(c topology.Cluster, problem string) topology.Cluster {
 
 // recordsEqual compares two agent records.
 func recordsEqual(a, b AgentRecord) bool {
-	return a.Node == b.Node && a.Domain == b.Domain && slices.Equal(a.GPUs, b.GPUs)
+	return a.Node == b.Node && a.Domain == b.Domain && slices.Equal(a.GPUs, b.GPUs) && slices.Equal(a.Engines, b.Engines)
 }
 
 // reconcileDrains applies the drain marks with the engine's DrainAhead: a
