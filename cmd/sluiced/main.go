@@ -31,6 +31,7 @@ import (
 	"github.com/sluice-sched/sluice/admission/rlsserver"
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/enginemetrics"
 	"github.com/sluice-sched/sluice/internal/server"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
@@ -92,6 +93,19 @@ func run(args []string, stdout io.Writer) error {
 	// Metrics: the bound on tenant series overrides the config's.
 	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
+	// Serving engines' metrics (the topology's engines), for the capacity loop.
+	fs.DurationVar(&opts.Engines.Period, "engine-metrics-period", 100*time.Millisecond, "how often every serving engine's metrics (the topology's domains[].engines) are read; the config's feedback.stale bounds their age")
+	fs.Func("engine-kind", "an engine kind beside vllm and sglang (or in their place): name=queue_metric,kv_metric[,running_metric]; repeatable", func(v string) error {
+		name, names, err := server.ParseEngineKind(v)
+		if err != nil {
+			return err
+		}
+		if opts.Engines.Kinds == nil {
+			opts.Engines.Kinds = make(map[string]enginemetrics.Names)
+		}
+		opts.Engines.Kinds[name] = names
+		return nil
+	})
 	memoryLimit := fs.String("memory-limit", "auto", `the Go runtime's soft memory limit: "auto" (90% of the cgroup's memory limit when there is one; GOMEMLIMIT or AUTOMEMLIMIT in the environment win), "off", or a size ("460MiB")`)
 	printVersion := fs.Bool("version", false, "print the version (module version, VCS revision) and exit")
 	// Envoy's rate-limit protocol (RateLimitService v3) on the gRPC port.

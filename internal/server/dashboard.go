@@ -80,6 +80,7 @@ func newTenantDirectory(cfg admission.Config) *tenantDirectory {
 // replaced whole when they change.
 type serverState struct {
 	eng     *admission.Engine
+	feed    *engineFeed // reads the engines each cluster names
 	cluster atomic.Pointer[topology.Cluster]
 	dir     atomic.Pointer[tenantDirectory]
 }
@@ -135,7 +136,10 @@ func (st *serverState) tenantsChanged(updates []admission.TenantUpdate) {
 }
 
 // topologyChanged records the cluster the engine now serves.
-func (st *serverState) topologyChanged(c topology.Cluster) { st.cluster.Store(&c) }
+func (st *serverState) topologyChanged(c topology.Cluster) {
+	st.cluster.Store(&c)
+	st.feed.topologyChanged(c)
+}
 
 // Topology implements dashboard.State.
 func (st *serverState) Topology() topology.Cluster {

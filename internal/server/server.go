@@ -55,6 +55,9 @@ type Options struct {
 	// Metrics bound the tenant-labelled series and set the Admit latency
 	// SLA the alerts compare with; zero: the defaults.
 	Metrics metrics.Options
+	// Engines: reading the serving engines' metrics for the capacity
+	// loop (engines.go); zero: every 100ms, vllm and sglang known.
+	Engines EngineMetricsOptions
 }
 
 // Server is a running sluiced.
@@ -137,7 +140,11 @@ func New(opts Options) (*Server, error) {
 	case err != nil: // the cluster cannot serve: name the topology source
 		return nil, fmt.Errorf("topology %s: %w", opts.Topology, err)
 	}
-	s.state = &serverState{eng: s.eng}
+	feed, err := newEngineFeed(opts.Engines, s.eng, opts.Clock.Now, s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.state = &serverState{eng: s.eng, feed: feed}
 	s.state.configChanged(cfg)
 	s.state.topologyChanged(cluster)
 	// The engine and the tenant directory hold what they need of the
@@ -234,6 +241,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer stopRun()
 	go s.eng.Run(runCtx)
 	go s.dash.Run(runCtx)
+	go s.state.feed.run(runCtx)
 	go s.watchSecurity(runCtx)
 	s.runControlPlane()
 
