@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/admission/client"
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
 // vllmEngine serves vLLM's metrics with a waiting queue the test sets.
