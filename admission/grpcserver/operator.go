@@ -164,6 +164,18 @@ func domainToProto(d *admission.DomainInfo) *admissionv1.DomainInfo {
 
 		WarmupFraction: d.WarmupFraction,
 		WarmupLeft:     durationOrNil(d.WarmupLeft),
+
+		EffectivePrefillRate: d.EffectivePrefillRate,
+		EffectiveDecodeRate:  d.EffectiveDecodeRate,
+		PriorPrefillRate:     d.PriorPrefillRate,
+		PriorDecodeRate:      d.PriorDecodeRate,
+		CapacityFactor:       d.CapacityFactor,
+		EngineQueue:          d.EngineQueue,
+		EngineKvUsage:        d.EngineKVUsage,
+		EngineMetricsAge:     durationOrNil(d.EngineMetricsAge),
+		EngineMetricsStale:   d.EngineMetricsStale,
+		EngineSaturated:      d.EngineSaturated,
+		FloorsShort:          d.FloorsShort,
 	}
 }
 

@@ -161,6 +161,8 @@ func requestFromProto(ctx context.Context, in *admissionv1.AdmitRequest) (admiss
 		MaxOutputTokens: in.GetMaxOutputTokens(),
 		Priority:        prio,
 		AcceptDowngrade: in.GetAcceptDowngrade(),
+
+		ExpectedCachedTokens: in.GetExpectedCachedTokens(),
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		req.Deadline = dl
@@ -183,6 +185,21 @@ func (s *admissionServer) Release(ctx context.Context, in *admissionv1.ReleaseRe
 		PromptTokens: in.GetPromptTokens(),
 		OutputTokens: in.GetOutputTokens(),
 		Outcome:      outcome,
+
+		CachedPromptTokens: in.GetCachedPromptTokens(),
+	}
+	for _, d := range []struct {
+		field string
+		in    *durationpb.Duration
+		out   *time.Duration
+	}{{"time_to_first_token", in.GetTimeToFirstToken(), &rel.TTFT}, {"duration", in.GetDuration(), &rel.Duration}} {
+		if d.in == nil {
+			continue
+		}
+		if err := d.in.CheckValid(); err != nil {
+			return nil, invalidArgument(d.field, err.Error())
+		}
+		*d.out = d.in.AsDuration()
 	}
 	if s.guard != nil {
 		// A router releases only its own tenants' leases: the engine asks

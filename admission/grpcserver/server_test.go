@@ -30,6 +30,8 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 		MaxOutputTokens: 200,
 		Priority:        admissionv1.Priority_PRIORITY_CRITICAL,
 		AcceptDowngrade: []string{"medium", "small"},
+
+		ExpectedCachedTokens: 400,
 	}
 	wantAllFieldsSet(t, in)
 	dec := admission.Decision{
@@ -83,6 +85,8 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 		PromptTokens: 1000, MaxOutputTokens: 200,
 		Priority:        admission.PriorityCritical,
 		AcceptDowngrade: []string{"medium", "small"},
+
+		ExpectedCachedTokens: 400,
 	}
 	if !reflect.DeepEqual(got, wantReq) {
 		t.Errorf("engine got %+v, want %+v", got, wantReq)
@@ -262,7 +266,8 @@ func TestRelease(t *testing.T) {
 	wantNoZeroFields(t, admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true})
 	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil).conn)
 
-	in := &admissionv1.ReleaseRequest{LeaseId: "l-42", PromptTokens: 900, OutputTokens: 150, Outcome: admissionv1.Outcome_OUTCOME_ERROR}
+	in := &admissionv1.ReleaseRequest{LeaseId: "l-42", PromptTokens: 900, OutputTokens: 150, Outcome: admissionv1.Outcome_OUTCOME_ERROR,
+		TimeToFirstToken: durationpb.New(300 * time.Millisecond), Duration: durationpb.New(4 * time.Second), CachedPromptTokens: 512}
 	wantAllFieldsSet(t, in)
 	resp, err := cl.Release(context.Background(), in)
 	if err != nil {
@@ -271,8 +276,10 @@ func TestRelease(t *testing.T) {
 	if got.Authorize != nil {
 		t.Error("a Release without a tenant guard carries an Authorize")
 	}
-	if want := (admission.Release{LeaseID: 42, PromptTokens: 900, OutputTokens: 150, Outcome: admission.ReleaseError}); got.LeaseID != want.LeaseID ||
-		got.PromptTokens != want.PromptTokens || got.OutputTokens != want.OutputTokens || got.Outcome != want.Outcome {
+	if want := (admission.Release{LeaseID: 42, PromptTokens: 900, OutputTokens: 150, Outcome: admission.ReleaseError,
+		TTFT: 300 * time.Millisecond, Duration: 4 * time.Second, CachedPromptTokens: 512}); got.LeaseID != want.LeaseID ||
+		got.PromptTokens != want.PromptTokens || got.OutputTokens != want.OutputTokens || got.Outcome != want.Outcome ||
+		got.TTFT != want.TTFT || got.Duration != want.Duration || got.CachedPromptTokens != want.CachedPromptTokens {
 		t.Errorf("engine got %+v, want %+v", got, want)
 	}
 	want := &admissionv1.ReleaseResponse{Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: durationpb.New(2 * time.Second), OverrunClamped: true}
@@ -299,6 +306,8 @@ func TestRelease(t *testing.T) {
 	calls := eng.releaseCalls.Load()
 	_, err = cl.Release(context.Background(), &admissionv1.ReleaseRequest{LeaseId: "l-1", Outcome: 3})
 	wantInvalidArgument(t, err, "outcome")
+	_, err = cl.Release(context.Background(), &admissionv1.ReleaseRequest{LeaseId: "l-1", TimeToFirstToken: &durationpb.Duration{Seconds: 1, Nanos: -1}})
+	wantInvalidArgument(t, err, "time_to_first_token")
 	for _, id := range []string{"", "1", "l-", "l-0", "l-01", "L-1", "l-+1", "l--1", "l- 1", "l-1 ", "l-1a", "l-0x1f", "x-1", "l-18446744073709551616", "l-99999999999999999999999"} {
 		_, err := cl.Release(context.Background(), &admissionv1.ReleaseRequest{LeaseId: id})
 		wantInvalidArgument(t, err, "lease_id")
@@ -327,6 +336,8 @@ func TestOperator(t *testing.T) {
 		HealthWeight: 0.05, InFlight: 3, PrefillRate: 1, PrefillLevel: 2, PrefillBurst: 3,
 		DecodeRate: 4, DecodeLevel: 5, DecodeBurst: 6, KVInUse: 7, KVLimit: 8, ReservedFrac: 0.25,
 		WarmupFraction: 0.4, WarmupLeft: 36 * time.Second,
+		EffectivePrefillRate: 9, EffectiveDecodeRate: 10, PriorPrefillRate: 11, PriorDecodeRate: 12, CapacityFactor: 0.8,
+		EngineQueue: 6, EngineKVUsage: 0.9, EngineMetricsAge: 120 * time.Millisecond, EngineMetricsStale: true, EngineSaturated: true, FloorsShort: true,
 	}
 	until := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
 	ten := admission.TenantInfo{
@@ -362,6 +373,8 @@ func TestOperator(t *testing.T) {
 		HealthWeight: 0.05, InFlight: 3, PrefillRate: 1, PrefillLevel: 2, PrefillBurst: 3,
 		DecodeRate: 4, DecodeLevel: 5, DecodeBurst: 6, KvInUse: 7, KvLimit: 8, ReservedFrac: 0.25,
 		WarmupFraction: 0.4, WarmupLeft: durationpb.New(36 * time.Second),
+		EffectivePrefillRate: 9, EffectiveDecodeRate: 10, PriorPrefillRate: 11, PriorDecodeRate: 12, CapacityFactor: 0.8,
+		EngineQueue: 6, EngineKvUsage: 0.9, EngineMetricsAge: durationpb.New(120 * time.Millisecond), EngineMetricsStale: true, EngineSaturated: true, FloorsShort: true,
 	}
 	wantTen := &admissionv1.TenantInfo{
 		Name: "acme", Tier: "enterprise", Weight: 4, FloorTokens: 1000, TokenRate: 2000,

@@ -318,8 +318,12 @@ type AdmitRequest struct {
 	Priority Priority `protobuf:"varint,6,opt,name=priority,proto3,enum=sluice.admission.v1.Priority" json:"priority,omitempty"`
 	// Lower model tiers the caller accepts, in any order.
 	AcceptDowngrade []string `protobuf:"bytes,7,rep,name=accept_downgrade,json=acceptDowngrade,proto3" json:"accept_downgrade,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Prompt tokens the router expects the engine to serve from its prefix
+	// cache (a prefix-aware router knows): prefill is charged on the others.
+	// At most prompt_tokens; 0 means none.
+	ExpectedCachedTokens int64 `protobuf:"varint,8,opt,name=expected_cached_tokens,json=expectedCachedTokens,proto3" json:"expected_cached_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *AdmitRequest) Reset() {
@@ -399,6 +403,13 @@ func (x *AdmitRequest) GetAcceptDowngrade() []string {
 		return x.AcceptDowngrade
 	}
 	return nil
+}
+
+func (x *AdmitRequest) GetExpectedCachedTokens() int64 {
+	if x != nil {
+		return x.ExpectedCachedTokens
+	}
+	return 0
 }
 
 // AdmitResponse is the answer to an Admit call.
@@ -712,9 +723,16 @@ type ReleaseRequest struct {
 	// Actual output tokens generated.
 	OutputTokens int64 `protobuf:"varint,3,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
 	// How the request finished; unspecified means OK.
-	Outcome       Outcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=sluice.admission.v1.Outcome" json:"outcome,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Outcome Outcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=sluice.admission.v1.Outcome" json:"outcome,omitempty"`
+	// What the router measured, for the domain's capacity loop (absent: not
+	// measured): the time to the first token, the request's whole duration
+	// (not shorter than the first), and the prompt tokens the engine served
+	// from its prefix cache (charged no prefill; 0: as expected at Admit).
+	TimeToFirstToken   *durationpb.Duration `protobuf:"bytes,5,opt,name=time_to_first_token,json=timeToFirstToken,proto3" json:"time_to_first_token,omitempty"`
+	Duration           *durationpb.Duration `protobuf:"bytes,6,opt,name=duration,proto3" json:"duration,omitempty"`
+	CachedPromptTokens int64                `protobuf:"varint,7,opt,name=cached_prompt_tokens,json=cachedPromptTokens,proto3" json:"cached_prompt_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
@@ -773,6 +791,27 @@ func (x *ReleaseRequest) GetOutcome() Outcome {
 		return x.Outcome
 	}
 	return Outcome_OUTCOME_UNSPECIFIED
+}
+
+func (x *ReleaseRequest) GetTimeToFirstToken() *durationpb.Duration {
+	if x != nil {
+		return x.TimeToFirstToken
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetCachedPromptTokens() int64 {
+	if x != nil {
+		return x.CachedPromptTokens
+	}
+	return 0
 }
 
 // ReleaseResponse says what Release did to the tenant's and domain's accounts.
@@ -909,7 +948,28 @@ type DomainInfo struct {
 	// than this field.
 	WarmupFraction float64 `protobuf:"fixed64,17,opt,name=warmup_fraction,json=warmupFraction,proto3" json:"warmup_fraction,omitempty"`
 	// Time until the domain is whole; absent when it is.
-	WarmupLeft    *durationpb.Duration `protobuf:"bytes,18,opt,name=warmup_left,json=warmupLeft,proto3" json:"warmup_left,omitempty"`
+	WarmupLeft *durationpb.Duration `protobuf:"bytes,18,opt,name=warmup_left,json=warmupLeft,proto3" json:"warmup_left,omitempty"`
+	// The closed capacity loop. The whole domain's prefill (FLOP/s) and
+	// decode (B/s) rates as corrected by what the domain is measured to
+	// sustain, and as the model gives them; capacity_factor is the
+	// correction (effective ÷ prior, 1: the model).
+	EffectivePrefillRate int64   `protobuf:"varint,19,opt,name=effective_prefill_rate,json=effectivePrefillRate,proto3" json:"effective_prefill_rate,omitempty"`
+	EffectiveDecodeRate  int64   `protobuf:"varint,20,opt,name=effective_decode_rate,json=effectiveDecodeRate,proto3" json:"effective_decode_rate,omitempty"`
+	PriorPrefillRate     int64   `protobuf:"varint,21,opt,name=prior_prefill_rate,json=priorPrefillRate,proto3" json:"prior_prefill_rate,omitempty"`
+	PriorDecodeRate      int64   `protobuf:"varint,22,opt,name=prior_decode_rate,json=priorDecodeRate,proto3" json:"prior_decode_rate,omitempty"`
+	CapacityFactor       float64 `protobuf:"fixed64,23,opt,name=capacity_factor,json=capacityFactor,proto3" json:"capacity_factor,omitempty"`
+	// The serving engines' last signals: requests waiting, the fullest
+	// engine's KV-cache use (0 to 1), and their age (absent: never read).
+	EngineQueue      float64              `protobuf:"fixed64,24,opt,name=engine_queue,json=engineQueue,proto3" json:"engine_queue,omitempty"`
+	EngineKvUsage    float64              `protobuf:"fixed64,25,opt,name=engine_kv_usage,json=engineKvUsage,proto3" json:"engine_kv_usage,omitempty"`
+	EngineMetricsAge *durationpb.Duration `protobuf:"bytes,26,opt,name=engine_metrics_age,json=engineMetricsAge,proto3" json:"engine_metrics_age,omitempty"`
+	// The signals are older than feedback.stale: the model alone decides.
+	EngineMetricsStale bool `protobuf:"varint,27,opt,name=engine_metrics_stale,json=engineMetricsStale,proto3" json:"engine_metrics_stale,omitempty"`
+	// The engines are past a threshold: only floor traffic is placed here.
+	EngineSaturated bool `protobuf:"varint,28,opt,name=engine_saturated,json=engineSaturated,proto3" json:"engine_saturated,omitempty"`
+	// The floor reserves given to the domain ask more than its corrected
+	// rates hold.
+	FloorsShort   bool `protobuf:"varint,29,opt,name=floors_short,json=floorsShort,proto3" json:"floors_short,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1068,6 +1128,83 @@ func (x *DomainInfo) GetWarmupLeft() *durationpb.Duration {
 		return x.WarmupLeft
 	}
 	return nil
+}
+
+func (x *DomainInfo) GetEffectivePrefillRate() int64 {
+	if x != nil {
+		return x.EffectivePrefillRate
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetEffectiveDecodeRate() int64 {
+	if x != nil {
+		return x.EffectiveDecodeRate
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetPriorPrefillRate() int64 {
+	if x != nil {
+		return x.PriorPrefillRate
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetPriorDecodeRate() int64 {
+	if x != nil {
+		return x.PriorDecodeRate
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetCapacityFactor() float64 {
+	if x != nil {
+		return x.CapacityFactor
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetEngineQueue() float64 {
+	if x != nil {
+		return x.EngineQueue
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetEngineKvUsage() float64 {
+	if x != nil {
+		return x.EngineKvUsage
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetEngineMetricsAge() *durationpb.Duration {
+	if x != nil {
+		return x.EngineMetricsAge
+	}
+	return nil
+}
+
+func (x *DomainInfo) GetEngineMetricsStale() bool {
+	if x != nil {
+		return x.EngineMetricsStale
+	}
+	return false
+}
+
+func (x *DomainInfo) GetEngineSaturated() bool {
+	if x != nil {
+		return x.EngineSaturated
+	}
+	return false
+}
+
+func (x *DomainInfo) GetFloorsShort() bool {
+	if x != nil {
+		return x.FloorsShort
+	}
+	return false
 }
 
 // TenantInfo describes one tenant.
@@ -2550,7 +2687,7 @@ var File_admission_proto protoreflect.FileDescriptor
 
 const file_admission_proto_rawDesc = "" +
 	"\n" +
-	"\x0fadmission.proto\x12\x13sluice.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\x02\n" +
+	"\x0fadmission.proto\x12\x13sluice.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x02\n" +
 	"\fAdmitRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -2559,7 +2696,8 @@ const file_admission_proto_rawDesc = "" +
 	"\rprompt_tokens\x18\x04 \x01(\x03R\fpromptTokens\x12*\n" +
 	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\x129\n" +
 	"\bpriority\x18\x06 \x01(\x0e2\x1d.sluice.admission.v1.PriorityR\bpriority\x12)\n" +
-	"\x10accept_downgrade\x18\a \x03(\tR\x0facceptDowngrade\"\x90\x03\n" +
+	"\x10accept_downgrade\x18\a \x03(\tR\x0facceptDowngrade\x124\n" +
+	"\x16expected_cached_tokens\x18\b \x01(\x03R\x14expectedCachedTokens\"\x90\x03\n" +
 	"\rAdmitResponse\x129\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x1d.sluice.admission.v1.DecisionR\bdecision\x123\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\x06reason\x12:\n" +
@@ -2589,19 +2727,22 @@ const file_admission_proto_rawDesc = "" +
 	"\bkv_limit\x18\r \x01(\x03R\akvLimit\x12'\n" +
 	"\x0fweighted_tokens\x18\x0e \x01(\x03R\x0eweightedTokens\x122\n" +
 	"\x15estimated_cost_micros\x18\x0f \x01(\x03R\x13estimatedCostMicros\x12@\n" +
-	"\x0eestimated_wait\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\restimatedWait\"\xad\x01\n" +
+	"\x0eestimated_wait\x18\x10 \x01(\v2\x19.google.protobuf.DurationR\restimatedWait\"\xe0\x02\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12#\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x03R\fpromptTokens\x12#\n" +
 	"\routput_tokens\x18\x03 \x01(\x03R\foutputTokens\x126\n" +
-	"\aoutcome\x18\x04 \x01(\x0e2\x1c.sluice.admission.v1.OutcomeR\aoutcome\"\xf5\x01\n" +
+	"\aoutcome\x18\x04 \x01(\x0e2\x1c.sluice.admission.v1.OutcomeR\aoutcome\x12H\n" +
+	"\x13time_to_first_token\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10timeToFirstToken\x125\n" +
+	"\bduration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\bduration\x120\n" +
+	"\x14cached_prompt_tokens\x18\a \x01(\x03R\x12cachedPromptTokens\"\xf5\x01\n" +
 	"\x0fReleaseResponse\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12'\n" +
 	"\x0frefunded_tokens\x18\x03 \x01(\x03R\x0erefundedTokens\x12,\n" +
 	"\x12actual_cost_micros\x18\x04 \x01(\x03R\x10actualCostMicros\x124\n" +
 	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\x12'\n" +
-	"\x0foverrun_clamped\x18\x06 \x01(\bR\x0eoverrunClamped\"\xda\x04\n" +
+	"\x0foverrun_clamped\x18\x06 \x01(\bR\x0eoverrunClamped\"\xdb\b\n" +
 	"\n" +
 	"DomainInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -2624,7 +2765,18 @@ const file_admission_proto_rawDesc = "" +
 	"\rreserved_frac\x18\x10 \x01(\x01R\freservedFrac\x12'\n" +
 	"\x0fwarmup_fraction\x18\x11 \x01(\x01R\x0ewarmupFraction\x12:\n" +
 	"\vwarmup_left\x18\x12 \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"warmupLeft\"\xfa\x03\n" +
+	"warmupLeft\x124\n" +
+	"\x16effective_prefill_rate\x18\x13 \x01(\x03R\x14effectivePrefillRate\x122\n" +
+	"\x15effective_decode_rate\x18\x14 \x01(\x03R\x13effectiveDecodeRate\x12,\n" +
+	"\x12prior_prefill_rate\x18\x15 \x01(\x03R\x10priorPrefillRate\x12*\n" +
+	"\x11prior_decode_rate\x18\x16 \x01(\x03R\x0fpriorDecodeRate\x12'\n" +
+	"\x0fcapacity_factor\x18\x17 \x01(\x01R\x0ecapacityFactor\x12!\n" +
+	"\fengine_queue\x18\x18 \x01(\x01R\vengineQueue\x12&\n" +
+	"\x0fengine_kv_usage\x18\x19 \x01(\x01R\rengineKvUsage\x12G\n" +
+	"\x12engine_metrics_age\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x10engineMetricsAge\x120\n" +
+	"\x14engine_metrics_stale\x18\x1b \x01(\bR\x12engineMetricsStale\x12)\n" +
+	"\x10engine_saturated\x18\x1c \x01(\bR\x0fengineSaturated\x12!\n" +
+	"\ffloors_short\x18\x1d \x01(\bR\vfloorsShort\"\xfa\x03\n" +
 	"\n" +
 	"TenantInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
@@ -2830,55 +2982,58 @@ var file_admission_proto_depIdxs = []int32{
 	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
 	33, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
 	3,  // 7: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	33, // 8: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	33, // 9: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
-	34, // 10: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
-	9,  // 11: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
-	13, // 12: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	34, // 13: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
-	33, // 14: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
-	13, // 15: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
-	9,  // 16: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	9,  // 17: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	10, // 18: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
-	10, // 19: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	34, // 20: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	34, // 21: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
-	27, // 22: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
-	13, // 23: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	29, // 24: sluice.admission.v1.GetConfigStatusResponse.shared_shards:type_name -> sluice.admission.v1.SharedShard
-	2,  // 25: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	33, // 26: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	33, // 27: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
-	31, // 28: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
-	32, // 29: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
-	4,  // 30: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 31: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 32: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	18, // 33: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	20, // 34: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	22, // 35: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	24, // 36: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	26, // 37: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	4,  // 38: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
-	14, // 39: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
-	16, // 40: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
-	5,  // 41: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 42: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 43: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	19, // 44: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	21, // 45: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	23, // 46: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	25, // 47: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	28, // 48: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	30, // 49: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
-	15, // 50: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
-	17, // 51: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
-	41, // [41:52] is the sub-list for method output_type
-	30, // [30:41] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	33, // 8: sluice.admission.v1.ReleaseRequest.time_to_first_token:type_name -> google.protobuf.Duration
+	33, // 9: sluice.admission.v1.ReleaseRequest.duration:type_name -> google.protobuf.Duration
+	33, // 10: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	33, // 11: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
+	33, // 12: sluice.admission.v1.DomainInfo.engine_metrics_age:type_name -> google.protobuf.Duration
+	34, // 13: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	9,  // 14: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
+	13, // 15: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
+	34, // 16: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
+	33, // 17: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
+	13, // 18: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
+	9,  // 19: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	9,  // 20: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	10, // 21: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
+	10, // 22: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
+	34, // 23: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	34, // 24: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	27, // 25: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
+	13, // 26: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
+	29, // 27: sluice.admission.v1.GetConfigStatusResponse.shared_shards:type_name -> sluice.admission.v1.SharedShard
+	2,  // 28: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
+	33, // 29: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	33, // 30: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
+	31, // 31: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
+	32, // 32: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
+	4,  // 33: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	7,  // 34: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	11, // 35: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	18, // 36: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	20, // 37: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	22, // 38: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	24, // 39: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	26, // 40: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	4,  // 41: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
+	14, // 42: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
+	16, // 43: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
+	5,  // 44: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	8,  // 45: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	12, // 46: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	19, // 47: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	21, // 48: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	23, // 49: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	25, // 50: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	28, // 51: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	30, // 52: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
+	15, // 53: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
+	17, // 54: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
+	44, // [44:55] is the sub-list for method output_type
+	33, // [33:44] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
