@@ -206,6 +206,13 @@ type FeedbackConfig struct {
 	// reported time to first token passes it counts as one where the
 	// engines were busy; default 1s.
 	BusyTTFT Duration `json:"busy_ttft"`
+	// SpreadChoices: placement weighs this many of a tenant's first
+	// domains by load (2: the power of two choices; 1: first fit in
+	// rendezvous order); SpreadMargin is how much more loaded the first
+	// must be before the second goes ahead of it (default 0.1), so that a
+	// tenant's requests, and its prefixes, stay mostly on its first.
+	SpreadChoices int     `json:"spread_choices"`
+	SpreadMargin  float64 `json:"spread_margin"`
 }
 
 // MetricsConfig bounds what the metrics expose.
@@ -427,7 +434,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
 //	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8,
 //	  increase 0.02, clear_periods 4, min_factor 0.25, max_factor 2, window 5s,
-//	  calibration_step 0.1, deadband 0.05, busy_ttft 1s
+//	  calibration_step 0.1, deadband 0.05, busy_ttft 1s, spread_choices 2, spread_margin 0.1
 //	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
 //	models: the built-in catalog (pd.DefaultModels)
 func (c *Config) ApplyDefaults(present func(key string) bool) error {
@@ -488,6 +495,8 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	d.float("feedback.calibration_step", &f.CalibrationStep, 0.1)
 	d.float("feedback.deadband", &f.Deadband, 0.05)
 	d.dur("feedback.busy_ttft", &f.BusyTTFT, time.Second)
+	d.int("feedback.spread_choices", &f.SpreadChoices, 2)
+	d.float("feedback.spread_margin", &f.SpreadMargin, 0.1)
 	if c.Warmup.Period == nil {
 		c.Warmup.Period = &Duration{60 * time.Second}
 	}
@@ -703,6 +712,10 @@ func (f *FeedbackConfig) validate() error {
 		return cfgErr("feedback.deadband", "must be in [0, 1), got %g", f.Deadband)
 	case f.BusyTTFT.Duration <= 0 || f.BusyTTFT.Duration > time.Hour:
 		return cfgErr("feedback.busy_ttft", "must be in (0, 1h], got %v", f.BusyTTFT.Duration)
+	case f.SpreadChoices != 1 && f.SpreadChoices != 2:
+		return cfgErr("feedback.spread_choices", "must be 1 (first fit) or 2 (the less loaded of two), got %d", f.SpreadChoices)
+	case !(f.SpreadMargin >= 0 && f.SpreadMargin <= 10):
+		return cfgErr("feedback.spread_margin", "must be in [0, 10], got %g", f.SpreadMargin)
 	}
 	return nil
 }

@@ -68,11 +68,17 @@ type capacityLoop struct {
 	hasSig bool
 
 	factor     float64 // the correction, relative to the model
+	// load is how busy the domain is, for spreading: the larger of its
+	// buckets' recent use (a moving average of the share of their refill
+	// taken), its KV in use, and its engines' fresh signals against their
+	// thresholds.
+	load       float64
 	saturated  bool    // the guard holds the domain to its floors
 	clearSince int64   // engine time the signals became clear; 0 while saturated or never
 	stepAt     int64   // engine time of the last step
 	// Taken counters at the last step, for demand.
 	takenP, takenD int64
+	use            float64 // the moving average of the buckets' use
 
 	// The calibration window.
 	winStart        int64
@@ -128,8 +134,14 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	factor, saturated := l.factor, l.saturated
 	elapsed := now - l.stepAt
 	p, d := c.Taken()
-	demand := elapsed > 0 && (inDemand(p-l.takenP, c.PrefillRate(), elapsed) || inDemand(d-l.takenD, c.DecodeRate(), elapsed))
+	useP, useD := used(p-l.takenP, c.PrefillRate(), elapsed), used(d-l.takenD, c.DecodeRate(), elapsed)
+	demand := max(useP, useD) >= demandShare
 	l.stepAt, l.takenP, l.takenD = now, p, d
+	l.use += loadSmoothing * (max(useP, useD) - l.use)
+	l.load = l.use
+	if kv, limit := c.KV(); limit > 0 {
+		l.load = max(l.load, float64(kv)/float64(limit))
+	}
 
 	if l.fresh(now, cfg) {
 		if saturatedBy(l.sig, cfg) {
@@ -145,6 +157,7 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 				l.factor += cfg.Increase
 			}
 		}
+		l.load = max(l.load, l.sig.Queue/max(cfg.QueueThreshold, 1), l.sig.KVUsage/cfg.KVThreshold)
 	} else {
 		l.saturated, l.clearSince = false, 0
 	}
@@ -158,14 +171,23 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	return l.factor != factor || l.saturated != saturated
 }
 
-// inDemand reports whether taken is most of what rate refills in elapsed
-// nanoseconds: the domain's buckets, not its traffic, bound what it runs.
-func inDemand(taken, rate, elapsed int64) bool {
-	return rate > 0 && float64(taken) >= demandShare*float64(rate)*float64(elapsed)/float64(time.Second)
+// used is the share of what rate refills in elapsed nanoseconds that
+// taken is (0 without either).
+func used(taken, rate, elapsed int64) float64 {
+	if rate <= 0 || elapsed <= 0 {
+		return 0
+	}
+	return max(float64(taken), 0) / (float64(rate) * float64(elapsed) / float64(time.Second))
 }
 
-// demandShare is the share of a period's refill taken that counts as demand.
-const demandShare = 0.8
+const (
+	// demandShare is the share of a period's refill taken that counts as
+	// demand: the domain's buckets, not its traffic, bound what it runs.
+	demandShare = 0.8
+	// loadSmoothing is the weight of a period's use in the load's moving
+	// average (about the last second at the default period).
+	loadSmoothing = 0.3
+)
 
 // calibrate closes the window: if the engines were busy throughout it,
 // what the domain served is what it sustains, and the factor moves toward
@@ -235,7 +257,7 @@ func (p *placer) stepFeedback(now int64) (lifted bool) {
 	}
 	if moved {
 		p.changed()
-		p.gen++ // the eligible rates moved
+		p.rates.gen = 0 // the eligible rates moved
 	}
 	return lifted
 }

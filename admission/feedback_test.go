@@ -67,17 +67,6 @@ func TestSaturatedEnginesKeepTheirDomainToFloors(t *testing.T) {
 		}
 		h.release(d.LeaseID, 1000, 100)
 	}
-	x, err := h.e.Explain(context.Background(), req("a", "medium", 1000, 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	named := false
-	for _, c := range x.Placement {
-		named = named || (c.Domain == first && !c.Fits && strings.Contains(c.Detail, "engines saturated"))
-	}
-	if !named {
-		t.Errorf("Explain does not name the saturated engines: %+v", x.Placement)
-	}
 
 	if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 0, KVUsage: 0.2}}); err != nil {
 		t.Fatal(err)
@@ -91,7 +80,7 @@ func TestSaturatedEnginesKeepTheirDomainToFloors(t *testing.T) {
 	}
 }
 
-// KV use past its threshold saturates as a queue does.
+// KV use past its threshold saturates as a queue does; Explain names it.
 func TestKVUsageSaturates(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 1))
 	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", KVUsage: 0.95}}); err != nil {
@@ -107,6 +96,17 @@ func TestKVUsageSaturates(t *testing.T) {
 	}
 	if w != nil {
 		h.cancel(w)
+	}
+	x, err := h.e.Explain(context.Background(), req("a", "medium", 1000, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := false
+	for _, c := range x.Placement {
+		named = named || (c.Domain == "d1" && !c.Fits && strings.Contains(c.Detail, "engines saturated"))
+	}
+	if !named {
+		t.Errorf("Explain does not name the saturated engines: %+v", x.Placement)
 	}
 }
 
@@ -290,5 +290,52 @@ func TestFeedbackFieldsAreValidated(t *testing.T) {
 	cfg.Feedback.KVThreshold = 1.5
 	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.kv_threshold") {
 		t.Errorf("kv_threshold 1.5: %v, want refused naming feedback.kv_threshold", err)
+	}
+}
+
+// Of a tenant's first two domains the less loaded goes first, once the
+// first's load passes the second's by the margin; with the load gone the
+// first is first again. spread_choices 1 is first fit.
+func TestLoadSpreadsOverTheFirstTwoDomains(t *testing.T) {
+	for _, choices := range []int{2, 1} {
+		cfg := testConfig()
+		cfg.Feedback.SpreadChoices = choices
+		h := newHarness(t, cfg, hgxCluster(t, 4))
+		first := firstDomain(h, "a")
+		h.e.mu.Lock()
+		tenant, _ := h.e.mu.gates.lookupLocked("a", h.e.nowLocked(), h.e.mu.place.modelList)
+		_, second := h.e.mu.place.firstTwo(tenant, h.e.mu.place.models["medium"])
+		h.e.mu.Unlock()
+		if choices == 1 {
+			if second != nil {
+				t.Fatalf("spread_choices 1: a second choice %s", second.ID())
+			}
+			if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 3}}); err != nil {
+				t.Fatal(err)
+			}
+			h.advance(period)
+			if got := firstDomain(h, "a"); got != first {
+				t.Errorf("spread_choices 1, first loaded: placed on %s, want %s (first fit)", got, first)
+			}
+			continue
+		}
+		// A waiting queue of 3 of the threshold's 5: loaded, not saturated.
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 3}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
+		if h.domain(first).EngineSaturated {
+			t.Fatal("queue 3 of 5 saturates")
+		}
+		if got := firstDomain(h, "a"); got != second.ID() {
+			t.Errorf("first domain %s loaded: placed on %s, want the second choice %s", first, got, second.ID())
+		}
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 0}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
+		if got := firstDomain(h, "a"); got != first {
+			t.Errorf("load gone: placed on %s, want the first choice %s", got, first)
+		}
 	}
 }

@@ -111,7 +111,7 @@ func firstChoiceOf(h *harness, tenant, model string) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	t, _ := e.mu.gates.lookupLocked(tenant, e.nowLocked(), e.mu.place.modelList)
-	d := e.mu.place.first(t, e.mu.place.models[model])
+	d, _ := e.mu.place.firstTwo(t, e.mu.place.models[model])
 	if d == nil {
 		return ""
 	}

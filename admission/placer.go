@@ -70,16 +70,17 @@ func (pl *placement) outcome() Outcome {
 }
 
 // orderCache holds, per model index, one tenant's rendezvous key and its
-// first choice of domain, valid while the placer's generation stays the
-// same: the one domain most placements try. 24 bytes per model, whatever
+// first two choices of domain, valid while the placer's generation stays
+// the same: the domains most placements try. 24 bytes per model, whatever
 // the cluster's size.
 type orderCache []firstChoice
 
-// firstChoice is a (tenant, model)'s rendezvous key and first domain.
+// firstChoice is a (tenant, model)'s rendezvous key and first two domains.
 type firstChoice struct {
 	keyHash uint64
-	gen     uint64 // the placer's generation it was chosen at; 0: not yet
+	gen     uint64 // the placer's generation they were chosen at; 0: not yet
 	domain  int32  // index in placer.domains; -1: no domain is eligible
+	second  int32  // the next in its order; -1: none
 }
 
 // reset sizes the cache for a catalog and empties it.
@@ -183,17 +184,28 @@ func containsModel(ms []*modelState, idx int) bool {
 	return false
 }
 
-// first returns (tenant, model)'s first choice of domain by rendezvous,
-// cached until a placement weight changes; nil when no domain is eligible.
-func (p *placer) first(t *tenantState, m *modelState) *domainState {
+// firstTwo returns (tenant, model)'s first two choices of domain by
+// rendezvous, cached until a placement weight changes; nil when no (second)
+// domain is eligible.
+func (p *placer) firstTwo(t *tenantState, m *modelState) (first, second *domainState) {
 	c := &t.orders[m.idx]
 	if c.gen != p.gen {
-		c.domain, c.gen = int32(p.tree.First(c.keyHash)), p.gen
+		c.domain, c.second, c.gen = -1, -1, p.gen
+		p.cursor.Walk(p.tree, c.keyHash)
+		if i, ok := p.cursor.Next(); ok {
+			c.domain = int32(i)
+		}
+		if i, ok := p.cursor.Next(); ok {
+			c.second = int32(i)
+		}
 	}
 	if c.domain < 0 {
-		return nil
+		return nil, nil
 	}
-	return p.domains[c.domain]
+	if c.second < 0 || p.cfg.Feedback.SpreadChoices < 2 {
+		return p.domains[c.domain], nil
+	}
+	return p.domains[c.domain], p.domains[c.second]
 }
 
 // walk starts the placer's cursor on (tenant, model)'s rendezvous order of
@@ -250,21 +262,36 @@ func (p *placer) rebuildTree() {
 // decode bucket and KV gauge all fit the request, trying its tiers from the
 // from-th up to before the upto-th (0, 1: the requested model only; 0,
 // r.ntiers: every accepted lower tier too; floor: from the floor reserve).
+// Of the order's first two, the less loaded goes first (the power of two
+// choices): it takes the second when the first's load passes it by
+// feedback.spread_margin, so that a tenant's prefixes stay on two domains
+// while equal domains share the load.
 // A request that accepts lower tiers must leave headroom on its requested
 // tier, more for low-weight tenants, so that low-weight tenants degrade
 // first. rec, if not nil, notes each (tier, domain) looked at (Explain).
 func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *recorder) (placement, bool) {
 	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
-		first := p.first(r.tenant, m)
+		first, second := p.firstTwo(r.tenant, m)
 		if first == nil {
 			continue
+		}
+		if second != nil && second.loop.load+p.cfg.Feedback.SpreadMargin < first.loop.load {
+			first, second = second, first
 		}
 		if pl, ok := p.try(now, r, floor, ti, first, rec); ok {
 			return pl, true
 		}
+		if second != nil {
+			if pl, ok := p.try(now, r, floor, ti, second, rec); ok {
+				return pl, true
+			}
+		}
 		p.walk(r.tenant, m)
-		p.next() // first, tried
+		p.next() // the first two, tried
+		if second != nil {
+			p.next()
+		}
 		for d := p.next(); d != nil; d = p.next() {
 			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
 				return pl, true
