@@ -67,15 +67,15 @@ type capacityLoop struct {
 	sigAt  int64
 	hasSig bool
 
-	factor     float64 // the correction, relative to the model
+	factor float64 // the correction, relative to the model
 	// load is how busy the domain is, for spreading: the larger of its
 	// buckets' recent use (a moving average of the share of their refill
 	// taken), its KV in use, and its engines' fresh signals against their
 	// thresholds.
 	load       float64
-	saturated  bool    // the guard holds the domain to its floors
-	clearSince int64   // engine time the signals became clear; 0 while saturated or never
-	stepAt     int64   // engine time of the last step
+	saturated  bool  // the guard holds the domain to its floors
+	clearSince int64 // engine time the signals became clear; 0 while saturated or never
+	stepAt     int64 // engine time of the last step
 	// Taken counters at the last step, for demand.
 	takenP, takenD int64
 	use            float64 // the moving average of the buckets' use
