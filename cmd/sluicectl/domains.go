@@ -47,6 +47,18 @@ type domainRow struct {
 	// whole); WarmupLeftSeconds is the longest time left.
 	WarmupFraction    float64 `json:"warmupFraction"`
 	WarmupLeftSeconds float64 `json:"warmupLeftSeconds,omitempty"`
+	// The capacity loop: the lowest of the replicas' corrections of the
+	// model, the engines' last signals (the replica's that read them
+	// last), and whether any replica sees them saturated or stale, or the
+	// floors short.
+	CapacityFactor       float64 `json:"capacityFactor"`
+	EngineQueue          float64 `json:"engineQueue,omitempty"`
+	EngineKVUsage        float64 `json:"engineKVUsage,omitempty"`
+	EngineMetricsAgeSecs float64 `json:"engineMetricsAgeSeconds,omitempty"`
+	EngineMetricsStale   bool    `json:"engineMetricsStale,omitempty"`
+	EngineSaturated      bool    `json:"engineSaturated,omitempty"`
+	FloorsShort          bool    `json:"floorsShort,omitempty"`
+	engineAgeSeen        bool
 	// Replicas is each answering replica's view, with --etcd and no
 	// --server: a replica that has not applied a mark shows here.
 	Replicas []replicaDomain         `json:"replicas,omitempty"`
@@ -186,8 +198,19 @@ func addViews(rows map[string]*domainRow, views []replicaView, fleet bool) {
 			if !r.OnServer {
 				r.Kind, r.GPUs, r.HealthWeight, r.Draining, r.DrainReason = d.GetKind(), d.GetGpus(), d.GetHealthWeight(), true, d.GetDrainReason()
 				r.WarmupFraction = 1
+				r.CapacityFactor = d.GetCapacityFactor()
 			}
 			r.OnServer = true
+			if f := d.GetCapacityFactor(); f > 0 { // an older server sends none
+				r.CapacityFactor = min(r.CapacityFactor, f)
+			}
+			if age := d.GetEngineMetricsAge(); age != nil && (!r.engineAgeSeen || age.AsDuration().Seconds() < r.EngineMetricsAgeSecs) {
+				r.engineAgeSeen = true
+				r.EngineQueue, r.EngineKVUsage, r.EngineMetricsAgeSecs = d.GetEngineQueue(), d.GetEngineKvUsage(), age.AsDuration().Seconds()
+			}
+			r.EngineMetricsStale = r.EngineMetricsStale || d.GetEngineMetricsStale()
+			r.EngineSaturated = r.EngineSaturated || d.GetEngineSaturated()
+			r.FloorsShort = r.FloorsShort || d.GetFloorsShort()
 			if left := d.GetWarmupLeft().AsDuration(); left > 0 { // an older server sends neither field: whole
 				r.WarmupFraction = min(r.WarmupFraction, d.GetWarmupFraction())
 				r.WarmupLeftSeconds = max(r.WarmupLeftSeconds, left.Seconds())
@@ -250,13 +273,13 @@ func drainingCell(r domainRow, fleet bool) string {
 // replica "(not on the replicas)".
 func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tCAPACITY\tDRAIN MARK")
+	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tCAPACITY\tFEEDBACK\tDRAIN MARK")
 	for _, r := range list {
-		kind, gpus, draining, inflight, health, capacity := "-", "-", "-", "-", "-", "-"
+		kind, gpus, draining, inflight, health, capacity, feedback := "-", "-", "-", "-", "-", "-", "-"
 		if r.OnServer {
 			kind, gpus, inflight = r.Kind, fmt.Sprint(r.GPUs), fmt.Sprint(r.InFlight)
 			draining, health = drainingCell(r, fleet), fmt.Sprintf("%.2f", r.HealthWeight)
-			capacity = warmupCell(r)
+			capacity, feedback = warmupCell(r), feedbackCell(r)
 		} else if server {
 			kind = "(not on the replicas)"
 			if !fleet {
@@ -274,7 +297,7 @@ func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error
 		case !etcd:
 			mark = "(no --etcd)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kind, gpus, draining, inflight, health, capacity, mark)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kind, gpus, draining, inflight, health, capacity, feedback, mark)
 	}
 	return tw.Flush()
 }
@@ -286,6 +309,35 @@ func warmupCell(r domainRow) string {
 		return "full"
 	}
 	return fmt.Sprintf("warming %.0f%% (%s left)", 100*r.WarmupFraction, (time.Duration(r.WarmupLeftSeconds * float64(time.Second))).Round(time.Second))
+}
+
+// feedbackCell renders the FEEDBACK column: the capacity loop's
+// correction of the model ("0.80×"; "model" when uncorrected or from a
+// server without the loop) and what its engines last said: "saturated"
+// (only floor traffic placed), "stale" (the model alone decides), the
+// queue and KV use; "FLOORS SHORT" when the floors reserved there no
+// longer fit.
+func feedbackCell(r domainRow) string {
+	var parts []string
+	if r.CapacityFactor > 0 && r.CapacityFactor != 1 {
+		parts = append(parts, fmt.Sprintf("%.2f×", r.CapacityFactor))
+	} else {
+		parts = append(parts, "model")
+	}
+	switch {
+	case r.EngineMetricsStale:
+		parts = append(parts, fmt.Sprintf("engines stale (%s)", (time.Duration(r.EngineMetricsAgeSecs*float64(time.Second))).Round(100*time.Millisecond)))
+	case r.engineAgeSeen || r.EngineSaturated:
+		state := "engines"
+		if r.EngineSaturated {
+			state = "engines SATURATED"
+		}
+		parts = append(parts, fmt.Sprintf("%s (queue %.0f, KV %.0f%%)", state, r.EngineQueue, 100*r.EngineKVUsage))
+	}
+	if r.FloorsShort {
+		parts = append(parts, "FLOORS SHORT")
+	}
+	return strings.Join(parts, ", ")
 }
 
 // writeFreeze prints a line above the table while burst credit is frozen:

@@ -322,3 +322,22 @@ func lineOf(out, prefix string) string {
 	}
 	return ""
 }
+
+// The FEEDBACK column says what the capacity loop does with a domain.
+func TestFeedbackCell(t *testing.T) {
+	for _, tc := range []struct {
+		r    domainRow
+		want string
+	}{
+		{domainRow{CapacityFactor: 1}, "model"},
+		{domainRow{}, "model"}, // a server without the loop
+		{domainRow{CapacityFactor: 0.8, EngineSaturated: true, EngineQueue: 12, EngineKVUsage: 0.42, engineAgeSeen: true}, "0.80×, engines SATURATED (queue 12, KV 42%)"},
+		{domainRow{CapacityFactor: 1.3, EngineQueue: 1, EngineKVUsage: 0.5, engineAgeSeen: true}, "1.30×, engines (queue 1, KV 50%)"},
+		{domainRow{CapacityFactor: 0.6, EngineMetricsStale: true, EngineMetricsAgeSecs: 3.04, engineAgeSeen: true}, "0.60×, engines stale (3s)"},
+		{domainRow{CapacityFactor: 0.25, FloorsShort: true}, "0.25×, FLOORS SHORT"},
+	} {
+		if got := feedbackCell(tc.r); got != tc.want {
+			t.Errorf("feedbackCell(%+v) = %q, want %q", tc.r, got, tc.want)
+		}
+	}
+}

@@ -251,6 +251,22 @@ var (
 		"Share of the domain's soft-capacity burst in use per phase (prefill: SM-bound FLOPs, decode: HBM bytes): 1 − level/burst; 1 means the bucket is empty and requests wait.", []string{"domain", "phase"}, nil)
 	descWarmup = prometheus.NewDesc("sluice_domain_warmup_fraction",
 		"Share of its shared capacity the domain has while it warms up after a return (undrained, GPUs back, new after start-up): warmup.start_fraction rising linearly to 1 over warmup.period; 1 when whole.", []string{"domain"}, nil)
+	descFactor = prometheus.NewDesc("sluice_domain_capacity_factor",
+		"The capacity loop's correction of the domain's model: its rates are the model's times this (1: the model; below 1: its engines sustain less).", []string{"domain"}, nil)
+	descEffectiveRate = prometheus.NewDesc("sluice_domain_effective_rate",
+		"The whole domain's soft-capacity rate as corrected by the capacity loop, per phase (prefill FLOP/s, decode B/s).", []string{"domain", "phase"}, nil)
+	descPriorRate = prometheus.NewDesc("sluice_domain_prior_rate",
+		"The whole domain's soft-capacity rate as the model gives it, per phase (prefill FLOP/s, decode B/s).", []string{"domain", "phase"}, nil)
+	descEngineQueue = prometheus.NewDesc("sluice_domain_engine_queue",
+		"Requests waiting in the domain's serving engines, as their metrics last said (domains whose engines were read).", []string{"domain"}, nil)
+	descEngineKV = prometheus.NewDesc("sluice_domain_engine_kv_usage_ratio",
+		"The fullest of the domain's serving engines' KV-cache use, 0 to 1, as their metrics last said.", []string{"domain"}, nil)
+	descEngineAge = prometheus.NewDesc("sluice_domain_engine_metrics_age_seconds",
+		"Age of the domain's engine signals; past feedback.stale they are not acted on.", []string{"domain"}, nil)
+	descEngineSaturated = prometheus.NewDesc("sluice_domain_engine_saturated",
+		"1 while the domain's engines are past feedback.queue_threshold or kv_threshold: only floor traffic is placed there.", []string{"domain"}, nil)
+	descFloorsShort = prometheus.NewDesc("sluice_domain_floors_short",
+		"1 while the floor reserves given to the domain ask more than its corrected rates hold.", []string{"domain"}, nil)
 	descFrozen = prometheus.NewDesc("sluice_burst_credit_frozen",
 		"1 while an operator has frozen every tenant's burst credit (FreezeBurstCredit; over-quota requests are BURST_CREDIT_FROZEN).", nil, nil)
 	descFrozenLeft = prometheus.NewDesc("sluice_burst_credit_frozen_seconds",
@@ -280,7 +296,7 @@ type stateCollector struct {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases, descIdemRecords, descIdemEvicted,
-		descUtil, descWarmup, descFrozen, descFrozenLeft, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
+		descUtil, descWarmup, descFactor, descEffectiveRate, descPriorRate, descEngineQueue, descEngineKV, descEngineAge, descEngineSaturated, descFloorsShort, descFrozen, descFrozenLeft, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
 		ch <- d
 	}
 }
@@ -305,6 +321,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			warm = d.WarmupFraction
 		}
 		ch <- prometheus.MustNewConstMetric(descWarmup, prometheus.GaugeValue, warm, d.ID)
+		collectFeedback(ch, &d)
 	}
 	if cv, ok := c.v.(CreditViews); ok {
 		frozen, left := 0.0, 0.0
@@ -321,6 +338,30 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	records, evicted := c.v.IdempotencyRecords()
 	ch <- prometheus.MustNewConstMetric(descIdemRecords, prometheus.GaugeValue, float64(records))
 	ch <- prometheus.MustNewConstMetric(descIdemEvicted, prometheus.CounterValue, float64(evicted))
+}
+
+// collectFeedback reports a domain's capacity loop; the engine series
+// only for a domain whose engines were read.
+func collectFeedback(ch chan<- prometheus.Metric, d *admission.DomainInfo) {
+	ch <- prometheus.MustNewConstMetric(descFactor, prometheus.GaugeValue, d.CapacityFactor, d.ID)
+	ch <- prometheus.MustNewConstMetric(descEffectiveRate, prometheus.GaugeValue, float64(d.EffectivePrefillRate), d.ID, "prefill")
+	ch <- prometheus.MustNewConstMetric(descEffectiveRate, prometheus.GaugeValue, float64(d.EffectiveDecodeRate), d.ID, "decode")
+	ch <- prometheus.MustNewConstMetric(descPriorRate, prometheus.GaugeValue, float64(d.PriorPrefillRate), d.ID, "prefill")
+	ch <- prometheus.MustNewConstMetric(descPriorRate, prometheus.GaugeValue, float64(d.PriorDecodeRate), d.ID, "decode")
+	ch <- prometheus.MustNewConstMetric(descFloorsShort, prometheus.GaugeValue, boolGauge(d.FloorsShort), d.ID)
+	if d.EngineMetricsAge > 0 || d.EngineMetricsStale {
+		ch <- prometheus.MustNewConstMetric(descEngineQueue, prometheus.GaugeValue, d.EngineQueue, d.ID)
+		ch <- prometheus.MustNewConstMetric(descEngineKV, prometheus.GaugeValue, d.EngineKVUsage, d.ID)
+		ch <- prometheus.MustNewConstMetric(descEngineAge, prometheus.GaugeValue, d.EngineMetricsAge.Seconds(), d.ID)
+		ch <- prometheus.MustNewConstMetric(descEngineSaturated, prometheus.GaugeValue, boolGauge(d.EngineSaturated), d.ID)
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func ratio(level, burst int64) float64 {
