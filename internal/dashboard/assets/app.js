@@ -125,6 +125,7 @@ function updateDomains(snap) {
     const p = state.domains.get(d.id);
     if (!p) continue; // a topology event brings it
     p.panel.dataset.draining = d.draining ? "true" : "false";
+    p.panel.dataset.feedback = feedbackState(d);
     let mark = "";
     if (d.draining) {
       mark = d.drainReason || "drained";
@@ -144,11 +145,32 @@ function updateDomains(snap) {
       fact("decode", si(num(d.decodeRate), "B/s")),
       fact("KV", bytes(num(d.kvInUse)) + " / " + bytes(num(d.kvLimit))),
       fact("capacity", v.warmup ? "warming " + Math.round(100 * v.warmup.fraction) + "% (" + Math.round(v.warmup.leftSeconds) + "s left)" : "full"),
+      fact("feedback", feedbackText(d)),
     );
     p.actions.hidden = !state.canAct;
     p.drain.disabled = d.draining;
     p.undrain.disabled = !d.draining;
   }
+}
+
+// feedbackState is what the capacity loop does with a domain, for its
+// panel's border: "saturated" (its engines are past a threshold: only
+// floor traffic is placed), "cut" (its capacity below the model's), "".
+function feedbackState(d) {
+  if (d.engineSaturated) return "saturated";
+  if (d.capacityFactor && d.capacityFactor < 1) return "cut";
+  return "";
+}
+
+// feedbackText is the capacity loop's fact: the correction of the model
+// and what the engines last said.
+function feedbackText(d) {
+  const f = d.capacityFactor ? Number(d.capacityFactor) : 1;
+  let s = f === 1 ? "model" : f.toFixed(2) + "× the model";
+  if (d.engineMetricsStale) s += ", engines stale";
+  else if (d.engineMetricsAge) s += ", engines " + (d.engineSaturated ? "SATURATED " : "") + "(" + Math.round(num(d.engineQueue || 0)) + " waiting, KV " + Math.round(100 * (d.engineKvUsage || 0)) + "%)";
+  if (d.floorsShort) s += ", FLOORS SHORT";
+  return s;
 }
 
 async function act(domain, what, reason) {
