@@ -205,9 +205,11 @@ func TestDeployedQueriesNameRealMetrics(t *testing.T) {
 		}
 	}
 	// Families with no series yet: the shared state's without Redis, the
-	// control plane's without etcd, the queue depth while nothing waits.
+	// control plane's without etcd, the queue depth while nothing waits,
+	// the engines' signals while no topology names engines.
 	for _, f := range []string{"sluice_shared_breaker_open", "sluice_shared_fallback_seconds_total", "sluice_shared_reconcile_lag_seconds",
-		"sluice_control_plane_connected", "sluice_queue_depth"} {
+		"sluice_control_plane_connected", "sluice_queue_depth",
+		"sluice_domain_engine_queue", "sluice_domain_engine_kv_usage_ratio", "sluice_domain_engine_metrics_age_seconds", "sluice_domain_engine_saturated"} {
 		known[f] = true
 	}
 	var texts []string
