@@ -252,6 +252,38 @@ func TestUnusedDomainsAreReportedEveryHalfHold(t *testing.T) {
 	}
 }
 
+// A replica that leaves the membership lets go of its domains' KV at the
+// store: the next rounds report every domain, used or not, so that the
+// others take its capacity back within an interval, not at their next
+// due report.
+func TestShrinkingMembershipReportsEveryDomain(t *testing.T) {
+	const domains = 8
+	f := newShardedFleet(t, 2, domains)
+	e := f.engines[0]
+	for range 4 {
+		f.round()
+	}
+	counted := func() (buckets int) {
+		for _, c := range f.counting {
+			for _, r := range c.Reports() {
+				buckets += r.DomainBuckets
+			}
+		}
+		return buckets
+	}
+	before := counted()
+	f.round()
+	idle := counted() - before
+	e.SetReplicas(1)
+	before = counted()
+	f.round()
+	// Both engines report in a round; the one told of the shrink reports
+	// its 8 domains' 2 buckets each.
+	if got := counted() - before; got < idle+2*domains {
+		t.Errorf("%d domain bucket reports in the round after the membership shrank (an idle round: %d), want every domain's of the engine told", got, idle)
+	}
+}
+
 // A tenant that takes a little of what it holds here each round (the
 // most of a fleet's tenants) is not reported every round: its buckets
 // pause at their level. Once it takes a real part of it, the next round

@@ -26,6 +26,9 @@ const (
 	// tenants, unacknowledged, would all be reported again. Those left
 	// over go in the next rounds, in map order.
 	maxCallTenants = 1024
+	// reportAllRounds is how many rounds after the membership shrinks
+	// report every domain.
+	reportAllRounds = 3
 	// pruneEvery is how often entries of buckets that are gone are forgotten.
 	pruneEvery = time.Minute
 	// staleRounds is how many intervals of silence drop a replica out of
@@ -61,6 +64,9 @@ type batchedState struct {
 	activity  map[string]*tenantActivity
 	domains   map[string]*domainActivity
 	shards    shardSet
+	// reportAll: the membership shrank; this many more rounds report
+	// every domain (see SetReplicasLocked).
+	reportAll int
 	lastPrune int64
 	epochs    uint64 // the last epoch handed to an entry
 }
@@ -147,6 +153,21 @@ type domainRound struct {
 	// well as its own; its grant is capped at its KV limit from before for
 	// this round, until they have reported again.
 	keepKV bool
+}
+
+// SetReplicasLocked implements Strategy. When the membership shrinks, a
+// replica that left has let go of its domains' KV holdings at the store
+// (they outlive its reports until its membership lapses: holdFor), and
+// the next rounds report every domain, paused ones too, so that the
+// others take its capacity back within an interval rather than at their
+// next due report (hold/2 away). Three rounds, not one: the store's
+// clock, which lapses the holding, and etcd's, which ends the membership,
+// are not the same clock.
+func (s *batchedState) SetReplicasLocked(n int) {
+	if n < s.replicas {
+		s.reportAll = reportAllRounds
+	}
+	s.storeLink.SetReplicasLocked(n)
 }
 
 // TenantReadyLocked implements Strategy.
@@ -362,6 +383,7 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 		}
 	}
 	s.pruneLocked(now)
+	s.reportAll = max(s.reportAll-1, 0)
 	return s.endRoundLocked()
 }
 
@@ -402,7 +424,7 @@ func (s *batchedState) domainDueLocked(now int64, d Domain, c *pd.DomainCapacity
 	p, dcTaken := c.Taken()
 	kv, _ := c.KV()
 	took := p != pf.lastTaken || dcTaken != dc.lastTaken
-	if took || a.took || kv != a.kvHeld || pf.unacked != 0 || dc.unacked != 0 || now-a.reportedAt >= int64(hold/2) {
+	if took || a.took || s.reportAll > 0 || kv != a.kvHeld || pf.unacked != 0 || dc.unacked != 0 || now-a.reportedAt >= int64(hold/2) {
 		a.took = took
 		return true
 	}
