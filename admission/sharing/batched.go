@@ -60,10 +60,10 @@ type batchedState struct {
 	sharded Sharded // the store, when it is sharded
 
 	// Under the engine's lock.
-	entries   map[entryKey]*syncEntry
-	activity  map[string]*tenantActivity
-	domains   map[string]*domainActivity
-	shards    shardSet
+	entries  map[entryKey]*syncEntry
+	activity map[string]*tenantActivity
+	domains  map[string]*domainActivity
+	shards   shardSet
 	// reportAll: the membership shrank; this many more rounds report
 	// every domain (see SetReplicasLocked).
 	reportAll int
