@@ -151,6 +151,8 @@ func (b *baseline) release(now int64, r *simReq) error {
 	return b.dispatch(now)
 }
 
+func (b *baseline) observe(int64, []admission.EngineSignal) {}
+
 func (b *baseline) queued() int { return len(b.queue) - b.head }
 
 func (b *baseline) close() {}

@@ -20,9 +20,10 @@
 // Run is an event loop over integer nanoseconds. The next instant is the
 // earliest of the next arrival, the next end of a request's prefill or
 // decode, and — while any request waits in a queue — the next millisecond
-// (the engine's own busy tick in production). At each instant completions
-// run first (their Release frees capacity), then arrivals (Submit), then
-// the policy's Tick. With the engine, a queued request is a Ticket; the
+// (the engine's own busy tick in production); with the engines on, also
+// the next report and capacity change while anything is left to do. At
+// each instant completions run first (their Release frees capacity), then
+// changes and the report, then arrivals (Submit), then the policy's Tick. With the engine, a queued request is a Ticket; the
 // loop looks for answered tickets only when the engine's queue is shorter
 // than its list of tickets, so no goroutine waits per request.
 //
@@ -39,12 +40,40 @@
 // their KV from admission to release in the engine's gauge; the simulated
 // hardware does not model KV beyond that.
 //
+// # Engines
+//
+// With EngineOptions.Capacity set, each domain is instead a simulated
+// continuous-batching serving engine that really sustains Capacity × the
+// model's peak-derived rates: prefill FLOP/s = Capacity · pd prefill rate
+// / soft_fraction (= Capacity · Σ peak FLOP/s · mfu), decode bytes/s =
+// Capacity · pd decode rate / soft_fraction (= Capacity · Σ HBM B/s). At
+// Capacity 1 the model is right and admits soft_fraction of what the
+// engine sustains; at 0.6 the engine sustains 0.6/0.7 of what the model
+// admits; at 1.5 the model admits 0.7/1.5 of it. An admitted request
+// joins the engine's FIFO waiting queue and enters the batch when it is
+// the head and fits: at most MaxBatch requests, their KV within the
+// domain's pd KV limit (KV use = held / limit), and room in the prefill
+// budget (PrefillTokens prompt tokens in prefill; any prompt when none
+// is). In the batch it prefills, processor-shared with the batch's other
+// prefills at the true prefill rate, then decodes, processor-shared at
+// the true decode rate, holding its KV until it completes. Its time to
+// first token runs from its admission (dispatch) to the end of its
+// prefill, the engine queue included. Every Report (100 ms) each engine's
+// waiting queue, running count and KV use are sampled and handed to the
+// policy (sluice: ObserveEngines, age 0, unless OpenLoop); a completed
+// request is released with its measured TTFT and duration (not with
+// OpenLoop). A change (EngineChange) sets one domain's capacity from a
+// replay time on.
+//
 // # Policies
 //
 // sluice is the engine. The baselines share the same capacity model (the
 // domains' pd buckets without floor reserves) and one FIFO queue; fifo has
 // no gate, global-bucket one token bucket for the cluster, tenant-buckets
-// each tenant's token bucket (see baseline).
+// each tenant's token bucket (see baseline). threshold, with the engines
+// only, is the Gateway API Inference Extension's rule on their signals:
+// one FIFO queue whose head goes to the least loaded domain under the
+// saturation thresholds, no capacity model and no quotas (see threshold).
 //
 // # Measures
 //
@@ -61,6 +90,19 @@
 // largest request. Per domain: the busy share of its prefill and decode
 // rates. Admissions whose answer does not name exactly one of the
 // cluster's domains are counted as spanning two domains (must be 0).
+//
+// With the engines (EngineReport): per domain the engine's waiting queue
+// p99 and peak (one sample per report), peak KV use, TTFT p99, the share
+// of time its batch held a request and the work served over what its true
+// rates offered; overall TTFT p50/p99 from dispatch, first token p99 from
+// arrival and the share of requests whose first token came within the SLO
+// (2 s) of arrival, admitted weighted tokens per second, floor violation
+// seconds, refusals not by a tenant's own limits in seconds its demand was
+// within its weighted fair share, the busiest over the least busy domain
+// of the same GPUs, each tenant's share of admissions on its first domain
+// (sluice: its rendezvous first choice, asked of the engine by Explain
+// before the replay; otherwise its most used domain), and after a change
+// how long the domain's queue stayed past the queue threshold.
 //
 // The same input and seed give a byte-identical report: virtual time,
 // seeded generators, ordered iteration everywhere a report is built.

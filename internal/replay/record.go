@@ -32,6 +32,9 @@ type Report struct {
 	// bounds it by VTCBound = 2 × the largest request's weighted tokens.
 	MaxServiceDiff float64 `json:"maxServiceDiff"`
 	VTCBound       float64 `json:"vtcBound"`
+	// Engines is what the simulated serving engines measured; nil with
+	// them off.
+	Engines *EngineReport `json:"engines,omitempty"`
 }
 
 // TenantReport is one tenant's outcome.
@@ -349,7 +352,12 @@ func (r *recorder) report(s *sim) *Report {
 	}
 	for _, d := range s.domains {
 		dr := DomainReport{ID: d.id, Admitted: d.admitted}
-		if r.endAt > 0 {
+		switch {
+		case d.eng != nil:
+			// Of the engine's true rates, which a change may have moved.
+			dr.PrefillUtil = d.prefill.units / max(d.prefill.avail, 1)
+			dr.DecodeUtil = d.decode.units / max(d.decode.avail, 1)
+		case r.endAt > 0:
 			dr.PrefillUtil = d.prefill.units / (d.prefill.rate * float64(r.endAt) / 1e9)
 			dr.DecodeUtil = d.decode.units / (d.decode.rate * float64(r.endAt) / 1e9)
 		}
@@ -358,6 +366,9 @@ func (r *recorder) report(s *sim) *Report {
 			dr.PrefillPerS = append(dr.PrefillPerS, float64(busy[x])/1e9)
 		}
 		rep.Domains = append(rep.Domains, dr)
+	}
+	if s.erec != nil {
+		rep.Engines = s.erec.report(rep)
 	}
 	return rep
 }

@@ -66,11 +66,50 @@ func (c *Comparison) WriteTable(w io.Writer) error {
 		for _, d := range r.Domains {
 			fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\n", d.ID, d.Admitted, 100*d.PrefillUtil, 100*d.DecodeUtil)
 		}
+		if r.Engines != nil {
+			writeEngines(tw, r.Engines)
+		}
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	return nil
+}
+
+// writeEngines writes what the engines measured: a summary line, a line
+// per domain, and the capacity changes.
+func writeEngines(tw io.Writer, e *EngineReport) {
+	loop := ""
+	if e.Loop != "" {
+		loop = ", loop " + e.Loop
+	}
+	fmt.Fprintf(tw, "engines at %g× the model%s: admitted %.0f tok/s, utilization %.1f%% (prefill %.1f%%, decode %.1f%%), TTFT p50 %.1f p99 %.1f ms, first token within %.0f ms of arrival %.1f%%, engine queue p99 %.0f\n",
+		e.Capacity, loop, e.AdmittedRate, 100*e.Util, 100*e.PrefillUtil, 100*e.DecodeUtil, e.TTFTP50, e.TTFTP99, e.SLOMs, 100*e.WithinSLO, e.QueueP99)
+	fmt.Fprintf(tw, "floor violations %d s, refused within share %d, spread %.2f, least share on the first domain %.1f%% (%s), leases expired in an engine %d\n",
+		e.FloorViolations, e.WithinShareRefused, e.Spread, 100*e.FirstShareMin, e.FirstBy, e.ExpiredLeases)
+	fmt.Fprintln(tw, "engine\tcapacity\tfactor\tadmitted\ttokens\tqueue p99\tqueue max\tKV max\tTTFT p99 ms\tbusy\tprefill util\tdecode util")
+	for _, d := range e.Domains {
+		factor := "-"
+		if d.Factor > 0 {
+			factor = fmt.Sprintf("%.2f", d.Factor)
+		}
+		fmt.Fprintf(tw, "%s\t%g\t%s\t%d\t%d\t%.0f\t%d\t%.1f%%\t%.1f\t%.1f%%\t%.1f%%\t%.1f%%\n", d.ID, d.Capacity, factor, d.Admitted, d.AdmittedTokens,
+			d.QueueP99, d.QueueMax, 100*d.KVMax, d.TTFTP99, 100*d.Busy, 100*d.PrefillUtil, 100*d.DecodeUtil)
+	}
+	for _, c := range e.Changes {
+		fmt.Fprintf(tw, "change %s at %.1f s to %g×: queue peak %d, %s\n", c.Domain, c.AtS, c.Capacity, c.PeakQueue, c.Recovery(e.QueueThreshold))
+	}
+}
+
+// Recovery says in words how the domain's queue came back after the change.
+func (c *EngineChangeReport) Recovery(threshold float64) string {
+	switch {
+	case c.OverS < 0:
+		return fmt.Sprintf("queue never past %g", threshold)
+	case c.RecoveryS < 0:
+		return fmt.Sprintf("past %g from %.1f s after, never back to stay %g s", threshold, c.OverS, c.RecoveryHoldS)
+	}
+	return fmt.Sprintf("past %g from %.1f s after, back to stay %g s after %.1f s", threshold, c.OverS, c.RecoveryHoldS, c.RecoveryS)
 }
 
 // Compare replays rows under each policy on the same cluster and config

@@ -20,13 +20,21 @@ const (
 	PolicyFIFO          = "fifo"           // one FIFO queue, no tenant gates
 	PolicyGlobalBucket  = "global-bucket"  // one token bucket for the cluster, then FIFO
 	PolicyTenantBuckets = "tenant-buckets" // per-tenant token buckets, then FIFO; no fair queue, no floors
+	// PolicyThreshold is the Gateway API Inference Extension's rule: the
+	// least loaded domain whose engines are under the saturation
+	// thresholds, else FIFO; it needs the engines (EngineOptions).
+	PolicyThreshold = "threshold"
 )
 
-// Policies lists every policy name, in report order.
-var Policies = []string{PolicySluice, PolicyFIFO, PolicyGlobalBucket, PolicyTenantBuckets}
+// Policies lists every policy that runs without the engines, in report
+// order; EnginePolicies those that run with them.
+var (
+	Policies       = []string{PolicySluice, PolicyFIFO, PolicyGlobalBucket, PolicyTenantBuckets}
+	EnginePolicies = append(slices.Clone(Policies), PolicyThreshold)
+)
 
 // ParsePolicies reads a --policy value: names separated by commas, or
-// "all".
+// "all" (Policies).
 func ParsePolicies(s string) ([]string, error) {
 	if s == "all" {
 		return slices.Clone(Policies), nil
@@ -34,8 +42,8 @@ func ParsePolicies(s string) ([]string, error) {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
-		if !slices.Contains(Policies, p) {
-			return nil, fmt.Errorf("--policy %q: unknown policy %q (want %s, or all)", s, p, strings.Join(Policies, ", "))
+		if !slices.Contains(EnginePolicies, p) {
+			return nil, fmt.Errorf("--policy %q: unknown policy %q (want %s, or all)", s, p, strings.Join(EnginePolicies, ", "))
 		}
 		if !slices.Contains(out, p) {
 			out = append(out, p)
@@ -58,6 +66,8 @@ type Options struct {
 	// catalog's degrade chain). Only sluice degrades; the baselines run
 	// the requested model or refuse.
 	Downgrade bool
+	// Engine turns on the simulated serving engines (off when zero).
+	Engine EngineOptions
 }
 
 // simReq is one request in flight through a replay.
@@ -79,6 +89,11 @@ type simReq struct {
 	cost      pd.Cost // in the granted domain, on the granted model
 
 	finish float64 // the phase's attained service at which this request's work is done
+
+	// With the engines: when it entered the batch, ended prefill (its
+	// first token) and completed, and how many times it was released.
+	startAt, firstAt, doneAt int64
+	releases                 int
 }
 
 // phase is one processor-shared resource of a domain (its prefill FLOP/s
@@ -93,12 +108,14 @@ type phase struct {
 	reqs  reqHeap
 	busy  []int64 // ns busy per simulated second
 	units float64 // total units served
+	avail float64 // units the rate offered, busy or not
 }
 
 func (p *phase) advance(now int64) {
 	if now <= p.last {
 		return
 	}
+	p.avail += float64(now-p.last) / 1e9 * p.rate
 	if len(p.reqs) == 0 {
 		// Nothing refers to the attained service: restart it at 0, so that
 		// its float64 keeps its precision over an hour of service.
@@ -179,16 +196,19 @@ type simDomain struct {
 	prefillRate      int64
 	decodeRate       int64
 	admitted, served int
+	eng              *simEngine // nil: the engines are off
 }
 
 // policy decides; the simulation serves. submit decides a request at its
 // arrival and calls sim.decided now or, for a queued request, from a
 // later tick or release; tick does the timed work; release ends an
-// admitted request; queued says whether ticks are needed.
+// admitted request; observe hands it the engines' signals (with the
+// engines on); queued says whether ticks are needed.
 type policy interface {
 	submit(now int64, r *simReq) error
 	tick(now int64)
 	release(now int64, r *simReq) error
+	observe(now int64, signals []admission.EngineSignal)
 	queued() int
 	close()
 }
@@ -205,6 +225,20 @@ type sim struct {
 	now     int64
 	rec     *recorder
 	outW    int64
+
+	// With the engines on: the options (defaulted), the next report, the
+	// changes in time order and the next of them, the signals of the
+	// last report, and the engines' own measures.
+	eng        EngineOptions
+	nextReport int64
+	changes    []EngineChange
+	nextChange int
+	signals    []admission.EngineSignal
+	erec       *engineRec
+	reqs       []simReq // every request of the replay, by row
+	// onEvent, when set, runs after each instant (tests check
+	// invariants with it); an error ends the replay.
+	onEvent func() error
 }
 
 // Run replays rows under opts and returns the report.
@@ -226,7 +260,7 @@ func newSim(rows []Row, opts Options) (*sim, error) {
 	if err != nil {
 		return nil, fmt.Errorf("models: %w", err)
 	}
-	s := &sim{opts: opts, cat: cat, byID: map[string]int{}, tix: map[string]int{}, outW: max(cfg.OutputTokenWeight, 1)}
+	s := &sim{opts: opts, cat: cat, byID: map[string]int{}, tix: map[string]int{}, outW: max(cfg.OutputTokenWeight, 1), eng: opts.Engine.withDefaults()}
 	for i := range opts.Cluster.Domains {
 		d := &opts.Cluster.Domains[i]
 		c, err := pd.NewDomainCapacity(d, cat, cfg.Capacity, 0)
@@ -239,6 +273,24 @@ func newSim(rows []Row, opts Options) (*sim, error) {
 		sd.decode.rate = float64(sd.decodeRate)
 		s.byID[d.ID] = len(s.domains)
 		s.domains = append(s.domains, sd)
+	}
+	if err := s.eng.validate(s.byID); err != nil {
+		return nil, err
+	}
+	if s.eng.On() {
+		soft := cfg.Capacity.SoftFraction
+		if soft <= 0 {
+			soft = pd.DefaultConfig().SoftFraction
+		}
+		for _, d := range s.domains {
+			d.eng = newSimEngine(d, &s.eng, soft)
+		}
+		s.changes = slices.Clone(s.eng.Changes)
+		slices.SortStableFunc(s.changes, func(a, b EngineChange) int { return cmpInt64(int64(a.At), int64(b.At)) })
+		s.signals = make([]admission.EngineSignal, len(s.domains))
+		for i, d := range s.domains {
+			s.signals[i] = d.eng.signal(d.id)
+		}
 	}
 	for i := range rows {
 		r := &rows[i]
@@ -265,13 +317,31 @@ func newSim(rows []Row, opts Options) (*sim, error) {
 		s.pol, err = newSluicePolicy(s)
 	case PolicyFIFO, PolicyGlobalBucket, PolicyTenantBuckets:
 		s.pol = newBaseline(s, opts.Policy, rows)
+	case PolicyThreshold:
+		if !s.eng.On() {
+			return nil, fmt.Errorf("policy %s reads the engines' signals: it needs --engine-capacity", PolicyThreshold)
+		}
+		s.pol = newThreshold(s)
 	default:
-		err = fmt.Errorf("policy %q: want %s", opts.Policy, strings.Join(Policies, ", "))
+		err = fmt.Errorf("policy %q: want %s", opts.Policy, strings.Join(EnginePolicies, ", "))
 	}
 	if err != nil {
 		return nil, err
 	}
+	if s.eng.On() {
+		s.erec = newEngineRec(s, rows)
+	}
 	return s, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }
 
 func sortedTenants(cfg admission.Config) []string {
@@ -293,6 +363,7 @@ const tickEvery = int64(time.Millisecond)
 // capacity), then arrivals, then the policy's tick.
 func (s *sim) run(rows []Row) error {
 	reqs := make([]simReq, len(rows))
+	s.reqs = reqs
 	i := 0
 	for {
 		t := int64(math.MaxInt64)
@@ -309,12 +380,22 @@ func (s *sim) run(rows []Row) error {
 		if s.pol.queued() > 0 {
 			t = min(t, s.now+tickEvery)
 		}
+		if s.eng.On() && (i < len(rows) || s.pol.queued() > 0 || s.enginesBusy()) {
+			// Reports and changes while anything is left to do.
+			t = min(t, s.nextReport)
+			if s.nextChange < len(s.changes) {
+				t = min(t, int64(s.changes[s.nextChange].At))
+			}
+		}
 		if t == math.MaxInt64 {
 			break
 		}
 		s.now = max(t, s.now)
 		if err := s.completions(); err != nil {
 			return err
+		}
+		if s.eng.On() {
+			s.engineEvents()
 		}
 		for ; i < len(rows) && int64(rows[i].At) <= s.now; i++ {
 			r := &reqs[i]
@@ -336,9 +417,54 @@ func (s *sim) run(rows []Row) error {
 		if s.rec.err != nil {
 			return s.rec.err
 		}
+		if s.onEvent != nil {
+			if err := s.onEvent(); err != nil {
+				return err
+			}
+		}
 	}
 	s.rec.end(s.now)
+	for _, d := range s.domains {
+		if d.eng != nil {
+			d.eng.end(s.now)
+			d.prefill.advance(s.now)
+			d.decode.advance(s.now)
+		}
+	}
 	return nil
+}
+
+// enginesBusy reports whether any engine holds a request.
+func (s *sim) enginesBusy() bool {
+	for _, d := range s.domains {
+		if d.eng.busy() {
+			return true
+		}
+	}
+	return false
+}
+
+// engineEvents applies the capacity changes due by now and, when a report
+// is due, reads every engine's signal and hands them to the policy.
+func (s *sim) engineEvents() {
+	for ; s.nextChange < len(s.changes) && int64(s.changes[s.nextChange].At) <= s.now; s.nextChange++ {
+		c := s.changes[s.nextChange]
+		d := s.domains[s.byID[c.Domain]]
+		d.prefill.advance(s.now)
+		d.decode.advance(s.now)
+		d.eng.setCapacity(d, c.Capacity)
+	}
+	if s.now < s.nextReport {
+		return
+	}
+	for s.nextReport <= s.now {
+		s.nextReport += int64(s.eng.Report)
+	}
+	for i, d := range s.domains {
+		d.eng.sample()
+		s.signals[i] = d.eng.signal(d.id)
+	}
+	s.pol.observe(s.now, s.signals)
 }
 
 // completions advances every phase to now, moves finished prefills to
@@ -348,13 +474,27 @@ func (s *sim) completions() error {
 		d.prefill.advance(s.now)
 		d.decode.advance(s.now)
 		for r := d.prefill.done(); r != nil; r = d.prefill.done() {
+			if d.eng != nil {
+				d.eng.firstToken(s.now, r)
+				s.erec.firstToken(r)
+			}
 			d.decode.add(r, float64(r.cost.DecodeBytes))
+		}
+		if d.eng != nil {
+			d.eng.fill(s.now, d) // prefill budget freed
 		}
 		for r := d.decode.done(); r != nil; r = d.decode.done() {
 			d.served++
+			if d.eng != nil {
+				d.eng.finish(s.now, r)
+			}
+			r.releases++
 			if err := s.pol.release(s.now, r); err != nil {
 				return fmt.Errorf("release of trace line %d: %w", r.row.Line, err)
 			}
+		}
+		if d.eng != nil {
+			d.eng.fill(s.now, d)
 		}
 	}
 	return nil
@@ -370,6 +510,9 @@ func (s *sim) decided(r *simReq, outcome admission.Outcome, reason admission.Rea
 	r.answered, r.outcome, r.reason, r.lease = true, outcome, reason, lease
 	if outcome == admission.Rejected {
 		s.rec.answered(r, "")
+		if s.erec != nil {
+			s.erec.refused(r)
+		}
 		return nil
 	}
 	r.admitAt = s.now
@@ -391,8 +534,17 @@ func (s *sim) decided(r *simReq, outcome admission.Outcome, reason admission.Rea
 	}
 	r.cost = c
 	d.admitted++
-	d.prefill.advance(s.now)
-	d.prefill.add(r, float64(c.PrefillFLOP))
 	s.rec.answered(r, model)
+	if d.eng == nil {
+		d.prefill.advance(s.now)
+		d.prefill.add(r, float64(c.PrefillFLOP))
+		return nil
+	}
+	if c.KVBytes > d.eng.kvCap {
+		return fmt.Errorf("trace line %d: admitted to %s with %d B of KV, more than its engine holds (%d B)", r.row.Line, d.id, c.KVBytes, d.eng.kvCap)
+	}
+	s.erec.admitted(r, di)
+	d.eng.enqueue(r)
+	d.eng.fill(s.now, d)
 	return nil
 }

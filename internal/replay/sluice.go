@@ -118,13 +118,53 @@ func (p *sluicePolicy) tick(now int64) {
 
 func (p *sluicePolicy) release(now int64, r *simReq) error {
 	p.at(now)
-	_, err := p.eng.Release(context.Background(), admission.Release{
-		LeaseID: r.lease, PromptTokens: r.row.Prompt, OutputTokens: r.row.Output, Outcome: admission.ReleaseOK,
-	})
-	if err != nil {
+	rel := admission.Release{LeaseID: r.lease, PromptTokens: r.row.Prompt, OutputTokens: r.row.Output, Outcome: admission.ReleaseOK}
+	if p.s.eng.On() && !p.s.eng.OpenLoop {
+		// What the router measured, for the capacity loop's calibration.
+		rel.TTFT, rel.Duration = time.Duration(r.firstAt-r.admitAt), time.Duration(now-r.admitAt)
+	}
+	_, err := p.eng.Release(context.Background(), rel)
+	switch {
+	case errors.Is(err, admission.ErrLeaseNotFound) && p.s.erec != nil:
+		// The request waited in its engine past the lease's TTL: the
+		// engine freed its charge when the lease expired.
+		p.s.erec.expired++
+	case err != nil:
 		return err
 	}
 	return p.collect()
+}
+
+// observe hands the engines' signals to the capacity loop, unless the
+// loop is open.
+func (p *sluicePolicy) observe(now int64, signals []admission.EngineSignal) {
+	if p.s.eng.OpenLoop {
+		return
+	}
+	p.at(now)
+	if err := p.eng.ObserveEngines(signals); err != nil {
+		p.s.rec.fail(err)
+	}
+}
+
+// firstDomain is the domain the engine would place (tenant, model) on
+// first, asked of an idle engine before the replay starts: its
+// rendezvous first choice.
+func (p *sluicePolicy) firstDomain(tenant, model string) (string, bool) {
+	ex, err := p.eng.Explain(context.Background(), admission.Request{Tenant: tenant, Model: model, PromptTokens: 1, MaxOutputTokens: 1})
+	if err != nil || len(ex.Placement) == 0 {
+		return "", false
+	}
+	return ex.Placement[0].Domain, true
+}
+
+// factors returns each domain's capacity factor.
+func (p *sluicePolicy) factors() map[string]float64 {
+	out := map[string]float64{}
+	for _, d := range p.eng.Domains() {
+		out[d.ID] = d.CapacityFactor
+	}
+	return out
 }
 
 func (p *sluicePolicy) queued() int { return len(p.pending) }
