@@ -1,0 +1,358 @@
+package replay
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/topology"
+)
+
+// FeedbackOptions are the replays behind the capacity loop's target
+// table (FeedbackTable).
+type FeedbackOptions struct {
+	Trace string // the saturating replay's trace, for the heading
+	Seed  uint64
+	Speed float64
+	Rows  []Row // the trace at Speed
+	// The spread rows' replay: its own trace and speed (the same rows at
+	// 1× when the caller has no other).
+	SpreadTrace string
+	SpreadSpeed float64
+	SpreadRows  []Row
+
+	Config   admission.Config
+	Cluster  topology.Cluster
+	Deadline time.Duration
+	// Engine holds the engines' knobs; its Capacity, Changes and OpenLoop
+	// are set by each replay.
+	Engine EngineOptions
+	// Low and High are the engines' capacities of the two rows (0.6 and
+	// 1.5 by default).
+	Low, High float64
+	// Change is the mid-run halving on engines at 1×; zero: the cluster's
+	// first domain, halfway through the replay, to 0.5.
+	Change EngineChange
+}
+
+// FeedbackRun is one replay of the table.
+type FeedbackRun struct {
+	Name    string        `json:"name"`
+	Policy  string        `json:"policy"`
+	Speed   float64       `json:"speed"`
+	Engines *EngineReport `json:"engines"`
+	// MinFairShare is the smallest ratio, over the tenants, of what a
+	// tenant was admitted to its weighted max-min fair share.
+	MinFairShare float64 `json:"minFairShare"`
+	Jain         float64 `json:"jainIndex"`
+}
+
+// TargetRow is one line of the table: what was measured under sluice
+// with the loop closed and open and under the threshold rule, the figure
+// the target reads, the target, and whether it is met.
+type TargetRow struct {
+	Row       string `json:"row"`
+	Measure   string `json:"measure"`
+	Closed    string `json:"closed"`
+	Open      string `json:"open"`
+	Threshold string `json:"threshold"`
+	Measured  string `json:"measured"`
+	Target    string `json:"target"`
+	// Met is "met", "NOT MET", or "-" for a figure without a target.
+	Met string `json:"met"`
+}
+
+// FeedbackTable is the capacity loop measured against its targets.
+type FeedbackTable struct {
+	Trace       string        `json:"trace"`
+	Rows        int           `json:"rows"`
+	Seed        uint64        `json:"seed"`
+	Speed       float64       `json:"speed"`
+	SpreadTrace string        `json:"spreadTrace"`
+	SpreadSpeed float64       `json:"spreadSpeed"`
+	Deadline    string        `json:"deadline"`
+	Targets     []TargetRow   `json:"targets"`
+	Runs        []FeedbackRun `json:"runs"`
+}
+
+// minFairShare is the smallest achieved ÷ fair share over r's tenants.
+func minFairShare(r *Report) float64 {
+	least := math.Inf(1)
+	for i := range r.Tenants {
+		var a, g int64
+		for x := range r.Tenants[i].Achieved {
+			a += r.Tenants[i].Achieved[x]
+			g += r.Tenants[i].Target[x]
+		}
+		if g > 0 {
+			least = math.Min(least, float64(a)/float64(g))
+		}
+	}
+	if math.IsInf(least, 1) {
+		return 0
+	}
+	return least
+}
+
+// rescale returns rows at speed to instead of from.
+func rescale(rows []Row, from, to float64) []Row {
+	out := make([]Row, len(rows))
+	for i, r := range rows {
+		r.At = time.Duration(math.Round(float64(r.At) * from / to))
+		out[i] = r
+	}
+	return out
+}
+
+// feedbackRunner runs and keeps the table's replays.
+type feedbackRunner struct {
+	o    *FeedbackOptions
+	runs []FeedbackRun
+}
+
+func (f *feedbackRunner) run(name, policy string, rows []Row, speed float64, eng EngineOptions) (*FeedbackRun, error) {
+	r, err := Run(rows, Options{Policy: policy, Config: f.o.Config, Cluster: f.o.Cluster, Deadline: f.o.Deadline, Engine: eng})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	f.runs = append(f.runs, FeedbackRun{Name: name, Policy: policy, Speed: speed, Engines: r.Engines, MinFairShare: minFairShare(r), Jain: r.Jain})
+	return &f.runs[len(f.runs)-1], nil
+}
+
+// trio is one capacity's three replays.
+type trio struct{ closed, open, threshold *FeedbackRun }
+
+func (f *feedbackRunner) trio(label string, capacity float64, changes []EngineChange) (trio, error) {
+	var t trio
+	var err error
+	eng := f.o.Engine
+	eng.Capacity, eng.Changes = capacity, changes
+	if t.closed, err = f.run(label+" closed", PolicySluice, f.o.Rows, f.o.Speed, eng); err != nil {
+		return t, err
+	}
+	eng.OpenLoop = true
+	if t.open, err = f.run(label+" open", PolicySluice, f.o.Rows, f.o.Speed, eng); err != nil {
+		return t, err
+	}
+	eng.OpenLoop = false
+	if t.threshold, err = f.run(label+" threshold", PolicyThreshold, f.o.Rows, f.o.Speed, eng); err != nil {
+		return t, err
+	}
+	return t, nil
+}
+
+// equalUtil replays the threshold rule on engines at capacity at the
+// speed at which it uses them as much as util (bisected on the
+// logarithm of the speed, at most the table's speed).
+func (f *feedbackRunner) equalUtil(label string, capacity, util float64) (*FeedbackRun, error) {
+	eng := f.o.Engine
+	eng.Capacity = capacity
+	lo, hi := math.Log(f.o.Speed/32), math.Log(f.o.Speed)
+	var best *Report
+	bestSpeed := 0.0
+	for range 10 {
+		mid := (lo + hi) / 2
+		speed := math.Exp(mid)
+		r, err := Run(rescale(f.o.Rows, f.o.Speed, speed), Options{Policy: PolicyThreshold, Config: f.o.Config, Cluster: f.o.Cluster, Deadline: f.o.Deadline, Engine: eng})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", label, err)
+		}
+		if best == nil || math.Abs(r.Engines.Util-util) < math.Abs(best.Engines.Util-util) {
+			best, bestSpeed = r, speed
+		}
+		if r.Engines.Util < util {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	f.runs = append(f.runs, FeedbackRun{Name: label, Policy: PolicyThreshold, Speed: bestSpeed, Engines: best.Engines, MinFairShare: minFairShare(best), Jain: best.Jain})
+	return &f.runs[len(f.runs)-1], nil
+}
+
+func pct(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+func num(v float64) string { return fmt.Sprintf("%.0f", v) }
+func msf(v float64) string { return fmt.Sprintf("%.0f ms", v) }
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT MET"
+}
+
+// RunFeedbackTable replays o's trace on engines at o.Low and o.High
+// times the model, with a mid-run halving, and o's spread trace, under
+// sluice with the capacity loop closed and open and under the threshold
+// rule, and measures each target of the loop.
+func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
+	if o.Low <= 0 {
+		o.Low = 0.6
+	}
+	if o.High <= 0 {
+		o.High = 1.5
+	}
+	o.Engine = o.Engine.withDefaults()
+	if o.Change.Domain == "" {
+		if len(o.Cluster.Domains) == 0 || len(o.Rows) == 0 {
+			return nil, fmt.Errorf("the capacity table needs a cluster and a trace")
+		}
+		last := o.Rows[len(o.Rows)-1].At
+		o.Change = EngineChange{Domain: o.Cluster.Domains[0].ID, At: (last / 2).Truncate(time.Second), Capacity: 0.5}
+	}
+	f := &feedbackRunner{o: &o}
+	qT := o.Config.Feedback.QueueThreshold
+	slo := float64(o.Engine.SLO) / 1e6
+	tab := &FeedbackTable{Trace: o.Trace, Rows: len(o.Rows), Seed: o.Seed, Speed: o.Speed, SpreadTrace: o.SpreadTrace, SpreadSpeed: o.SpreadSpeed, Deadline: o.Deadline.String()}
+	add := func(row TargetRow) { tab.Targets = append(tab.Targets, row) }
+	each := func(t trio, v func(*FeedbackRun) string) (string, string, string) {
+		return v(t.closed), v(t.open), v(t.threshold)
+	}
+
+	low, err := f.trio(fmt.Sprintf("engine %g×", o.Low), o.Low, nil)
+	if err != nil {
+		return nil, err
+	}
+	high, err := f.trio(fmt.Sprintf("engine %g×", o.High), o.High, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range []struct {
+		cap float64
+		t   trio
+	}{{o.Low, low}, {o.High, high}} {
+		name := fmt.Sprintf("engine %g×", c.cap)
+		e := func(r *FeedbackRun) *EngineReport { return r.Engines }
+		cl, op, th := each(c.t, func(r *FeedbackRun) string { return num(e(r).QueueP99) })
+		q := e(c.t.closed).QueueP99
+		add(TargetRow{name, "engine queue p99, worst domain", cl, op, th, num(q), fmt.Sprintf("closed ≤ %g and < open", qT),
+			verdict(q <= qT && q < e(c.t.open).QueueP99)})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return msf(e(r).TTFTP99) })
+		add(TargetRow{name, "TTFT p99 (dispatch to first token)", cl, op, th, cl, fmt.Sprintf("closed ≤ %.0f ms", slo), verdict(e(c.t.closed).TTFTP99 <= slo)})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return pct(e(r).WithinSLO) })
+		add(TargetRow{name, fmt.Sprintf("requests with a first token ≤ %.0f ms after arrival", slo), cl, op, th, cl, "-", "-"})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return pct(e(r).Util) })
+		add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, cl, "-", "-"})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return num(e(r).AdmittedRate) })
+		ratio := e(c.t.closed).AdmittedRate / math.Max(e(c.t.open).AdmittedRate, 1)
+		if c.cap == o.High {
+			add(TargetRow{name, "admitted weighted tokens/s", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", ratio), "≥ 1.3", verdict(ratio >= 1.3)})
+		} else {
+			add(TargetRow{name, "admitted weighted tokens/s", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", ratio), "-", "-"})
+		}
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return fmt.Sprint(e(r).FloorViolations) })
+		add(TargetRow{name, "floor-violation seconds, all tenants", cl, op, th, cl, "closed 0", verdict(e(c.t.closed).FloorViolations == 0)})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return fmt.Sprint(e(r).WithinShareRefused) })
+		add(TargetRow{name, "refusals of tenants within their share", cl, op, th, cl, "closed 0", verdict(e(c.t.closed).WithinShareRefused == 0)})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return fmt.Sprintf("%.2f", r.MinFairShare) })
+		add(TargetRow{name, "least admitted ÷ fair share of a tenant (no tier starved)", cl, op, th, cl, "closed ≥ 0.5", verdict(c.t.closed.MinFairShare >= 0.5)})
+
+		eq, err := f.equalUtil(fmt.Sprintf("engine %g× threshold at equal utilization", c.cap), c.cap, e(c.t.closed).Util)
+		if err != nil {
+			return nil, err
+		}
+		add(TargetRow{name, "TTFT p99 at equal utilization (threshold's speed bisected)",
+			fmt.Sprintf("%s at %s", msf(e(c.t.closed).TTFTP99), pct(e(c.t.closed).Util)), "",
+			fmt.Sprintf("%s at %s (×%.2f)", msf(eq.Engines.TTFTP99), pct(eq.Engines.Util), eq.Speed),
+			fmt.Sprintf("%s vs %s", msf(e(c.t.closed).TTFTP99), msf(eq.Engines.TTFTP99)), "closed ≤ threshold",
+			verdict(e(c.t.closed).TTFTP99 <= eq.Engines.TTFTP99)})
+	}
+
+	// The mid-run halving, on engines the model is right about.
+	halve := []EngineChange{o.Change}
+	eng := o.Engine
+	eng.Capacity, eng.Changes = 1, halve
+	hc, err := f.run("halving closed", PolicySluice, o.Rows, o.Speed, eng)
+	if err != nil {
+		return nil, err
+	}
+	eng.OpenLoop = true
+	ho, err := f.run("halving open", PolicySluice, o.Rows, o.Speed, eng)
+	if err != nil {
+		return nil, err
+	}
+	eng.OpenLoop = false
+	ht, err := f.run("halving threshold", PolicyThreshold, o.Rows, o.Speed, eng)
+	if err != nil {
+		return nil, err
+	}
+	recov := func(r *FeedbackRun) string {
+		c := r.Engines.Changes[0]
+		switch {
+		case c.OverS < 0:
+			return fmt.Sprintf("0 s (never past %g)", qT)
+		case c.RecoveryS < 0:
+			return fmt.Sprintf("never (past from +%.1f s, peak %d)", c.OverS, c.PeakQueue)
+		}
+		return fmt.Sprintf("%.1f s (past from +%.1f s, peak %d)", c.RecoveryS, c.OverS, c.PeakQueue)
+	}
+	rc := hc.Engines.Changes[0].RecoveryS
+	add(TargetRow{fmt.Sprintf("engine 1× → %s %g× at %v", o.Change.Domain, o.Change.Capacity, o.Change.At),
+		fmt.Sprintf("time its queue is past %g until back to stay %v", qT, recoveryHold), recov(hc), recov(ho), recov(ht), recov(hc), "closed ≤ 5 s",
+		verdict(rc >= 0 && rc <= 5)})
+
+	// Spread, on engines the model is right about.
+	eng = o.Engine
+	eng.Capacity = 1
+	sp, err := f.run("spread closed", PolicySluice, o.SpreadRows, o.SpreadSpeed, eng)
+	if err != nil {
+		return nil, err
+	}
+	spRow := fmt.Sprintf("spread, %s ×%g, engine 1×", o.SpreadTrace, o.SpreadSpeed)
+	add(TargetRow{spRow, "busiest ÷ least busy domain of the same GPUs (utilization)", fmt.Sprintf("%.2f", sp.Engines.Spread), "", "",
+		fmt.Sprintf("%.2f", sp.Engines.Spread), "≤ 1.5", verdict(sp.Engines.Spread > 0 && sp.Engines.Spread <= 1.5)})
+	add(TargetRow{spRow, "least share of a tenant's admissions on its " + sp.Engines.FirstBy, pct(sp.Engines.FirstShareMin), "", "",
+		pct(sp.Engines.FirstShareMin), "≥ 50%", verdict(sp.Engines.FirstShareMin >= 0.5)})
+	tab.Runs = f.runs
+	return tab, nil
+}
+
+// WriteJSON writes t as indented JSON.
+func (t *FeedbackTable) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(t); err != nil {
+		return fmt.Errorf("json: %w", err)
+	}
+	return nil
+}
+
+// WriteTable writes the targets as a text table, and a line per replay.
+func (t *FeedbackTable) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "capacity loop targets: %s ×%g (%d requests, seed %d, deadline %s); spread on %s ×%g\n\n",
+		t.Trace, t.Speed, t.Rows, t.Seed, t.Deadline, t.SpreadTrace, t.SpreadSpeed)
+	fmt.Fprintln(tw, "row\tmeasure\tsluice closed\tsluice open\tthreshold\tmeasured\ttarget\tresult")
+	for _, r := range t.Targets {
+		cell := func(s string) string {
+			if s == "" {
+				return "-"
+			}
+			return s
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Row, r.Measure, cell(r.Closed), cell(r.Open), cell(r.Threshold), r.Measured, r.Target, r.Met)
+	}
+	fmt.Fprintln(tw, "\nreplay\tspeed\tadmitted tok/s\tutilization\tTTFT p99 ms\tqueue p99\tfloor viol s\tfactors at the end")
+	for _, r := range t.Runs {
+		factors := "-"
+		if r.Policy == PolicySluice {
+			factors = ""
+			for i, d := range r.Engines.Domains {
+				if i > 0 {
+					factors += " "
+				}
+				factors += fmt.Sprintf("%s %.2f", d.ID, d.Factor)
+			}
+		}
+		e := r.Engines
+		fmt.Fprintf(tw, "%s\t%.3g\t%.0f\t%.1f%%\t%.0f\t%.0f\t%d\t%s\n", r.Name, r.Speed, e.AdmittedRate, 100*e.Util, e.TTFTP99, e.QueueP99, e.FloorViolations, factors)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	return nil
+}
