@@ -31,6 +31,55 @@ func (b *burstFlags) Set(s string) error {
 	return nil
 }
 
+// changeFlags collects repeated --engine-change values.
+type changeFlags []replay.EngineChange
+
+func (c *changeFlags) String() string { return fmt.Sprint(len(*c), " changes") }
+
+// Type names the value in help.
+func (c *changeFlags) Type() string { return "change" }
+
+func (c *changeFlags) Set(s string) error {
+	v, err := replay.ParseEngineChange(s)
+	if err != nil {
+		return err
+	}
+	*c = append(*c, v)
+	return nil
+}
+
+// engineFlags are the simulated serving engines' knobs, for replay and
+// replay feedback.
+type engineFlags struct {
+	batch         int
+	prefillTokens int64
+	report        time.Duration
+	slo           time.Duration
+}
+
+func (f *engineFlags) register(c *cobra.Command) {
+	fs := c.Flags()
+	fs.IntVar(&f.batch, "engine-batch", replay.DefaultMaxBatch, "requests an engine runs at once (vLLM's max_num_seqs)")
+	fs.Int64Var(&f.prefillTokens, "engine-prefill-tokens", replay.DefaultPrefillTokens, "prompt tokens an engine prefills at once (vLLM's max_num_batched_tokens)")
+	fs.DurationVar(&f.report, "engine-report", replay.DefaultReport, "how often the engines' signals are read and given to the policy")
+	fs.DurationVar(&f.slo, "slo", replay.DefaultSLO, "the time-to-first-token objective the engines' report measures against")
+}
+
+// options returns the engines at capacity.
+func (f *engineFlags) options(capacity float64) (replay.EngineOptions, error) {
+	switch {
+	case f.batch <= 0:
+		return replay.EngineOptions{}, fmt.Errorf("--engine-batch %d: must be positive", f.batch)
+	case f.prefillTokens <= 0:
+		return replay.EngineOptions{}, fmt.Errorf("--engine-prefill-tokens %d: must be positive", f.prefillTokens)
+	case f.report < time.Millisecond:
+		return replay.EngineOptions{}, fmt.Errorf("--engine-report %v: must be at least 1ms", f.report)
+	case f.slo <= 0:
+		return replay.EngineOptions{}, fmt.Errorf("--slo %v: must be positive", f.slo)
+	}
+	return replay.EngineOptions{Capacity: capacity, MaxBatch: f.batch, PrefillTokens: f.prefillTokens, Report: f.report, SLO: f.slo}, nil
+}
+
 // traceFlags are how replay and recommend read a trace.
 type traceFlags struct {
 	path   string
@@ -82,32 +131,36 @@ func (f *traceFlags) load() ([]replay.Row, error) {
 // table.
 func newReplayCmd(g *globals) *cobra.Command {
 	var (
-		tf                         traceFlags
-		configPath, topo, policies string
-		deadline                   time.Duration
-		downgrade                  bool
-		htmlPath, svgDir           string
+		tf traceFlags
+		ef engineFlags
+		o  replayOptions
 	)
 	c := &cobra.Command{
 		Use:   "replay --trace FILE",
 		Short: "Replay a trace through a simulated cluster: sluice against fifo and bucket baselines",
 		Example: `  sluicectl replay --trace testdata/traces/AzureLLMInferenceTrace_code.csv --mix acme:large:0.5,globex:small:0.5 --to 5m
-  sluicectl replay --trace trace.csv --policy all --html report.html`,
+  sluicectl replay --trace trace.csv --policy all --html report.html
+  sluicectl replay --trace trace.csv --speed 10 --engine-capacity 0.6 --policy sluice,threshold`,
 		Annotations: map[string]string{formatsAnnotation: formatHTML},
 		Args:        noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			return runReplay(g, &tf, replayOptions{configPath, topo, policies, deadline, downgrade, htmlPath, svgDir})
+			return runReplay(g, &tf, &ef, o)
 		},
 	}
 	tf.register(c)
 	f := c.Flags()
-	f.StringVar(&configPath, "config", "", "config file (YAML or JSON), as sluiced's --config; empty: the embedded default")
-	f.StringVar(&topo, "topology", "simulated", `topology, as sluiced's --topology: "simulated" (the built-in cluster), a topology file path, "auto", "auto:<file>" or "nvml"`)
-	f.StringVar(&policies, "policy", "sluice,fifo", "policies to compare, comma-separated: sluice, fifo, global-bucket, tenant-buckets, or all")
-	f.DurationVar(&deadline, "deadline", 0, "each request's deadline after its arrival (0: the config's queue.default_wait)")
-	f.BoolVar(&downgrade, "downgrade", false, "requests accept their model's lower tiers (sluice degrades; the baselines do not)")
-	f.StringVar(&htmlPath, "html", "", "also write the HTML report (inline SVG plots, self-contained) to this file")
-	f.StringVar(&svgDir, "svg", "", "also write each of the HTML report's plots as its own SVG file in this directory")
+	f.StringVar(&o.configPath, "config", "", "config file (YAML or JSON), as sluiced's --config; empty: the embedded default")
+	f.StringVar(&o.topo, "topology", "simulated", `topology, as sluiced's --topology: "simulated" (the built-in cluster), a topology file path, "auto", "auto:<file>" or "nvml"`)
+	f.StringVar(&o.policies, "policy", "sluice,fifo", "policies to compare, comma-separated: sluice, fifo, global-bucket, tenant-buckets, threshold (needs --engine-capacity), or all")
+	f.DurationVar(&o.deadline, "deadline", 0, "each request's deadline after its arrival (0: the config's queue.default_wait)")
+	f.BoolVar(&o.downgrade, "downgrade", false, "requests accept their model's lower tiers (sluice degrades; the baselines do not)")
+	f.StringVar(&o.htmlPath, "html", "", "also write the HTML report (inline SVG plots, self-contained) to this file")
+	f.StringVar(&o.svgDir, "svg", "", "also write each of the HTML report's plots as its own SVG file in this directory")
+	f.Float64Var(&o.engineCapacity, "engine-capacity", 0, "simulate a serving engine per domain that sustains this many times the model's peak-derived rates (0: no engines, the model's processor-shared service)")
+	f.Var(&o.changes, "engine-change", "DOMAIN@TIME=CAPACITY, e.g. hgx-1@120s=0.5: that domain's engine capacity from that replay time on (repeatable; needs --engine-capacity)")
+	f.BoolVar(&o.openLoop, "open-loop", false, "keep sluice's capacity loop open: no engine signals, releases without measured times")
+	ef.register(c)
+	c.AddCommand(newReplayFeedbackCmd(g))
 	return c
 }
 
@@ -117,16 +170,30 @@ type replayOptions struct {
 	deadline                   time.Duration
 	downgrade                  bool
 	htmlPath, svgDir           string
+	engineCapacity             float64
+	changes                    changeFlags
+	openLoop                   bool
 }
 
 // runReplay runs replay.
-func runReplay(g *globals, tf *traceFlags, o replayOptions) error {
+func runReplay(g *globals, tf *traceFlags, ef *engineFlags, o replayOptions) error {
 	if o.deadline < 0 {
 		return fmt.Errorf("--deadline %v: must be ≥ 0", o.deadline)
 	}
+	if o.engineCapacity < 0 {
+		return fmt.Errorf("--engine-capacity %g: must be ≥ 0", o.engineCapacity)
+	}
+	eng, err := ef.options(o.engineCapacity)
+	if err != nil {
+		return err
+	}
+	eng.Changes, eng.OpenLoop = o.changes, o.openLoop
 	pols, err := replay.ParsePolicies(o.policies)
 	if err != nil {
 		return err
+	}
+	if o.policies == "all" && eng.On() {
+		pols = append(pols, replay.PolicyThreshold)
 	}
 	rows, err := tf.load()
 	if err != nil {
@@ -137,7 +204,7 @@ func runReplay(g *globals, tf *traceFlags, o replayOptions) error {
 		return err
 	}
 	c, err := replay.Compare(filepath.Base(tf.path), tf.seed, rows,
-		replay.Options{Config: cfg, Cluster: cluster, Deadline: o.deadline, Downgrade: o.downgrade}, pols)
+		replay.Options{Config: cfg, Cluster: cluster, Deadline: o.deadline, Downgrade: o.downgrade, Engine: eng}, pols)
 	if err != nil {
 		return err
 	}
@@ -171,4 +238,85 @@ func writeFile(path string, write func(io.Writer) error) error {
 		return fmt.Errorf("--html: %w", err)
 	}
 	return nil
+}
+
+// newReplayFeedbackCmd is `sluicectl replay feedback`: the capacity loop's
+// target table, from replays of one trace on simulated engines that
+// sustain less and more than the model says, a mid-run halving, and a
+// spread trace.
+func newReplayFeedbackCmd(g *globals) *cobra.Command {
+	var (
+		tf               traceFlags
+		ef               engineFlags
+		configPath, topo string
+		deadline         time.Duration
+		low, high        float64
+		change           string
+		spreadTrace      string
+		spreadSpeed      float64
+	)
+	c := &cobra.Command{
+		Use:   "feedback --trace FILE",
+		Short: "The capacity loop against its targets: engines slower and faster than the model, a mid-run halving, sluice's loop closed and open, the threshold rule",
+		Example: `  sluicectl replay feedback --trace testdata/traces/AzureLLMInferenceTrace_code.csv \
+    --mix acme:large:0.4,globex:medium:0.3,initech:small:0.2,hooli:small:0.1 \
+    --config testdata/replay/config.yaml --topology testdata/replay/cluster.yaml`,
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if deadline < 0 {
+				return fmt.Errorf("--deadline %v: must be ≥ 0", deadline)
+			}
+			if !(low > 0) || !(high > 0) {
+				return fmt.Errorf("--engine-low %g, --engine-high %g: must be positive", low, high)
+			}
+			if !(spreadSpeed > 0) {
+				return fmt.Errorf("--spread-speed %g: must be a positive number", spreadSpeed)
+			}
+			eng, err := ef.options(1)
+			if err != nil {
+				return err
+			}
+			o := replay.FeedbackOptions{Trace: filepath.Base(tf.path), Seed: tf.seed, Speed: tf.speed, Deadline: deadline, Engine: eng, Low: low, High: high}
+			if change != "" {
+				if o.Change, err = replay.ParseEngineChange(change); err != nil {
+					return err
+				}
+			}
+			if o.Rows, err = tf.load(); err != nil {
+				return err
+			}
+			spread := tf
+			spread.speed = spreadSpeed
+			if spreadTrace != "" {
+				spread.path = spreadTrace
+			}
+			o.SpreadTrace, o.SpreadSpeed = filepath.Base(spread.path), spreadSpeed
+			if o.SpreadRows, err = spread.load(); err != nil {
+				return err
+			}
+			if o.Config, o.Cluster, err = replay.Setup(configPath, topo, slog.New(slog.NewTextHandler(g.stderr, nil))); err != nil {
+				return err
+			}
+			t, err := replay.RunFeedbackTable(o)
+			if err != nil {
+				return err
+			}
+			return g.out().write(t.WriteJSON, t.WriteTable)
+		},
+	}
+	tf.register(c)
+	f := c.Flags()
+	tf.speed = 10
+	f.Lookup("speed").DefValue = "10"
+	f.Lookup("speed").Usage = "replay speed of the saturated rows: arrival times are divided by it"
+	f.StringVar(&configPath, "config", "", "config file (YAML or JSON), as sluiced's --config; empty: the embedded default")
+	f.StringVar(&topo, "topology", "simulated", `topology, as sluiced's --topology: "simulated" (the built-in cluster), a topology file path, "auto", "auto:<file>" or "nvml"`)
+	f.DurationVar(&deadline, "deadline", 2*time.Second, "each request's deadline after its arrival (0: the config's queue.default_wait)")
+	f.Float64Var(&low, "engine-low", 0.6, "the slow engines' capacity, relative to the model's peak-derived rates")
+	f.Float64Var(&high, "engine-high", 1.5, "the fast engines' capacity, relative to the model's peak-derived rates")
+	f.StringVar(&change, "engine-change", "", "the mid-run change on engines at 1×, DOMAIN@TIME=CAPACITY (default: the first domain, halfway through the replay, to 0.5)")
+	f.StringVar(&spreadTrace, "spread-trace", "", "the trace of the spread rows, with the same --mix and --seed (default: --trace)")
+	f.Float64Var(&spreadSpeed, "spread-speed", 1, "replay speed of the spread rows")
+	ef.register(c)
+	return c
 }

@@ -68,6 +68,66 @@ func TestReplayCommandDefaults(t *testing.T) {
 	}
 }
 
+// TestReplayEngines replays with simulated engines: --policy all adds the
+// threshold rule, and every report carries the engines' measures.
+func TestReplayEngines(t *testing.T) {
+	args := []string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "5m", "--speed", "10", "--config", replayConfig,
+		"--topology", replayCluster, "--deadline", "2s", "--policy", "all", "--engine-capacity", "0.6", "--engine-change", "hgx-2@10s=0.3", "-o", "json"}
+	var out, errw bytes.Buffer
+	if code := run(args, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	var c replay.Comparison
+	if err := json.Unmarshal(out.Bytes(), &c); err != nil {
+		t.Fatalf("-o json is not JSON: %v", err)
+	}
+	if len(c.Reports) != 5 || c.Reports[4].Policy != "threshold" {
+		t.Fatalf("%d reports", len(c.Reports))
+	}
+	for _, r := range c.Reports {
+		if r.Engines == nil || r.Engines.Capacity != 0.6 || len(r.Engines.Changes) != 1 || r.Engines.Domains[1].Capacity != 0.3 {
+			t.Errorf("%s: engines %+v", r.Policy, r.Engines)
+		}
+	}
+	if c.Reports[0].Engines.Loop != "closed" {
+		t.Errorf("sluice's loop: %q", c.Reports[0].Engines.Loop)
+	}
+	out.Reset()
+	args = append(args[:len(args)-2], "--open-loop", "--policy", "sluice")
+	if code := run(args, &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	if !strings.Contains(out.String(), "engines at 0.6× the model, loop open") {
+		t.Errorf("table:\n%s", out.String())
+	}
+}
+
+// TestReplayFeedbackCommand prints the capacity loop's target table for
+// five minutes of the trace.
+func TestReplayFeedbackCommand(t *testing.T) {
+	args := []string{"replay", "feedback", "--trace", replayTrace, "--mix", replayMix, "--to", "5m", "--config", replayConfig, "--topology", replayCluster}
+	var out, errw bytes.Buffer
+	if code := run(append(args, "-o", "json"), &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	var tab replay.FeedbackTable
+	if err := json.Unmarshal(out.Bytes(), &tab); err != nil {
+		t.Fatalf("-o json is not JSON: %v", err)
+	}
+	if tab.Speed != 10 || tab.SpreadSpeed != 1 || len(tab.Targets) < 10 || len(tab.Runs) < 10 || tab.Deadline != "2s" {
+		t.Errorf("speed %v, spread speed %v, %d targets, %d runs, deadline %s", tab.Speed, tab.SpreadSpeed, len(tab.Targets), len(tab.Runs), tab.Deadline)
+	}
+	out.Reset()
+	if code := run(append(args, "--engine-change", "hgx-3@5s=0.25", "--engine-high", "2"), &out, &errw); code != 0 {
+		t.Fatalf("exit %d: %s", code, errw.String())
+	}
+	for _, want := range []string{"engine 2×", "hgx-3 0.25× at 5s", "result", "met"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
 func TestRecommendCommand(t *testing.T) {
 	var out, errw bytes.Buffer
 	if code := run([]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "-o", "json"}, &out, &errw); code != 0 {
@@ -101,6 +161,17 @@ func TestReplayCommandErrors(t *testing.T) {
 		{append([]string{"replay", "--config", "nope.yaml"}, base[:4]...), "nope.yaml"},
 		{append([]string{"replay", "extra"}, base...), `unexpected argument "extra"`},
 		{[]string{"replay", "--trace", "nope.csv", "--mix", replayMix}, "nope.csv"},
+		{append([]string{"replay", "--policy", "threshold"}, base...), "policy threshold reads the engines' signals"},
+		{append([]string{"replay", "--engine-capacity", "-1"}, base...), "--engine-capacity -1"},
+		{append([]string{"replay", "--engine-capacity", "1", "--engine-batch", "0"}, base...), "--engine-batch 0"},
+		{append([]string{"replay", "--engine-change", "hgx-1@1s"}, base...), `--engine-change "hgx-1@1s"`},
+		{append([]string{"replay", "--engine-change", "hgx-1@1s=0.5"}, base...), "needs --engine-capacity"},
+		{append([]string{"replay", "--engine-capacity", "1", "--engine-change", "nope@1s=0.5"}, base...), `no domain "nope"`},
+		{append([]string{"replay", "feedback", "--engine-low", "0"}, base...), "--engine-low 0"},
+		{append([]string{"replay", "feedback", "--spread-speed", "0"}, base...), "--spread-speed 0"},
+		{append([]string{"replay", "feedback", "--engine-change", "x"}, base...), `--engine-change "x"`},
+		{append([]string{"replay", "feedback", "--spread-trace", "nope.csv"}, base...), "nope.csv"},
+		{[]string{"replay", "feedback", "--mix", replayMix}, "--trace is required"},
 		{[]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "--window", "0s"}, "--window 0s"},
 		{[]string{"recommend", "--trace", replayTrace}, "--mix is required"},
 		{[]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "-o", "html"}, `-o "html"`},
