@@ -302,7 +302,7 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 	if err != nil {
 		return nil, err
 	}
-	spRow := fmt.Sprintf("spread, %s ×%g, engine 1×", o.SpreadTrace, o.SpreadSpeed)
+	spRow := fmt.Sprintf("spread ×%g, engine 1×", o.SpreadSpeed)
 	add(TargetRow{spRow, "busiest ÷ least busy domain of the same GPUs (utilization)", fmt.Sprintf("%.2f", sp.Engines.Spread), "", "",
 		fmt.Sprintf("%.2f", sp.Engines.Spread), "≤ 1.5", verdict(sp.Engines.Spread > 0 && sp.Engines.Spread <= 1.5)})
 	add(TargetRow{spRow, "least share of a tenant's admissions on its " + sp.Engines.FirstBy, pct(sp.Engines.FirstShareMin), "", "",
