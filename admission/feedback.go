@@ -69,9 +69,9 @@ type capacityLoop struct {
 
 	factor float64 // the correction, relative to the model
 	// load is how busy the domain is, for spreading: the larger of its
-	// buckets' recent use (a moving average of the share of their refill
-	// taken), its KV in use, and its engines' fresh signals against their
-	// thresholds.
+	// buckets' recent use (a moving average of the share of the whole
+	// domain's refill taken here), its KV in use here of the whole
+	// domain's, and its engines' fresh signals against their thresholds.
 	load       float64
 	saturated  bool  // the guard holds the domain to its floors
 	clearSince int64 // engine time the signals became clear; 0 while saturated or never
@@ -134,13 +134,18 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	factor, saturated := l.factor, l.saturated
 	elapsed := now - l.stepAt
 	p, d := c.Taken()
-	useP, useD := used(p-l.takenP, c.PrefillRate(), elapsed), used(d-l.takenD, c.DecodeRate(), elapsed)
-	demand := max(useP, useD) >= demandShare
+	takenP, takenD := p-l.takenP, d-l.takenD
 	l.stepAt, l.takenP, l.takenD = now, p, d
-	l.use += loadSmoothing * (max(useP, useD) - l.use)
+	// Demand is against this replica's buckets (its share, where several
+	// share the domain); load against the whole domain, so that a share
+	// that shrinks as a replica uses a domain less does not make it look
+	// busier, and the replica use it less still.
+	demand := max(used(takenP, c.PrefillRate(), elapsed), used(takenD, c.DecodeRate(), elapsed)) >= demandShare
+	fullP, fullD, fullKV := c.FullLimits()
+	l.use += loadSmoothing * (max(used(takenP, fullP, elapsed), used(takenD, fullD, elapsed)) - l.use)
 	l.load = l.use
-	if kv, limit := c.KV(); limit > 0 {
-		l.load = max(l.load, float64(kv)/float64(limit))
+	if kv, _ := c.KV(); fullKV > 0 {
+		l.load = max(l.load, float64(kv)/float64(fullKV))
 	}
 
 	if l.fresh(now, cfg) {
