@@ -84,6 +84,15 @@ func TestEngineMetricsMovePlacement(t *testing.T) {
 
 	engines[first].waiting.Store(12)
 	eventually(t, func() bool { return saturated(first) })
+	fams := scrape(t, srv)
+	for _, c := range []struct {
+		name, domain string
+		want         float64
+	}{{"sluice_domain_engine_saturated", first, 1}, {"sluice_domain_engine_queue", first, 12}, {"sluice_domain_engine_saturated", other, 0}} {
+		if got := value(t, fams, c.name, map[string]string{"domain": c.domain}); got != c.want {
+			t.Errorf("%s{domain=%q} = %v, want %v", c.name, c.domain, got, c.want)
+		}
+	}
 	for range 10 {
 		if got := placed(); got != other {
 			t.Fatalf("%s's engines wait 12 requests: placed on %s, want %s", first, got, other)
