@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-sched/sluice/topology"
 	"pgregory.net/rapid"
 )
 
@@ -338,4 +339,41 @@ func TestLoadSpreadsOverTheFirstTwoDomains(t *testing.T) {
 			t.Errorf("load gone: placed on %s, want the first choice %s", got, first)
 		}
 	}
+}
+
+// BenchmarkCapacityLoop measures the capacity loop's background work on
+// 1,400 NVL72 domains beside the default cluster's 6 in the same run: one
+// ObserveEngines of every domain's signals (a pass of the engine reader)
+// and one step of every domain's loop, per domain.
+func BenchmarkCapacityLoop(b *testing.B) {
+	run := func(b *testing.B, cluster topology.Cluster) (observe, step float64) {
+		h := newHarness(b, testConfig(), cluster)
+		sigs := make([]EngineSignal, len(cluster.Domains))
+		for i, d := range cluster.Domains {
+			sigs[i] = EngineSignal{Domain: d.ID, Queue: float64(i % 7), KVUsage: float64(i%10) / 10}
+		}
+		start := time.Now()
+		for range b.N {
+			if err := h.e.ObserveEngines(sigs); err != nil {
+				b.Fatal(err)
+			}
+		}
+		observe = float64(time.Since(start).Nanoseconds()) / float64(b.N*len(sigs))
+		start = time.Now()
+		for range b.N {
+			h.clk.Advance(period)
+			h.e.mu.Lock()
+			h.e.mu.place.stepFeedback(h.e.nowLocked())
+			h.e.mu.Unlock()
+		}
+		step = float64(time.Since(start).Nanoseconds()) / float64(b.N*len(sigs))
+		return observe, step
+	}
+	fo, fs := run(b, fleet())
+	do, ds := run(b, topology.Simulated())
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(fo, "observe-ns/domain")
+	b.ReportMetric(fs, "step-ns/domain")
+	b.ReportMetric(fo/do, "observe-fleet/default")
+	b.ReportMetric(fs/ds, "step-fleet/default")
 }
