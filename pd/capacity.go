@@ -262,9 +262,11 @@ const (
 	MaxFactor  = 16 * FactorFull
 )
 
-// corrected is lim with its rates and bursts scaled by the capacity
-// factor (bounded at maxBurst). The KV limit is HBM the engines hold, and
-// the calibrated costs per token are the model's: neither moves.
+// corrected is lim with its rates scaled by the capacity factor (bounded
+// at maxBurst). The bursts stay the model's: a burst is the largest
+// request the domain takes at once, which a slower engine serves more
+// slowly, not never; the KV limit is HBM the engines hold, and the
+// calibrated costs per token are the model's.
 func (c *DomainCapacity) corrected(lim limits) limits {
 	if c.factor == FactorFull {
 		return lim
@@ -277,18 +279,16 @@ func (c *DomainCapacity) corrected(lim limits) limits {
 		}
 		return r
 	}
-	lim.prefillRate, lim.prefillBurst = scale(lim.prefillRate), scale(lim.prefillBurst)
-	lim.decodeRate, lim.decodeBurst = scale(lim.decodeRate), scale(lim.decodeBurst)
+	lim.prefillRate, lim.decodeRate = scale(lim.prefillRate), scale(lim.decodeRate)
 	return lim
 }
 
 // SetFactor corrects the model's capacity by what the domain is measured
-// to sustain: from now on its rates and bursts are factor millionths of
-// the model's (KV and the costs per token stay the model's). A replica
+// to sustain: from now on its rates are factor millionths of the model's
+// (bursts, KV and the costs per token stay the model's). A replica
 // holding a share of the domain keeps its share, scaled the same; levels
-// are kept (cut to the new bursts); the reserves' watermarks follow the
-// new limits, a debt beyond the new burst is forgiven. factor is taken
-// within [1, MaxFactor].
+// are kept; the reserves' watermarks follow the new rates. factor is
+// taken within [1, MaxFactor].
 func (c *DomainCapacity) SetFactor(now, factor int64) {
 	factor = min(max(factor, 1), MaxFactor)
 	if factor == c.factor {
@@ -306,12 +306,6 @@ func (c *DomainCapacity) SetFactor(now, factor int64) {
 		c.baseDecodeRate = rescale(baseD, c.fullDecodeRate, fullD)
 		c.baseKV = baseKV
 		c.applyReserve()
-	}
-	// Debt stays bounded at one burst, the new one.
-	for _, b := range []*tokenbucket.Bucket{&c.prefill, &c.decode} {
-		if b.Level(now) < -b.Burst() {
-			setLevel(b, now, -b.Burst())
-		}
 	}
 }
 

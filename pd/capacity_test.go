@@ -463,7 +463,7 @@ func TestWarmupWaitAndCarry(t *testing.T) {
 	}
 }
 
-// A capacity factor scales the rates and bursts from the model's, keeps
+// A capacity factor scales the rates from the model's, keeps the bursts,
 // KV and the costs per token, keeps a replica's share in proportion, and
 // travels with the levels across a reload. Reserves the corrected rates
 // cannot hold are reported.
@@ -475,11 +475,11 @@ func TestSetFactor(t *testing.T) {
 	m := get(t, cat, "medium")
 	before, _ := c.Cost(m, 2000, 300)
 	c.SetFactor(sec, FactorFull/2)
-	if c.PrefillRate() != pr/2 || c.DecodeRate() != dr/2 || c.PrefillBurst() != pr || c.DecodeBurst() != dr {
-		t.Errorf("at factor 0.5: rates %d, %d bursts %d, %d; want half of %d, %d", c.PrefillRate(), c.DecodeRate(), c.PrefillBurst(), c.DecodeBurst(), pr, dr)
+	if c.PrefillRate() != pr/2 || c.DecodeRate() != dr/2 || c.PrefillBurst() != 2*pr || c.DecodeBurst() != 2*dr {
+		t.Errorf("at factor 0.5: rates %d, %d bursts %d, %d; want half of %d, %d and the bursts kept", c.PrefillRate(), c.DecodeRate(), c.PrefillBurst(), c.DecodeBurst(), pr, dr)
 	}
-	if p, dc := c.Levels(sec); p != pr || dc != dr {
-		t.Errorf("levels %d, %d: want cut to the new bursts %d, %d", p, dc, pr, dr)
+	if p, dc := c.Levels(sec); p != 2*pr || dc != 2*dr {
+		t.Errorf("levels %d, %d: want kept full at %d, %d", p, dc, 2*pr, 2*dr)
 	}
 	if _, limit := c.KV(); limit != kv {
 		t.Errorf("KV limit %d moved with the factor, want %d", limit, kv)
