@@ -194,8 +194,8 @@ type FeedbackConfig struct {
 	// (default 0.02, 4).
 	Decrease      float64  `json:"decrease"`
 	DecreaseEvery Duration `json:"decrease_every"`
-	Increase     float64 `json:"increase"`
-	ClearPeriods int     `json:"clear_periods"`
+	Increase      float64  `json:"increase"`
+	ClearPeriods  int      `json:"clear_periods"`
 	// MinFactor and MaxFactor bound the factor, relative to the model;
 	// defaults 0.25 and 2.
 	MinFactor float64 `json:"min_factor"`
