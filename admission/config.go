@@ -185,17 +185,13 @@ type FeedbackConfig struct {
 	// and 0.8 (the Gateway API Inference Extension's).
 	QueueThreshold float64 `json:"queue_threshold"`
 	KVThreshold    float64 `json:"kv_threshold"`
-	// Decrease multiplies the capacity factor when the engines saturate,
-	// and again each DecreaseEvery they stay saturated (default 0.8, 1s:
-	// one cut per congestion, as TCP cuts once a round trip, not one per
-	// period of a queue that takes a while to drain); Increase adds to
-	// it, as a share of the model, each period the signals have been
-	// clear for ClearPeriods while the domain's capacity is in demand
-	// (default 0.02, 4).
-	Decrease      float64  `json:"decrease"`
-	DecreaseEvery Duration `json:"decrease_every"`
-	Increase      float64  `json:"increase"`
-	ClearPeriods  int      `json:"clear_periods"`
+	// Decrease multiplies the capacity factor each saturated period
+	// (default 0.8); Increase adds to it, as a share of the model, each
+	// period the signals have been clear for ClearPeriods while the
+	// domain's capacity is in demand (default 0.02, 4).
+	Decrease     float64 `json:"decrease"`
+	Increase     float64 `json:"increase"`
+	ClearPeriods int     `json:"clear_periods"`
 	// MinFactor and MaxFactor bound the factor, relative to the model;
 	// defaults 0.25 and 2.
 	MinFactor float64 `json:"min_factor"`
@@ -436,7 +432,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
 //	queue.degrade_after 100ms (0 is allowed: degrade at once)
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
-//	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8, decrease_every 1s,
+//	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8,
 //	  increase 0.02, clear_periods 4, min_factor 0.25, max_factor 2, window 5s,
 //	  calibration_step 0.1, deadband 0.05, busy_ttft 1s, spread_choices 2, spread_margin 0.1
 //	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
@@ -491,7 +487,6 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	d.float("feedback.queue_threshold", &f.QueueThreshold, 5)
 	d.float("feedback.kv_threshold", &f.KVThreshold, 0.8)
 	d.float("feedback.decrease", &f.Decrease, 0.8)
-	d.dur("feedback.decrease_every", &f.DecreaseEvery, time.Second)
 	d.float("feedback.increase", &f.Increase, 0.02)
 	d.int("feedback.clear_periods", &f.ClearPeriods, 4)
 	d.float("feedback.min_factor", &f.MinFactor, 0.25)
@@ -701,8 +696,6 @@ func (f *FeedbackConfig) validate() error {
 		return cfgErr("feedback.kv_threshold", "must be in (0, 1], got %g", f.KVThreshold)
 	case !(f.Decrease > 0 && f.Decrease < 1):
 		return cfgErr("feedback.decrease", "must be in (0, 1), got %g", f.Decrease)
-	case f.DecreaseEvery.Duration < 0 || f.DecreaseEvery.Duration > time.Hour:
-		return cfgErr("feedback.decrease_every", "must be in [0, 1h], got %v", f.DecreaseEvery.Duration)
 	case !(f.Increase > 0 && f.Increase <= 1):
 		return cfgErr("feedback.increase", "must be in (0, 1], got %g", f.Increase)
 	case f.ClearPeriods < 0 || f.ClearPeriods > 1000:

@@ -49,8 +49,7 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 //   - Saturation guard (AIMD): while fresh signals say the engines are
 //     saturated (waiting queue or KV use above the thresholds), nothing
 //     but floor traffic is placed on the domain and the factor shrinks by
-//     Decrease, once as they saturate and again each DecreaseEvery they
-//     stay so; once they have been clear for ClearPeriods,
+//     Decrease each period; once they have been clear for ClearPeriods,
 //     it grows by Increase each period the domain's buckets are in
 //     demand (most of a period's refill taken), up to MaxFactor: the
 //     loop finds an engine faster than the model as well as a slower one.
@@ -76,7 +75,6 @@ type capacityLoop struct {
 	load       float64
 	saturated  bool  // the guard holds the domain to its floors
 	clearSince int64 // engine time the signals became clear; 0 while saturated or never
-	cutAt      int64 // engine time of the last multiplicative cut
 	stepAt     int64 // engine time of the last step
 	// Taken counters at the last step, for demand.
 	takenP, takenD int64
@@ -152,11 +150,8 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 
 	if l.fresh(now, cfg) {
 		if saturatedBy(l.sig, cfg) {
-			if !l.saturated || now-l.cutAt >= int64(cfg.DecreaseEvery.Duration) {
-				l.factor *= cfg.Decrease
-				l.cutAt = now
-			}
 			l.saturated, l.clearSince = true, 0
+			l.factor *= cfg.Decrease
 		} else {
 			l.saturated = false
 			if l.clearSince == 0 {
