@@ -33,8 +33,7 @@ type baseline struct {
 	s       *sim
 	kind    string
 	caps    []*pd.DomainCapacity
-	queue   []*simReq // FIFO; deadlines are arrival + a constant, so also in deadline order
-	head    int
+	queue   fifo // deadlines are arrival + a constant, so also in deadline order
 	global  tokenbucket.Bucket
 	buckets []tokenbucket.Bucket // by tenant index
 	wait    int64
@@ -87,17 +86,16 @@ func (b *baseline) submit(now int64, r *simReq) error {
 	if b.queued() >= b.max {
 		return b.s.decided(r, admission.Rejected, admission.ReasonQueueFull, "", "", 0)
 	}
-	b.queue = append(b.queue, r)
+	b.queue.push(r)
 	return b.dispatch(now)
 }
 
 // dispatch admits queue heads while one fits, after refusing the heads
 // whose deadline has passed.
 func (b *baseline) dispatch(now int64) error {
-	for b.head < len(b.queue) {
-		r := b.queue[b.head]
+	for r := b.queue.peek(); r != nil; r = b.queue.peek() {
 		if r.deadline <= now {
-			b.pop()
+			b.queue.pop()
 			if err := b.s.decided(r, admission.Rejected, admission.ReasonDeadlineUnmeetable, "", "", 0); err != nil {
 				return err
 			}
@@ -118,22 +116,13 @@ func (b *baseline) dispatch(now int64) error {
 		if best < 0 {
 			return nil // head-of-line: the FIFO waits for its head
 		}
-		b.pop()
+		b.queue.pop()
 		b.caps[best].Charge(now, bestCost)
 		if err := b.s.decided(r, admission.Admitted, admission.ReasonNone, b.s.domains[best].id, r.row.Model, uint64(r.id)+1); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func (b *baseline) pop() {
-	b.queue[b.head] = nil
-	b.head++
-	if b.head > 1024 && b.head*2 > len(b.queue) {
-		b.queue = append(b.queue[:0], b.queue[b.head:]...)
-		b.head = 0
-	}
 }
 
 func (b *baseline) tick(now int64) {
@@ -153,7 +142,7 @@ func (b *baseline) release(now int64, r *simReq) error {
 
 func (b *baseline) observe(int64, []admission.EngineSignal) {}
 
-func (b *baseline) queued() int { return len(b.queue) - b.head }
+func (b *baseline) queued() int { return b.queue.len() }
 
 func (b *baseline) close() {}
 

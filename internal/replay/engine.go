@@ -147,8 +147,7 @@ type simEngine struct {
 	running      int
 	budget       int64 // prompt tokens in prefill at most
 	inPrefill    int64 // prompt tokens in prefill now
-	waiting      []*simReq
-	head         int
+	waiting      fifo
 
 	busySince int64 // when the batch last became non-empty; -1: idle
 	busyNs    int64
@@ -181,7 +180,7 @@ func (e *simEngine) setCapacity(d *simDomain, c float64) {
 	d.decode.rate = c * e.peakD
 }
 
-func (e *simEngine) queued() int { return len(e.waiting) - e.head }
+func (e *simEngine) queued() int { return e.waiting.len() }
 
 // busy reports whether the engine holds any request.
 func (e *simEngine) busy() bool { return e.running > 0 || e.queued() > 0 }
@@ -208,23 +207,17 @@ func (e *simEngine) sample() {
 
 // enqueue puts an admitted request in the waiting queue.
 func (e *simEngine) enqueue(r *simReq) {
-	e.waiting = append(e.waiting, r)
+	e.waiting.push(r)
 }
 
 // fill moves waiting requests into the batch, in order, while the head
 // fits; each starts its prefill in d.
 func (e *simEngine) fill(now int64, d *simDomain) {
-	for e.head < len(e.waiting) && e.running < e.maxBatch {
-		r := e.waiting[e.head]
+	for r := e.waiting.peek(); r != nil && e.running < e.maxBatch; r = e.waiting.peek() {
 		if e.kvHeld+r.cost.KVBytes > e.kvCap || e.inPrefill >= e.budget {
 			return // the head waits: first come, first served
 		}
-		e.waiting[e.head] = nil
-		e.head++
-		if e.head > 1024 && e.head*2 > len(e.waiting) {
-			e.waiting = append(e.waiting[:0], e.waiting[e.head:]...)
-			e.head = 0
-		}
+		e.waiting.pop()
 		e.kvHeld += r.cost.KVBytes
 		if e.running == 0 {
 			e.busySince = now

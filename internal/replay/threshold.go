@@ -23,8 +23,7 @@ import (
 // degraded.
 type threshold struct {
 	s       *sim
-	queue   []*simReq
-	head    int
+	queue   fifo
 	wait    int64
 	max     int
 	qT, kvT float64
@@ -70,7 +69,7 @@ func (b *threshold) submit(now int64, r *simReq) error {
 	if b.queued() >= b.max {
 		return b.s.decided(r, admission.Rejected, admission.ReasonQueueFull, "", "", 0)
 	}
-	b.queue = append(b.queue, r)
+	b.queue.push(r)
 	return b.dispatch(now)
 }
 
@@ -109,10 +108,9 @@ func lessLoaded(a, b admission.EngineSignal) bool {
 // dispatch sends queue heads to a domain while one is under the
 // thresholds, after refusing the heads whose deadline has passed.
 func (b *threshold) dispatch(now int64) error {
-	for b.head < len(b.queue) {
-		r := b.queue[b.head]
+	for r := b.queue.peek(); r != nil; r = b.queue.peek() {
 		if r.deadline <= now {
-			b.pop()
+			b.queue.pop()
 			if err := b.s.decided(r, admission.Rejected, admission.ReasonDeadlineUnmeetable, "", "", 0); err != nil {
 				return err
 			}
@@ -122,7 +120,7 @@ func (b *threshold) dispatch(now int64) error {
 		if best < 0 {
 			return nil // every domain is saturated: the FIFO waits
 		}
-		b.pop()
+		b.queue.pop()
 		if b.onDispatch != nil {
 			sigs := make([]admission.EngineSignal, len(b.sent))
 			for i := range sigs {
@@ -138,15 +136,6 @@ func (b *threshold) dispatch(now int64) error {
 	return nil
 }
 
-func (b *threshold) pop() {
-	b.queue[b.head] = nil
-	b.head++
-	if b.head > 1024 && b.head*2 > len(b.queue) {
-		b.queue = append(b.queue[:0], b.queue[b.head:]...)
-		b.head = 0
-	}
-}
-
 func (b *threshold) tick(now int64) {
 	if err := b.dispatch(now); err != nil {
 		b.s.rec.fail(err)
@@ -160,6 +149,6 @@ func (b *threshold) observe(now int64, _ []admission.EngineSignal) {
 	b.tick(now)
 }
 
-func (b *threshold) queued() int { return len(b.queue) - b.head }
+func (b *threshold) queued() int { return b.queue.len() }
 
 func (b *threshold) close() {}
