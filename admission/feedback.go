@@ -54,9 +54,9 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 //     demand (most of a period's refill taken), up to MaxFactor: the
 //     loop finds an engine faster than the model as well as a slower one.
 //   - Calibration: over each Window in which the engines were busy (a
-//     waiting queue in nine in ten of their signals, or without fresh signals a median
-//     reported time to first token past BusyTTFT), what the domain served
-//     is what it sustains; the factor moves toward soft_fraction of that,
+//     waiting queue in nine in ten of their signals, or without fresh
+//     signals a median reported time to first token past BusyTTFT), what
+//     the domain served is what it sustains; the factor moves toward soft_fraction of that,
 //     by at most CalibrationStep and not by less than Deadband.
 //
 // Signals older than Stale are not acted on: the factor holds, the guard
@@ -94,13 +94,23 @@ func newCapacityLoop(now int64) capacityLoop {
 	return capacityLoop{factor: 1, winStart: now, stepAt: now}
 }
 
-// observe records a signal read age ago.
+// observe records a signal read age ago; a reading that is not a
+// non-negative number counts as 0.
 func (l *capacityLoop) observe(now int64, s EngineSignal) {
+	s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
 	l.sig, l.sigAt, l.hasSig = s, now-int64(max(s.Age, 0)), true
 	l.signals++
 	if s.Queue > 0 {
 		l.queued++
 	}
+}
+
+// reading is v where it is a finite number ≥ 0, else 0.
+func reading(v float64) float64 {
+	if !(v >= 0) || math.IsInf(v, 0) {
+		return 0
+	}
+	return v
 }
 
 // fresh reports whether the last signal is young enough to act on.

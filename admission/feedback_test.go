@@ -377,3 +377,23 @@ func BenchmarkCapacityLoop(b *testing.B) {
 	b.ReportMetric(fo/do, "observe-fleet/default")
 	b.ReportMetric(fs/ds, "step-fleet/default")
 }
+
+// Readings that are not numbers ≥ 0 count as 0: they neither saturate a
+// domain nor make its load unreadable.
+func TestBadEngineReadingsCountAsZero(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 2))
+	for _, d := range []string{"d1", "d2"} {
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: d, Queue: math.NaN(), KVUsage: math.Inf(1), Running: -3}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.advance(period)
+	for _, d := range []string{"d1", "d2"} {
+		if info := h.domain(d); info.EngineSaturated || info.EngineQueue != 0 || info.EngineKVUsage != 0 {
+			t.Errorf("%s after NaN, +Inf and negative readings: %+v", d, info)
+		}
+	}
+	if got := firstDomain(h, "a"); got == "" {
+		t.Error("no placement")
+	}
+}
