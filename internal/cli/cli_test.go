@@ -65,4 +65,10 @@ func TestVersionNamesModuleRevisionAndGo(t *testing.T) {
 	if got := Version("sluice-agent"); !strings.HasPrefix(got, "sluice-agent ") {
 		t.Errorf("Version: %q", got)
 	}
+	if got, want := buildOf(bi), (Build{Version: "v0.4.0", Revision: "72a6808-modified", GoVersion: "go1.26.8"}); got != want {
+		t.Errorf("buildOf = %+v, want %+v", got, want)
+	}
+	if got := ReadBuild(); got.GoVersion == "" || got.Revision == "" || got.Version == "" {
+		t.Errorf("ReadBuild = %+v, want every field named", got)
+	}
 }

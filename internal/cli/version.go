@@ -19,22 +19,49 @@ func Version(command string) string {
 	return version(command, bi)
 }
 
+// Build is what the binary was built from, for sluice_build_info: the
+// main module's version, the VCS revision ("unknown" without one, with
+// "-modified" when the tree was) and the Go version.
+type Build struct {
+	Version, Revision, GoVersion string
+}
+
+// ReadBuild reads the running binary's Build.
+func ReadBuild() Build {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return Build{Version: "unknown", Revision: "unknown", GoVersion: "unknown"}
+	}
+	return buildOf(bi)
+}
+
+func buildOf(bi *debug.BuildInfo) Build {
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	b := Build{Version: bi.Main.Version, Revision: settings["vcs.revision"], GoVersion: bi.GoVersion}
+	if b.Version == "" {
+		b.Version = "(devel)"
+	}
+	if b.Revision == "" {
+		b.Revision = "unknown"
+	}
+	if settings["vcs.modified"] == "true" {
+		b.Revision += "-modified"
+	}
+	return b
+}
+
 func version(command string, bi *debug.BuildInfo) string {
 	settings := map[string]string{}
 	for _, s := range bi.Settings {
 		settings[s.Key] = s.Value
 	}
-	mod := bi.Main.Version
-	if mod == "" {
-		mod = "(devel)"
-	}
+	build := buildOf(bi)
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s", command, mod)
-	rev := settings["vcs.revision"]
-	if rev == "" {
-		rev = "unknown"
-	}
-	fmt.Fprintf(&b, " revision %s", rev)
+	fmt.Fprintf(&b, "%s %s", command, build.Version)
+	fmt.Fprintf(&b, " revision %s", strings.TrimSuffix(build.Revision, "-modified"))
 	if t := settings["vcs.time"]; t != "" {
 		fmt.Fprintf(&b, " (%s)", t)
 	}

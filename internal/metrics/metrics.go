@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/cli"
 )
 
 // outcomes and reasons index the pre-built counters, so that observing a
@@ -75,6 +76,14 @@ func New(opts Options) *Metrics {
 	}
 	m := &Metrics{Registry: prometheus.NewRegistry(), depth: map[[2]string]prometheus.Gauge{}}
 	m.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b := cli.ReadBuild()
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "sluice_build_info",
+		Help:        "1, labelled with what this sluiced was built from: the module version, the VCS revision and the Go version.",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	build.Set(1)
+	m.Registry.MustRegister(build)
 	dec := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_decisions_total",
 		Help: "Admit answers by decision and reason.",

@@ -187,3 +187,26 @@ func TestEveryReasonHasACounter(t *testing.T) {
 		t.Fatalf("maxReason %d is past the last reason", maxReason)
 	}
 }
+
+// sluice_build_info says what the binary was built from.
+func TestBuildInfo(t *testing.T) {
+	m := New(Options{})
+	fams, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "sluice_build_info" {
+			continue
+		}
+		got := map[string]string{}
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if f.GetMetric()[0].GetGauge().GetValue() != 1 || got["version"] == "" || got["revision"] == "" || !strings.HasPrefix(got["goversion"], "go") {
+			t.Errorf("sluice_build_info %v = %v", got, f.GetMetric()[0].GetGauge().GetValue())
+		}
+		return
+	}
+	t.Error("no sluice_build_info")
+}
