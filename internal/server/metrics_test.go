@@ -14,6 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/clock"
@@ -363,5 +365,36 @@ func TestMetricsWarmupAndCreditFreeze(t *testing.T) {
 	eng.ThawCredit()
 	if got := value(t, scrape(t, srv), "sluice_burst_credit_frozen", nil); got != 0 {
 		t.Errorf("after the thaw, sluice_burst_credit_frozen = %v, want 0", got)
+	}
+}
+
+// gRPC calls are counted by method and code, and the invalid ones by the
+// field they named.
+func TestGRPCCallsAndInvalidRequestsAreCounted(t *testing.T) {
+	srv, c, _, _ := start(t, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for range 3 {
+		if _, err := c.Admit(ctx, &admissionv1.AdmitRequest{Tenant: "acme", Model: "large", PromptTokens: 0, MaxOutputTokens: 1}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("bad Admit: %v", err)
+		}
+	}
+	if _, err := c.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: "l-1", CachedPromptTokens: -1}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad Release: %v", err)
+	}
+	fams := scrape(t, srv)
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		want   float64
+	}{
+		{"sluice_invalid_requests_total", map[string]string{"method": "/sluice.admission.v1.Admission/Admit", "field": "prompt_tokens"}, 3},
+		{"sluice_invalid_requests_total", map[string]string{"method": "/sluice.admission.v1.Admission/Release", "field": "cached_prompt_tokens"}, 1},
+		{"grpc_server_handled_total", map[string]string{"grpc_method": "Admit", "grpc_code": "InvalidArgument"}, 3},
+		{"grpc_server_handled_total", map[string]string{"grpc_method": "ListDomains", "grpc_code": "OK"}, 0}, // every method has its series
+	} {
+		if got := value(t, fams, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
 	}
 }

@@ -136,8 +136,8 @@ func (s *Server) setupSecurity() error {
 // then recovery (a panic in any later interceptor is caught), then auth.
 func (s *Server) grpcServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.sec.grpcConns.UnaryServerInterceptor(), grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(s.sec.grpcConns.StreamServerInterceptor(), s.sec.auth.StreamServerInterceptor()),
+		grpc.ChainUnaryInterceptor(append(s.grpcMetrics.unary(), s.sec.grpcConns.UnaryServerInterceptor(), grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor())...),
+		grpc.ChainStreamInterceptor(s.grpcMetrics.stream(), s.sec.grpcConns.StreamServerInterceptor(), s.sec.auth.StreamServerInterceptor()),
 		grpc.NumStreamWorkers(streamWorkers()),
 		grpc.ConnectionTimeout(grpcHandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxIdle, Time: grpcPingAfter, Timeout: grpcPingTimeout}),

@@ -72,6 +72,8 @@ type Server struct {
 	grpcLis net.Listener
 	httpLis net.Listener
 
+	grpcMetrics *grpcMetrics // calls by method and code, invalid requests by field
+
 	reloadMu sync.Mutex
 	redis    redis.UniversalClient // nil when embedded
 	cp       controlPlane          // config status and the etcd control plane (controlplane.go)
@@ -162,11 +164,13 @@ func New(opts Options) (*Server, error) {
 	// behind; give that back now rather than at the next scavenge.
 	debug.FreeOSMemory()
 
+	s.grpcMetrics = newGRPCMetrics(s.metrics.Registry)
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
 	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(append(s.registerOptions(), s.newConfigStatus(cfgName)), s.creditFreezer()...)...)
 	if err := s.registerRLS(cfg); err != nil {
 		return nil, err
 	}
+	s.grpcMetrics.calls.InitializeMetrics(s.grpc) // every method's series, at 0
 	s.http = s.newHTTPServer(s.httpHandler(s.metrics.Handler()))
 
 	if err := s.listen(); err != nil {
