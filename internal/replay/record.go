@@ -55,6 +55,11 @@ type TenantReport struct {
 	// or one waiting a second or more) and was admitted less than its
 	// floor.
 	FloorViolations int `json:"floorViolationSeconds"`
+	// WithinShareRefused counts the tenant's refusals not by its own
+	// limits in seconds when its demand was within its weighted fair
+	// share (0 < demand ≤ target): what the verdict calls refusals within
+	// share.
+	WithinShareRefused int `json:"withinShareRefused"`
 	// Wasserstein2 is the 2-Wasserstein distance between the
 	// distributions of the achieved and the target per-second rates.
 	Wasserstein2 float64 `json:"wasserstein2"`
@@ -102,6 +107,15 @@ func ownLimit(r admission.Reason) bool {
 	return false
 }
 
+// ownLimitUnder is ownLimit for policy: global-bucket's refusals are
+// QUOTA_EXCEEDED too, but its bucket is the cluster's, not the tenant's.
+func ownLimitUnder(policy string) func(admission.Reason) bool {
+	if policy == PolicyGlobalBucket {
+		return func(r admission.Reason) bool { return r != admission.ReasonQuotaExceeded && ownLimit(r) }
+	}
+	return ownLimit
+}
+
 // tenantRec accumulates one tenant's outcome.
 type tenantRec struct {
 	weight, floor int64
@@ -118,6 +132,7 @@ type tenantRec struct {
 	ownRefused    []int64
 	refused       []int64 // all refusals, tokens
 	unmet         []bool
+	notOwn        []int   // refusals not by the tenant's own limits, per second
 	waitPerS      []int64 // longest wait admitted per second, ns
 }
 
@@ -139,8 +154,9 @@ type pairRec struct {
 type recorder struct {
 	s        *sim
 	t        []*tenantRec
-	backlog  []int               // tenants with queued requests
-	pairs    map[[2]int]*pairRec // pairs of backlogged tenants
+	backlog  []int                       // tenants with queued requests
+	pairs    map[[2]int]*pairRec         // pairs of backlogged tenants
+	own      func(admission.Reason) bool // whether a refusal is the tenant's own limit
 	spanning int
 	maxCost  int64
 	maxDiff  float64
@@ -149,7 +165,7 @@ type recorder struct {
 }
 
 func newRecorder(s *sim) *recorder {
-	r := &recorder{s: s}
+	r := &recorder{s: s, own: ownLimitUnder(s.opts.Policy)}
 	for _, name := range s.tenants {
 		p, _ := s.opts.Config.Policy(name)
 		r.t = append(r.t, &tenantRec{
@@ -193,12 +209,14 @@ func (r *recorder) answered(q *simReq, model string) {
 	switch q.outcome {
 	case admission.Rejected:
 		t.rejected[q.reason]++
-		if ownLimit(q.reason) {
+		if r.own(q.reason) {
 			t.ownRefused = grow(t.ownRefused, s)
 			t.ownRefused[s] += q.weighted
 		} else {
 			t.unmet = grow(t.unmet, s)
 			t.unmet[s] = true
+			t.notOwn = grow(t.notOwn, s)
+			t.notOwn[s]++
 		}
 		t.refused = grow(t.refused, s)
 		t.refused[s] += q.weighted
@@ -330,6 +348,11 @@ func (r *recorder) report(s *sim) *Report {
 				if t.unmet[x] && t.achieved[x] < t.floor {
 					tr.FloorViolations++
 				}
+			}
+		}
+		for x, c := range t.notOwn {
+			if x < n && tr.Demand[x] > 0 && tr.Target[x] >= tr.Demand[x] {
+				tr.WithinShareRefused += c
 			}
 		}
 		tr.Wasserstein2 = wasserstein2(tr.Achieved, tr.Target)
