@@ -150,6 +150,9 @@ func TestDashboardInChromium(t *testing.T) {
 		return eval(`(() => { const d = document.querySelector('[data-domain="hgx-h200-2"]');
 			return d.dataset.draining + "|" + d.querySelector(".drain-mark").textContent })()`) == "true|swap the fans"
 	})
+	if got := eval(`document.querySelector('[data-domain="hgx-h200-2"]').textContent`); !strings.Contains(got, "drained: no new placements") || strings.Contains(got, "capacity full") {
+		t.Errorf("the drained domain's panel: %q, want its capacity shown as drained", got)
+	}
 	notReloaded()
 
 	// Under load, acme's row moves.

@@ -49,6 +49,10 @@ function bytes(v) {
 }
 function rate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
 function pct(v) { return (v * 100).toFixed(0) + "%"; }
+// utc renders a time as HH:MM:SS UTC: every time on the page is UTC, as the
+// logs, the alerts and sluicectl are.
+function utc(t) { return new Date(t).toISOString().slice(11, 19) + " UTC"; }
+
 function usd(micros) { return "$" + (micros / 1e6).toLocaleString(undefined, { maximumFractionDigits: 2 }); }
 function level(v) { return v >= 0.95 ? "full" : v >= 0.8 ? "high" : "ok"; }
 
@@ -129,7 +133,7 @@ function updateDomains(snap) {
     let mark = "";
     if (d.draining) {
       mark = d.drainReason || "drained";
-      if (v.drainedBy) mark += " — by " + v.drainedBy + (v.drainedAt ? " at " + new Date(v.drainedAt).toLocaleTimeString() : "");
+      if (v.drainedBy) mark += " — by " + v.drainedBy + (v.drainedAt ? " at " + utc(v.drainedAt) : "");
     }
     p.mark.textContent = mark;
     setMeter(p.prefill, v.prefillUse);
@@ -144,7 +148,7 @@ function updateDomains(snap) {
       fact("prefill", si(num(d.prefillRate), "FLOP/s")),
       fact("decode", si(num(d.decodeRate), "B/s")),
       fact("KV", bytes(num(d.kvInUse)) + " / " + bytes(num(d.kvLimit))),
-      fact("capacity", v.warmup ? "warming " + Math.round(100 * v.warmup.fraction) + "% (" + Math.round(v.warmup.leftSeconds) + "s left)" : "full"),
+      fact("capacity", d.draining ? "drained: no new placements" : v.warmup ? "warming " + Math.round(100 * v.warmup.fraction) + "% (" + Math.round(v.warmup.leftSeconds) + "s left)" : "full"),
       fact("feedback", feedbackText(d)),
     );
     p.actions.hidden = !state.canAct;
@@ -227,8 +231,8 @@ function drawTenants() {
       el("td", { class: "in-flight num", text: String(v.inFlight) }),
       el("td", { class: "floor num" }, si(v.achieved, "") + (v.floor > 0 ? " / " + si(v.floor, "") : " / no floor"),
         ...(v.floor > 0 ? [el("div", { class: "meter" }, bar)] : [])),
-      el("td", { class: "credit num", text: v.credit > 0 ? si(v.debt, "") + " of " + si(v.credit, "") : "none" }),
-      el("td", { class: "breaker", text: v.breaker === "open" ? "OPEN until " + new Date(v.breakerUntil).toLocaleTimeString() : "closed" }),
+      el("td", { class: "credit num", text: v.credit > 0 ? si(v.debt, "") + " owed of " + si(v.credit, "") : "none" }),
+      el("td", { class: "breaker", text: v.breaker === "open" ? "OPEN until " + utc(v.breakerUntil) : "closed" }),
       el("td", { class: "budget num", text: v.budget === Infinity ? "no cap" : usd(v.budget) }),
     );
     if (v.refused === 0) tr.querySelector("td.refused").setAttribute("data-zero", "");
@@ -270,7 +274,7 @@ function handleEvent(chunk) {
     $("#t-queue").textContent = msg.queueLength;
     const f = msg.creditFreeze;
     $("#t-freeze").hidden = !f;
-    $("#t-freeze").textContent = f ? "burst credit frozen until " + new Date(f.until).toLocaleTimeString() + (f.reason ? ": " + f.reason : "") : "";
+    $("#t-freeze").textContent = f ? "burst credit frozen until " + utc(f.until) + (f.reason ? ": " + f.reason : "") : "";
     updateDomains(msg);
     updateTenants(msg);
     document.body.dataset.updated = msg.at;
