@@ -17,9 +17,6 @@ const (
 	PhaseAfter  = "after"
 )
 
-// recoverBin is the resolution of the time to recover.
-const recoverBin = 250 * time.Millisecond
-
 // analyze cuts the recorded answers into phases, measures each and judges
 // the promises. Answers belong to the phase in which they were sent, so a
 // slow answer counts where its request was made.
@@ -42,6 +39,7 @@ func (r *run) analyze(name string) {
 		r.rep.Phases = append(r.rep.Phases, p)
 	}
 	r.rep.RecoverSeconds = r.recovery(answers)
+	r.rep.Fault = r.faultSpan()
 	r.judge(d, answers, releases)
 }
 
@@ -213,52 +211,91 @@ func quantileMs(sorted []time.Duration, q float64) float64 {
 	return float64(sorted[i]) / 1e6
 }
 
-// recovery is the time from the recovery action until the share of the
-// load's mix admitted (over two bins of recoverBin) is back to
-// RecoverFraction of its steady share before the fault.
+// stretch is what the promise of recovery reads of the mix's requests sent
+// in one stretch of the drill: how many, the share admitted, and the Admit
+// latencies of those answered.
+type stretch struct {
+	sent     int
+	share    float64
+	p50, p99 float64 // ms
+}
+
+// measureStretch measures the mix's requests sent in [from, to).
+func (r *run) measureStretch(answers []answer, from, to time.Duration) stretch {
+	var s stretch
+	admitted := 0
+	var lat []time.Duration
+	for i := range answers {
+		a := &answers[i]
+		if a.sent < from || a.sent >= to || !r.inMix(a.tenant) {
+			continue
+		}
+		s.sent++
+		if a.admitted() {
+			admitted++
+		}
+		if a.code == codes.OK {
+			lat = append(lat, a.answered-a.sent)
+		}
+	}
+	if s.sent > 0 {
+		s.share = float64(admitted) / float64(s.sent)
+	}
+	slices.Sort(lat)
+	s.p50, s.p99 = quantileMs(lat, 0.50), quantileMs(lat, 0.99)
+	return s
+}
+
+// steady is the mix before the fault, less its first second (or half),
+// when buckets that started full admit a burst; ok is false when there is
+// no such stretch or nothing was admitted in it.
+func (r *run) steady(answers []answer) (stretch, bool) {
+	from := min(time.Second, r.fault/2)
+	if r.fault <= from {
+		return stretch{}, false
+	}
+	s := r.measureStretch(answers, from, r.fault)
+	return s, s.share > 0
+}
+
+// back reports whether one second of the mix is within the promise of
+// recovery: its share admitted at least RecoverFraction of steady's, its
+// p50 and p99 at most RecoverLatency times steady's plus RecoverSlack. A
+// share, not a rate, so that a load whose rate moves (a trace's) recovers
+// to what it asks, not to what it asked before.
+func (r *run) back(s, steady stretch) bool {
+	slack := float64(r.o.RecoverSlack) / 1e6
+	return s.share >= r.o.RecoverFraction*steady.share &&
+		s.p50 <= r.o.RecoverLatency*steady.p50+slack && s.p99 <= r.o.RecoverLatency*steady.p99+slack
+}
+
+// recovery is the whole seconds from the fault's end (the recovery action
+// done) to the first second of the mix's load back within the promise
+// (back), in per-second buckets from that end: 0 when the first second is
+// back, nil when none is before the drill's end. A second in which the
+// mix sent nothing says nothing and is passed over.
 func (r *run) recovery(answers []answer) *float64 {
-	steady := r.steadyShare(answers)
-	if steady == 0 {
+	steady, ok := r.steady(answers)
+	if !ok {
 		return nil
 	}
-	for b := r.begun; b+2*recoverBin <= r.ended; b += recoverBin {
-		if share, sent := r.admittedShare(answers, b, b+2*recoverBin); sent > 0 && share >= r.o.RecoverFraction*steady {
-			s := secs(b - r.begun)
-			return &s
+	for b := r.begun; b+time.Second <= r.ended; b += time.Second {
+		if s := r.measureStretch(answers, b, b+time.Second); s.sent > 0 && r.back(s, steady) {
+			sec := (b - r.begun).Seconds()
+			return &sec
 		}
 	}
 	return nil
 }
 
-// steadyShare is the share of the mix's requests admitted before the
-// fault, less its first second (or half), when buckets that started full
-// admit a burst. A share, not a rate, so that a load whose rate moves (a
-// trace's) recovers to what it asks, not to what it asked before.
-func (r *run) steadyShare(answers []answer) float64 {
-	from := min(time.Second, r.fault/2)
-	if r.fault <= from {
-		return 0
+// faultSpan is when the fault was asked for, took hold and ended; nil for
+// a drill that never began one.
+func (r *run) faultSpan() *FaultSpan {
+	if r.fault <= 0 || r.begun < r.fault {
+		return nil
 	}
-	share, _ := r.admittedShare(answers, from, r.fault)
-	return share
-}
-
-// admittedShare is the share of the mix's requests sent in [from, to) that
-// were admitted, and how many were sent.
-func (r *run) admittedShare(answers []answer, from, to time.Duration) (float64, int) {
-	sent, admitted := 0, 0
-	for i := range answers {
-		if a := &answers[i]; a.sent >= from && a.sent < to && r.inMix(a.tenant) {
-			sent++
-			if a.admitted() {
-				admitted++
-			}
-		}
-	}
-	if sent == 0 {
-		return 0, 0
-	}
-	return float64(admitted) / float64(sent), sent
+	held := max(r.held, r.fault)
+	return &FaultSpan{AskedS: secs(r.o.During), BeganS: secs(r.fault), HeldS: secs(held), EndedS: secs(r.begun), SpanS: secs(r.begun - held)}
 }
 
 // judge adds the promises every drill checks, and its own.
@@ -316,10 +353,14 @@ func (r *run) judge(d *drillSpec, answers []answer, releases []release) {
 		detail = strings.Join(relErr, "; ")
 	}
 	add("no lease lost", len(relErr) == 0, "%s", detail)
+	within := fmt.Sprintf("share admitted ≥ %.0f%% of before's, p50 and p99 ≤ %.3g× before's + %v", 100*r.o.RecoverFraction, r.o.RecoverLatency, r.o.RecoverSlack)
+	if st, ok := r.steady(answers); ok {
+		within += fmt.Sprintf("; before: %.0f%%, %.2f ms, %.2f ms", 100*st.share, st.p50, st.p99)
+	}
 	if rs := r.rep.RecoverSeconds; rs != nil {
-		add("recovered", *rs <= r.o.RecoverWithin.Seconds(), "share of requests admitted back to %.0f%% of before's %.2fs after the recovery action (bound %v)", 100*r.o.RecoverFraction, *rs, r.o.RecoverWithin)
+		add("recovered", *rs <= r.o.RecoverWithin.Seconds(), "first second back (%s) %.0fs after the fault's end at %.2fs (bound %v)", within, *rs, secs(r.begun), r.o.RecoverWithin)
 	} else {
-		add("recovered", false, "share of requests admitted never back to %.0f%% of before's", 100*r.o.RecoverFraction)
+		add("recovered", false, "no second back (%s) from the fault's end at %.2fs to the drill's end at %.2fs", within, secs(r.begun), secs(r.ended))
 	}
 	if r.domain == "" {
 		return

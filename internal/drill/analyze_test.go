@@ -204,3 +204,76 @@ func TestReclaimBound(t *testing.T) {
 		}
 	}
 }
+
+// faulted is a kill-replica drill over answers written by hand: 12 s, the
+// fault from 3 s, held from 3.5 s to 6 s; gold and bronze each send 100
+// requests a second, answered in 1 ms, all admitted; answers sent from
+// 3 s until slowAfter seconds past the fault's end take 45 ms.
+func faulted(slowAfter int) *run {
+	r := scripted()
+	r.rep.Drill, r.domain, r.mark = KillReplica, "", -1
+	r.held, r.ended = 3500*time.Millisecond, 12*time.Second
+	r.rec.answers = nil
+	slowTo := r.begun + time.Duration(slowAfter)*time.Second
+	for ms := 0; ms < 12000; ms += 10 {
+		at := time.Duration(ms) * time.Millisecond
+		lat := time.Millisecond
+		if at >= r.fault && at < slowTo {
+			lat = 45 * time.Millisecond
+		}
+		for _, t := range []string{"gold", "bronze"} {
+			r.rec.answers = append(r.rec.answers, answer{sent: at, answered: at + lat, tenant: t, weight: 10, decision: admissionv1.Decision_ADMITTED})
+		}
+	}
+	return r
+}
+
+// Recovery counts from the fault's end: Admits 45× slower for 3 s after it
+// are 3 s to recover (and break the promise at a bound of 2 s); a fault
+// that moves nothing past its end recovers in 0 s.
+func TestRecoveryFromTheFaultsEnd(t *testing.T) {
+	r := faulted(3)
+	r.o.RecoverWithin = 2 * time.Second
+	r.analyze(KillReplica)
+	if rs := r.rep.RecoverSeconds; rs == nil || *rs != 3 {
+		t.Fatalf("time to recover %v; want 3 s (the slow seconds after the fault's end)", rs)
+	}
+	if p := promiseOf(t, r, "recovered"); p.Held || !strings.Contains(p.Detail, "3s after the fault's end at 6.00s") {
+		t.Errorf("recovered: %+v; want broken, 3 s after the end at 6.00s", p)
+	}
+	if f := r.rep.Fault; f == nil || *f != (FaultSpan{AskedS: 3, BeganS: 3, HeldS: 3.5, EndedS: 6, SpanS: 2.5}) {
+		t.Errorf("fault span %+v; want asked 3 s, began 3 s, held 3.5–6 s (2.5 s)", f)
+	}
+
+	r = faulted(0)
+	r.analyze(KillReplica)
+	if rs := r.rep.RecoverSeconds; rs == nil || *rs != 0 {
+		t.Fatalf("time to recover %v; want 0 s (nothing moved past the fault's end)", rs)
+	}
+	if p := promiseOf(t, r, "recovered"); !p.Held {
+		t.Errorf("recovered: %+v; want held", p)
+	}
+
+	// Refused, not slow: a second whose share admitted is under 85% of
+	// before's is not back either.
+	r = faulted(0)
+	for i := range r.rec.answers {
+		if a := &r.rec.answers[i]; a.sent >= 6*time.Second && a.sent < 7*time.Second && a.tenant == "gold" {
+			a.decision, a.reason = admissionv1.Decision_REJECTED, "CAPACITY_EXCEEDED"
+		}
+	}
+	r.analyze(KillReplica)
+	if rs := r.rep.RecoverSeconds; rs == nil || *rs != 1 {
+		t.Fatalf("time to recover %v; want 1 s (half refused in the first second after the end)", rs)
+	}
+
+	// Slow to the drill's end: never.
+	r = faulted(6)
+	r.analyze(KillReplica)
+	if rs := r.rep.RecoverSeconds; rs != nil {
+		t.Fatalf("time to recover %v; want nil (never back)", *rs)
+	}
+	if p := promiseOf(t, r, "recovered"); p.Held || !strings.Contains(p.Detail, "no second back") {
+		t.Errorf("recovered: %+v; want broken, no second back", p)
+	}
+}

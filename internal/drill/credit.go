@@ -48,6 +48,7 @@ func (r *run) creditExhaustion(ctx context.Context) error {
 	}
 	calm.stop(r.drainWait())
 	r.fault = r.now()
+	r.held = r.fault // an overload takes effect as it starts
 	over := startSegment(ctx, r.rec, spike(r.o.CreditOverload, 2))
 	r.note("%s overloads: %.1f Admits/s (%.1f× its rate; burst %d, credit %d tokens)", t, r.o.CreditOverload*float64(pol.rate)/per,
 		r.o.CreditOverload, pol.burst, pol.credit)

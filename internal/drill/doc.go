@@ -29,9 +29,15 @@
 //     (rate · T under steady overload; less under a bursty trace);
 //   - placements on the drained (or departed) domain of requests sent from
 //     the grace after the mark until the recovery action;
-//   - the time to recover: from the recovery action until the share of
-//     the mix's requests admitted, over two 250 ms bins, is back to a
-//     fraction of its steady share before the fault;
+//   - the fault's span: asked (--during), and real, from when it took
+//     effect (the stop returned, the mark was written, the agent's record
+//     left etcd) to its end (the recovery action done); a fault is held
+//     for --during from when it took effect;
+//   - the time to recover: whole seconds from the fault's end to the
+//     first second of the mix's load back within the promise (its share
+//     admitted at least a fraction of before's, its p50 and p99 at most a
+//     multiple of before's plus a slack), in per-second buckets from that
+//     end;
 //   - for kill-replica, the dead replica's capacity: from the kill until
 //     the replicas' KV limits, summed per domain, are back to 95% of
 //     their sum before it, within the member TTL (with etcd: its member

@@ -53,11 +53,16 @@ type Options struct {
 	// Grace is how long after a drain mark (or a node's departure) the fleet
 	// may still place there: one watch round-trip.
 	Grace time.Duration
-	// RecoverWithin bounds the time to recover: from the recovery action
-	// until the share of requests admitted is back to RecoverFraction of
-	// before's.
+	// RecoverWithin bounds the time to recover: from the fault's end (the
+	// recovery action done) to the first second of the mix's load back
+	// within the promise: its share admitted at least RecoverFraction of
+	// before's, its p50 and p99 Admit latency at most RecoverLatency times
+	// before's plus RecoverSlack (before: the before phase less its first
+	// second).
 	RecoverWithin   time.Duration
 	RecoverFraction float64
+	RecoverLatency  float64
+	RecoverSlack    time.Duration
 	// LateBudget is the share of answers that may come past their deadline.
 	LateBudget float64
 	// FloorTolerance: a floor is held in a second when the tenant's admitted
@@ -93,7 +98,7 @@ func Defaults() Options {
 		Deadline: 2 * time.Second, Hold: 50 * time.Millisecond, Seed: 1,
 		QuotaTenant: "bronze", Undershoot: 0.10,
 		Grace:         500 * time.Millisecond,
-		RecoverWithin: 5 * time.Second, RecoverFraction: 0.85,
+		RecoverWithin: 5 * time.Second, RecoverFraction: 0.85, RecoverLatency: 3, RecoverSlack: 5 * time.Millisecond,
 		LateBudget: 0.01, FloorTolerance: 0.10,
 		CreditTenant: "spiky", CreditOverload: 3, CreditCalm: 0.5, BreakerOpen: 3 * time.Second,
 		RetryAfterTolerance: 250 * time.Millisecond,
@@ -108,8 +113,12 @@ type Report struct {
 	// Timeline lists what the drill did and saw, in seconds from its start.
 	Timeline []Mark         `json:"timeline"`
 	Phases   []*PhaseReport `json:"phases"`
-	// RecoverSeconds is the time from the recovery action until the
-	// share of requests admitted was back; nil when it did not come back.
+	// Fault is when the fault was asked for, took hold and ended (nil: no
+	// fault began).
+	Fault *FaultSpan `json:"fault,omitempty"`
+	// RecoverSeconds is the whole seconds from the fault's end to the first
+	// second of the load back within the promise (Options.RecoverWithin);
+	// nil when none was before the drill's end.
 	RecoverSeconds *float64 `json:"timeToRecoverS"`
 	// CapacityBackSeconds is, for kill-replica, the time from the kill
 	// until the others held the killed replica's share of the domains'
@@ -118,6 +127,21 @@ type Report struct {
 	Promises            []Promise `json:"promises"`
 	// Held is true when every promise held.
 	Held bool `json:"held"`
+}
+
+// FaultSpan is a fault's asked and real span, in seconds from the drill's
+// start: it began when its action did (the stop asked, the mark written,
+// the overload started), held from when it took effect (the stop
+// returned, the agent's record left etcd) and ended when the recovery
+// action was done (the part started again, the mark deleted, the load
+// calmed). SpanS is the real span, EndedS − HeldS; AskedS is --during,
+// which a fault is held for from when it took effect.
+type FaultSpan struct {
+	AskedS float64 `json:"askedS"`
+	BeganS float64 `json:"beganS"`
+	HeldS  float64 `json:"heldS"`
+	EndedS float64 `json:"endedS"`
+	SpanS  float64 `json:"spanS"`
 }
 
 // Mark is one event of a drill's timeline.
@@ -204,6 +228,7 @@ type run struct {
 	pols   map[string]policy
 	mu     sync.Mutex
 	fault  time.Duration // when the fault began
+	held   time.Duration // when it took effect
 	mend   time.Duration // when the recovery action began
 	begun  time.Duration // when the recovery action ended: the after phase
 	ended  time.Duration
@@ -400,8 +425,10 @@ func (r *run) faultDrill(ctx context.Context) error {
 	if w.wait != nil {
 		defer w.wait()
 	}
-	faultDone := r.now()
-	if err := r.sleepUntil(ctx, max(r.fault+r.o.During, faultDone+r.o.During/2)); err != nil {
+	// The fault is held for --during from when it took effect, however
+	// long its action took (a stop that waits, a record's TTL).
+	r.held = r.now()
+	if err := r.sleepUntil(ctx, r.held+r.o.During); err != nil {
 		return err
 	}
 	if w.stop != nil {

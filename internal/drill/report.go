@@ -105,10 +105,13 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write table: %w", err)
 	}
+	if f := r.Fault; f != nil {
+		fmt.Fprintf(w, "fault: asked %.2fs, held %.2fs (%.2f–%.2fs; its action began at %.2fs)\n", f.AskedS, f.SpanS, f.HeldS, f.EndedS, f.BeganS)
+	}
 	if r.RecoverSeconds != nil {
-		fmt.Fprintf(w, "time to recover: %.2fs\n", *r.RecoverSeconds)
+		fmt.Fprintf(w, "time to recover: %.0fs after the fault's end\n", *r.RecoverSeconds)
 	} else {
-		fmt.Fprintln(w, "time to recover: never")
+		fmt.Fprintln(w, "time to recover: never, before the drill's end")
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
