@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -179,6 +180,10 @@ func TestDashboardInChromium(t *testing.T) {
 		return r != before && !strings.HasPrefix(r, "0.00|")
 	})
 	notReloaded()
+	testwait.Until(t, 10*time.Second, "the fleet strip to show the admissions", func() bool {
+		v, err := strconv.ParseFloat(eval(`document.querySelector("#t-admitted").textContent`), 64)
+		return err == nil && v > 0
+	})
 
 	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {

@@ -75,6 +75,7 @@ func (r Rates) total() float64 { return r.Admitted + r.Degraded + r.Refused }
 type rateTable struct {
 	ranked []rankedTenant
 	sort   sync.Once
+	sum    Rates // every counted tenant's, for the fleet strip
 }
 
 // busiestFirst returns the tenants, the busiest first.
@@ -202,6 +203,10 @@ func (t *Traffic) Sample(now time.Time) {
 			r = Rates{Admitted: d(countAdmitted), Degraded: d(countDegraded), Refused: d(countRefused), Tokens: d(countTokens)}
 		}
 		table.ranked = append(table.ranked, rankedTenant{name, r})
+		table.sum.Admitted += r.Admitted
+		table.sum.Degraded += r.Degraded
+		table.sum.Refused += r.Refused
+		table.sum.Tokens += r.Tokens
 	}
 	t.mu.RUnlock()
 	if len(gone) > 0 {
@@ -216,6 +221,15 @@ func (t *Traffic) Sample(now time.Time) {
 
 // table returns the last Sample's rates.
 func (t *Traffic) table() *rateTable { return t.rates.Load() }
+
+// Total returns the answers per second of every counted tenant as of the
+// last Sample (UNKNOWN_TENANT answers are not counted).
+func (t *Traffic) Total() Rates {
+	if rt := t.table(); rt != nil {
+		return rt.sum
+	}
+	return Rates{}
+}
 
 // Tracked returns how many tenants have counters (for tests and sizing).
 func (t *Traffic) Tracked() int {

@@ -87,3 +87,21 @@ func BenchmarkTrafficObserve(b *testing.B) {
 		}
 	})
 }
+
+// Total sums every counted tenant's rates for the fleet strip.
+func TestTrafficTotal(t *testing.T) {
+	tr := dashboard.NewTraffic()
+	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	tr.Sample(start)
+	for i, tenant := range []string{"acme", "acme", "globex"} {
+		d := admission.Decision{Outcome: admission.Admitted, Trace: admission.Trace{Tenant: tenant, WeightedTokens: 100}}
+		if i == 2 {
+			d.Outcome = admission.Rejected
+		}
+		tr.ObserveDecision(admission.Request{Tenant: tenant}, d)
+	}
+	tr.Sample(start.Add(time.Second))
+	if got, want := tr.Total(), (dashboard.Rates{Admitted: 2, Refused: 1, Tokens: 200}); got != want {
+		t.Errorf("Total = %+v, want %+v", got, want)
+	}
+}

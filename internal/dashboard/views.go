@@ -45,9 +45,21 @@ type Snapshot struct {
 	Topology    string         `json:"topologyVersion"` // changes when the topology does
 	Session     SessionView    `json:"session"`
 	Totals      map[string]int `json:"totals"` // "domains", "draining", "warming"
+	// Answers is this replica's answers per second over the last few
+	// seconds, every tenant's together: the page's fleet strip.
+	Answers AnswerRates `json:"answers"`
 	// CreditFreeze is the operator's freeze of burst credit in force
 	// (admission.v1.CreditFreeze); absent when none.
 	CreditFreeze json.RawMessage `json:"creditFreeze,omitempty"`
+}
+
+// AnswerRates are answers per second by outcome, and the weighted tokens
+// per second admitted.
+type AnswerRates struct {
+	Admitted float64 `json:"admitted"`
+	Degraded float64 `json:"degraded"`
+	Refused  float64 `json:"refused"`
+	Tokens   float64 `json:"tokens"`
 }
 
 // DomainView is one domain: the Operator's DomainInfo and what the page
@@ -221,6 +233,8 @@ func (d *Dashboard) snapshot(ctx context.Context, q tableQuery, sess SessionView
 		Session:     sess,
 		Totals:      map[string]int{"domains": len(ld.GetDomains())},
 	}
+	r := d.opts.Traffic.Total()
+	s.Answers = AnswerRates(r)
 	for _, di := range ld.GetDomains() {
 		v := DomainView{
 			Domain:     protoJSON(di),

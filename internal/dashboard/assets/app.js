@@ -272,6 +272,10 @@ function handleEvent(chunk) {
     $("#t-draining").textContent = msg.totals.draining || 0;
     $("#t-leases").textContent = msg.leases;
     $("#t-queue").textContent = msg.queueLength;
+    const ans = msg.answers || {};
+    $("#t-admitted").textContent = Number(ans.admitted || 0).toFixed(1);
+    $("#t-degraded").textContent = Number(ans.degraded || 0).toFixed(1);
+    $("#t-refused").textContent = Number(ans.refused || 0).toFixed(1);
     const f = msg.creditFreeze;
     $("#t-freeze").hidden = !f;
     $("#t-freeze").textContent = f ? "burst credit frozen until " + utc(f.until) + (f.reason ? ": " + f.reason : "") : "";
