@@ -208,6 +208,9 @@ func runReplay(g *globals, tf *traceFlags, ef *engineFlags, o replayOptions) err
 	if err != nil {
 		return err
 	}
+	for _, b := range tf.bursts {
+		c.Bursts = append(c.Bursts, b.InReplay(tf.from, tf.speed))
+	}
 	if o.htmlPath != "" {
 		if err := writeFile(o.htmlPath, c.WriteHTML); err != nil {
 			return err

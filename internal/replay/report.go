@@ -11,17 +11,27 @@ import (
 
 // Comparison is a replay of one trace under several policies.
 type Comparison struct {
-	Trace   string    `json:"trace"`
-	Rows    int       `json:"rows"`
-	Seed    uint64    `json:"seed"`
+	Trace string `json:"trace"`
+	Rows  int    `json:"rows"`
+	Seed  uint64 `json:"seed"`
+	// Bursts are the trace's bursts in replay time (Burst.InReplay): the
+	// verdict leaves their tenants out of its per-tenant measures and the
+	// HTML charts shade their windows. Compare leaves it empty; the JSON
+	// names the tenants in verdict.bursting.
+	Bursts  []Burst   `json:"-"`
 	Reports []*Report `json:"reports"`
 }
 
-// WriteJSON writes c as indented JSON.
+// WriteJSON writes c as indented JSON, its verdict first.
 func (c *Comparison) WriteJSON(w io.Writer) error {
+	type comparison Comparison // without the methods: no recursion
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(c); err != nil {
+	err := enc.Encode(struct {
+		Verdict *Verdict `json:"verdict,omitempty"`
+		*comparison
+	}{c.Verdict(), (*comparison)(c)})
+	if err != nil {
 		return fmt.Errorf("json: %w", err)
 	}
 	return nil
@@ -47,11 +57,14 @@ func reasonsOf(t *TenantReport) string {
 	return b.String()
 }
 
-// WriteTable writes c as text tables: per policy, a line per tenant, the
-// domains' utilization and the fairness figures.
+// WriteTable writes c as text tables: the verdict, then per policy a line
+// per tenant, the domains' utilization and the fairness figures.
 func (c *Comparison) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "trace %s: %d requests, seed %d\n", c.Trace, c.Rows, c.Seed)
+	if v := c.Verdict(); v != nil {
+		writeVerdict(tw, v)
+	}
 	for _, r := range c.Reports {
 		fmt.Fprintf(tw, "\npolicy %s: %.0f s simulated, %d requests, spanning two domains: %d, Jain %.4f, max service diff %.0f (VTC bound %.0f)\n",
 			r.Policy, r.Seconds, r.Requests, r.Spanning, r.Jain, r.MaxServiceDiff, r.VTCBound)
@@ -74,6 +87,20 @@ func (c *Comparison) WriteTable(w io.Writer) error {
 		return fmt.Errorf("write: %w", err)
 	}
 	return nil
+}
+
+// writeVerdict writes the verdict: its sentence, the deciding measures
+// with their winners, the others, and why Jain and W2 do not decide.
+func writeVerdict(tw io.Writer, v *Verdict) {
+	fmt.Fprintf(tw, "\nverdict: %s\n", v.Summary)
+	fmt.Fprintf(tw, "measure\tof\tbetter\t%s\tbest\n", strings.Join(v.Policies, "\t"))
+	for _, m := range v.Measures {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Of, m.Better, strings.Join(m.Text, "\t"), strings.Join(m.Winners, " "))
+	}
+	for _, m := range v.NotDeciding {
+		fmt.Fprintf(tw, "%s\t%s\t-\t%s\tnot counted\n", m.Name, m.Of, strings.Join(m.Text, "\t"))
+	}
+	fmt.Fprintln(tw, v.Note)
 }
 
 // writeEngines writes what the engines measured: a summary line, a line
