@@ -277,3 +277,52 @@ func TestRecoveryFromTheFaultsEnd(t *testing.T) {
 		t.Errorf("recovered: %+v; want broken, no second back", p)
 	}
 }
+
+// admitBronze admits the first n of bronze's refused requests sent from
+// 3 s (the drain's during phase): n·140 tokens more than its rate.
+func admitBronze(r *run, n int) {
+	for i := range r.rec.answers {
+		if a := &r.rec.answers[i]; n > 0 && a.tenant == "bronze" && a.sent >= 3*time.Second && !a.admitted() {
+			a.decision, a.reason, a.domain = admissionv1.Decision_ADMITTED, "", "d2"
+			n--
+		}
+	}
+}
+
+// The quota promise holds the tenant to one exact bucket (7,000 tokens/s,
+// burst 7,000, full at the start) plus the mode's bound: batched with two
+// replicas, (N−1)·R·W = 700 tokens and one request of 140. Bronze admitted
+// at its rate keeps its bucket full, so 54 requests more (7,560 tokens)
+// are 700 beyond it, within; 62 more (8,680) are 1,820 beyond, broken; in
+// strict mode the bound is one request, and 700 beyond breaks it.
+func TestQuotaJudgedOnTheModesBound(t *testing.T) {
+	for _, tc := range []struct {
+		mode   string
+		extra  int
+		excess int64
+		held   bool
+	}{
+		{ModeBatched, 0, 0, true},
+		{ModeBatched, 54, 700, true},
+		{ModeBatched, 62, 1820, false},
+		{ModeStrict, 54, 700, false},
+		{ModeStrict, 49, 0, true},
+	} {
+		r := scripted()
+		r.f.Mode = tc.mode
+		admitBronze(r, tc.extra)
+		r.analyze(DrainDomain)
+		q := r.rep.Phases[1].Quota
+		if q.Excess < tc.excess-1 || q.Excess > tc.excess+1 {
+			t.Errorf("%s, %d more: %d tokens beyond one exact bucket; want %d", tc.mode, tc.extra, q.Excess, tc.excess)
+		}
+		if e := r.rep.Phases[0].Quota.Excess; e != 0 {
+			t.Errorf("%s, %d more: %d tokens beyond the bucket before; want 0 (its burst is the bucket's)", tc.mode, tc.extra, e)
+		}
+		wantBound := map[string]string{ModeBatched: "batched (N−1)·R·W = 1·7000·100ms + one request = 840 tokens", ModeStrict: "strict one request = 140 tokens"}[tc.mode]
+		p := promiseOf(t, r, "quota kept")
+		if p.Held != tc.held || !strings.Contains(p.Detail, wantBound) {
+			t.Errorf("%s, %d more: quota kept %+v; want held %v, naming the bound %q", tc.mode, tc.extra, p, tc.held, wantBound)
+		}
+	}
+}

@@ -205,8 +205,17 @@ type QuotaReport struct {
 	Admitted  int64   `json:"admittedTokens"`
 	Quota     int64   `json:"quotaTokens"` // what one exact token bucket of its rate and burst, empty at the phase start, admits of the same requests
 	Upper     int64   `json:"upperBoundTokens"`
-	Overshoot float64 `json:"overshootPct"`
+	Overshoot float64 `json:"overshootPct"` // admitted over rate × the phase's length, the burst included
 	Under     float64 `json:"undershootPct"`
+	// Excess is the most the tenant had been admitted, at any instant of
+	// the phase, beyond one exact token bucket of its rate and burst
+	// charged the same admissions (full at the drill's start, its debt
+	// forgiven at each phase's start); Bound is what the fleet's mode
+	// allows beyond it (Mode, BoundText).
+	Excess    int64  `json:"excessTokens"`
+	Bound     int64  `json:"boundTokens"`
+	Mode      string `json:"mode"`
+	BoundText string `json:"bound"`
 }
 
 // policy is a tenant's floor, quota and credit: from the config, or as its

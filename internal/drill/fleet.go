@@ -61,6 +61,9 @@ type Fleet struct {
 	// batched reconcile interval.
 	Replicas int
 	Interval time.Duration
+	// Mode is the replicas' shared-state mode (ModeBatched, ModeStrict,
+	// ModeEmbedded; "": batched), which sets the quota promise's bound.
+	Mode string
 	// MemberTTL is the replicas' member lease TTL (sluiced's --member-ttl),
 	// with etcd: kill-replica's promise is that a dead replica's capacity
 	// is back within it.
@@ -181,6 +184,8 @@ type ConnectOptions struct {
 	Replicas int
 	// Interval is the batched reconcile interval (sluiced's --redis-interval).
 	Interval time.Duration
+	// Mode is the replicas' shared-state mode ("": batched).
+	Mode string
 	// MemberTTL is the replicas' --member-ttl (default 10 s).
 	MemberTTL time.Duration
 	Faults    Faults
@@ -208,7 +213,7 @@ func EtcdConfig(ctx context.Context, cli *clientv3.Client, prefix string) (*admi
 // Connect returns a Fleet over replicas the drill did not start: the members
 // registered in etcd, or the --server addresses.
 func Connect(ctx context.Context, o ConnectOptions) (*Fleet, error) {
-	f := &Fleet{Etcd: o.Etcd, Prefix: o.Prefix, Sec: o.Sec, Replicas: o.Replicas, Interval: o.Interval, MemberTTL: o.MemberTTL, Faults: o.Faults}
+	f := &Fleet{Etcd: o.Etcd, Prefix: o.Prefix, Sec: o.Sec, Replicas: o.Replicas, Interval: o.Interval, Mode: o.Mode, MemberTTL: o.MemberTTL, Faults: o.Faults}
 	var src client.MemberSource
 	if o.Etcd != nil {
 		src = etcdmembers.NewSource(o.Etcd, o.Prefix, slog.New(slog.DiscardHandler))

@@ -160,8 +160,10 @@ func quota(p *PhaseReport) string {
 		return "-"
 	}
 	switch {
-	case q.Overshoot > 0:
-		return fmt.Sprintf("%s +%.1f%%", q.Tenant, q.Overshoot)
+	case q.Excess > q.Bound:
+		return fmt.Sprintf("%s +%d > %d", q.Tenant, q.Excess, q.Bound)
+	case q.Excess > 0:
+		return fmt.Sprintf("%s +%d ≤ %d", q.Tenant, q.Excess, q.Bound)
 	case q.Under > 0:
 		return fmt.Sprintf("%s −%.1f%%", q.Tenant, q.Under)
 	}
