@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -43,10 +44,37 @@ func niceMax(v float64) float64 {
 	return 10 * p
 }
 
+// svgHead starts a chart: the svg element, its title and the y axis with
+// ticks at quarters of ymax, each with its value and a grid line.
+func svgHead(b *strings.Builder, title, yUnit string, ymax float64) {
+	fmt.Fprintf(b, `<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img"><title>%s</title>`,
+		chartW, chartH, chartW, chartH, template.HTMLEscapeString(title))
+	fmt.Fprintf(b, `<text x="%d" y="16" font-size="13" font-weight="bold">%s</text>`, padL, template.HTMLEscapeString(title))
+	for k := 0; k <= 4; k++ {
+		y := float64(padT+plotH) - float64(plotH)*float64(k)/4
+		if k > 0 {
+			fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#e4e4e4"/>`, padL, y, padL+plotW, y)
+		}
+		fmt.Fprintf(b, `<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>`, padL-4, y+3, fmtNum(ymax*float64(k)/4))
+	}
+	if yUnit != "" {
+		fmt.Fprintf(b, `<text x="12" y="%d" font-size="10" text-anchor="middle" transform="rotate(-90 12 %d)">%s</text>`,
+			padT+plotH/2, padT+plotH/2, template.HTMLEscapeString(yUnit))
+	}
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`, padL, padT, padL, padT+plotH)
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`, padL, padT+plotH, padL+plotW, padT+plotH)
+}
+
+// tickStep is a step of 1, 2 or 5 times a power of ten that cuts span
+// into at most about six parts.
+func tickStep(span float64) float64 {
+	return niceMax(span / 6)
+}
+
 // lineChart draws series over time (one value per second) as an inline
-// SVG: axes, the y maximum, the time span and a legend. Long series are
-// reduced to at most maxPointsPerLine points by averaging.
-func lineChart(title, yUnit string, ss []series) template.HTML {
+// SVG: axes with their values, the bursts' windows shaded and a legend.
+// Long series are reduced to at most maxPointsPerLine points by averaging.
+func lineChart(title, yUnit string, ss []series, bursts []Burst) template.HTML {
 	n, ymax := 0, 0.0
 	for _, s := range ss {
 		n = max(n, len(s.Values))
@@ -55,28 +83,35 @@ func lineChart(title, yUnit string, ss []series) template.HTML {
 		}
 	}
 	ymax = niceMax(ymax)
+	xAt := func(sec float64) float64 { return float64(padL) + float64(plotW)*sec/float64(max(n-1, 1)) }
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img"><title>%s</title>`,
-		chartW, chartH, chartW, chartH, template.HTMLEscapeString(title))
-	fmt.Fprintf(&b, `<text x="%d" y="16" font-size="13" font-weight="bold">%s</text>`, padL, template.HTMLEscapeString(title))
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`, padL, padT, padL, padT+plotH)
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`, padL, padT+plotH, padL+plotW, padT+plotH)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" text-anchor="end">%s</text>`, padL-4, padT+8, template.HTMLEscapeString(fmtNum(ymax)+" "+yUnit))
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" text-anchor="end">0</text>`, padL-4, padT+plotH)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11">0 s</text>`, padL, padT+plotH+16)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" text-anchor="end">%d s</text>`, padL+plotW, padT+plotH+16, n)
-	step := max(1, (n+maxPointsPerLine-1)/maxPointsPerLine)
+	svgHead(&b, title, yUnit, ymax)
+	for _, bu := range bursts {
+		x0, x1 := xAt(math.Min(bu.From.Seconds(), float64(max(n-1, 1)))), xAt(math.Min(bu.To.Seconds(), float64(max(n-1, 1))))
+		fmt.Fprintf(&b, `<rect x="%.1f" y="%d" width="%.1f" height="%d" fill="#ff7f0e" fill-opacity="0.15"><title>burst %s</title></rect>`,
+			x0, padT, math.Max(x1-x0, 1), plotH, template.HTMLEscapeString(bu.String()))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" fill="#b35900">%s %g×</text>`, x0+2, padT+10, template.HTMLEscapeString(bu.Tenant), bu.Factor)
+	}
+	step := tickStep(float64(n))
+	for t := 0.0; t <= float64(n); t += step {
+		x := xAt(t)
+		if x > float64(padL+plotW)+0.5 {
+			break
+		}
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#333"/>`, x, padT+plotH, x, padT+plotH+4)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s s</text>`, x, padT+plotH+15, fmtNum(t))
+	}
+	pstep := max(1, (n+maxPointsPerLine-1)/maxPointsPerLine)
 	for i, s := range ss {
 		var pts strings.Builder
-		for x := 0; x < len(s.Values); x += step {
+		for x := 0; x < len(s.Values); x += pstep {
 			sum, k := 0.0, 0
-			for j := x; j < min(x+step, len(s.Values)); j++ {
+			for j := x; j < min(x+pstep, len(s.Values)); j++ {
 				sum += s.Values[j]
 				k++
 			}
-			px := float64(padL) + float64(plotW)*float64(x)/float64(max(n-1, 1))
 			py := float64(padT+plotH) - float64(plotH)*(sum/float64(k))/ymax
-			fmt.Fprintf(&pts, "%.1f,%.1f ", px, py)
+			fmt.Fprintf(&pts, "%.1f,%.1f ", xAt(float64(x)), py)
 		}
 		dash := ""
 		if s.Dashed {
@@ -91,7 +126,8 @@ func lineChart(title, yUnit string, ss []series) template.HTML {
 	return template.HTML(b.String()) // every string inside is escaped above
 }
 
-// barChart draws grouped bars: one group per label, one bar per series.
+// barChart draws grouped bars: one group per label, one bar per series,
+// each bar with its value.
 func barChart(title, yUnit string, labels []string, ss []series) template.HTML {
 	ymax := 0.0
 	for _, s := range ss {
@@ -101,11 +137,7 @@ func barChart(title, yUnit string, labels []string, ss []series) template.HTML {
 	}
 	ymax = niceMax(ymax)
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img"><title>%s</title>`,
-		chartW, chartH, chartW, chartH, template.HTMLEscapeString(title))
-	fmt.Fprintf(&b, `<text x="%d" y="16" font-size="13" font-weight="bold">%s</text>`, padL, template.HTMLEscapeString(title))
-	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#333"/>`, padL, padT+plotH, padL+plotW, padT+plotH)
-	fmt.Fprintf(&b, `<text x="%d" y="%d" font-size="11" text-anchor="end">%s</text>`, padL-4, padT+8, template.HTMLEscapeString(fmtNum(ymax)+" "+yUnit))
+	svgHead(&b, title, yUnit, ymax)
 	groupW := float64(plotW) / float64(max(len(labels), 1))
 	barW := groupW * 0.8 / float64(max(len(ss), 1))
 	for g, l := range labels {
@@ -119,6 +151,8 @@ func barChart(title, yUnit string, labels []string, ss []series) template.HTML {
 			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s %s: %s</title></rect>`,
 				x0+barW*float64(i), float64(padT+plotH)-h, barW, h, s.Color,
 				template.HTMLEscapeString(l), template.HTMLEscapeString(s.Name), fmtNum(v))
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="8" text-anchor="middle">%s</text>`,
+				x0+barW*(float64(i)+0.5), float64(padT+plotH)-h-2, fmtNum(math.Round(v)))
 		}
 		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="11" text-anchor="middle">%s</text>`, x0+groupW*0.4, padT+plotH+16, template.HTMLEscapeString(l))
 	}
@@ -168,11 +202,20 @@ type htmlPolicy struct {
 
 var reportTmpl = template.Must(template.New("report").Parse(`<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Sluice replay: {{.C.Trace}}</title>
-<style>body{font-family:sans-serif;margin:2em;max-width:1400px}pre{background:#f6f6f6;padding:1em;overflow-x:auto}
-svg.chart{margin:4px;border:1px solid #ddd}section{margin-bottom:2em}</style></head>
+<style>body{font-family:sans-serif;margin:2em}pre{background:#f6f6f6;padding:1em;overflow-x:auto;width:max-content;min-width:100%;box-sizing:border-box}
+.wide{overflow-x:auto;max-width:100%}table{border-collapse:collapse;font-size:14px}th,td{border:1px solid #ddd;padding:3px 8px;text-align:right;white-space:nowrap}
+th:first-child,td:first-child,td.of{text-align:left}td.best{font-weight:bold;background:#e6f4e6}tr.ref td{color:#555}
+svg.chart{margin:4px;border:1px solid #ddd;max-width:100%;height:auto}section{margin-bottom:2em}</style></head>
 <body><h1>Sluice replay</h1>
 <p>Trace <code>{{.C.Trace}}</code>: {{.C.Rows}} requests, seed {{.C.Seed}}. Rates are weighted tokens per second
-(prompt + output weight × output). Target is the weighted max-min fair share of what was admitted each second.</p>
+(prompt + output weight × output). Target is the weighted max-min fair share of what was admitted each second.{{range .C.Bursts}}
+Burst {{.}} (shaded in the charts over time).{{end}}</p>
+{{with .V}}<h2>Verdict</h2>
+<p><strong>{{.Summary}}</strong>.</p>
+<div class="wide"><table class="verdict"><tr><th>measure</th><th>of</th><th>better</th>{{range .Policies}}<th>{{.}}</th>{{end}}<th>best</th></tr>
+{{range .Rows}}<tr{{if not .Better}} class="ref"{{end}}><td>{{.Name}}</td><td class="of">{{.Of}}</td><td>{{or .Better "not counted"}}</td>{{range .Cells}}<td{{if .Best}} class="best"{{end}}>{{.Text}}</td>{{end}}<td>{{.Winners}}</td></tr>
+{{end}}</table></div>
+<p>{{.Note}}</p>{{end}}
 <h2>Comparison</h2>
 {{.Waits}}
 {{.Floors}}
@@ -184,6 +227,37 @@ svg.chart{margin:4px;border:1px solid #ddd}section{margin-bottom:2em}</style></h
 </section>{{end}}
 </body></html>
 `))
+
+// htmlVerdict is the verdict as the HTML table shows it.
+type htmlVerdict struct {
+	*Verdict
+	Rows []htmlMeasure
+}
+
+type htmlMeasure struct {
+	Name, Of, Better, Winners string
+	Cells                     []htmlCell
+}
+
+type htmlCell struct {
+	Text string
+	Best bool
+}
+
+func newHTMLVerdict(v *Verdict) *htmlVerdict {
+	if v == nil {
+		return nil
+	}
+	hv := &htmlVerdict{Verdict: v}
+	for _, m := range slices.Concat(v.Measures, v.NotDeciding) {
+		hm := htmlMeasure{Name: m.Name, Of: m.Of, Better: m.Better, Winners: strings.Join(m.Winners, ", ")}
+		for i, t := range m.Text {
+			hm.Cells = append(hm.Cells, htmlCell{Text: t, Best: slices.Contains(m.Winners, v.Policies[i])})
+		}
+		hv.Rows = append(hv.Rows, hm)
+	}
+	return hv
+}
 
 // chart is one plot of a report, with a file name for WriteSVGs.
 type chart struct {
@@ -249,21 +323,21 @@ func (c *Comparison) plots() (*plots, error) {
 			hp.Tenants = append(hp.Tenants, add(title, lineChart(title, "tok/s", []series{
 				{Name: "achieved", Color: palette[0], Values: floats(t.Achieved)},
 				{Name: "fair share", Color: palette[2], Dashed: true, Values: floats(t.Target)},
-				{Name: "floor", Color: palette[1], Dashed: true, Values: constant(float64(t.Floor), n)},
-			})))
+				{Name: fmt.Sprintf("floor %s", fmtNum(float64(t.Floor))), Color: palette[1], Dashed: true, Values: constant(float64(t.Floor), n)},
+			}, c.Bursts)))
 		}
 		var wsr []series
 		for j, t := range r.Tenants {
 			wsr = append(wsr, series{Name: t.Name, Color: palette[j%len(palette)], Values: t.WaitMaxPerS})
 		}
 		title := r.Policy + ": longest queue wait per second"
-		hp.Waits = add(title, lineChart(title, "ms", wsr))
+		hp.Waits = add(title, lineChart(title, "ms", wsr, c.Bursts))
 		var us []series
 		for j, d := range r.Domains {
 			us = append(us, series{Name: d.ID, Color: palette[j%len(palette)], Values: d.PrefillPerS})
 		}
 		title = r.Policy + ": prefill utilization per domain"
-		hp.Util = add(title, lineChart(title, "", us))
+		hp.Util = add(title, lineChart(title, "busy share", us, c.Bursts))
 		pl.P = append(pl.P, hp)
 	}
 	pl.Waits = add("queue wait p99 by tenant", barChart("queue wait p99 by tenant", "ms", labels, waits))
@@ -271,7 +345,8 @@ func (c *Comparison) plots() (*plots, error) {
 	return pl, nil
 }
 
-// WriteHTML writes c as one self-contained HTML page: the tables, and
+// WriteHTML writes c as one self-contained HTML page: the verdict, the
+// tables, and
 // inline SVG plots (no scripts, no external resources) of each tenant's
 // tokens/s against its fair share and floor, the longest wait per second
 // by tenant, each domain's prefill utilization, and the policies' p99
@@ -283,8 +358,9 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 	}
 	err = reportTmpl.Execute(w, struct {
 		C *Comparison
+		V *htmlVerdict
 		*plots
-	}{c, pl})
+	}{c, newHTMLVerdict(c.Verdict()), pl})
 	if err != nil {
 		return fmt.Errorf("html: %w", err)
 	}

@@ -62,6 +62,22 @@ func TestVerdictOnCodeTraceBurst(t *testing.T) {
 	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
 		t.Fatal(err)
 	}
+	// The HTML leads with the verdict's table, shades the burst and draws
+	// the floors.
+	var page strings.Builder
+	if err := c.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	h := page.String()
+	verdictAt, chartsAt := strings.Index(h, `<table class="verdict">`), strings.Index(h, "<svg")
+	if verdictAt < 0 || chartsAt < verdictAt {
+		t.Error("the HTML report does not lead with the verdict's table")
+	}
+	for _, want := range []string{"reward equal service", "<title>burst acme:15x:5m0s-6m0s</title>", ">floor 2000</text>", `<td class="best">0</td>`, "overflow-x:auto"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("the HTML report lacks %q", want)
+		}
+	}
 	if got.Verdict.Summary != v.Summary || !slices.Equal(got.Verdict.Bursting, v.Bursting) {
 		t.Errorf("JSON verdict %q, bursting %v; want %q, %v", got.Verdict.Summary, got.Verdict.Bursting, v.Summary, v.Bursting)
 	}
