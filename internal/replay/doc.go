@@ -107,6 +107,17 @@
 // The same input and seed give a byte-identical report: virtual time,
 // seeded generators, ordered iteration everywhere a report is built.
 //
+// # Verdict
+//
+// With more than one policy the report leads with a verdict on the
+// measures that decide, over the tenants that do not burst: refusals of
+// tenants within their fair share (refusals not by their own limits in
+// seconds their demand was within it), floor-violation seconds, the worst
+// p99 wait, utilisation, and VTC's bound; each names the policy that wins
+// it, and the summary the one best on most. The burster's own figures,
+// Jain's index and W2 are shown beside, not counted: they reward equal
+// service even to a burster.
+//
 // # Recommend
 //
 // Recommend sizes each tenant's token bucket from its own demand: R at the
