@@ -63,7 +63,8 @@ type drillFlags struct {
 	sluiced, agent, fault, stopCmd, startCmd   string
 	tenants, quotaTenant, creditTenant, config string
 	duration, memberTTL                        time.Duration
-	tracePath                                  string
+	tracePath, redisMode                       string
+	redisInterval                              time.Duration
 }
 
 // register adds the flags to c.
@@ -77,10 +78,12 @@ func (df *drillFlags) register(c *cobra.Command) {
 	fs.BoolVar(&df.fleetLog, "fleet-log", false, "--self-contained: copy the children's logs to stderr")
 	fs.StringVar(&df.fault, "fault", "", `for tests: break a promise on purpose to show the drill catches it; "ignore-drains" starts replica-1 on a control-plane prefix of its own (it never sees a drain mark) and registers it in the fleet's membership`)
 	fs.StringVar(&df.stopCmd, "stop", "", "a fleet the drill did not start: shell command that stops the part (env DRILL_PART redis|etcd|agent|replica, DRILL_NAME the node or replica id)")
+	fs.StringVar(&df.redisMode, "redis-mode", drill.ModeBatched, `a fleet the drill did not start: its replicas' shared-state mode, "batched", "strict" or "embedded" (the quota promise's bound: (N−1)·R·W batched, exact up to one request otherwise)`)
+	fs.DurationVar(&df.redisInterval, "redis-interval", 100*time.Millisecond, "a fleet the drill did not start, batched: its replicas' --redis-interval (W in the quota bound)")
 	fs.DurationVar(&df.memberTTL, "member-ttl", 10*time.Second, "a fleet the drill did not start, with etcd: its replicas' --member-ttl (kill-replica's promise: a dead replica's capacity is back within it)")
 	fs.StringVar(&df.startCmd, "start", "", "a fleet the drill did not start: shell command that starts it again (same environment)")
 	fs.DurationVar(&d.Before, "before", d.Before, "steady load before the fault")
-	fs.DurationVar(&d.During, "during", d.During, "the fault's length (at least as long as its stop takes)")
+	fs.DurationVar(&d.During, "during", d.During, "the fault's length, from when it took effect (its stop returned, the agent's record left etcd)")
 	fs.DurationVar(&d.After, "after", d.After, "load after the recovery action")
 	fs.Float64Var(&d.Rate, "rate", d.Rate, "Admits per second (Poisson arrivals)")
 	fs.StringVar(&df.tenants, "tenants", "", "the load's tenant:model:share,… (default: the self-contained fleet's gold:small:0.3,silver:small:0.2,bronze:small:0.5; else sluicectl load's demo mix)")
@@ -93,7 +96,7 @@ func (df *drillFlags) register(c *cobra.Command) {
 	fs.StringVar(&df.quotaTenant, "quota-tenant", "", "the tenant driven past its quota whose admitted tokens are checked (default: bronze self-contained, else none)")
 	fs.Float64Var(&d.Undershoot, "undershoot", d.Undershoot, "the quota tenant may fall this share under its quota in a phase")
 	fs.DurationVar(&d.Grace, "grace", d.Grace, "how long after a drain mark (or a node's departure) a placement there is still allowed: one watch round-trip")
-	fs.DurationVar(&d.RecoverWithin, "recover-within", d.RecoverWithin, "bound on the time to recover")
+	fs.DurationVar(&d.RecoverWithin, "recover-within", d.RecoverWithin, "bound on the time to recover: from the fault's end to the first second of the load back within the promise")
 	fs.Float64Var(&d.LateBudget, "late-budget", d.LateBudget, "share of a phase's Admits that may end past their deadline")
 	fs.StringVar(&df.creditTenant, "credit-tenant", "", "credit-exhaustion's tenant (default: spiky self-contained; required otherwise)")
 	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open, where the fleet's config is unknown")
@@ -130,8 +133,16 @@ func runDrill(g *globals, c *cobra.Command, df *drillFlags, pos []string) error 
 	if df.fault != "" && (df.fault != "ignore-drains" || !df.self) {
 		return fmt.Errorf("--fault %q: the only fault is ignore-drains, with --self-contained", df.fault)
 	}
+	switch df.redisMode {
+	case drill.ModeBatched, drill.ModeStrict, drill.ModeEmbedded:
+	default:
+		return fmt.Errorf("--redis-mode %q: want batched, strict or embedded", df.redisMode)
+	}
+	if df.redisInterval <= 0 {
+		return fmt.Errorf("--redis-interval %v: want a positive duration", df.redisInterval)
+	}
 	if df.self {
-		for _, f := range []string{"etcd", "server", "stop", "start", "config"} {
+		for _, f := range []string{"etcd", "server", "stop", "start", "config", "redis-mode", "redis-interval"} {
 			if set[f] {
 				return fmt.Errorf("--%s names a fleet the drill did not start: not with --self-contained", f)
 			}
@@ -190,7 +201,8 @@ func runDrill(g *globals, c *cobra.Command, df *drillFlags, pos []string) error 
 			return fmt.Errorf("self-contained fleet: %w", err)
 		}
 	} else {
-		co := drill.ConnectOptions{Prefix: g.etcdPrefix(), Sec: g.sec, Timeout: g.timeout, MemberTTL: df.memberTTL}
+		co := drill.ConnectOptions{Prefix: g.etcdPrefix(), Sec: g.sec, Timeout: g.timeout, MemberTTL: df.memberTTL,
+			Mode: df.redisMode, Interval: df.redisInterval}
 		if set["replicas"] {
 			co.Replicas = df.replicas
 		}

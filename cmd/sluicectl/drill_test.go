@@ -282,6 +282,8 @@ func TestDrillFlagErrors(t *testing.T) {
 		{[]string{"drain-domain", "--self-contained", "--etcd", "http://127.0.0.1:1"}, "--etcd names a fleet"},
 		{[]string{"drain-domain", "--sluiced", "x", "--server", "127.0.0.1:1"}, "--sluiced is for --self-contained"},
 		{[]string{"drain-domain", "--self-contained", "--fault", "slow"}, `--fault "slow"`},
+		{[]string{"drain-domain", "--server", "127.0.0.1:1", "--redis-mode", "eventual"}, `--redis-mode "eventual"`},
+		{[]string{"drain-domain", "--self-contained", "--redis-mode", "strict"}, "--redis-mode names a fleet"},
 		{[]string{"credit-exhaustion", "--server", "127.0.0.1:1"}, "--credit-tenant"},
 		{[]string{"kill-redis", "--self-contained", "--rate", "0"}, "--rate"},
 		{[]string{"drain-domain", "--server", "127.0.0.1:1", "-o", "xml"}, `-o "xml"`},
