@@ -393,7 +393,7 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 // since its last report; one whose last report carried takes (this one
 // tells the store they stopped, so that its share of the rate goes to
 // those that use it); one with a report unacknowledged; and any other once
-// every hold/2, so that its KV holding never lapses. At fleet scale a
+// every refreshEvery, so that its KV holding never lapses. At fleet scale a
 // replica uses a few of the domains in a round, so a round's size follows
 // what the replica did, not the size of the fleet.
 //
@@ -424,7 +424,7 @@ func (s *batchedState) domainDueLocked(now int64, d Domain, c *pd.DomainCapacity
 	p, dcTaken := c.Taken()
 	kv, _ := c.KV()
 	took := p != pf.lastTaken || dcTaken != dc.lastTaken
-	if took || a.took || s.reportAll > 0 || kv != a.kvHeld || pf.unacked != 0 || dc.unacked != 0 || now-a.reportedAt >= int64(hold/2) {
+	if took || a.took || s.reportAll > 0 || kv != a.kvHeld || pf.unacked != 0 || dc.unacked != 0 || now-a.reportedAt >= int64(s.refreshEvery(hold)) {
 		a.took = took
 		return true
 	}
@@ -434,6 +434,17 @@ func (s *batchedState) domainDueLocked(now int64, d Domain, c *pd.DomainCapacity
 		a.paused = true
 	}
 	return false
+}
+
+// refreshEvery is how often a domain this replica does not use is
+// reported: every half hold, so that its KV holding never lapses, and at
+// least every SilentHoldRounds/2 intervals, so that the KV a dead replica
+// held, which the store lets go of when its membership lapses, comes back
+// to a replica that does not use the domain within a few intervals of the
+// lapse (a restarted replica keeps its member key, so the membership may
+// never shrink).
+func (s *batchedState) refreshEvery(hold time.Duration) time.Duration {
+	return min(hold/2, SilentHoldRounds*s.opts.Interval/2)
 }
 
 // holdFor is how long this round's holdings outlive this replica's
