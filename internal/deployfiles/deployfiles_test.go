@@ -160,12 +160,10 @@ func TestManifests(t *testing.T) {
 	}
 }
 
-// metricName finds Sluice metric names in PromQL.
-var metricName = regexp.MustCompile(`\bsluice_[a-z0-9_]+`)
-
-// TestDeployedQueriesNameRealMetrics: every sluice_* metric the alerts, the
-// dashboard and the KEDA trigger query is one a running sluiced exports.
-func TestDeployedQueriesNameRealMetrics(t *testing.T) {
+// startSluiced serves the embedded default on loopback until the test
+// ends, and returns it with an Admission client and the serving context.
+func startSluiced(t *testing.T) (*server.Server, admissionv1.AdmissionClient, context.Context) {
+	t.Helper()
 	srv, err := server.New(server.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -174,15 +172,24 @@ func TestDeployedQueriesNameRealMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = srv.Serve(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	// Decide once over gRPC, so that the tenant-labelled families and the
-	// Admit latency have a series.
 	conn, err := client.Dial(srv.GRPCAddr().String(), client.Security{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
-	if _, err := admissionv1.NewAdmissionClient(conn).Admit(ctx, &admissionv1.AdmitRequest{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 1}); err != nil {
+	t.Cleanup(func() { conn.Close(); cancel(); <-done })
+	return srv, admissionv1.NewAdmissionClient(conn), ctx
+}
+
+// metricName finds Sluice metric names in PromQL.
+var metricName = regexp.MustCompile(`\bsluice_[a-z0-9_]+`)
+
+// TestDeployedQueriesNameRealMetrics: every sluice_* metric the alerts, the
+// dashboard and the KEDA trigger query is one a running sluiced exports.
+func TestDeployedQueriesNameRealMetrics(t *testing.T) {
+	srv, admissions, ctx := startSluiced(t)
+	// Decide once over gRPC, so that the tenant-labelled families and the
+	// Admit latency have a series.
+	if _, err := admissions.Admit(ctx, &admissionv1.AdmitRequest{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 1}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := http.Get("http://" + srv.HTTPAddr().String() + "/metrics")

@@ -1,11 +1,9 @@
 package deployfiles
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -20,9 +18,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/sluice-sched/sluice/admission/client"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
-	"github.com/sluice-sched/sluice/internal/server"
 	"github.com/sluice-sched/sluice/internal/testdep"
 	"github.com/sluice-sched/sluice/internal/testwait"
 )
@@ -34,23 +30,10 @@ import (
 // exports is TestDeployedQueriesNameRealMetrics.)
 func TestEveryDeployedExpressionEvaluates(t *testing.T) {
 	prom := testdep.Binary(t, "apt-get install -y prometheus", "prometheus")
-	srv, err := server.New(server.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	conn, err := client.Dial(srv.GRPCAddr().String(), client.Security{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	srv, admissions, ctx := startSluiced(t)
 	admit := func() {
 		for _, tenant := range []string{"acme", "globex", "nobody"} {
-			_, _ = admissionv1.NewAdmissionClient(conn).Admit(ctx, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: 10, MaxOutputTokens: 1})
+			_, _ = admissions.Admit(ctx, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: 10, MaxOutputTokens: 1})
 		}
 	}
 	admit()
