@@ -11,6 +11,16 @@ type fifo struct {
 // push adds r at the tail.
 func (q *fifo) push(r *simReq) { q.items = append(q.items, r) }
 
+// admit pushes r unless limit requests wait already; it reports whether r
+// joined.
+func (q *fifo) admit(r *simReq, limit int) bool {
+	if q.len() >= limit {
+		return false
+	}
+	q.push(r)
+	return true
+}
+
 // len is how many requests wait.
 func (q *fifo) len() int { return len(q.items) - q.head }
 

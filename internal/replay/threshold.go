@@ -66,10 +66,9 @@ func (b *threshold) submit(now int64, r *simReq) error {
 	if !ever {
 		return b.s.decided(r, admission.Rejected, admission.ReasonCapacityExceeded, "", "", 0)
 	}
-	if b.queued() >= b.max {
+	if !b.queue.admit(r, b.max) {
 		return b.s.decided(r, admission.Rejected, admission.ReasonQueueFull, "", "", 0)
 	}
-	b.queue.push(r)
 	return b.dispatch(now)
 }
 
