@@ -26,6 +26,7 @@ type pending struct {
 	weighted int64
 	price    int64 // micro-USD at the requested model, charged to the budget
 	critical bool
+	deferred bool // a deferrable request: leaves deferral.headroom free, see decideDeferrableLocked
 	// With a request id: its idempotency key and the hash of its body.
 	hasID    bool
 	idem     idemKey
@@ -101,7 +102,9 @@ func (e *Engine) answer(ctx context.Context, req *Request, d *Decision) {
 	if why := e.shared.Decided(ctx, req.RequestID, d.LeaseID); why.Refused() {
 		*d = refused(*d, refusalOf(why))
 	}
-	if e.observer != nil {
+	// A deferred answer is the backlog's to count (package deferral): the
+	// engine gives one for every try of a waiting ticket.
+	if e.observer != nil && d.Outcome != Deferred {
 		e.observer.ObserveDecision(*req, *d)
 	}
 }
@@ -127,6 +130,8 @@ func validateRequest(r *Request) error {
 		return &InvalidArgumentError{Field: "expected_cached_tokens", Reason: fmt.Sprintf("must be in [0, prompt_tokens %d], got %d", r.PromptTokens, r.ExpectedCachedTokens)}
 	case r.Priority != 0 && r.Priority != PriorityNormal && r.Priority != PriorityCritical:
 		return &InvalidArgumentError{Field: "priority", Reason: fmt.Sprintf("unknown priority %d", r.Priority)}
+	case r.DeferWithin < 0 || (r.DeferWithin > 0 && !r.Deferrable):
+		return &InvalidArgumentError{Field: "defer_within", Reason: fmt.Sprintf("must be ≥ 0 and only on a deferrable request, got %v", r.DeferWithin)}
 	case len(r.AcceptDowngrade) > maxLowerTiers:
 		return &InvalidArgumentError{Field: "accept_downgrade", Reason: fmt.Sprintf("at most %d tiers", maxLowerTiers)}
 	}
@@ -138,8 +143,12 @@ func validateRequest(r *Request) error {
 	return nil
 }
 
-// validateLimits checks the token counts against the config's limits.
-func validateLimits(req *Request, lim *RequestLimits) error {
+// validateLimits checks the token counts against the config's limits,
+// and a deferrable request's wait against deferral.max_within.
+func validateLimits(req *Request, lim *RequestLimits, df *DeferralConfig) error {
+	if req.DeferWithin > df.MaxWithin.Duration {
+		return &InvalidArgumentError{Field: "defer_within", Reason: fmt.Sprintf("%v exceeds deferral.max_within %v", req.DeferWithin, df.MaxWithin.Duration)}
+	}
 	if req.PromptTokens > lim.MaxPromptTokens {
 		return &InvalidArgumentError{Field: "prompt_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", req.PromptTokens, lim.MaxPromptTokens), Limit: lim.MaxPromptTokens}
 	}
@@ -262,6 +271,10 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.tenant = t
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
+	if req.Deferrable {
+		e.decideDeferrableLocked(now, wall, r, d, rec)
+		return nil
+	}
 
 	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, refusalOf(e.shared.GateLocked(t)), e.mu.gates.frozenLocked(now), rec)
 	if why.reason == ReasonQuotaExceeded && rec == nil { // the strategy notes the demand
@@ -312,6 +325,62 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.chargeGates(now, t, r.weighted, r.price, critical)
 	e.grantLocked(now, r, pl, 0, d)
 	return nil
+}
+
+// decideDeferrableLocked decides a deferrable request, which never waits
+// in the queue: it runs now only on capacity interactive traffic leaves,
+// or is Deferred with what keeps it, for the backlog to ticket and try
+// again. Interactive first means: nothing while an interactive request
+// waits in the queue; shared capacity only, above the floors' reserve and
+// deferral.headroom of each bucket (so a request arriving next still
+// finds room); no burst credit (debt it ran up would open the tenant's
+// breaker against its interactive traffic, and it can wait for its quota
+// instead); the normal band only. It is refused only for what waiting
+// cannot mend: an unknown tenant, a request too large for any quota or
+// any domain.
+func (e *Engine) decideDeferrableLocked(now int64, wall time.Time, r *pending, d *Decision, rec *recorder) {
+	t := r.tenant
+	frozen := max(e.mu.gates.frozenLocked(now), 1) // no credit lent
+	_, why := t.screen(now, wall, r.weighted, r.price, false, refusalOf(e.shared.GateLocked(t)), frozen, rec)
+	if why.reason == ReasonQuotaExceeded && rec == nil {
+		why.retry = e.shared.QuotaRefusedLocked(t, why.retry)
+	}
+	if why.refused() {
+		rec.screenRefused()
+		*d = rejectWithTrace(why, r, now)
+		if why.reason != ReasonRequestTooLarge {
+			d.Outcome = Deferred
+		}
+		return
+	}
+	if e.mu.room.queue.Len() > 0 {
+		*d = rejectWithTrace(refusal{ReasonInteractiveFirst, tickBusy}, r, now)
+		d.Outcome = Deferred
+		return
+	}
+	r.deferred = true
+	place := &e.mu.place
+	pl, ok := place.find(now, r, false, 0, r.ntiers, rec)
+	if !ok {
+		o := place.outlook(now, r)
+		switch {
+		case o.drainingOnly: // the drain ends, and so may the wait
+			*d = rejectWithTrace(refusal{ReasonDomainDraining, 0}, r, now)
+			d.Outcome = Deferred
+		case !o.ever:
+			*d = rejectWithTrace(refusal{ReasonCapacityExceeded, 0}, r, now)
+		default:
+			*d = rejectWithTrace(refusal{ReasonCapacityExceeded, o.wait}, r, now)
+			d.Outcome = Deferred
+		}
+		return
+	}
+	if rec != nil {
+		rec.placed, rec.pl = true, pl
+		return
+	}
+	r.chargeGates(now, t, r.weighted, r.price, false)
+	e.grantLocked(now, r, pl, 0, d)
 }
 
 // sharedTiersLocked says which of r's tiers may take shared capacity now,
@@ -387,6 +456,7 @@ func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Du
 	id := e.mu.leases.add(lease{
 		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, cached: r.cached, output: r.output,
 		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
+		deferred: r.deferred,
 	})
 	*d = Decision{Outcome: pl.outcome(), LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
 	if pl.tier > 0 {

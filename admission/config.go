@@ -35,6 +35,7 @@ type Config struct {
 	Limits   RequestLimits           `json:"limits"`
 	Warmup   WarmupConfig            `json:"warmup"`
 	Feedback FeedbackConfig          `json:"feedback"`
+	Deferral DeferralConfig          `json:"deferral"`
 	// Metrics is for sluiced's metrics adapter; the engine does not read it.
 	Metrics MetricsConfig `json:"metrics"`
 	// DegradeHeadroom is the share of a domain's buckets a request of the
@@ -168,6 +169,26 @@ type WarmupConfig struct {
 	// Period is how long the linear ramp from StartFraction to the whole
 	// takes (nil: 60s; 0: no warm-up).
 	Period *Duration `json:"period,omitempty"`
+}
+
+// DeferralConfig sets how deferrable work waits in the durable backlog
+// (package admission/deferral) and what capacity it may take.
+type DeferralConfig struct {
+	// DefaultWithin is how long a deferrable request may wait when it
+	// names no defer_within (default 1h); MaxWithin the most it may ask
+	// (default 24h, as a batch API's window).
+	DefaultWithin Duration `json:"default_within"`
+	MaxWithin     Duration `json:"max_within"`
+	// MaxPerTenant and MaxTotal bound the backlog's tickets (defaults
+	// 100,000 and 1,000,000): beyond them a deferrable request is
+	// QUEUE_FULL.
+	MaxPerTenant int `json:"max_per_tenant"`
+	MaxTotal     int `json:"max_total"`
+	// Headroom is the share of a domain's buckets deferred work leaves
+	// free above the floors' reserve (default 0.2), so that interactive
+	// requests arriving next find room at once; and deferred work runs
+	// only while no interactive request waits in the queue.
+	Headroom float64 `json:"headroom"`
 }
 
 // FeedbackConfig sets how each domain's capacity follows what its serving
@@ -496,6 +517,12 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	d.float("feedback.deadband", &f.Deadband, 0.05)
 	d.dur("feedback.busy_ttft", &f.BusyTTFT, time.Second)
 	d.int("feedback.spread_choices", &f.SpreadChoices, 2)
+	df := &c.Deferral
+	d.dur("deferral.default_within", &df.DefaultWithin, time.Hour)
+	d.dur("deferral.max_within", &df.MaxWithin, 24*time.Hour)
+	d.int("deferral.max_per_tenant", &df.MaxPerTenant, 100_000)
+	d.int("deferral.max_total", &df.MaxTotal, 1_000_000)
+	d.float("deferral.headroom", &df.Headroom, 0.2)
 	d.float("feedback.spread_margin", &f.SpreadMargin, 0.1)
 	if c.Warmup.Period == nil {
 		c.Warmup.Period = &Duration{60 * time.Second}
@@ -681,7 +708,26 @@ func (c *Config) validateKnobs() error {
 	case c.Warmup.Period != nil && (c.Warmup.Period.Duration < 0 || c.Warmup.Period.Duration > maxDuration):
 		return cfgErr("warmup.period", "must be in [0, %v] (0: no warm-up), got %v", maxDuration, c.Warmup.Period.Duration)
 	}
-	return c.Feedback.validate()
+	if err := c.Feedback.validate(); err != nil {
+		return err
+	}
+	return c.Deferral.validate()
+}
+
+func (f *DeferralConfig) validate() error {
+	switch {
+	case f.MaxWithin.Duration < time.Second || f.MaxWithin.Duration > 7*24*time.Hour:
+		return cfgErr("deferral.max_within", "must be in [1s, 168h], got %v", f.MaxWithin.Duration)
+	case f.DefaultWithin.Duration < time.Second || f.DefaultWithin.Duration > f.MaxWithin.Duration:
+		return cfgErr("deferral.default_within", "must be in [1s, deferral.max_within %v], got %v", f.MaxWithin.Duration, f.DefaultWithin.Duration)
+	case f.MaxPerTenant < 1 || f.MaxPerTenant > 100_000_000:
+		return cfgErr("deferral.max_per_tenant", "must be in [1, 100000000], got %d", f.MaxPerTenant)
+	case f.MaxTotal < f.MaxPerTenant || f.MaxTotal > 100_000_000:
+		return cfgErr("deferral.max_total", "must be in [deferral.max_per_tenant, 100000000], got %d", f.MaxTotal)
+	case !(f.Headroom >= 0 && f.Headroom < 1):
+		return cfgErr("deferral.headroom", "must be in [0, 1), got %g", f.Headroom)
+	}
+	return nil
 }
 
 func (f *FeedbackConfig) validate() error {

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"iter"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
+	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -50,6 +52,9 @@ type Engine struct {
 	observer Observer
 	shared   sharing.Strategy // embedded unless WithSharedState
 	optErr   error            // an invalid option, reported by New
+	// deferredExpired hears of each deferrable request's lease that
+	// ended without a Release (OnDeferredLeaseExpired).
+	deferredExpired atomic.Pointer[func(leaseID uint64)]
 
 	// Goroutines the engine starts (the shared strategy's loop, store
 	// calls that need not delay an answer); Close ends and waits for them.
@@ -212,8 +217,21 @@ func (e *Engine) Tick() time.Duration {
 		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates)})
 		answered = append(answered, w)
 	}
-	for l, ok := e.mu.leases.popExpired(now); ok; l, ok = e.mu.leases.popExpired(now) {
-		l.expire(now)
+	var expiredDeferred []uint64
+	var storeWork []func(context.Context)
+	for l, id, ok := e.mu.leases.popExpired(now); ok; l, id, ok = e.mu.leases.popExpired(now) {
+		if !l.deferred {
+			l.expire(now)
+			continue
+		}
+		// A worker that died holding deferred work: the ticket is
+		// delivered again and charged then, so this lease is settled
+		// as unused (accounted once).
+		l.Settle(now, pd.Cost{}, 0, 0)
+		if work := e.shared.ReleasedLocked(id, l.sharedCharge(), 0, pd.Cost{}); work != nil {
+			storeWork = append(storeWork, work)
+		}
+		expiredDeferred = append(expiredDeferred, id)
 	}
 	room.idem.expire(now, e.mu.cfg.Leases.IdempotencyTTL.Duration)
 	e.mu.place.tick(now)
@@ -226,7 +244,58 @@ func (e *Engine) Tick() time.Duration {
 	}
 	e.mu.Unlock()
 	finish(answered)
+	for _, work := range storeWork {
+		work(e.life)
+	}
+	if fn := e.deferredExpired.Load(); fn != nil {
+		for _, id := range expiredDeferred {
+			(*fn)(id)
+		}
+	}
 	return next
+}
+
+// OnDeferredLeaseExpired sets fn to hear, outside the engine's lock, of
+// each deferrable request's lease that reached its TTL unreleased: the
+// engine settled it as unused, and the backlog delivers its ticket again.
+func (e *Engine) OnDeferredLeaseExpired(fn func(leaseID uint64)) {
+	e.deferredExpired.Store(&fn)
+}
+
+// RevokeLease takes back an admission nobody will run (a deferred ticket
+// whose worker could not be reached, or that was cancelled meanwhile): its
+// charge is cancelled as if it had never been admitted and requestID, if
+// any, forgotten. It reports whether the lease was live.
+func (e *Engine) RevokeLease(requestID string, leaseID uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.mu.leases.get(leaseID); !ok {
+		return false
+	}
+	e.revokeLocked(requestID, leaseID)
+	return true
+}
+
+// LeaseTTL is the configured lease lifetime.
+func (e *Engine) LeaseTTL() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mu.cfg.Leases.TTL.Duration
+}
+
+// WeightedTokens is what a request of these token counts weighs against
+// quotas: prompt + output_token_weight × output.
+func (e *Engine) WeightedTokens(prompt, output int64) int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return prompt + e.mu.cfg.OutputTokenWeight*output
+}
+
+// Deferral is the configured deferral section.
+func (e *Engine) Deferral() DeferralConfig {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.mu.cfg.Deferral
 }
 
 // finish wakes the goroutines of answered waiters, outside the lock.

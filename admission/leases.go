@@ -17,6 +17,7 @@ type lease struct {
 	outWeight int64 // output token weight at grant time
 	granted   int64
 	expires   int64
+	deferred  bool // a deferrable request's: its expiry redelivers the ticket, see Engine.Tick
 }
 
 // leaseTable holds live leases in a slab indexed by slot, finds a slot by
@@ -137,8 +138,9 @@ func (t *leaseTable) take(slot uint32) lease {
 	return out
 }
 
-// popExpired removes and returns the earliest lease if it expires at or before now.
-func (t *leaseTable) popExpired(now int64) (lease, bool) {
+// popExpired removes and returns the earliest lease, and its id, if it
+// expires at or before now.
+func (t *leaseTable) popExpired(now int64) (lease, uint64, bool) {
 	first := noSlot
 	for _, l := range t.lists {
 		if first == noSlot || t.slot(l.head).expires < t.slot(first).expires {
@@ -146,9 +148,10 @@ func (t *leaseTable) popExpired(now int64) (lease, bool) {
 		}
 	}
 	if first == noSlot || t.slot(first).expires > now {
-		return lease{}, false
+		return lease{}, 0, false
 	}
-	return t.take(first), true
+	id := t.slot(first).id
+	return t.take(first), id, true
 }
 
 func (t *leaseTable) len() int { return t.n }

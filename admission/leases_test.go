@@ -94,7 +94,7 @@ func TestLeaseTableExpiresInOrder(t *testing.T) {
 						earliest = exp
 					}
 				}
-				l, ok := tbl.popExpired(now)
+				l, _, ok := tbl.popExpired(now)
 				switch {
 				case ok != (earliest >= 0 && earliest <= now):
 					t.Fatalf("at %d: popped %v, earliest live expiry %d", now, ok, earliest)

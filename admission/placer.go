@@ -116,7 +116,7 @@ func (p *placer) resolve(req *Request, r *pending) error {
 	if !ok {
 		return &InvalidArgumentError{Field: "model", Reason: fmt.Sprintf("unknown model %q (known: %v)", req.Model, p.cat.Names())}
 	}
-	if err := validateLimits(req, &p.cfg.Limits); err != nil {
+	if err := validateLimits(req, &p.cfg.Limits, &p.cfg.Deferral); err != nil {
 		return err
 	}
 	r.prompt, r.cached, r.output = req.PromptTokens, req.ExpectedCachedTokens, req.MaxOutputTokens
@@ -321,13 +321,18 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 }
 
 // withHeadroom is what r's ti-th tier needs of d to be placed there: its
-// cost, plus, on the requested tier of a request that accepts lower ones,
-// the headroom it must leave.
+// cost, plus the headroom it must leave: on the requested tier of a
+// request that accepts lower ones, more for lower weights; for deferred
+// work, deferral.headroom, kept for interactive requests.
 func (p *placer) withHeadroom(r *pending, ti int, d *domainState, cost pd.Cost) pd.Cost {
-	if ti != 0 || r.ntiers == 1 {
-		return cost
+	h := 0.0
+	if ti == 0 && r.ntiers > 1 {
+		h = *p.cfg.DegradeHeadroom * (1 - float64(r.tenant.policy.Weight)/float64(p.maxWeight))
 	}
-	if h := *p.cfg.DegradeHeadroom * (1 - float64(r.tenant.policy.Weight)/float64(p.maxWeight)); h > 0 {
+	if r.deferred {
+		h += p.cfg.Deferral.Headroom
+	}
+	if h > 0 {
 		cost.PrefillFLOP += int64(h * float64(d.cap.PrefillBurst()))
 		cost.DecodeBytes += int64(h * float64(d.cap.DecodeBurst()))
 		_, kvLimit := d.cap.KV()

@@ -23,6 +23,10 @@ const (
 	Admitted Outcome = 1 // runs now on the requested model
 	Degraded Outcome = 2 // runs now on a lower tier the request accepted
 	Rejected Outcome = 3 // does not run; Reason and RetryAfter say why and when to retry
+	// Deferred: a deferrable request that cannot run now; Reason says
+	// what keeps it (quota, capacity, the interactive queue) and the
+	// backlog (package admission/deferral) gives it a ticket.
+	Deferred Outcome = 4
 )
 
 // String returns the outcome's API name.
@@ -34,6 +38,8 @@ func (o Outcome) String() string {
 		return "DEGRADED"
 	case Rejected:
 		return "REJECTED"
+	case Deferred:
+		return "DEFERRED"
 	}
 	return fmt.Sprintf("Outcome(%d)", int32(o))
 }
@@ -57,11 +63,15 @@ const (
 	ReasonStateUnavailable     Reason = 11 // shared state unreachable and the tier fails closed
 	ReasonBurstCreditFrozen    Reason = 12 // over quota while an operator has frozen every tenant's burst credit
 	ReasonRequestTooLarge      Reason = 13 // more weighted tokens than the tenant's burst plus credit: never passes, no Retry-After
+	// ReasonInteractiveFirst: a deferrable request waits because
+	// interactive requests are waiting, or because the capacity left is
+	// the headroom kept for them (on DEFERRED answers only).
+	ReasonInteractiveFirst Reason = 14
 )
 
 // LastReason is the highest Reason: tables indexed by reason size
 // themselves by it.
-const LastReason = ReasonRequestTooLarge
+const LastReason = ReasonInteractiveFirst
 
 var reasonNames = [...]string{
 	ReasonNone:                 "REASON_UNSPECIFIED",
@@ -78,6 +88,7 @@ var reasonNames = [...]string{
 	ReasonStateUnavailable:     "STATE_UNAVAILABLE",
 	ReasonBurstCreditFrozen:    "BURST_CREDIT_FROZEN",
 	ReasonRequestTooLarge:      "REQUEST_TOO_LARGE",
+	ReasonInteractiveFirst:     "INTERACTIVE_FIRST",
 }
 
 // String returns the reason's API name.
@@ -102,6 +113,13 @@ type Request struct {
 	// the engine to serve from its prefix cache (a prefix-aware router
 	// knows): prefill is charged on the others. At most PromptTokens.
 	ExpectedCachedTokens int64
+	// Deferrable work may wait up to DeferWithin (0: the configured
+	// default) in the durable backlog instead of the queue. It runs only
+	// on capacity interactive traffic leaves: while no interactive
+	// request waits, above the floors' reserve and deferral.headroom,
+	// and without burst credit (it can wait for its quota instead).
+	Deferrable  bool
+	DeferWithin time.Duration
 }
 
 // Decision is the answer to an Admit call.
@@ -186,6 +204,9 @@ type ReleaseResult struct {
 	// limits.release_overrun_multiple times what the lease admitted (or
 	// than the request limits) and was charged at that bound.
 	OverrunClamped bool
+	// Deferred says the lease was a deferrable request's: its ticket in
+	// the backlog is done.
+	Deferred bool
 }
 
 // InvalidArgumentError is returned for a request that is malformed. Nothing

@@ -49,6 +49,7 @@ type registerOptions struct {
 	configStatus ConfigStatusSource
 	tenantGuard  TenantGuard
 	freezer      CreditFreezer
+	backlog      Backlog
 }
 
 // WithConfigStatus makes the Operator's GetConfigStatus answer from src.

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/deferral"
 )
 
 // testEngine is a fake of the Engine port. Each func field, when set,
@@ -275,3 +276,38 @@ func wantNoZeroFields(t *testing.T, v any) {
 		}
 	}
 }
+
+// testBacklog is the Backlog port over a testEngine: its Admit answers the
+// engine's decision with a fixed ticket and message, and it records the
+// leases it is told were released.
+type testBacklog struct {
+	eng             *testEngine
+	ticket, message string
+	mu              sync.Mutex
+	released        []uint64
+}
+
+func (b *testBacklog) Admit(ctx context.Context, req admission.Request) (deferral.Answer, error) {
+	d, err := b.eng.Admit(ctx, req)
+	return deferral.Answer{Decision: d, Ticket: b.ticket, Message: b.message}, err
+}
+
+func (b *testBacklog) Released(_ context.Context, leaseID uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.released = append(b.released, leaseID)
+}
+
+func (b *testBacklog) Claim(context.Context, deferral.ClaimOptions, func(deferral.Delivery) error) error {
+	return deferral.ErrClosed
+}
+
+func (b *testBacklog) Get(context.Context, string, func(string) bool) (deferral.Record, error) {
+	return deferral.Record{}, deferral.ErrNotFound
+}
+
+func (b *testBacklog) Cancel(context.Context, string, func(string) bool) (deferral.Record, error) {
+	return deferral.Record{}, deferral.ErrNotFound
+}
+
+func (b *testBacklog) Waiting(string) admission.Reason { return admission.ReasonNone }

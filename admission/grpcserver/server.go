@@ -93,7 +93,7 @@ func Register(s *grpc.Server, eng Engine, opts ...RegisterOption) *health.Server
 	for _, opt := range opts {
 		opt(&o)
 	}
-	admissionv1.RegisterAdmissionServer(s, &admissionServer{eng: eng, guard: o.tenantGuard})
+	admissionv1.RegisterAdmissionServer(s, &admissionServer{eng: eng, guard: o.tenantGuard, backlog: o.backlog})
 	admissionv1.RegisterOperatorServer(s, newOperatorServer(eng, &o))
 	hs := health.NewServer()
 	hs.SetServingStatus(admissionv1.Admission_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -119,8 +119,9 @@ func NewOperator(eng Engine, opts ...RegisterOption) admissionv1.OperatorServer 
 // admissionServer implements admissionv1.AdmissionServer over an Engine.
 type admissionServer struct {
 	admissionv1.UnimplementedAdmissionServer
-	eng   Engine
-	guard TenantGuard // nil: no ownership check (no auth)
+	eng     Engine
+	guard   TenantGuard // nil: no ownership check (no auth)
+	backlog Backlog     // nil: no deferrable work
 }
 
 // admitAnswer holds an AdmitResponse and the messages it points to, so that
@@ -138,6 +139,9 @@ func (s *admissionServer) Admit(ctx context.Context, in *admissionv1.AdmitReques
 	req, err := requestFromProto(ctx, in)
 	if err != nil {
 		return nil, err
+	}
+	if req.Deferrable {
+		return s.admitDeferrable(ctx, req)
 	}
 	d, err := s.eng.Admit(ctx, req)
 	if err != nil {
@@ -163,8 +167,14 @@ func requestFromProto(ctx context.Context, in *admissionv1.AdmitRequest) (admiss
 		AcceptDowngrade: in.GetAcceptDowngrade(),
 
 		ExpectedCachedTokens: in.GetExpectedCachedTokens(),
+		Deferrable:           in.GetDeferrable(),
 	}
-	if dl, ok := ctx.Deadline(); ok {
+	if req.DeferWithin, err = deferWithin(in); err != nil {
+		return admission.Request{}, err
+	}
+	if dl, ok := ctx.Deadline(); ok && !req.Deferrable {
+		// A deferrable request's wait is defer_within; the call's
+		// deadline bounds only this answer.
 		req.Deadline = dl
 	}
 	return req, nil
@@ -209,6 +219,9 @@ func (s *admissionServer) Release(ctx context.Context, in *admissionv1.ReleaseRe
 	res, err := s.eng.Release(ctx, rel)
 	if err != nil {
 		return nil, statusFromError(err)
+	}
+	if res.Deferred && s.backlog != nil {
+		s.backlog.Released(ctx, id)
 	}
 	a := new(struct {
 		resp    admissionv1.ReleaseResponse

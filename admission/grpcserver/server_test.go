@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,8 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 		AcceptDowngrade: []string{"medium", "small"},
 
 		ExpectedCachedTokens: 400,
+		Deferrable:           true,
+		DeferWithin:          durationpb.New(time.Hour),
 	}
 	wantAllFieldsSet(t, in)
 	dec := admission.Decision{
@@ -68,6 +71,8 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 			PrefillLevel: 50, DecodeLevel: 60, KvInUse: 70, KvLimit: 80,
 			WeightedTokens: 90, EstimatedCostMicros: 100, EstimatedWait: durationpb.New(1200 * time.Millisecond),
 		},
+		TicketId: "t-1",
+		Message:  "detail",
 	}
 
 	var got admission.Request
@@ -75,7 +80,10 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 		got = req
 		return dec, nil
 	}}
-	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil).conn)
+	// A deferrable request goes to the backlog, which answers with the
+	// engine's decision, a ticket and a message.
+	bl := &testBacklog{eng: eng, ticket: "t-1", message: "detail"}
+	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil, WithBacklog(bl)).conn)
 	resp, err := cl.Admit(context.Background(), in)
 	if err != nil {
 		t.Fatal(err)
@@ -87,6 +95,8 @@ func TestAdmitRoundTripsEveryField(t *testing.T) {
 		AcceptDowngrade: []string{"medium", "small"},
 
 		ExpectedCachedTokens: 400,
+		Deferrable:           true,
+		DeferWithin:          time.Hour,
 	}
 	if !reflect.DeepEqual(got, wantReq) {
 		t.Errorf("engine got %+v, want %+v", got, wantReq)
@@ -260,11 +270,13 @@ func TestRelease(t *testing.T) {
 		if rel.LeaseID == 404 {
 			return admission.ReleaseResult{}, admission.ErrLeaseNotFound
 		}
-		return admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true}, nil
+		return admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true, Deferred: rel.LeaseID == 42}, nil
 	}}
-	// Every field is answered but Tenant, which the router named itself.
-	wantNoZeroFields(t, admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true})
-	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil).conn)
+	// Every field is answered but Tenant, which the router named itself,
+	// and Deferred, which tells the backlog.
+	wantNoZeroFields(t, admission.ReleaseResult{Tenant: "acme", Domain: "d1", Model: "m1", RefundedTokens: -12, ActualCostMicros: 345, HeldFor: 2 * time.Second, OverrunClamped: true, Deferred: true})
+	bl := &testBacklog{eng: eng}
+	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil, WithBacklog(bl)).conn)
 
 	in := &admissionv1.ReleaseRequest{LeaseId: "l-42", PromptTokens: 900, OutputTokens: 150, Outcome: admissionv1.Outcome_OUTCOME_ERROR,
 		TimeToFirstToken: durationpb.New(300 * time.Millisecond), Duration: durationpb.New(4 * time.Second), CachedPromptTokens: 512}
@@ -287,6 +299,9 @@ func TestRelease(t *testing.T) {
 		t.Errorf("got %v, want %v", resp, want)
 	}
 	wantAllFieldsSet(t, resp)
+	if !slices.Equal(bl.released, []uint64{42}) {
+		t.Errorf("backlog told of released leases %v, want [42] (the deferred one)", bl.released)
+	}
 
 	for o, want := range map[admissionv1.Outcome]admission.ReleaseOutcome{
 		admissionv1.Outcome_OUTCOME_UNSPECIFIED: admission.ReleaseOK,
@@ -499,10 +514,10 @@ func TestEnumNumbersMatchEngine(t *testing.T) {
 			t.Errorf("reason %d: proto %s, engine %s", r, got, want)
 		}
 	}
-	if n := len(admissionv1.Decision_name); n != 4 {
-		t.Errorf("proto has %d decisions, want 4", n)
+	if n := len(admissionv1.Decision_name); n != 5 {
+		t.Errorf("proto has %d decisions, want 5", n)
 	}
-	for _, o := range []admission.Outcome{admission.Admitted, admission.Degraded, admission.Rejected} {
+	for _, o := range []admission.Outcome{admission.Admitted, admission.Degraded, admission.Rejected, admission.Deferred} {
 		if got, want := admissionv1.Decision(o).String(), o.String(); got != want {
 			t.Errorf("outcome %d: proto %s, engine %s", o, got, want)
 		}

@@ -100,6 +100,10 @@ const (
 	Decision_DEGRADED Decision = 2
 	// Does not run; reason and retry_after say why and when to retry.
 	Decision_REJECTED Decision = 3
+	// A deferrable request that cannot run now: it waits in the durable
+	// backlog under ticket_id and runs, on a worker that claims it, within
+	// its defer_within; reason says what holds it back.
+	Decision_DEFERRED Decision = 4
 )
 
 // Enum value maps for Decision.
@@ -109,12 +113,14 @@ var (
 		1: "ADMITTED",
 		2: "DEGRADED",
 		3: "REJECTED",
+		4: "DEFERRED",
 	}
 	Decision_value = map[string]int32{
 		"DECISION_UNSPECIFIED": 0,
 		"ADMITTED":             1,
 		"DEGRADED":             2,
 		"REJECTED":             3,
+		"DEFERRED":             4,
 	}
 )
 
@@ -182,6 +188,9 @@ const (
 	// can ever lend (its burst plus its burst credit): no retry can pass, so
 	// retry_after is absent. Split the request, or raise the tenant's limit.
 	Reason_REASON_REQUEST_TOO_LARGE Reason = 13
+	// On DEFERRED answers: interactive requests are waiting, or the capacity
+	// left is the headroom kept for them.
+	Reason_REASON_INTERACTIVE_FIRST Reason = 14
 )
 
 // Enum value maps for Reason.
@@ -201,6 +210,7 @@ var (
 		11: "REASON_STATE_UNAVAILABLE",
 		12: "REASON_BURST_CREDIT_FROZEN",
 		13: "REASON_REQUEST_TOO_LARGE",
+		14: "REASON_INTERACTIVE_FIRST",
 	}
 	Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED":            0,
@@ -217,6 +227,7 @@ var (
 		"REASON_STATE_UNAVAILABLE":      11,
 		"REASON_BURST_CREDIT_FROZEN":    12,
 		"REASON_REQUEST_TOO_LARGE":      13,
+		"REASON_INTERACTIVE_FIRST":      14,
 	}
 )
 
@@ -300,6 +311,70 @@ func (Outcome) EnumDescriptor() ([]byte, []int) {
 	return file_admission_proto_rawDescGZIP(), []int{3}
 }
 
+// TicketState is where a deferred request stands.
+type TicketState int32
+
+const (
+	TicketState_TICKET_STATE_UNSPECIFIED TicketState = 0
+	// In the backlog, waiting for capacity and a worker.
+	TicketState_TICKET_PENDING TicketState = 1
+	// Admitted and handed to a worker; its lease is live.
+	TicketState_TICKET_CLAIMED TicketState = 2
+	// The worker released its lease.
+	TicketState_TICKET_DONE TicketState = 3
+	// defer_within passed before it was admitted (reason says why).
+	TicketState_TICKET_EXPIRED TicketState = 4
+	// The submitter cancelled it.
+	TicketState_TICKET_CANCELLED TicketState = 5
+)
+
+// Enum value maps for TicketState.
+var (
+	TicketState_name = map[int32]string{
+		0: "TICKET_STATE_UNSPECIFIED",
+		1: "TICKET_PENDING",
+		2: "TICKET_CLAIMED",
+		3: "TICKET_DONE",
+		4: "TICKET_EXPIRED",
+		5: "TICKET_CANCELLED",
+	}
+	TicketState_value = map[string]int32{
+		"TICKET_STATE_UNSPECIFIED": 0,
+		"TICKET_PENDING":           1,
+		"TICKET_CLAIMED":           2,
+		"TICKET_DONE":              3,
+		"TICKET_EXPIRED":           4,
+		"TICKET_CANCELLED":         5,
+	}
+)
+
+func (x TicketState) Enum() *TicketState {
+	p := new(TicketState)
+	*p = x
+	return p
+}
+
+func (x TicketState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TicketState) Descriptor() protoreflect.EnumDescriptor {
+	return file_admission_proto_enumTypes[4].Descriptor()
+}
+
+func (TicketState) Type() protoreflect.EnumType {
+	return &file_admission_proto_enumTypes[4]
+}
+
+func (x TicketState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TicketState.Descriptor instead.
+func (TicketState) EnumDescriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{4}
+}
+
 // AdmitRequest asks to run one inference request.
 type AdmitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -322,8 +397,15 @@ type AdmitRequest struct {
 	// cache (a prefix-aware router knows): prefill is charged on the others.
 	// At most prompt_tokens; 0 means none.
 	ExpectedCachedTokens int64 `protobuf:"varint,8,opt,name=expected_cached_tokens,json=expectedCachedTokens,proto3" json:"expected_cached_tokens,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Deferrable work (batch inference, evaluations) that cannot run now is
+	// answered DEFERRED with a ticket instead of waiting in the queue or
+	// being refused, and waits up to defer_within (absent: deferral's
+	// default; at most its max_within) for capacity interactive traffic
+	// leaves.
+	Deferrable    bool                 `protobuf:"varint,9,opt,name=deferrable,proto3" json:"deferrable,omitempty"`
+	DeferWithin   *durationpb.Duration `protobuf:"bytes,10,opt,name=defer_within,json=deferWithin,proto3" json:"defer_within,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AdmitRequest) Reset() {
@@ -412,6 +494,20 @@ func (x *AdmitRequest) GetExpectedCachedTokens() int64 {
 	return 0
 }
 
+func (x *AdmitRequest) GetDeferrable() bool {
+	if x != nil {
+		return x.Deferrable
+	}
+	return false
+}
+
+func (x *AdmitRequest) GetDeferWithin() *durationpb.Duration {
+	if x != nil {
+		return x.DeferWithin
+	}
+	return nil
+}
+
 // AdmitResponse is the answer to an Admit call.
 type AdmitResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -432,7 +528,12 @@ type AdmitResponse struct {
 	// Time spent waiting in the fair queue. Absent: none.
 	Queued *durationpb.Duration `protobuf:"bytes,8,opt,name=queued,proto3" json:"queued,omitempty"`
 	// Labels describing how the decision was reached.
-	Trace         *Trace `protobuf:"bytes,9,opt,name=trace,proto3" json:"trace,omitempty"`
+	Trace *Trace `protobuf:"bytes,9,opt,name=trace,proto3" json:"trace,omitempty"`
+	// On DEFERRED answers: the ticket for GetTicket and CancelTicket.
+	TicketId string `protobuf:"bytes,10,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	// A human-readable detail where the reason alone is not enough (a full
+	// backlog says how full).
+	Message       string `protobuf:"bytes,11,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -530,6 +631,359 @@ func (x *AdmitResponse) GetTrace() *Trace {
 	return nil
 }
 
+func (x *AdmitResponse) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+func (x *AdmitResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ClaimRequest opens a worker's stream of deferred work.
+type ClaimRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When not empty, only these tenants' work (within the principal's).
+	Tenants []string `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// When not empty, only work for these models.
+	Models []string `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty"`
+	// Unreleased tickets the worker holds at most; 0 means 1.
+	MaxInFlight   int32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimRequest) Reset() {
+	*x = ClaimRequest{}
+	mi := &file_admission_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimRequest) ProtoMessage() {}
+
+func (x *ClaimRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimRequest.ProtoReflect.Descriptor instead.
+func (*ClaimRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ClaimRequest) GetTenants() []string {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *ClaimRequest) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *ClaimRequest) GetMaxInFlight() int32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+// ClaimedWork is one deferred request admitted for a worker.
+type ClaimedWork struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ticket, now TICKET_CLAIMED.
+	Ticket *Ticket `protobuf:"bytes,1,opt,name=ticket,proto3" json:"ticket,omitempty"`
+	// The admission, as Admit answers it: lease_id to Release, domain, model.
+	Admission     *AdmitResponse `protobuf:"bytes,2,opt,name=admission,proto3" json:"admission,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimedWork) Reset() {
+	*x = ClaimedWork{}
+	mi := &file_admission_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimedWork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimedWork) ProtoMessage() {}
+
+func (x *ClaimedWork) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimedWork.ProtoReflect.Descriptor instead.
+func (*ClaimedWork) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ClaimedWork) GetTicket() *Ticket {
+	if x != nil {
+		return x.Ticket
+	}
+	return nil
+}
+
+func (x *ClaimedWork) GetAdmission() *AdmitResponse {
+	if x != nil {
+		return x.Admission
+	}
+	return nil
+}
+
+// GetTicketRequest names a ticket.
+type GetTicketRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TicketId      string                 `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTicketRequest) Reset() {
+	*x = GetTicketRequest{}
+	mi := &file_admission_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTicketRequest) ProtoMessage() {}
+
+func (x *GetTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTicketRequest.ProtoReflect.Descriptor instead.
+func (*GetTicketRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetTicketRequest) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+// CancelTicketRequest names a ticket to cancel.
+type CancelTicketRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TicketId      string                 `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTicketRequest) Reset() {
+	*x = CancelTicketRequest{}
+	mi := &file_admission_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTicketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTicketRequest) ProtoMessage() {}
+
+func (x *CancelTicketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTicketRequest.ProtoReflect.Descriptor instead.
+func (*CancelTicketRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CancelTicketRequest) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+// Ticket is a deferred request and where it stands.
+type Ticket struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TicketId string                 `protobuf:"bytes,1,opt,name=ticket_id,json=ticketId,proto3" json:"ticket_id,omitempty"`
+	State    TicketState            `protobuf:"varint,2,opt,name=state,proto3,enum=sluice.admission.v1.TicketState" json:"state,omitempty"`
+	// The request as submitted.
+	Request *AdmitRequest          `protobuf:"bytes,3,opt,name=request,proto3" json:"request,omitempty"`
+	Created *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	// created + defer_within: still pending then, it expires.
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// On pending tickets: what holds it back now.
+	WaitingOn Reason `protobuf:"varint,6,opt,name=waiting_on,json=waitingOn,proto3,enum=sluice.admission.v1.Reason" json:"waiting_on,omitempty"`
+	// On claimed tickets: the lease and where it runs.
+	LeaseId string `protobuf:"bytes,7,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	Domain  string `protobuf:"bytes,8,opt,name=domain,proto3" json:"domain,omitempty"`
+	Model   string `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
+	// On final tickets: when, and (expired, cancelled) why.
+	Finished      *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=finished,proto3" json:"finished,omitempty"`
+	Reason        string                 `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Ticket) Reset() {
+	*x = Ticket{}
+	mi := &file_admission_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Ticket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Ticket) ProtoMessage() {}
+
+func (x *Ticket) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Ticket.ProtoReflect.Descriptor instead.
+func (*Ticket) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Ticket) GetTicketId() string {
+	if x != nil {
+		return x.TicketId
+	}
+	return ""
+}
+
+func (x *Ticket) GetState() TicketState {
+	if x != nil {
+		return x.State
+	}
+	return TicketState_TICKET_STATE_UNSPECIFIED
+}
+
+func (x *Ticket) GetRequest() *AdmitRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *Ticket) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *Ticket) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *Ticket) GetWaitingOn() Reason {
+	if x != nil {
+		return x.WaitingOn
+	}
+	return Reason_REASON_UNSPECIFIED
+}
+
+func (x *Ticket) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *Ticket) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *Ticket) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Ticket) GetFinished() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Finished
+	}
+	return nil
+}
+
+func (x *Ticket) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // Trace holds the labels every answer carries.
 type Trace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -573,7 +1027,7 @@ type Trace struct {
 
 func (x *Trace) Reset() {
 	*x = Trace{}
-	mi := &file_admission_proto_msgTypes[2]
+	mi := &file_admission_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +1039,7 @@ func (x *Trace) String() string {
 func (*Trace) ProtoMessage() {}
 
 func (x *Trace) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[2]
+	mi := &file_admission_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +1052,7 @@ func (x *Trace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Trace.ProtoReflect.Descriptor instead.
 func (*Trace) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{2}
+	return file_admission_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Trace) GetTenant() string {
@@ -737,7 +1191,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_admission_proto_msgTypes[3]
+	mi := &file_admission_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -749,7 +1203,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[3]
+	mi := &file_admission_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -762,7 +1216,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{3}
+	return file_admission_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseRequest) GetLeaseId() string {
@@ -837,7 +1291,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_admission_proto_msgTypes[4]
+	mi := &file_admission_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +1303,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[4]
+	mi := &file_admission_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1316,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{4}
+	return file_admission_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseResponse) GetDomain() string {
@@ -976,7 +1430,7 @@ type DomainInfo struct {
 
 func (x *DomainInfo) Reset() {
 	*x = DomainInfo{}
-	mi := &file_admission_proto_msgTypes[5]
+	mi := &file_admission_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1442,7 @@ func (x *DomainInfo) String() string {
 func (*DomainInfo) ProtoMessage() {}
 
 func (x *DomainInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[5]
+	mi := &file_admission_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1455,7 @@ func (x *DomainInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DomainInfo.ProtoReflect.Descriptor instead.
 func (*DomainInfo) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{5}
+	return file_admission_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DomainInfo) GetId() string {
@@ -1246,7 +1700,7 @@ type TenantInfo struct {
 
 func (x *TenantInfo) Reset() {
 	*x = TenantInfo{}
-	mi := &file_admission_proto_msgTypes[6]
+	mi := &file_admission_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1712,7 @@ func (x *TenantInfo) String() string {
 func (*TenantInfo) ProtoMessage() {}
 
 func (x *TenantInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[6]
+	mi := &file_admission_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1725,7 @@ func (x *TenantInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantInfo.ProtoReflect.Descriptor instead.
 func (*TenantInfo) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{6}
+	return file_admission_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TenantInfo) GetName() string {
@@ -1388,7 +1842,7 @@ type ListDomainsRequest struct {
 
 func (x *ListDomainsRequest) Reset() {
 	*x = ListDomainsRequest{}
-	mi := &file_admission_proto_msgTypes[7]
+	mi := &file_admission_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1854,7 @@ func (x *ListDomainsRequest) String() string {
 func (*ListDomainsRequest) ProtoMessage() {}
 
 func (x *ListDomainsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[7]
+	mi := &file_admission_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1867,7 @@ func (x *ListDomainsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDomainsRequest.ProtoReflect.Descriptor instead.
 func (*ListDomainsRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{7}
+	return file_admission_proto_rawDescGZIP(), []int{12}
 }
 
 // ListDomainsResponse lists every domain.
@@ -1429,7 +1883,7 @@ type ListDomainsResponse struct {
 
 func (x *ListDomainsResponse) Reset() {
 	*x = ListDomainsResponse{}
-	mi := &file_admission_proto_msgTypes[8]
+	mi := &file_admission_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1895,7 @@ func (x *ListDomainsResponse) String() string {
 func (*ListDomainsResponse) ProtoMessage() {}
 
 func (x *ListDomainsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[8]
+	mi := &file_admission_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1908,7 @@ func (x *ListDomainsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDomainsResponse.ProtoReflect.Descriptor instead.
 func (*ListDomainsResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{8}
+	return file_admission_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListDomainsResponse) GetDomains() []*DomainInfo {
@@ -1484,7 +1938,7 @@ type CreditFreeze struct {
 
 func (x *CreditFreeze) Reset() {
 	*x = CreditFreeze{}
-	mi := &file_admission_proto_msgTypes[9]
+	mi := &file_admission_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1950,7 @@ func (x *CreditFreeze) String() string {
 func (*CreditFreeze) ProtoMessage() {}
 
 func (x *CreditFreeze) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[9]
+	mi := &file_admission_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1963,7 @@ func (x *CreditFreeze) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreditFreeze.ProtoReflect.Descriptor instead.
 func (*CreditFreeze) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{9}
+	return file_admission_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreditFreeze) GetUntil() *timestamppb.Timestamp {
@@ -1539,7 +1993,7 @@ type FreezeBurstCreditRequest struct {
 
 func (x *FreezeBurstCreditRequest) Reset() {
 	*x = FreezeBurstCreditRequest{}
-	mi := &file_admission_proto_msgTypes[10]
+	mi := &file_admission_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +2005,7 @@ func (x *FreezeBurstCreditRequest) String() string {
 func (*FreezeBurstCreditRequest) ProtoMessage() {}
 
 func (x *FreezeBurstCreditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[10]
+	mi := &file_admission_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +2018,7 @@ func (x *FreezeBurstCreditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeBurstCreditRequest.ProtoReflect.Descriptor instead.
 func (*FreezeBurstCreditRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{10}
+	return file_admission_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FreezeBurstCreditRequest) GetDuration() *durationpb.Duration {
@@ -1592,7 +2046,7 @@ type FreezeBurstCreditResponse struct {
 
 func (x *FreezeBurstCreditResponse) Reset() {
 	*x = FreezeBurstCreditResponse{}
-	mi := &file_admission_proto_msgTypes[11]
+	mi := &file_admission_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1604,7 +2058,7 @@ func (x *FreezeBurstCreditResponse) String() string {
 func (*FreezeBurstCreditResponse) ProtoMessage() {}
 
 func (x *FreezeBurstCreditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[11]
+	mi := &file_admission_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1617,7 +2071,7 @@ func (x *FreezeBurstCreditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FreezeBurstCreditResponse.ProtoReflect.Descriptor instead.
 func (*FreezeBurstCreditResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{11}
+	return file_admission_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FreezeBurstCreditResponse) GetFreeze() *CreditFreeze {
@@ -1636,7 +2090,7 @@ type ThawBurstCreditRequest struct {
 
 func (x *ThawBurstCreditRequest) Reset() {
 	*x = ThawBurstCreditRequest{}
-	mi := &file_admission_proto_msgTypes[12]
+	mi := &file_admission_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +2102,7 @@ func (x *ThawBurstCreditRequest) String() string {
 func (*ThawBurstCreditRequest) ProtoMessage() {}
 
 func (x *ThawBurstCreditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[12]
+	mi := &file_admission_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,7 +2115,7 @@ func (x *ThawBurstCreditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThawBurstCreditRequest.ProtoReflect.Descriptor instead.
 func (*ThawBurstCreditRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{12}
+	return file_admission_proto_rawDescGZIP(), []int{17}
 }
 
 // ThawBurstCreditResponse says whether a freeze was in force.
@@ -1675,7 +2129,7 @@ type ThawBurstCreditResponse struct {
 
 func (x *ThawBurstCreditResponse) Reset() {
 	*x = ThawBurstCreditResponse{}
-	mi := &file_admission_proto_msgTypes[13]
+	mi := &file_admission_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1687,7 +2141,7 @@ func (x *ThawBurstCreditResponse) String() string {
 func (*ThawBurstCreditResponse) ProtoMessage() {}
 
 func (x *ThawBurstCreditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[13]
+	mi := &file_admission_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1700,7 +2154,7 @@ func (x *ThawBurstCreditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThawBurstCreditResponse.ProtoReflect.Descriptor instead.
 func (*ThawBurstCreditResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{13}
+	return file_admission_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ThawBurstCreditResponse) GetWasFrozen() bool {
@@ -1723,7 +2177,7 @@ type DrainDomainRequest struct {
 
 func (x *DrainDomainRequest) Reset() {
 	*x = DrainDomainRequest{}
-	mi := &file_admission_proto_msgTypes[14]
+	mi := &file_admission_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1735,7 +2189,7 @@ func (x *DrainDomainRequest) String() string {
 func (*DrainDomainRequest) ProtoMessage() {}
 
 func (x *DrainDomainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[14]
+	mi := &file_admission_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1748,7 +2202,7 @@ func (x *DrainDomainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainDomainRequest.ProtoReflect.Descriptor instead.
 func (*DrainDomainRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{14}
+	return file_admission_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DrainDomainRequest) GetDomain() string {
@@ -1776,7 +2230,7 @@ type DrainDomainResponse struct {
 
 func (x *DrainDomainResponse) Reset() {
 	*x = DrainDomainResponse{}
-	mi := &file_admission_proto_msgTypes[15]
+	mi := &file_admission_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1788,7 +2242,7 @@ func (x *DrainDomainResponse) String() string {
 func (*DrainDomainResponse) ProtoMessage() {}
 
 func (x *DrainDomainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[15]
+	mi := &file_admission_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1801,7 +2255,7 @@ func (x *DrainDomainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainDomainResponse.ProtoReflect.Descriptor instead.
 func (*DrainDomainResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{15}
+	return file_admission_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DrainDomainResponse) GetDomain() *DomainInfo {
@@ -1822,7 +2276,7 @@ type UndrainDomainRequest struct {
 
 func (x *UndrainDomainRequest) Reset() {
 	*x = UndrainDomainRequest{}
-	mi := &file_admission_proto_msgTypes[16]
+	mi := &file_admission_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +2288,7 @@ func (x *UndrainDomainRequest) String() string {
 func (*UndrainDomainRequest) ProtoMessage() {}
 
 func (x *UndrainDomainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[16]
+	mi := &file_admission_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +2301,7 @@ func (x *UndrainDomainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainDomainRequest.ProtoReflect.Descriptor instead.
 func (*UndrainDomainRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{16}
+	return file_admission_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UndrainDomainRequest) GetDomain() string {
@@ -1868,7 +2322,7 @@ type UndrainDomainResponse struct {
 
 func (x *UndrainDomainResponse) Reset() {
 	*x = UndrainDomainResponse{}
-	mi := &file_admission_proto_msgTypes[17]
+	mi := &file_admission_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1880,7 +2334,7 @@ func (x *UndrainDomainResponse) String() string {
 func (*UndrainDomainResponse) ProtoMessage() {}
 
 func (x *UndrainDomainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[17]
+	mi := &file_admission_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1893,7 +2347,7 @@ func (x *UndrainDomainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainDomainResponse.ProtoReflect.Descriptor instead.
 func (*UndrainDomainResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{17}
+	return file_admission_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UndrainDomainResponse) GetDomain() *DomainInfo {
@@ -1919,7 +2373,7 @@ type ListTenantsRequest struct {
 
 func (x *ListTenantsRequest) Reset() {
 	*x = ListTenantsRequest{}
-	mi := &file_admission_proto_msgTypes[18]
+	mi := &file_admission_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1931,7 +2385,7 @@ func (x *ListTenantsRequest) String() string {
 func (*ListTenantsRequest) ProtoMessage() {}
 
 func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[18]
+	mi := &file_admission_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1944,7 +2398,7 @@ func (x *ListTenantsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsRequest.ProtoReflect.Descriptor instead.
 func (*ListTenantsRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{18}
+	return file_admission_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListTenantsRequest) GetPageSize() int32 {
@@ -1974,7 +2428,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_admission_proto_msgTypes[19]
+	mi := &file_admission_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2440,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[19]
+	mi := &file_admission_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2453,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{19}
+	return file_admission_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*TenantInfo {
@@ -2027,7 +2481,7 @@ type GetTenantRequest struct {
 
 func (x *GetTenantRequest) Reset() {
 	*x = GetTenantRequest{}
-	mi := &file_admission_proto_msgTypes[20]
+	mi := &file_admission_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2493,7 @@ func (x *GetTenantRequest) String() string {
 func (*GetTenantRequest) ProtoMessage() {}
 
 func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[20]
+	mi := &file_admission_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2506,7 @@ func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{20}
+	return file_admission_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetTenantRequest) GetName() string {
@@ -2073,7 +2527,7 @@ type GetTenantResponse struct {
 
 func (x *GetTenantResponse) Reset() {
 	*x = GetTenantResponse{}
-	mi := &file_admission_proto_msgTypes[21]
+	mi := &file_admission_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2539,7 @@ func (x *GetTenantResponse) String() string {
 func (*GetTenantResponse) ProtoMessage() {}
 
 func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[21]
+	mi := &file_admission_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2552,7 @@ func (x *GetTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantResponse.ProtoReflect.Descriptor instead.
 func (*GetTenantResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{21}
+	return file_admission_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetTenantResponse) GetTenant() *TenantInfo {
@@ -2117,7 +2571,7 @@ type GetConfigStatusRequest struct {
 
 func (x *GetConfigStatusRequest) Reset() {
 	*x = GetConfigStatusRequest{}
-	mi := &file_admission_proto_msgTypes[22]
+	mi := &file_admission_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2583,7 @@ func (x *GetConfigStatusRequest) String() string {
 func (*GetConfigStatusRequest) ProtoMessage() {}
 
 func (x *GetConfigStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[22]
+	mi := &file_admission_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2596,7 @@ func (x *GetConfigStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConfigStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetConfigStatusRequest) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{22}
+	return file_admission_proto_rawDescGZIP(), []int{27}
 }
 
 // ConfigRefusal is a config document that was refused; the last good one
@@ -2165,7 +2619,7 @@ type ConfigRefusal struct {
 
 func (x *ConfigRefusal) Reset() {
 	*x = ConfigRefusal{}
-	mi := &file_admission_proto_msgTypes[23]
+	mi := &file_admission_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2177,7 +2631,7 @@ func (x *ConfigRefusal) String() string {
 func (*ConfigRefusal) ProtoMessage() {}
 
 func (x *ConfigRefusal) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[23]
+	mi := &file_admission_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2190,7 +2644,7 @@ func (x *ConfigRefusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigRefusal.ProtoReflect.Descriptor instead.
 func (*ConfigRefusal) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{23}
+	return file_admission_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ConfigRefusal) GetSource() string {
@@ -2257,7 +2711,7 @@ type GetConfigStatusResponse struct {
 
 func (x *GetConfigStatusResponse) Reset() {
 	*x = GetConfigStatusResponse{}
-	mi := &file_admission_proto_msgTypes[24]
+	mi := &file_admission_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2723,7 @@ func (x *GetConfigStatusResponse) String() string {
 func (*GetConfigStatusResponse) ProtoMessage() {}
 
 func (x *GetConfigStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[24]
+	mi := &file_admission_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2736,7 @@ func (x *GetConfigStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConfigStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetConfigStatusResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{24}
+	return file_admission_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetConfigStatusResponse) GetSource() string {
@@ -2354,7 +2808,7 @@ type SharedShard struct {
 
 func (x *SharedShard) Reset() {
 	*x = SharedShard{}
-	mi := &file_admission_proto_msgTypes[25]
+	mi := &file_admission_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2820,7 @@ func (x *SharedShard) String() string {
 func (*SharedShard) ProtoMessage() {}
 
 func (x *SharedShard) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[25]
+	mi := &file_admission_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2833,7 @@ func (x *SharedShard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharedShard.ProtoReflect.Descriptor instead.
 func (*SharedShard) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{25}
+	return file_admission_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SharedShard) GetName() string {
@@ -2424,7 +2878,7 @@ type ExplainAdmitResponse struct {
 
 func (x *ExplainAdmitResponse) Reset() {
 	*x = ExplainAdmitResponse{}
-	mi := &file_admission_proto_msgTypes[26]
+	mi := &file_admission_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2436,7 +2890,7 @@ func (x *ExplainAdmitResponse) String() string {
 func (*ExplainAdmitResponse) ProtoMessage() {}
 
 func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[26]
+	mi := &file_admission_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2449,7 +2903,7 @@ func (x *ExplainAdmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExplainAdmitResponse.ProtoReflect.Descriptor instead.
 func (*ExplainAdmitResponse) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{26}
+	return file_admission_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExplainAdmitResponse) GetOutcome() string {
@@ -2534,7 +2988,7 @@ type GateCheck struct {
 
 func (x *GateCheck) Reset() {
 	*x = GateCheck{}
-	mi := &file_admission_proto_msgTypes[27]
+	mi := &file_admission_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +3000,7 @@ func (x *GateCheck) String() string {
 func (*GateCheck) ProtoMessage() {}
 
 func (x *GateCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[27]
+	mi := &file_admission_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +3013,7 @@ func (x *GateCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GateCheck.ProtoReflect.Descriptor instead.
 func (*GateCheck) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{27}
+	return file_admission_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GateCheck) GetGate() string {
@@ -2620,7 +3074,7 @@ type PlacementCheck struct {
 
 func (x *PlacementCheck) Reset() {
 	*x = PlacementCheck{}
-	mi := &file_admission_proto_msgTypes[28]
+	mi := &file_admission_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2632,7 +3086,7 @@ func (x *PlacementCheck) String() string {
 func (*PlacementCheck) ProtoMessage() {}
 
 func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_admission_proto_msgTypes[28]
+	mi := &file_admission_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2645,7 +3099,7 @@ func (x *PlacementCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlacementCheck.ProtoReflect.Descriptor instead.
 func (*PlacementCheck) Descriptor() ([]byte, []int) {
-	return file_admission_proto_rawDescGZIP(), []int{28}
+	return file_admission_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PlacementCheck) GetModel() string {
@@ -2687,7 +3141,7 @@ var File_admission_proto protoreflect.FileDescriptor
 
 const file_admission_proto_rawDesc = "" +
 	"\n" +
-	"\x0fadmission.proto\x12\x13sluice.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x02\n" +
+	"\x0fadmission.proto\x12\x13sluice.admission.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x03\n" +
 	"\fAdmitRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -2697,7 +3151,12 @@ const file_admission_proto_rawDesc = "" +
 	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\x129\n" +
 	"\bpriority\x18\x06 \x01(\x0e2\x1d.sluice.admission.v1.PriorityR\bpriority\x12)\n" +
 	"\x10accept_downgrade\x18\a \x03(\tR\x0facceptDowngrade\x124\n" +
-	"\x16expected_cached_tokens\x18\b \x01(\x03R\x14expectedCachedTokens\"\x90\x03\n" +
+	"\x16expected_cached_tokens\x18\b \x01(\x03R\x14expectedCachedTokens\x12\x1e\n" +
+	"\n" +
+	"deferrable\x18\t \x01(\bR\n" +
+	"deferrable\x12<\n" +
+	"\fdefer_within\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\vdeferWithin\"\xc7\x03\n" +
 	"\rAdmitResponse\x129\n" +
 	"\bdecision\x18\x01 \x01(\x0e2\x1d.sluice.admission.v1.DecisionR\bdecision\x123\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\x06reason\x12:\n" +
@@ -2708,7 +3167,35 @@ const file_admission_proto_rawDesc = "" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
 	"\x0edowngrade_path\x18\a \x03(\tR\rdowngradePath\x121\n" +
 	"\x06queued\x18\b \x01(\v2\x19.google.protobuf.DurationR\x06queued\x120\n" +
-	"\x05trace\x18\t \x01(\v2\x1a.sluice.admission.v1.TraceR\x05trace\"\xbb\x04\n" +
+	"\x05trace\x18\t \x01(\v2\x1a.sluice.admission.v1.TraceR\x05trace\x12\x1b\n" +
+	"\tticket_id\x18\n" +
+	" \x01(\tR\bticketId\x12\x18\n" +
+	"\amessage\x18\v \x01(\tR\amessage\"d\n" +
+	"\fClaimRequest\x12\x18\n" +
+	"\atenants\x18\x01 \x03(\tR\atenants\x12\x16\n" +
+	"\x06models\x18\x02 \x03(\tR\x06models\x12\"\n" +
+	"\rmax_in_flight\x18\x03 \x01(\x05R\vmaxInFlight\"\x84\x01\n" +
+	"\vClaimedWork\x123\n" +
+	"\x06ticket\x18\x01 \x01(\v2\x1b.sluice.admission.v1.TicketR\x06ticket\x12@\n" +
+	"\tadmission\x18\x02 \x01(\v2\".sluice.admission.v1.AdmitResponseR\tadmission\"/\n" +
+	"\x10GetTicketRequest\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\"2\n" +
+	"\x13CancelTicketRequest\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\"\xdd\x03\n" +
+	"\x06Ticket\x12\x1b\n" +
+	"\tticket_id\x18\x01 \x01(\tR\bticketId\x126\n" +
+	"\x05state\x18\x02 \x01(\x0e2 .sluice.admission.v1.TicketStateR\x05state\x12;\n" +
+	"\arequest\x18\x03 \x01(\v2!.sluice.admission.v1.AdmitRequestR\arequest\x124\n" +
+	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x126\n" +
+	"\bdeadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12:\n" +
+	"\n" +
+	"waiting_on\x18\x06 \x01(\x0e2\x1b.sluice.admission.v1.ReasonR\twaitingOn\x12\x19\n" +
+	"\blease_id\x18\a \x01(\tR\aleaseId\x12\x16\n" +
+	"\x06domain\x18\b \x01(\tR\x06domain\x12\x14\n" +
+	"\x05model\x18\t \x01(\tR\x05model\x126\n" +
+	"\bfinished\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\bfinished\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\"\xbb\x04\n" +
 	"\x05Trace\x12\x16\n" +
 	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -2881,12 +3368,13 @@ const file_admission_proto_rawDesc = "" +
 	"\bPriority\x12\x18\n" +
 	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fPRIORITY_NORMAL\x10\x01\x12\x15\n" +
-	"\x11PRIORITY_CRITICAL\x10\x02*N\n" +
+	"\x11PRIORITY_CRITICAL\x10\x02*\\\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bADMITTED\x10\x01\x12\f\n" +
 	"\bDEGRADED\x10\x02\x12\f\n" +
-	"\bREJECTED\x10\x03*\x9e\x03\n" +
+	"\bREJECTED\x10\x03\x12\f\n" +
+	"\bDEFERRED\x10\x04*\xbc\x03\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15REASON_QUOTA_EXCEEDED\x10\x01\x12\x1c\n" +
@@ -2902,15 +3390,26 @@ const file_admission_proto_rawDesc = "" +
 	"\x12\x1c\n" +
 	"\x18REASON_STATE_UNAVAILABLE\x10\v\x12\x1e\n" +
 	"\x1aREASON_BURST_CREDIT_FROZEN\x10\f\x12\x1c\n" +
-	"\x18REASON_REQUEST_TOO_LARGE\x10\r*E\n" +
+	"\x18REASON_REQUEST_TOO_LARGE\x10\r\x12\x1c\n" +
+	"\x18REASON_INTERACTIVE_FIRST\x10\x0e*E\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x0e\n" +
 	"\n" +
 	"OUTCOME_OK\x10\x01\x12\x11\n" +
-	"\rOUTCOME_ERROR\x10\x022\xb1\x01\n" +
+	"\rOUTCOME_ERROR\x10\x02*\x8e\x01\n" +
+	"\vTicketState\x12\x1c\n" +
+	"\x18TICKET_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eTICKET_PENDING\x10\x01\x12\x12\n" +
+	"\x0eTICKET_CLAIMED\x10\x02\x12\x0f\n" +
+	"\vTICKET_DONE\x10\x03\x12\x12\n" +
+	"\x0eTICKET_EXPIRED\x10\x04\x12\x14\n" +
+	"\x10TICKET_CANCELLED\x10\x052\xa9\x03\n" +
 	"\tAdmission\x12N\n" +
 	"\x05Admit\x12!.sluice.admission.v1.AdmitRequest\x1a\".sluice.admission.v1.AdmitResponse\x12T\n" +
-	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse2\xa2\a\n" +
+	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse\x12N\n" +
+	"\x05Claim\x12!.sluice.admission.v1.ClaimRequest\x1a .sluice.admission.v1.ClaimedWork0\x01\x12O\n" +
+	"\tGetTicket\x12%.sluice.admission.v1.GetTicketRequest\x1a\x1b.sluice.admission.v1.Ticket\x12U\n" +
+	"\fCancelTicket\x12(.sluice.admission.v1.CancelTicketRequest\x1a\x1b.sluice.admission.v1.Ticket2\xa2\a\n" +
 	"\bOperator\x12`\n" +
 	"\vListDomains\x12'.sluice.admission.v1.ListDomainsRequest\x1a(.sluice.admission.v1.ListDomainsResponse\x12`\n" +
 	"\vDrainDomain\x12'.sluice.admission.v1.DrainDomainRequest\x1a(.sluice.admission.v1.DrainDomainResponse\x12f\n" +
@@ -2934,106 +3433,127 @@ func file_admission_proto_rawDescGZIP() []byte {
 	return file_admission_proto_rawDescData
 }
 
-var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_admission_proto_goTypes = []any{
 	(Priority)(0),                     // 0: sluice.admission.v1.Priority
 	(Decision)(0),                     // 1: sluice.admission.v1.Decision
 	(Reason)(0),                       // 2: sluice.admission.v1.Reason
 	(Outcome)(0),                      // 3: sluice.admission.v1.Outcome
-	(*AdmitRequest)(nil),              // 4: sluice.admission.v1.AdmitRequest
-	(*AdmitResponse)(nil),             // 5: sluice.admission.v1.AdmitResponse
-	(*Trace)(nil),                     // 6: sluice.admission.v1.Trace
-	(*ReleaseRequest)(nil),            // 7: sluice.admission.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 8: sluice.admission.v1.ReleaseResponse
-	(*DomainInfo)(nil),                // 9: sluice.admission.v1.DomainInfo
-	(*TenantInfo)(nil),                // 10: sluice.admission.v1.TenantInfo
-	(*ListDomainsRequest)(nil),        // 11: sluice.admission.v1.ListDomainsRequest
-	(*ListDomainsResponse)(nil),       // 12: sluice.admission.v1.ListDomainsResponse
-	(*CreditFreeze)(nil),              // 13: sluice.admission.v1.CreditFreeze
-	(*FreezeBurstCreditRequest)(nil),  // 14: sluice.admission.v1.FreezeBurstCreditRequest
-	(*FreezeBurstCreditResponse)(nil), // 15: sluice.admission.v1.FreezeBurstCreditResponse
-	(*ThawBurstCreditRequest)(nil),    // 16: sluice.admission.v1.ThawBurstCreditRequest
-	(*ThawBurstCreditResponse)(nil),   // 17: sluice.admission.v1.ThawBurstCreditResponse
-	(*DrainDomainRequest)(nil),        // 18: sluice.admission.v1.DrainDomainRequest
-	(*DrainDomainResponse)(nil),       // 19: sluice.admission.v1.DrainDomainResponse
-	(*UndrainDomainRequest)(nil),      // 20: sluice.admission.v1.UndrainDomainRequest
-	(*UndrainDomainResponse)(nil),     // 21: sluice.admission.v1.UndrainDomainResponse
-	(*ListTenantsRequest)(nil),        // 22: sluice.admission.v1.ListTenantsRequest
-	(*ListTenantsResponse)(nil),       // 23: sluice.admission.v1.ListTenantsResponse
-	(*GetTenantRequest)(nil),          // 24: sluice.admission.v1.GetTenantRequest
-	(*GetTenantResponse)(nil),         // 25: sluice.admission.v1.GetTenantResponse
-	(*GetConfigStatusRequest)(nil),    // 26: sluice.admission.v1.GetConfigStatusRequest
-	(*ConfigRefusal)(nil),             // 27: sluice.admission.v1.ConfigRefusal
-	(*GetConfigStatusResponse)(nil),   // 28: sluice.admission.v1.GetConfigStatusResponse
-	(*SharedShard)(nil),               // 29: sluice.admission.v1.SharedShard
-	(*ExplainAdmitResponse)(nil),      // 30: sluice.admission.v1.ExplainAdmitResponse
-	(*GateCheck)(nil),                 // 31: sluice.admission.v1.GateCheck
-	(*PlacementCheck)(nil),            // 32: sluice.admission.v1.PlacementCheck
-	(*durationpb.Duration)(nil),       // 33: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
+	(TicketState)(0),                  // 4: sluice.admission.v1.TicketState
+	(*AdmitRequest)(nil),              // 5: sluice.admission.v1.AdmitRequest
+	(*AdmitResponse)(nil),             // 6: sluice.admission.v1.AdmitResponse
+	(*ClaimRequest)(nil),              // 7: sluice.admission.v1.ClaimRequest
+	(*ClaimedWork)(nil),               // 8: sluice.admission.v1.ClaimedWork
+	(*GetTicketRequest)(nil),          // 9: sluice.admission.v1.GetTicketRequest
+	(*CancelTicketRequest)(nil),       // 10: sluice.admission.v1.CancelTicketRequest
+	(*Ticket)(nil),                    // 11: sluice.admission.v1.Ticket
+	(*Trace)(nil),                     // 12: sluice.admission.v1.Trace
+	(*ReleaseRequest)(nil),            // 13: sluice.admission.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 14: sluice.admission.v1.ReleaseResponse
+	(*DomainInfo)(nil),                // 15: sluice.admission.v1.DomainInfo
+	(*TenantInfo)(nil),                // 16: sluice.admission.v1.TenantInfo
+	(*ListDomainsRequest)(nil),        // 17: sluice.admission.v1.ListDomainsRequest
+	(*ListDomainsResponse)(nil),       // 18: sluice.admission.v1.ListDomainsResponse
+	(*CreditFreeze)(nil),              // 19: sluice.admission.v1.CreditFreeze
+	(*FreezeBurstCreditRequest)(nil),  // 20: sluice.admission.v1.FreezeBurstCreditRequest
+	(*FreezeBurstCreditResponse)(nil), // 21: sluice.admission.v1.FreezeBurstCreditResponse
+	(*ThawBurstCreditRequest)(nil),    // 22: sluice.admission.v1.ThawBurstCreditRequest
+	(*ThawBurstCreditResponse)(nil),   // 23: sluice.admission.v1.ThawBurstCreditResponse
+	(*DrainDomainRequest)(nil),        // 24: sluice.admission.v1.DrainDomainRequest
+	(*DrainDomainResponse)(nil),       // 25: sluice.admission.v1.DrainDomainResponse
+	(*UndrainDomainRequest)(nil),      // 26: sluice.admission.v1.UndrainDomainRequest
+	(*UndrainDomainResponse)(nil),     // 27: sluice.admission.v1.UndrainDomainResponse
+	(*ListTenantsRequest)(nil),        // 28: sluice.admission.v1.ListTenantsRequest
+	(*ListTenantsResponse)(nil),       // 29: sluice.admission.v1.ListTenantsResponse
+	(*GetTenantRequest)(nil),          // 30: sluice.admission.v1.GetTenantRequest
+	(*GetTenantResponse)(nil),         // 31: sluice.admission.v1.GetTenantResponse
+	(*GetConfigStatusRequest)(nil),    // 32: sluice.admission.v1.GetConfigStatusRequest
+	(*ConfigRefusal)(nil),             // 33: sluice.admission.v1.ConfigRefusal
+	(*GetConfigStatusResponse)(nil),   // 34: sluice.admission.v1.GetConfigStatusResponse
+	(*SharedShard)(nil),               // 35: sluice.admission.v1.SharedShard
+	(*ExplainAdmitResponse)(nil),      // 36: sluice.admission.v1.ExplainAdmitResponse
+	(*GateCheck)(nil),                 // 37: sluice.admission.v1.GateCheck
+	(*PlacementCheck)(nil),            // 38: sluice.admission.v1.PlacementCheck
+	(*durationpb.Duration)(nil),       // 39: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 40: google.protobuf.Timestamp
 }
 var file_admission_proto_depIdxs = []int32{
 	0,  // 0: sluice.admission.v1.AdmitRequest.priority:type_name -> sluice.admission.v1.Priority
-	1,  // 1: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
-	2,  // 2: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	33, // 3: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	33, // 4: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
-	6,  // 5: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
-	33, // 6: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
-	3,  // 7: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	33, // 8: sluice.admission.v1.ReleaseRequest.time_to_first_token:type_name -> google.protobuf.Duration
-	33, // 9: sluice.admission.v1.ReleaseRequest.duration:type_name -> google.protobuf.Duration
-	33, // 10: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	33, // 11: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
-	33, // 12: sluice.admission.v1.DomainInfo.engine_metrics_age:type_name -> google.protobuf.Duration
-	34, // 13: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
-	9,  // 14: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
-	13, // 15: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	34, // 16: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
-	33, // 17: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
-	13, // 18: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
-	9,  // 19: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	9,  // 20: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
-	10, // 21: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
-	10, // 22: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	34, // 23: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	34, // 24: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
-	27, // 25: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
-	13, // 26: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	29, // 27: sluice.admission.v1.GetConfigStatusResponse.shared_shards:type_name -> sluice.admission.v1.SharedShard
-	2,  // 28: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	33, // 29: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	33, // 30: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
-	31, // 31: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
-	32, // 32: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
-	4,  // 33: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	7,  // 34: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	11, // 35: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	18, // 36: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	20, // 37: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	22, // 38: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	24, // 39: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	26, // 40: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	4,  // 41: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
-	14, // 42: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
-	16, // 43: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
-	5,  // 44: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	8,  // 45: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	12, // 46: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	19, // 47: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	21, // 48: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	23, // 49: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	25, // 50: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	28, // 51: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	30, // 52: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
-	15, // 53: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
-	17, // 54: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
-	44, // [44:55] is the sub-list for method output_type
-	33, // [33:44] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	39, // 1: sluice.admission.v1.AdmitRequest.defer_within:type_name -> google.protobuf.Duration
+	1,  // 2: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
+	2,  // 3: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
+	39, // 4: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	39, // 5: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
+	12, // 6: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
+	11, // 7: sluice.admission.v1.ClaimedWork.ticket:type_name -> sluice.admission.v1.Ticket
+	6,  // 8: sluice.admission.v1.ClaimedWork.admission:type_name -> sluice.admission.v1.AdmitResponse
+	4,  // 9: sluice.admission.v1.Ticket.state:type_name -> sluice.admission.v1.TicketState
+	5,  // 10: sluice.admission.v1.Ticket.request:type_name -> sluice.admission.v1.AdmitRequest
+	40, // 11: sluice.admission.v1.Ticket.created:type_name -> google.protobuf.Timestamp
+	40, // 12: sluice.admission.v1.Ticket.deadline:type_name -> google.protobuf.Timestamp
+	2,  // 13: sluice.admission.v1.Ticket.waiting_on:type_name -> sluice.admission.v1.Reason
+	40, // 14: sluice.admission.v1.Ticket.finished:type_name -> google.protobuf.Timestamp
+	39, // 15: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
+	3,  // 16: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
+	39, // 17: sluice.admission.v1.ReleaseRequest.time_to_first_token:type_name -> google.protobuf.Duration
+	39, // 18: sluice.admission.v1.ReleaseRequest.duration:type_name -> google.protobuf.Duration
+	39, // 19: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	39, // 20: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
+	39, // 21: sluice.admission.v1.DomainInfo.engine_metrics_age:type_name -> google.protobuf.Duration
+	40, // 22: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	15, // 23: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
+	19, // 24: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
+	40, // 25: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
+	39, // 26: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
+	19, // 27: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
+	15, // 28: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	15, // 29: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
+	16, // 30: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
+	16, // 31: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
+	40, // 32: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	40, // 33: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	33, // 34: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
+	19, // 35: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
+	35, // 36: sluice.admission.v1.GetConfigStatusResponse.shared_shards:type_name -> sluice.admission.v1.SharedShard
+	2,  // 37: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
+	39, // 38: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	39, // 39: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
+	37, // 40: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
+	38, // 41: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
+	5,  // 42: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	13, // 43: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	7,  // 44: sluice.admission.v1.Admission.Claim:input_type -> sluice.admission.v1.ClaimRequest
+	9,  // 45: sluice.admission.v1.Admission.GetTicket:input_type -> sluice.admission.v1.GetTicketRequest
+	10, // 46: sluice.admission.v1.Admission.CancelTicket:input_type -> sluice.admission.v1.CancelTicketRequest
+	17, // 47: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	24, // 48: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	26, // 49: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	28, // 50: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	30, // 51: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	32, // 52: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	5,  // 53: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
+	20, // 54: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
+	22, // 55: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
+	6,  // 56: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	14, // 57: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	8,  // 58: sluice.admission.v1.Admission.Claim:output_type -> sluice.admission.v1.ClaimedWork
+	11, // 59: sluice.admission.v1.Admission.GetTicket:output_type -> sluice.admission.v1.Ticket
+	11, // 60: sluice.admission.v1.Admission.CancelTicket:output_type -> sluice.admission.v1.Ticket
+	18, // 61: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	25, // 62: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	27, // 63: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	29, // 64: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	31, // 65: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	34, // 66: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	36, // 67: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
+	21, // 68: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
+	23, // 69: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
+	56, // [56:70] is the sub-list for method output_type
+	42, // [42:56] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
@@ -3046,8 +3566,8 @@ func file_admission_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admission_proto_rawDesc), len(file_admission_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   29,
+			NumEnums:      5,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

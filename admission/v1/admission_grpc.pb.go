@@ -30,8 +30,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admission_Admit_FullMethodName   = "/sluice.admission.v1.Admission/Admit"
-	Admission_Release_FullMethodName = "/sluice.admission.v1.Admission/Release"
+	Admission_Admit_FullMethodName        = "/sluice.admission.v1.Admission/Admit"
+	Admission_Release_FullMethodName      = "/sluice.admission.v1.Admission/Release"
+	Admission_Claim_FullMethodName        = "/sluice.admission.v1.Admission/Claim"
+	Admission_GetTicket_FullMethodName    = "/sluice.admission.v1.Admission/GetTicket"
+	Admission_CancelTicket_FullMethodName = "/sluice.admission.v1.Admission/CancelTicket"
 )
 
 // AdmissionClient is the client API for Admission service.
@@ -50,6 +53,19 @@ type AdmissionClient interface {
 	// outcome. An unknown, already released or expired lease is NOT_FOUND, and
 	// so, in the same words, is a lease of a tenant the caller does not serve.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Claim is a worker's stream of deferred work: each ClaimedWork is a
+	// ticket admitted for it (its request, lease, domain and model), settled
+	// with Release as usual. A worker holds at most max_in_flight unreleased
+	// tickets; one it never releases is delivered again after the lease TTL.
+	// A worker is a router-role principal, served only its bound tenants.
+	Claim(ctx context.Context, in *ClaimRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ClaimedWork], error)
+	// GetTicket says where a deferred request stands. An unknown ticket is
+	// NOT_FOUND.
+	GetTicket(ctx context.Context, in *GetTicketRequest, opts ...grpc.CallOption) (*Ticket, error)
+	// CancelTicket ends a pending ticket; a claimed one is
+	// FAILED_PRECONDITION (its worker releases it), a final one is returned
+	// as it is.
+	CancelTicket(ctx context.Context, in *CancelTicketRequest, opts ...grpc.CallOption) (*Ticket, error)
 }
 
 type admissionClient struct {
@@ -80,6 +96,45 @@ func (c *admissionClient) Release(ctx context.Context, in *ReleaseRequest, opts 
 	return out, nil
 }
 
+func (c *admissionClient) Claim(ctx context.Context, in *ClaimRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ClaimedWork], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Admission_ServiceDesc.Streams[0], Admission_Claim_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ClaimRequest, ClaimedWork]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Admission_ClaimClient = grpc.ServerStreamingClient[ClaimedWork]
+
+func (c *admissionClient) GetTicket(ctx context.Context, in *GetTicketRequest, opts ...grpc.CallOption) (*Ticket, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Ticket)
+	err := c.cc.Invoke(ctx, Admission_GetTicket_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *admissionClient) CancelTicket(ctx context.Context, in *CancelTicketRequest, opts ...grpc.CallOption) (*Ticket, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Ticket)
+	err := c.cc.Invoke(ctx, Admission_CancelTicket_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdmissionServer is the server API for Admission service.
 // All implementations must embed UnimplementedAdmissionServer
 // for forward compatibility.
@@ -96,6 +151,19 @@ type AdmissionServer interface {
 	// outcome. An unknown, already released or expired lease is NOT_FOUND, and
 	// so, in the same words, is a lease of a tenant the caller does not serve.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Claim is a worker's stream of deferred work: each ClaimedWork is a
+	// ticket admitted for it (its request, lease, domain and model), settled
+	// with Release as usual. A worker holds at most max_in_flight unreleased
+	// tickets; one it never releases is delivered again after the lease TTL.
+	// A worker is a router-role principal, served only its bound tenants.
+	Claim(*ClaimRequest, grpc.ServerStreamingServer[ClaimedWork]) error
+	// GetTicket says where a deferred request stands. An unknown ticket is
+	// NOT_FOUND.
+	GetTicket(context.Context, *GetTicketRequest) (*Ticket, error)
+	// CancelTicket ends a pending ticket; a claimed one is
+	// FAILED_PRECONDITION (its worker releases it), a final one is returned
+	// as it is.
+	CancelTicket(context.Context, *CancelTicketRequest) (*Ticket, error)
 	mustEmbedUnimplementedAdmissionServer()
 }
 
@@ -111,6 +179,15 @@ func (UnimplementedAdmissionServer) Admit(context.Context, *AdmitRequest) (*Admi
 }
 func (UnimplementedAdmissionServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedAdmissionServer) Claim(*ClaimRequest, grpc.ServerStreamingServer[ClaimedWork]) error {
+	return status.Error(codes.Unimplemented, "method Claim not implemented")
+}
+func (UnimplementedAdmissionServer) GetTicket(context.Context, *GetTicketRequest) (*Ticket, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTicket not implemented")
+}
+func (UnimplementedAdmissionServer) CancelTicket(context.Context, *CancelTicketRequest) (*Ticket, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelTicket not implemented")
 }
 func (UnimplementedAdmissionServer) mustEmbedUnimplementedAdmissionServer() {}
 func (UnimplementedAdmissionServer) testEmbeddedByValue()                   {}
@@ -169,6 +246,53 @@ func _Admission_Release_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admission_Claim_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ClaimRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdmissionServer).Claim(m, &grpc.GenericServerStream[ClaimRequest, ClaimedWork]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Admission_ClaimServer = grpc.ServerStreamingServer[ClaimedWork]
+
+func _Admission_GetTicket_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTicketRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServer).GetTicket(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admission_GetTicket_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServer).GetTicket(ctx, req.(*GetTicketRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admission_CancelTicket_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelTicketRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdmissionServer).CancelTicket(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admission_CancelTicket_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdmissionServer).CancelTicket(ctx, req.(*CancelTicketRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admission_ServiceDesc is the grpc.ServiceDesc for Admission service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -184,8 +308,22 @@ var Admission_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Release",
 			Handler:    _Admission_Release_Handler,
 		},
+		{
+			MethodName: "GetTicket",
+			Handler:    _Admission_GetTicket_Handler,
+		},
+		{
+			MethodName: "CancelTicket",
+			Handler:    _Admission_CancelTicket_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Claim",
+			Handler:       _Admission_Claim_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "admission.proto",
 }
 

@@ -20,7 +20,7 @@
 //
 // Roles:
 //
-//	router    Admission/Admit and Admission/Release, for its bound tenants only
+//	router    Admission/Admit, Release, Claim, GetTicket and CancelTicket, for its bound tenants only
 //	viewer    the Operator's reads (ListDomains, ListTenants, GetTenant, GetConfigStatus), the HTTP JSON API
 //	operator  every Operator RPC (drains included) and every viewer right
 //

@@ -40,6 +40,11 @@ const (
 var methodAccess = map[string]access{
 	admissionv1.Admission_Admit_FullMethodName:   accessRouter,
 	admissionv1.Admission_Release_FullMethodName: accessRouter,
+	// A worker claims deferred work as a router; its tickets' tenants are
+	// known only to the backlog, which asks CheckTenant.
+	admissionv1.Admission_Claim_FullMethodName:        accessRouter,
+	admissionv1.Admission_GetTicket_FullMethodName:    accessRouter,
+	admissionv1.Admission_CancelTicket_FullMethodName: accessRouter,
 	// Envoy's rate-limit protocol decides as Admit does; its tenants are
 	// inside the descriptors, so the handler checks them (CheckTenant).
 	rlsv3.RateLimitService_ShouldRateLimit_FullMethodName: accessRouter,

@@ -1,0 +1,836 @@
+package deferral
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/internal/clock"
+	"github.com/sluice-sched/sluice/internal/indexheap"
+	"github.com/sluice-sched/sluice/wfq"
+)
+
+// Tuning of the drain loop.
+const (
+	// drainEvery is how often the backlog tries its heads without being
+	// woken (capacity refills without an event).
+	drainEvery = 20 * time.Millisecond
+	// adoptEvery is how often it asks the store for tickets of replicas
+	// that stopped.
+	adoptEvery = 5 * time.Second
+	// scanLimit is how many tenants' heads one pick looks past when the
+	// fairest does not fit (over its quota, say): as the interactive
+	// dispatcher's.
+	scanLimit = 8
+	// grantBatch is the most tickets one pass admits before writing their
+	// claims, so that the store groups the writes.
+	grantBatch = 256
+	// retainFinal is how long a final ticket stays in memory for GetTicket
+	// and for a submitter's retried request id.
+	retainFinal = 10 * time.Minute
+)
+
+// Errors of the ticket calls.
+var (
+	// ErrClaimed: the ticket is running on a worker; it can no longer be
+	// cancelled (the worker releases it).
+	ErrClaimed = errors.New("deferral: ticket already claimed by a worker")
+	// ErrNotYours: the caller may not see or cancel this tenant's ticket.
+	ErrNotYours = errors.New("deferral: ticket of another tenant")
+	// ErrClosed: the backlog is shutting down.
+	ErrClosed = errors.New("deferral: backlog closed")
+)
+
+// Answer is the backlog's reply to Admit: the engine's decision, or
+// DEFERRED with a ticket.
+type Answer struct {
+	Decision admission.Decision
+	Ticket   string // on DEFERRED answers
+	// Message explains a QUEUE_FULL from the backlog's bounds.
+	Message string
+}
+
+// Delivery is deferred work admitted for a worker: the ticket (with the
+// lease its Claim names) and the engine's decision.
+type Delivery struct {
+	Record   Record
+	Decision admission.Decision
+}
+
+// ClaimOptions say which work a worker takes.
+type ClaimOptions struct {
+	// Tenants and Models, when not empty, restrict the work to these.
+	Tenants, Models []string
+	// Allow, if set, is asked whether the worker may serve a tenant (its
+	// principal's binding).
+	Allow func(tenant string) bool
+	// MaxInFlight is how many claimed, unreleased tickets the worker
+	// holds at most; 0 means 1.
+	MaxInFlight int
+}
+
+// Counts are the backlog's events since start, for metrics.
+type Counts struct {
+	Deferred    atomic.Uint64 // tickets issued
+	QueueFull   atomic.Uint64 // deferrable requests refused at the backlog's bounds
+	Claimed     atomic.Uint64 // tickets admitted and handed to a worker
+	Redelivered atomic.Uint64 // claimed tickets pending again (lease expired, worker gone)
+	Done        atomic.Uint64
+	Expired     atomic.Uint64
+	Cancelled   atomic.Uint64
+}
+
+// Counts returns the backlog's event counters.
+func (b *Backlog) Counts() *Counts { return &b.counts }
+
+// Backlog holds deferred tickets and admits them, in weighted fair order
+// across tenants, on the capacity interactive traffic leaves, to workers
+// that claim them. It is safe for concurrent use.
+type Backlog struct {
+	engine *admission.Engine
+	store  Store
+	clk    clock.Clock
+	log    *slog.Logger
+	wake   chan struct{}
+	counts Counts
+
+	mu struct {
+		sync.Mutex
+		queue     *wfq.Queue                      // pending tickets, a flow per tenant
+		deadlines indexheap.Heap[ticket, *ticket] // pending tickets by defer_within
+		held      map[string]*ticket              // pending and claimed, by id
+		byRequest map[requestKey]*ticket          // by the submitter's request id
+		byLease   map[uint64]*ticket              // claimed, by lease
+		parked    []*ticket                       // claimed before a restart: pending again once their lease would have ended
+		final     []*ticket                       // final, in the order they ended, kept retainFinal
+		perTenant map[string]int                  // held tickets per tenant (and additions under way)
+		total     int
+		claimers  map[*claimer]struct{}
+		closed    bool
+	}
+}
+
+type requestKey struct{ tenant, id string }
+
+// ticket is one held ticket.
+type ticket struct {
+	rec     Record
+	item    wfq.Item
+	heapIdx int
+	claimer *claimer // while claimed
+	why     admission.Reason
+	ended   time.Time // when it became final
+}
+
+// Less orders tickets by deadline (indexheap.Element).
+func (t *ticket) Less(u *ticket) bool { return t.rec.Deadline.Before(u.rec.Deadline) }
+
+// HeapIndex is t's place in the deadlines heap (indexheap.Element).
+func (t *ticket) HeapIndex() *int { return &t.heapIdx }
+
+// claimer is a worker's Claim stream.
+type claimer struct {
+	opts   ClaimOptions
+	tenant map[string]bool
+	model  map[string]bool
+	free   int // slots for more work
+	out    chan Delivery
+}
+
+func (c *claimer) accepts(w *Work) bool {
+	return (len(c.tenant) == 0 || c.tenant[w.Tenant]) &&
+		(len(c.model) == 0 || c.model[w.Model]) &&
+		(c.opts.Allow == nil || c.opts.Allow(w.Tenant))
+}
+
+// New returns a backlog admitting through engine and keeping its tickets
+// in store. Call Start before serving: it takes back the store's
+// unfinished tickets and runs the drain loop until ctx ends.
+func New(engine *admission.Engine, store Store, clk clock.Clock, log *slog.Logger) *Backlog {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	b := &Backlog{engine: engine, store: store, clk: clk, log: log, wake: make(chan struct{}, 1)}
+	b.mu.queue = wfq.New(wfq.Config{})
+	b.mu.held = make(map[string]*ticket)
+	b.mu.byRequest = make(map[requestKey]*ticket)
+	b.mu.byLease = make(map[uint64]*ticket)
+	b.mu.perTenant = make(map[string]int)
+	b.mu.claimers = make(map[*claimer]struct{})
+	engine.OnDeferredLeaseExpired(b.leaseExpired)
+	return b
+}
+
+// Start adopts the store's unfinished tickets (a restart takes its backlog
+// back) and runs the drain loop in a goroutine until ctx ends.
+func (b *Backlog) Start(ctx context.Context) error {
+	if err := b.adopt(ctx); err != nil {
+		return err
+	}
+	go b.run(ctx)
+	return nil
+}
+
+func (b *Backlog) run(ctx context.Context) {
+	drain := time.NewTicker(drainEvery)
+	defer drain.Stop()
+	adopt := time.NewTicker(adoptEvery)
+	defer adopt.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			b.mu.Lock()
+			b.mu.closed = true
+			b.mu.Unlock()
+			return
+		case <-adopt.C:
+			if err := b.adopt(ctx); err != nil {
+				b.log.Warn("deferral: adopting tickets", "err", err)
+			}
+		case <-drain.C:
+		case <-b.wake:
+		}
+		b.Step(ctx)
+	}
+}
+
+// Step does the backlog's timed work once at the clock's time: tickets
+// past their defer_within expire, tickets parked by a restart return, and
+// pending tickets are admitted for the workers that wait. The drain loop
+// calls it; tests on a manual clock call it themselves.
+func (b *Backlog) Step(ctx context.Context) {
+	b.expire(ctx)
+	for b.grant(ctx) {
+	}
+}
+
+// Admit decides a request: one that is not deferrable, or that can run
+// now, is the engine's; one the engine defers gets a durable ticket (the
+// same ticket for a repeated request id), or QUEUE_FULL when the backlog
+// is at its bounds. Invalid requests are the engine's
+// *admission.InvalidArgumentError.
+func (b *Backlog) Admit(ctx context.Context, req admission.Request) (Answer, error) {
+	if !req.Deferrable {
+		d, err := b.engine.Admit(ctx, req)
+		return Answer{Decision: d}, err
+	}
+	key := requestKey{req.Tenant, req.RequestID}
+	if req.RequestID != "" {
+		if a, ok := b.repeat(key, req); ok {
+			return a, nil
+		}
+	}
+	d, err := b.engine.Admit(ctx, req)
+	if err != nil || d.Outcome != admission.Deferred {
+		return Answer{Decision: d}, err
+	}
+	cfg := b.engine.Deferral()
+	within := req.DeferWithin
+	if within == 0 {
+		within = cfg.DefaultWithin.Duration
+	}
+	now := b.clk.Now()
+	tk := &ticket{heapIdx: -1, why: d.Reason, rec: Record{
+		ID: newTicketID(), Work: workOf(req), Created: now, Deadline: now.Add(within), State: StatePending,
+	}}
+	if msg := b.reserve(tk, key, cfg); msg != "" {
+		out := d
+		out.Outcome, out.Reason, out.RetryAfter = admission.Rejected, admission.ReasonQueueFull, time.Second
+		b.counts.QueueFull.Add(1)
+		return Answer{Decision: out, Message: msg}, nil
+	}
+	seq, err := b.store.Add(ctx, tk.rec)
+	if err != nil {
+		b.unreserve(tk, key)
+		return Answer{}, fmt.Errorf("deferral: storing ticket: %w", err)
+	}
+	tk.rec.Seq = seq
+	b.mu.Lock()
+	b.enqueueLocked(tk, d.Trace.WeightedTokens)
+	b.mu.Unlock()
+	b.counts.Deferred.Add(1)
+	b.nudge()
+	return Answer{Decision: d, Ticket: tk.rec.ID}, nil
+}
+
+// repeat answers a request id the backlog holds a ticket for.
+func (b *Backlog) repeat(key requestKey, req admission.Request) (Answer, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	tk := b.mu.byRequest[key]
+	if tk == nil {
+		return Answer{}, false
+	}
+	d := admission.Decision{Outcome: admission.Deferred, Reason: tk.why}
+	d.Trace.Tenant, d.Trace.Model = req.Tenant, req.Model
+	return Answer{Decision: d, Ticket: tk.rec.ID}, true
+}
+
+// reserve counts tk against the bounds before it is stored, and notes its
+// request id so that a concurrent repeat joins it; it returns why not when
+// a bound is reached.
+func (b *Backlog) reserve(tk *ticket, key requestKey, cfg admission.DeferralConfig) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.mu.perTenant[key.tenant]
+	switch {
+	case n >= cfg.MaxPerTenant:
+		return fmt.Sprintf("deferred backlog of tenant %q holds %d tickets, its bound deferral.max_per_tenant", key.tenant, n)
+	case b.mu.total >= cfg.MaxTotal:
+		return fmt.Sprintf("deferred backlog holds %d tickets, its bound deferral.max_total", b.mu.total)
+	}
+	b.mu.perTenant[key.tenant] = n + 1
+	b.mu.total++
+	if key.id != "" {
+		b.mu.byRequest[key] = tk
+	}
+	return ""
+}
+
+func (b *Backlog) unreserve(tk *ticket, key requestKey) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.uncountLocked(key.tenant)
+	if b.mu.byRequest[key] == tk {
+		delete(b.mu.byRequest, key)
+	}
+}
+
+func (b *Backlog) uncountLocked(tenant string) {
+	if b.mu.perTenant[tenant]--; b.mu.perTenant[tenant] <= 0 {
+		delete(b.mu.perTenant, tenant)
+	}
+	b.mu.total--
+}
+
+// enqueueLocked puts a pending ticket in the fair order and the deadline
+// heap. cost is its weighted tokens.
+func (b *Backlog) enqueueLocked(tk *ticket, cost int64) {
+	b.mu.held[tk.rec.ID] = tk
+	tk.item = wfq.Item{
+		Cost:   uint64(max(cost, 1)),
+		Weight: uint64(max(b.weightOf(tk.rec.Work.Tenant), 1)),
+		Flow:   wfq.FlowKey{Tenant: tk.rec.Work.Tenant},
+		Value:  tk,
+	}
+	if err := b.mu.queue.Enqueue(&tk.item); err != nil {
+		// The queue has no bounds: only a ticket enqueued twice fails.
+		b.log.Error("deferral: ticket enqueued twice", "ticket", tk.rec.ID, "err", err)
+		return
+	}
+	b.mu.deadlines.Push(tk)
+}
+
+func (b *Backlog) weightOf(tenant string) int64 {
+	if info, ok := b.engine.Tenant(tenant); ok {
+		return info.Weight
+	}
+	return 1
+}
+
+// grant admits up to grantBatch pending tickets in fair order for the
+// workers that have room, writes their claims and hands them over. It
+// reports whether it granted any (the caller tries again).
+func (b *Backlog) grant(ctx context.Context) bool {
+	type grantRec struct {
+		tk *ticket
+		c  *claimer
+		d  admission.Decision
+	}
+	var grants []grantRec
+	b.mu.Lock()
+	for len(grants) < grantBatch && b.mu.queue.Len() > 0 && b.freeClaimersLocked() {
+		var g grantRec
+		it := b.mu.queue.Dequeue(func(it *wfq.Item) bool {
+			tk := it.Value.(*ticket)
+			c := b.claimerForLocked(&tk.rec.Work)
+			if c == nil {
+				return false
+			}
+			d, err := b.engine.Admit(ctx, tk.request())
+			if err != nil {
+				// Invalid now (its model left the catalog): it expires
+				// with the reason below.
+				g = grantRec{tk: tk}
+				tk.rec.Reason = err.Error()
+				return true
+			}
+			if d.Outcome == admission.Deferred {
+				tk.why = d.Reason
+				return false
+			}
+			if d.Outcome == admission.Rejected {
+				g = grantRec{tk: tk}
+				tk.rec.Reason = "refused: " + d.Reason.String()
+				return true
+			}
+			g = grantRec{tk: tk, c: c, d: d}
+			return true
+		}, scanLimit)
+		if it == nil {
+			break
+		}
+		b.mu.deadlines.Remove(g.tk)
+		if g.c != nil {
+			g.c.free--
+			g.tk.claimer = g.c
+			b.mu.byLease[g.d.LeaseID] = g.tk
+		}
+		grants = append(grants, g)
+	}
+	b.mu.Unlock()
+	if len(grants) == 0 {
+		return false
+	}
+	ttl := b.engine.LeaseTTL()
+	var wg sync.WaitGroup
+	for i := range grants {
+		g := &grants[i]
+		if g.c == nil {
+			b.finish(ctx, g.tk, StateExpired, g.tk.rec.Reason)
+			continue
+		}
+		at := b.clk.Now()
+		claim := Claim{LeaseID: g.d.LeaseID, Domain: g.d.Domain, Model: g.d.Model, At: at, Expires: at.Add(ttl)}
+		wg.Go(func() { b.hand(ctx, g.tk, g.c, g.d, claim) })
+	}
+	wg.Wait()
+	return true
+}
+
+// hand writes an admitted ticket's claim and gives it to its worker. A
+// ticket cancelled meanwhile (through another replica), a store that
+// failed, or a worker gone takes the admission back.
+func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.Decision, claim Claim) {
+	cur, ok, err := b.store.Claim(ctx, tk.rec.ID, claim)
+	if err != nil {
+		b.log.Warn("deferral: writing a claim", "ticket", tk.rec.ID, "err", err)
+	}
+	b.mu.Lock()
+	_, present := b.mu.claimers[c]
+	if err == nil && ok && present {
+		tk.rec.State, tk.rec.Claim = StateClaimed, claim
+		c.out <- Delivery{Record: tk.rec, Decision: d} // never blocks: a slot was taken for it
+		b.counts.Claimed.Add(1)
+		b.mu.Unlock()
+		return
+	}
+	b.engine.RevokeLease("", d.LeaseID)
+	delete(b.mu.byLease, d.LeaseID)
+	c.free++
+	tk.claimer = nil
+	if err == nil && !ok {
+		b.endLocked(tk, cur.State, cur.Reason, claim.At)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	if ok { // claimed in the store, and the worker is gone
+		b.requeue(ctx, tk)
+		return
+	}
+	b.mu.Lock()
+	b.enqueueLocked(tk, int64(tk.item.Cost))
+	b.mu.Unlock()
+}
+
+func (b *Backlog) freeClaimersLocked() bool {
+	for c := range b.mu.claimers {
+		if c.free > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *Backlog) claimerForLocked(w *Work) *claimer {
+	var best *claimer
+	for c := range b.mu.claimers {
+		if c.free > 0 && c.accepts(w) && (best == nil || c.free > best.free) {
+			best = c
+		}
+	}
+	return best
+}
+
+// request rebuilds the Admit request of a ticket. The engine sees no
+// request id: the ticket is the idempotency of deferred work (a ticket
+// delivered again after its lease expired is admitted afresh, its first
+// lease settled as unused).
+func (tk *ticket) request() admission.Request {
+	w := &tk.rec.Work
+	return admission.Request{
+		Tenant: w.Tenant, Model: w.Model, PromptTokens: w.PromptTokens, MaxOutputTokens: w.MaxOutputTokens,
+		Priority: admission.Priority(w.Priority), AcceptDowngrade: w.AcceptDowngrade,
+		ExpectedCachedTokens: w.ExpectedCachedTokens, Deferrable: true,
+	}
+}
+
+func workOf(req admission.Request) Work {
+	return Work{
+		RequestID: req.RequestID, Tenant: req.Tenant, Model: req.Model, PromptTokens: req.PromptTokens,
+		MaxOutputTokens: req.MaxOutputTokens, Priority: int32(req.Priority), AcceptDowngrade: req.AcceptDowngrade,
+		ExpectedCachedTokens: req.ExpectedCachedTokens,
+	}
+}
+
+// expire ends the pending tickets whose defer_within has passed, brings
+// back parked ones whose old lease would have ended, and forgets final
+// ones past retention.
+func (b *Backlog) expire(ctx context.Context) {
+	now := b.clk.Now()
+	var overdue, back []*ticket
+	b.mu.Lock()
+	for b.mu.deadlines.Len() > 0 && !b.mu.deadlines.Peek().rec.Deadline.After(now) {
+		tk := b.mu.deadlines.Pop()
+		b.mu.queue.Remove(&tk.item)
+		overdue = append(overdue, tk)
+	}
+	kept := b.mu.parked[:0]
+	for _, tk := range b.mu.parked {
+		if tk.rec.Claim.Expires.After(now) {
+			kept = append(kept, tk)
+		} else {
+			back = append(back, tk)
+		}
+	}
+	b.mu.parked = kept
+	for len(b.mu.final) > 0 && now.Sub(b.mu.final[0].ended) > retainFinal {
+		tk := b.mu.final[0]
+		b.mu.final = b.mu.final[1:]
+		key := requestKey{tk.rec.Work.Tenant, tk.rec.Work.RequestID}
+		if b.mu.byRequest[key] == tk {
+			delete(b.mu.byRequest, key)
+		}
+	}
+	b.mu.Unlock()
+	for _, tk := range overdue {
+		b.finish(ctx, tk, StateExpired, fmt.Sprintf("not admitted within %v (last held back by %v)",
+			tk.rec.Deadline.Sub(tk.rec.Created), tk.why))
+	}
+	for _, tk := range back {
+		b.requeue(ctx, tk)
+	}
+}
+
+// finish writes a ticket's final state and lets it go.
+func (b *Backlog) finish(ctx context.Context, tk *ticket, state State, reason string) {
+	at := b.clk.Now()
+	if err := b.store.Finish(ctx, tk.rec.ID, state, reason, at); err != nil {
+		b.log.Warn("deferral: finishing a ticket", "ticket", tk.rec.ID, "state", state, "err", err)
+	}
+	b.mu.Lock()
+	b.endLocked(tk, state, reason, at)
+	b.mu.Unlock()
+}
+
+// endLocked moves a held ticket to its final state in memory.
+func (b *Backlog) endLocked(tk *ticket, state State, reason string, at time.Time) {
+	if _, ok := b.mu.held[tk.rec.ID]; !ok {
+		return
+	}
+	delete(b.mu.held, tk.rec.ID)
+	b.uncountLocked(tk.rec.Work.Tenant)
+	switch state {
+	case StateDone:
+		b.counts.Done.Add(1)
+	case StateExpired:
+		b.counts.Expired.Add(1)
+	case StateCancelled:
+		b.counts.Cancelled.Add(1)
+	}
+	tk.rec.State, tk.rec.Reason, tk.rec.Finished, tk.ended = state, reason, at, at
+	b.mu.final = append(b.mu.final, tk)
+}
+
+// requeue puts a claimed ticket back to pending: its lease ended without
+// a Release (the worker died), or a restart parked it.
+func (b *Backlog) requeue(ctx context.Context, tk *ticket) {
+	if err := b.store.Unclaim(ctx, tk.rec.ID); err != nil {
+		b.log.Warn("deferral: unclaiming a ticket", "ticket", tk.rec.ID, "err", err)
+	}
+	b.counts.Redelivered.Add(1)
+	b.mu.Lock()
+	tk.rec.State, tk.rec.Claim, tk.claimer = StatePending, Claim{}, nil
+	cost := tk.item.Cost
+	b.enqueueLocked(tk, int64(cost))
+	b.mu.Unlock()
+	b.nudge()
+}
+
+// leaseExpired hears from the engine that a deferred lease reached its TTL
+// unreleased: the ticket goes back to pending.
+func (b *Backlog) leaseExpired(leaseID uint64) {
+	b.mu.Lock()
+	tk := b.mu.byLease[leaseID]
+	if tk != nil {
+		delete(b.mu.byLease, leaseID)
+		if tk.claimer != nil {
+			tk.claimer.free++
+		}
+	}
+	b.mu.Unlock()
+	if tk != nil {
+		b.requeue(context.Background(), tk)
+	}
+}
+
+// Released tells the backlog that the lease of a deferred ticket was
+// released (admission.ReleaseResult.Deferred): the ticket is done.
+func (b *Backlog) Released(ctx context.Context, leaseID uint64) {
+	b.mu.Lock()
+	tk := b.mu.byLease[leaseID]
+	if tk != nil {
+		delete(b.mu.byLease, leaseID)
+		if tk.claimer != nil {
+			tk.claimer.free++
+		}
+	}
+	b.mu.Unlock()
+	if tk != nil {
+		b.finish(ctx, tk, StateDone, "")
+		b.nudge()
+	}
+}
+
+// Claim registers a worker and calls send for each ticket admitted for it,
+// until ctx ends or send fails. A ticket whose send failed is taken back
+// (its lease revoked, the ticket pending again); tickets sent and not yet
+// released stay the worker's until Release or their lease's TTL.
+func (b *Backlog) Claim(ctx context.Context, opts ClaimOptions, send func(Delivery) error) error {
+	c := &claimer{opts: opts, free: max(opts.MaxInFlight, 1)}
+	c.out = make(chan Delivery, c.free)
+	if len(opts.Tenants) > 0 {
+		c.tenant = make(map[string]bool, len(opts.Tenants))
+		for _, t := range opts.Tenants {
+			c.tenant[t] = true
+		}
+	}
+	if len(opts.Models) > 0 {
+		c.model = make(map[string]bool, len(opts.Models))
+		for _, m := range opts.Models {
+			c.model[m] = true
+		}
+	}
+	b.mu.Lock()
+	if b.mu.closed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.mu.claimers[c] = struct{}{}
+	b.mu.Unlock()
+	b.nudge()
+	defer b.leave(c)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case d := <-c.out:
+			if err := send(d); err != nil {
+				b.takeBack(d)
+				return fmt.Errorf("deferral: sending to a worker: %w", err)
+			}
+		}
+	}
+}
+
+// leave unregisters a claimer and takes back what it was never sent.
+func (b *Backlog) leave(c *claimer) {
+	b.mu.Lock()
+	delete(b.mu.claimers, c)
+	b.mu.Unlock()
+	for {
+		select {
+		case d := <-c.out:
+			b.takeBack(d)
+		default:
+			b.nudge()
+			return
+		}
+	}
+}
+
+// takeBack undoes a delivery no worker received.
+func (b *Backlog) takeBack(d Delivery) {
+	if !b.engine.RevokeLease("", d.Record.Claim.LeaseID) {
+		return // expired meanwhile: leaseExpired requeues it
+	}
+	b.mu.Lock()
+	tk := b.mu.byLease[d.Record.Claim.LeaseID]
+	delete(b.mu.byLease, d.Record.Claim.LeaseID)
+	b.mu.Unlock()
+	if tk != nil {
+		b.requeue(context.Background(), tk)
+	}
+}
+
+// Get returns a ticket: held ones from memory, others from the store.
+// allow, if set, is asked whether the caller may see the ticket's tenant.
+func (b *Backlog) Get(ctx context.Context, id string, allow func(tenant string) bool) (Record, error) {
+	b.mu.Lock()
+	tk := b.mu.held[id]
+	var rec Record
+	if tk != nil {
+		rec = tk.rec
+	}
+	b.mu.Unlock()
+	if tk == nil {
+		var err error
+		if rec, err = b.store.Get(ctx, id); err != nil {
+			return Record{}, err
+		}
+	}
+	if allow != nil && !allow(rec.Work.Tenant) {
+		return Record{}, fmt.Errorf("ticket %s: %w", id, ErrNotYours)
+	}
+	return rec, nil
+}
+
+// Waiting is why a pending ticket is still waiting: what last held it back.
+func (b *Backlog) Waiting(id string) admission.Reason {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if tk := b.mu.held[id]; tk != nil {
+		return tk.why
+	}
+	return admission.ReasonNone
+}
+
+// Cancel ends a pending ticket at the submitter's request. A claimed one
+// is ErrClaimed; a final one is returned as it is.
+func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant string) bool) (Record, error) {
+	b.mu.Lock()
+	tk := b.mu.held[id]
+	if tk == nil {
+		b.mu.Unlock()
+		rec, err := b.store.Get(ctx, id)
+		if err != nil {
+			return Record{}, err
+		}
+		if allow != nil && !allow(rec.Work.Tenant) {
+			return Record{}, fmt.Errorf("ticket %s: %w", id, ErrNotYours)
+		}
+		if !rec.State.Final() {
+			// Held by another replica: the store's state decides, and
+			// that replica's claim of it fails.
+			if err := b.store.Finish(ctx, id, StateCancelled, "cancelled by the submitter", b.clk.Now()); err != nil {
+				return Record{}, err
+			}
+			return b.store.Get(ctx, id)
+		}
+		return rec, nil
+	}
+	switch {
+	case allow != nil && !allow(tk.rec.Work.Tenant):
+		b.mu.Unlock()
+		return Record{}, fmt.Errorf("ticket %s: %w", id, ErrNotYours)
+	case tk.rec.State != StatePending || !tk.item.Queued():
+		rec := tk.rec
+		b.mu.Unlock()
+		return rec, fmt.Errorf("ticket %s: %w", id, ErrClaimed)
+	}
+	b.mu.queue.Remove(&tk.item)
+	b.mu.deadlines.Remove(tk)
+	b.mu.Unlock()
+	b.finish(ctx, tk, StateCancelled, "cancelled by the submitter")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return tk.rec, nil
+}
+
+// adopt takes into the backlog the store's unfinished tickets it does not
+// hold: pending ones in fair order, claimed ones parked until their lease
+// would have ended (then delivered again).
+func (b *Backlog) adopt(ctx context.Context) error {
+	recs, err := b.store.Adopt(ctx)
+	if err != nil {
+		return fmt.Errorf("deferral: adopting tickets: %w", err)
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	b.mu.Lock()
+	for _, rec := range recs {
+		if _, ok := b.mu.held[rec.ID]; ok {
+			continue
+		}
+		tk := &ticket{rec: rec, heapIdx: -1}
+		b.mu.perTenant[rec.Work.Tenant]++
+		b.mu.total++
+		if rec.Work.RequestID != "" {
+			b.mu.byRequest[requestKey{rec.Work.Tenant, rec.Work.RequestID}] = tk
+		}
+		cost := b.engine.WeightedTokens(rec.Work.PromptTokens, rec.Work.MaxOutputTokens)
+		if rec.State == StateClaimed {
+			b.mu.held[rec.ID] = tk
+			tk.item.Cost = uint64(max(cost, 1))
+			b.mu.parked = append(b.mu.parked, tk)
+			continue
+		}
+		b.enqueueLocked(tk, cost)
+	}
+	b.mu.Unlock()
+	b.log.Info("deferral: adopted tickets", "tickets", len(recs))
+	b.nudge()
+	return nil
+}
+
+// nudge wakes the drain loop.
+func (b *Backlog) nudge() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// TenantBacklog is one tenant's part of the backlog.
+type TenantBacklog struct {
+	Tenant           string
+	Pending, Claimed int
+	Oldest           time.Time // the oldest pending ticket's submission (zero: none)
+}
+
+// Tenants returns each tenant's held tickets, for metrics and sluicectl.
+func (b *Backlog) Tenants() []TenantBacklog {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	by := make(map[string]*TenantBacklog)
+	for _, tk := range b.mu.held {
+		tb := by[tk.rec.Work.Tenant]
+		if tb == nil {
+			tb = &TenantBacklog{Tenant: tk.rec.Work.Tenant}
+			by[tk.rec.Work.Tenant] = tb
+		}
+		if tk.rec.State == StateClaimed {
+			tb.Claimed++
+			continue
+		}
+		tb.Pending++
+		if tb.Oldest.IsZero() || tk.rec.Created.Before(tb.Oldest) {
+			tb.Oldest = tk.rec.Created
+		}
+	}
+	out := make([]TenantBacklog, 0, len(by))
+	for _, tb := range by {
+		out = append(out, *tb)
+	}
+	return out
+}
+
+// newTicketID returns 128 random bits in hex: a ticket can be looked up
+// only by a caller that was told its id.
+func newTicketID() string {
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:]) // never fails (crypto/rand panics instead)
+	return hex.EncodeToString(b[:])
+}
