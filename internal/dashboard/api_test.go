@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth"
 	"github.com/sluice-sched/sluice/internal/auth/authtest"
+	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/dashboard"
 	"github.com/sluice-sched/sluice/internal/testwait"
@@ -71,6 +74,9 @@ type fixtureOpts struct {
 	authOn  bool
 	actions bool
 	extra   int // tenants beyond the embedded config's four, named t00000…
+	// configStatus answers the Operator's GetConfigStatus; nil leaves it
+	// UNIMPLEMENTED.
+	configStatus grpcserver.ConfigStatusSource
 }
 
 func newFixture(t *testing.T, fo fixtureOpts) *fixture {
@@ -117,10 +123,16 @@ func newFixture(t *testing.T, fo fixtureOpts) *fixture {
 	} else if authn, err = auth.New("", nil, audit); err != nil {
 		t.Fatal(err)
 	}
+	var opOpts []grpcserver.RegisterOption
+	if fo.configStatus != nil {
+		opOpts = append(opOpts, grpcserver.WithConfigStatus(fo.configStatus))
+	}
 	d, err := dashboard.New(dashboard.Options{
-		Operator: grpcserver.NewOperator(eng), State: st, Traffic: traffic,
+		Operator: grpcserver.NewOperator(eng, opOpts...), State: st, Traffic: traffic,
 		Auth: authn, Audit: audit, Actions: fo.actions,
-		Every: 50 * time.Millisecond, SampleEvery: 50 * time.Millisecond,
+		Build:   cli.Build{Version: "v1.4.2", Revision: "0123456789abcdef0123456789abcdef01234567", GoVersion: "go1.24"},
+		Replica: func() string { return "sluiced-2" },
+		Every:   50 * time.Millisecond, SampleEvery: 50 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -656,3 +668,148 @@ func TestEventsStreamShowsWarmupAndFreeze(t *testing.T) {
 	for range events {
 	}
 }
+
+// fixedConfigStatus is a config status as the server's control plane
+// reports it for a config from etcd.
+type fixedConfigStatus grpcserver.ConfigStatus
+
+func (s fixedConfigStatus) ConfigStatus() grpcserver.ConfigStatus { return grpcserver.ConfigStatus(s) }
+
+// timedAdmit admits req as the server's Admission service does for the
+// dashboard: the engine's Admit, its latency given to the traffic counters.
+func timedAdmit(ctx context.Context, f *fixture, req admission.Request) (admission.Decision, time.Duration, error) {
+	start := time.Now()
+	d, err := f.eng.Admit(ctx, req)
+	took := time.Since(start)
+	if err == nil {
+		f.traffic.ObserveLatency(took)
+	}
+	if err == nil && d.LeaseID != 0 {
+		_, _ = f.eng.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 10, Outcome: admission.ReleaseOK})
+	}
+	return d, took, err
+}
+
+// The snapshot carries the fleet strip (answers per second, the Admit p99,
+// the commonest refusal reasons), each tenant's refusal reasons, and what
+// answers (build, config, replica), all from decisions the engine made.
+func TestSnapshotFleetStripReasonsAndServer(t *testing.T) {
+	applied := time.Date(2026, 3, 1, 9, 30, 0, 0, time.FixedZone("CET", 3600))
+	f := newFixture(t, fixtureOpts{configStatus: fixedConfigStatus{Source: "etcd", Revision: 4211, AppliedAt: applied}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// acme is admitted; hooli (free: 5 rps) is refused over its quota far
+	// more often than initech asks for more tokens than it can ever have.
+	var mu sync.Mutex
+	var fastest, slowest time.Duration
+	reasons := map[string]map[admission.Reason]int{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			reqs := []admission.Request{
+				{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
+				{Tenant: "hooli", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
+				{Tenant: "hooli", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
+			}
+			if i%4 == 0 {
+				reqs = append(reqs, admission.Request{Tenant: "initech", Model: "small", PromptTokens: 900000, MaxOutputTokens: 10})
+			}
+			for _, req := range reqs {
+				d, took, err := timedAdmit(ctx, f, req)
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				if fastest == 0 || took < fastest {
+					fastest = took
+				}
+				slowest = max(slowest, took)
+				if d.Outcome == admission.Rejected {
+					if reasons[req.Tenant] == nil {
+						reasons[req.Tenant] = map[admission.Reason]int{}
+					}
+					reasons[req.Tenant][d.Reason]++
+				}
+				mu.Unlock()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var snap dashboard.Snapshot
+	testwait.Until(t, 10*time.Second, "the fleet strip to show the refusals and the latency", func() bool {
+		snap = dashboard.Snapshot{}
+		getJSON(t, f, "/api/v1/dashboard", "", &snap)
+		return snap.Answers.Refused > 0 && len(snap.RefusalReasons) == 2 && snap.AdmitLatency.Count > 0
+	})
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if got := reasons["hooli"]; got[admission.ReasonQuotaExceeded] == 0 || len(got) != 1 {
+		t.Fatalf("hooli's refusals by reason: %v, want QUOTA_EXCEEDED only", got)
+	}
+	if got := reasons["initech"]; got[admission.ReasonRequestTooLarge] == 0 || len(got) != 1 {
+		t.Fatalf("initech's refusals by reason: %v, want REQUEST_TOO_LARGE only", got)
+	}
+
+	// The fleet strip: every tenant's reasons, the commonest first, summing
+	// to the refusals per second.
+	fleet := snap.RefusalReasons
+	if fleet[0].Reason != "QUOTA_EXCEEDED" || fleet[1].Reason != "REQUEST_TOO_LARGE" || fleet[1].PerSecond <= 0 || fleet[0].PerSecond < fleet[1].PerSecond {
+		t.Errorf("fleet refusal reasons %+v, want QUOTA_EXCEEDED then REQUEST_TOO_LARGE", fleet)
+	}
+	if sum := fleet[0].PerSecond + fleet[1].PerSecond; !near(sum, snap.Answers.Refused) {
+		t.Errorf("fleet reasons sum to %.2f/s, refused %.2f/s", sum, snap.Answers.Refused)
+	}
+	// The p99 lies among the latencies the test timed (to the histogram's
+	// 1%, in whole microseconds).
+	p99 := time.Duration(snap.AdmitLatency.P99Seconds * float64(time.Second))
+	if p99 < fastest.Truncate(time.Microsecond)*99/100 || p99 > slowest*101/100+time.Microsecond {
+		t.Errorf("Admit p99 %v over %d calls, outside the latencies timed (%v to %v)", p99, snap.AdmitLatency.Count, fastest, slowest)
+	}
+
+	// Each tenant's row names its own reasons.
+	rows := map[string]dashboard.TenantRow{}
+	for _, r := range snap.Tenants.Rows {
+		rows[rowName(t, r)] = r
+	}
+	for tenant, want := range map[string]string{"hooli": "QUOTA_EXCEEDED", "initech": "REQUEST_TOO_LARGE"} {
+		r := rows[tenant]
+		if len(r.RefusalReasons) != 1 || r.RefusalReasons[0].Reason != want || !near(r.RefusalReasons[0].PerSecond, r.RefusedPerSecond) {
+			t.Errorf("%s's row: reasons %+v, refused %.2f/s, want %s at that rate", tenant, r.RefusalReasons, r.RefusedPerSecond, want)
+		}
+	}
+	if r := rows["acme"]; r.AdmittedPerSecond <= 0 || r.RefusalReasons == nil || len(r.RefusalReasons) != 0 {
+		t.Errorf("acme's row: %.2f admitted/s, reasons %#v, want admissions and an empty list", r.AdmittedPerSecond, r.RefusalReasons)
+	}
+
+	// What answers: the build, the config status (its time in UTC), the replica.
+	sv := snap.Server
+	if sv.Version != "v1.4.2" || sv.Revision != "0123456789abcdef0123456789abcdef01234567" || sv.Replica != "sluiced-2" {
+		t.Errorf("server %+v", sv)
+	}
+	if c := sv.Config; c == nil || c.Source != "etcd" || c.Revision != 4211 || c.AppliedAt == nil || !c.AppliedAt.Equal(applied) || c.AppliedAt.Location() != time.UTC {
+		t.Errorf("config %+v, want etcd revision 4211 applied at %v in UTC", c, applied.UTC())
+	}
+	_, body := f.get(t, "/api/v1/dashboard", "")
+	for _, field := range []string{`"admitLatency":{"p99Seconds":`, `"refusalReasons":[`, `"server":{"version":"v1.4.2"`, `"config":{"source":"etcd","revision":4211,"appliedAt":"2026-03-01T08:30:00Z"}`} {
+		if !strings.Contains(string(body), field) {
+			t.Errorf("the snapshot's JSON lacks %s: %.400s", field, body)
+		}
+	}
+
+	// A server that does not report its config status has none, and one
+	// without traffic no latency and no reasons.
+	bare := newFixture(t, fixtureOpts{})
+	getJSON(t, bare, "/api/v1/dashboard", "", &snap)
+	if snap.Server.Config != nil || snap.AdmitLatency.Count != 0 || len(snap.RefusalReasons) != 0 {
+		t.Errorf("an idle server without config status: config %+v, latency %+v, reasons %+v", snap.Server.Config, snap.AdmitLatency, snap.RefusalReasons)
+	}
+}
+
+// near reports whether a tenant's reasons' rate a and its refusals' rate b,
+// sampled together, agree: to one refusal in the fixture's window (4
+// samples of 50 ms), as one may land between the two reads while the load
+// runs.
+func near(a, b float64) bool { return math.Abs(a-b) <= 1/(4*0.050)+1e-9 }

@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth"
+	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -49,12 +50,20 @@ const (
 // Options configure a Dashboard. Operator, State and Traffic are required.
 type Options struct {
 	// Operator answers the reads and the actions: grpcserver.NewOperator
-	// over the engine, the handlers the gRPC Operator service runs.
+	// over the engine, the handlers the gRPC Operator service runs (with
+	// WithConfigStatus, for the header's config).
 	Operator admissionv1.OperatorServer
 	State    State
 	// Traffic counts answers per tenant; install it as an
-	// admission.Observer of the engine.
+	// admission.Observer of the engine, and give it the Admit latency.
 	Traffic *Traffic
+	// Build is what the binary was built from, for the header;
+	// cli.ReadBuild() when zero.
+	Build cli.Build
+	// Replica returns this replica's id, for the header; nil shows none.
+	// It is a function because a server knows its id (an address by
+	// default) only once it has bound its listeners.
+	Replica func() string
 	// Auth decides who may read (viewer) and act (operator); nil or open
 	// lets every caller read, and act only with Actions.
 	Auth *auth.Authenticator
@@ -114,6 +123,9 @@ func New(opts Options) (*Dashboard, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Build == (cli.Build{}) {
+		opts.Build = cli.ReadBuild()
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

@@ -1,15 +1,19 @@
 // Package dashboard serves the rack slot dashboard: a web page at "/" that
 // draws every NVLink domain in its physical shape (an NVL72 rack as 18 trays
 // of 4 GPU slots, an HGX node as 8 slots), each domain's use of its soft
-// capacity, its drain mark, and a table of the busiest tenants, kept live
-// over server-sent events; and, behind it, a JSON API under /api/v1/.
+// capacity, its drain mark, and a table of the busiest tenants under a
+// header that names the replica, its build and config and carries the fleet
+// strip (answers per second, the Admit p99, the commonest refusal reasons),
+// kept live over server-sent events; and, behind it, a JSON API under
+// /api/v1/. Every time it shows is UTC.
 //
 // It is an adapter. It reads and acts through the Operator API's own
 // handlers (grpcserver.NewOperator), so that a drain from the page is
 // validated and answered exactly as DrainDomain over gRPC, and through a
 // small State port that sluiced's server satisfies (the cluster it serves,
 // the configured tenant names, budgets). Per-tenant answer rates come from
-// Traffic, an admission.Observer the server installs beside the metrics one.
+// Traffic, an admission.Observer the server installs beside the metrics one;
+// the server also gives it each Admit's latency.
 //
 // The page, its script and its style sheet are embedded (package embed):
 // nothing is fetched from elsewhere, so it works offline and behind an
@@ -28,7 +32,7 @@
 //	GET  /api/v1/topology                        domains → nodes → GPUs, health and NVLink state
 //	GET  /api/v1/tenants?page_size=&page_token=  ListTenantsResponse (pages as Operator/ListTenants)
 //	GET  /api/v1/tenants/{name}                  GetTenantResponse
-//	GET  /api/v1/dashboard?q=&sort=&n=           one snapshot: domains, the tenant table, totals, the session
+//	GET  /api/v1/dashboard?q=&sort=&n=           one snapshot: domains, the tenant table, totals, the fleet strip, the server, the session
 //	GET  /api/v1/events?q=&sort=&n=              the same snapshots as server-sent events
 //	GET  /api/v1/session                         who is calling and whether they may drain
 //

@@ -46,8 +46,13 @@ type Snapshot struct {
 	Session     SessionView    `json:"session"`
 	Totals      map[string]int `json:"totals"` // "domains", "draining", "warming"
 	// Answers is this replica's answers per second over the last few
-	// seconds, every tenant's together: the page's fleet strip.
-	Answers AnswerRates `json:"answers"`
+	// seconds, every tenant's together: the page's fleet strip, with the
+	// Admit latency and the commonest refusal reasons over the same window.
+	Answers        AnswerRates  `json:"answers"`
+	AdmitLatency   LatencyView  `json:"admitLatency"`
+	RefusalReasons []ReasonView `json:"refusalReasons"` // at most 3, the commonest first
+	// Server is what this replica runs: its build, its config, its name.
+	Server ServerView `json:"server"`
 	// CreditFreeze is the operator's freeze of burst credit in force
 	// (admission.v1.CreditFreeze); absent when none.
 	CreditFreeze json.RawMessage `json:"creditFreeze,omitempty"`
@@ -60,6 +65,47 @@ type AnswerRates struct {
 	Degraded float64 `json:"degraded"`
 	Refused  float64 `json:"refused"`
 	Tokens   float64 `json:"tokens"`
+}
+
+// LatencyView is the latency of the Admission service's Admit calls (the
+// engine's decision and any wait in the fair queue, as
+// sluice_admit_latency_seconds measures it) over the fleet strip's window.
+type LatencyView struct {
+	P99Seconds float64 `json:"p99Seconds"` // 0 when count is
+	Count      int64   `json:"count"`      // calls timed in the window
+}
+
+// ReasonView is a refusal reason, by its API name (as in an Admit answer
+// and sluice_decisions_total's reason label), and its refusals per second.
+type ReasonView struct {
+	Reason    string  `json:"reason"`
+	PerSecond float64 `json:"perSecond"`
+}
+
+// reasonViews renders rs.
+func reasonViews(rs []ReasonRate) []ReasonView {
+	out := make([]ReasonView, len(rs))
+	for i, r := range rs {
+		out[i] = ReasonView{Reason: r.Reason.String(), PerSecond: r.PerSecond}
+	}
+	return out
+}
+
+// ServerView names what answers: the binary's build (as sluice_build_info
+// labels it), the config it serves (as GetConfigStatus reports it) and
+// the replica's id.
+type ServerView struct {
+	Version  string      `json:"version"`
+	Revision string      `json:"revision"` // the VCS revision, "-modified" appended for a modified tree; "unknown" without one
+	Replica  string      `json:"replica"`
+	Config   *ConfigView `json:"config"` // null when the server does not report its config status
+}
+
+// ConfigView is the serving config's origin.
+type ConfigView struct {
+	Source    string     `json:"source"`   // "embedded", a file path, or "etcd"
+	Revision  int64      `json:"revision"` // etcd's revision of it; 0 when not from etcd
+	AppliedAt *time.Time `json:"appliedAt,omitempty"`
 }
 
 // DomainView is one domain: the Operator's DomainInfo and what the page
@@ -101,11 +147,13 @@ type TenantTable struct {
 
 // TenantRow is one tenant: the Operator's TenantInfo and its rates.
 type TenantRow struct {
-	Tenant             json.RawMessage `json:"tenant"` // admission.v1.TenantInfo
-	AdmittedPerSecond  float64         `json:"admittedPerSecond"`
-	DegradedPerSecond  float64         `json:"degradedPerSecond"`
-	RefusedPerSecond   float64         `json:"refusedPerSecond"`
-	AchievedTokensRate float64         `json:"achievedTokensPerSecond"` // weighted tokens admitted per second
+	Tenant            json.RawMessage `json:"tenant"` // admission.v1.TenantInfo
+	AdmittedPerSecond float64         `json:"admittedPerSecond"`
+	DegradedPerSecond float64         `json:"degradedPerSecond"`
+	RefusedPerSecond  float64         `json:"refusedPerSecond"`
+	// RefusalReasons are the tenant's commonest (at most 2), by API name.
+	RefusalReasons     []ReasonView `json:"refusalReasons"`
+	AchievedTokensRate float64      `json:"achievedTokensPerSecond"` // weighted tokens admitted per second
 	// Budget in micro-USD (0: no cap) and what is left of the tighter one;
 	// absent when neither is capped.
 	BudgetDailyMicros   int64  `json:"budgetDailyMicros"`
@@ -233,8 +281,12 @@ func (d *Dashboard) snapshot(ctx context.Context, q tableQuery, sess SessionView
 		Session:     sess,
 		Totals:      map[string]int{"domains": len(ld.GetDomains())},
 	}
-	r := d.opts.Traffic.Total()
-	s.Answers = AnswerRates(r)
+	tr := d.opts.Traffic
+	s.Answers = AnswerRates(tr.Total())
+	lat := tr.AdmitLatency()
+	s.AdmitLatency = LatencyView{P99Seconds: lat.P99.Seconds(), Count: lat.Count}
+	s.RefusalReasons = reasonViews(tr.TopRefusals())
+	s.Server = d.serverView(ctx)
 	for _, di := range ld.GetDomains() {
 		v := DomainView{
 			Domain:     protoJSON(di),
@@ -260,6 +312,26 @@ func (d *Dashboard) snapshot(ctx context.Context, q tableQuery, sess SessionView
 	}
 	s.Tenants, err = d.tenantTable(ctx, q)
 	return s, err
+}
+
+// serverView describes this replica. The config status is asked for at each
+// snapshot, as it changes with every reload and etcd update; a server that
+// does not report it (UNIMPLEMENTED) has none.
+func (d *Dashboard) serverView(ctx context.Context) ServerView {
+	v := ServerView{Version: d.opts.Build.Version, Revision: d.opts.Build.Revision}
+	if d.opts.Replica != nil {
+		v.Replica = d.opts.Replica()
+	}
+	cs, err := d.opts.Operator.GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
+	if err != nil {
+		return v
+	}
+	v.Config = &ConfigView{Source: cs.GetSource(), Revision: cs.GetRevision()}
+	if cs.GetAppliedAt() != nil {
+		at := cs.GetAppliedAt().AsTime().UTC()
+		v.Config.AppliedAt = &at
+	}
+	return v
 }
 
 // use is the share of a bucket's burst taken: 1 − level/burst, in [0, 1]
@@ -320,8 +392,9 @@ func (d *Dashboard) tenantTable(ctx context.Context, q tableQuery) (TenantTable,
 		ti := gt.GetTenant()
 		r := rates[name]
 		row := TenantRow{
-			Tenant: protoJSON(ti), AdmittedPerSecond: r.Admitted, DegradedPerSecond: r.Degraded,
-			RefusedPerSecond: r.Refused, AchievedTokensRate: r.Tokens,
+			Tenant: protoJSON(ti), AdmittedPerSecond: r.rates.Admitted, DegradedPerSecond: r.rates.Degraded,
+			RefusedPerSecond: r.rates.Refused, AchievedTokensRate: r.rates.Tokens,
+			RefusalReasons: reasonViews(ranked(r.reasons[:])),
 		}
 		b := d.opts.State.TenantBudget(name, ti.GetTier())
 		row.BudgetDailyMicros, row.BudgetMonthlyMicros = micros(b.DailyUSD), micros(b.MonthlyUSD)

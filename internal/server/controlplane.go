@@ -139,6 +139,7 @@ func (s *Server) startControlPlane() error {
 	if self.ID == "" {
 		self.ID = self.Addr
 	}
+	s.replica = self.ID
 	ctl, err := controlplane.New(controlplane.Options{
 		Client:     cli,
 		Prefix:     eo.Prefix,

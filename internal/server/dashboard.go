@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"maps"
 	"net/http"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
+	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/dashboard"
 	"github.com/sluice-sched/sluice/internal/metrics"
 	"github.com/sluice-sched/sluice/topology"
@@ -173,11 +175,26 @@ func (st *serverState) LeaseCount() int { return st.eng.LeaseCount() }
 type pagedEngine struct {
 	*metrics.Instrumented // Admit timed for the metrics
 	st                    *serverState
+	traffic               *dashboard.Traffic
 }
 
 // pagedEngine returns the engine as the gRPC services see it.
 func (s *Server) pagedEngine() *pagedEngine {
-	return &pagedEngine{Instrumented: s.metrics.Instrument(s.eng), st: s.state}
+	return &pagedEngine{Instrumented: s.metrics.Instrument(s.eng), st: s.state, traffic: s.traffic}
+}
+
+// Admit decides req as the metrics' Admit does and gives its latency to the
+// dashboard's fleet strip too: the span sluice_admit_latency_seconds
+// measures, with its own two clock reads (about 0.1 µs on a gRPC call of
+// tens) so that the metrics package need not know the dashboard. Invalid
+// requests are not timed, as there.
+func (p *pagedEngine) Admit(ctx context.Context, req admission.Request) (admission.Decision, error) {
+	start := time.Now()
+	d, err := p.Instrumented.Admit(ctx, req)
+	if err == nil {
+		p.traffic.ObserveLatency(time.Since(start))
+	}
+	return d, err
 }
 
 // TenantsAfter implements grpcserver.TenantPager.
@@ -241,13 +258,16 @@ func (t *trackedEngine) SetStartupTopology(c topology.Cluster) error {
 	return nil
 }
 
-// newDashboard builds the dashboard over the server's state.
-func (s *Server) newDashboard() error {
+// newDashboard builds the dashboard over the server's state; its Operator
+// reports the config status as the gRPC one does.
+func (s *Server) newDashboard(configStatus grpcserver.RegisterOption) error {
 	var err error
 	s.dash, err = dashboard.New(dashboard.Options{
-		Operator:    grpcserver.NewOperator(s.pagedEngine()),
+		Operator:    grpcserver.NewOperator(s.pagedEngine(), configStatus),
 		State:       s.state,
 		Traffic:     s.traffic,
+		Build:       cli.ReadBuild(),
+		Replica:     func() string { return s.replica },
 		Auth:        s.sec.auth,
 		Audit:       s.sec.audit,
 		Actions:     s.opts.Dashboard.Actions,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"io"
 	"maps"
 	"net/http"
@@ -21,7 +22,11 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/auth"
+	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/controlplane"
+	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
+	"github.com/sluice-sched/sluice/internal/dashboard"
 	"github.com/sluice-sched/sluice/internal/grpctest"
 )
 
@@ -206,4 +211,68 @@ func TestTenantDirectoryFollowsTenantUpdates(t *testing.T) {
 			t.Fatalf("after %+v:\ngot  %v %v\nwant %v %v", updates, got.names, got.ownBudget, want.names, want.ownBudget)
 		}
 	})
+}
+
+// The dashboard's header and fleet strip on the real server: the replica's
+// etcd member id, the build sluice_build_info labels, the config status
+// GetConfigStatus reports, and an Admit latency over the very calls
+// sluice_admit_latency_seconds counts (invalid requests in neither).
+func TestDashboardNamesTheServerAndTimesItsAdmits(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := controlplane.ApplyConfig(ctx, etcd.Client(t), controlplane.DefaultPrefix, "sluice.yaml", config.DefaultYAML()); err != nil {
+		t.Fatal(err)
+	}
+	eo := etcdOpts(etcd.Endpoint())
+	eo.ReplicaID = "sluiced-west-2"
+	srv, c, _, _ := start(t, Options{Etcd: eo})
+	const calls = 20
+	for range calls {
+		if _, err := c.Admit(ctx, &admissionv1.AdmitRequest{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Admit(ctx, &admissionv1.AdmitRequest{Tenant: "acme", Model: "small", MaxOutputTokens: 10}); err == nil {
+		t.Fatal("a request of no prompt tokens was answered")
+	}
+	timed := func() uint64 {
+		fams, err := srv.metrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, f := range fams {
+			if f.GetName() == "sluice_admit_latency_seconds" {
+				for _, m := range f.GetMetric() {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+		return n
+	}
+	if n := timed(); n != calls {
+		t.Fatalf("sluice_admit_latency_seconds counts %d calls, want %d", n, calls)
+	}
+	// The first sample after the calls holds them all (a sample taken
+	// during them, some).
+	var snap dashboard.Snapshot
+	eventually(t, func() bool {
+		snap = dashboard.Snapshot{}
+		return json.Unmarshal([]byte(get(t, srv, "/api/v1/dashboard")), &snap) == nil && snap.AdmitLatency.Count == calls
+	})
+	if snap.AdmitLatency.P99Seconds <= 0 {
+		t.Errorf("the fleet strip's Admit latency %+v, want a p99 over the %d calls the metric counts", snap.AdmitLatency, calls)
+	}
+	st, err := admissionv1.NewOperatorClient(dial(t, srv)).GetConfigStatus(ctx, &admissionv1.GetConfigStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sv := snap.Server
+	if sv.Replica != "sluiced-west-2" || sv.Version != cli.ReadBuild().Version || sv.Revision != cli.ReadBuild().Revision {
+		t.Errorf("server %+v, want replica sluiced-west-2 and build %+v", sv, cli.ReadBuild())
+	}
+	if cv := sv.Config; cv == nil || cv.Source != "etcd" || cv.Revision != st.GetRevision() || cv.AppliedAt == nil || !cv.AppliedAt.Equal(st.GetAppliedAt().AsTime()) {
+		t.Errorf("config %+v, want GetConfigStatus's %v", cv, st)
+	}
 }

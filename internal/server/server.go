@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -84,6 +85,10 @@ type Server struct {
 	state   *serverState
 	traffic *dashboard.Traffic
 	dash    *dashboard.Dashboard
+	// replica is this replica's id as the dashboard shows it: the etcd
+	// member id, else its name in Redis, else the host name. It is set in
+	// New, before Serve; nothing writes it after.
+	replica string
 }
 
 // New loads config and topology, builds the engine and binds both listeners.
@@ -109,6 +114,7 @@ func New(opts Options) (*Server, error) {
 		opts.Metrics.MaxTenantSeries = cfg.Metrics.MaxTenantSeries
 	}
 	s := &Server{opts: opts, log: opts.Logger, metrics: metrics.New(opts.Metrics), traffic: dashboard.NewTraffic()}
+	s.replica, _ = os.Hostname()
 	if err := s.setupSecurity(); err != nil {
 		return nil, err
 	}
@@ -154,7 +160,8 @@ func New(opts Options) (*Server, error) {
 	// back below with the parse's garbage.
 	tenants := len(cfg.Tenants)
 	cfg.Tenants = nil
-	if err := s.newDashboard(); err != nil {
+	configStatus := s.newConfigStatus(cfgName)
+	if err := s.newDashboard(configStatus); err != nil {
 		return nil, err
 	}
 	s.metrics.RegisterState(s.eng)
@@ -166,7 +173,7 @@ func New(opts Options) (*Server, error) {
 
 	s.grpcMetrics = newGRPCMetrics(s.metrics.Registry)
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
-	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(append(s.registerOptions(), s.newConfigStatus(cfgName)), s.creditFreezer()...)...)
+	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(append(s.registerOptions(), configStatus), s.creditFreezer()...)...)
 	if err := s.registerRLS(cfg); err != nil {
 		return nil, err
 	}

@@ -50,8 +50,33 @@ function bytes(v) {
 function rate(v) { return v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2); }
 function pct(v) { return (v * 100).toFixed(0) + "%"; }
 // utc renders a time as HH:MM:SS UTC: every time on the page is UTC, as the
-// logs, the alerts and sluicectl are.
+// logs, the alerts and sluicectl are. timeEl puts it in a <time> element
+// that holds the whole instant.
 function utc(t) { return new Date(t).toISOString().slice(11, 19) + " UTC"; }
+function timeEl(t) {
+  const iso = new Date(t).toISOString();
+  return el("time", { datetime: iso, title: iso, text: utc(t) });
+}
+// seconds renders a latency.
+function seconds(v) {
+  if (v >= 1) return v.toFixed(v >= 10 ? 0 : 2) + " s";
+  if (v >= 1e-3) return (v * 1e3).toFixed(v >= 1e-2 ? 0 : 1) + " ms";
+  return (v * 1e6).toFixed(0) + " µs";
+}
+// reasons renders refusal reasons and their rates.
+function reasons(rs) {
+  const out = [];
+  for (const r of rs || []) {
+    if (out.length) out.push(", ");
+    out.push(el("span", { class: "reason", "data-reason": r.reason }, r.reason + " ", el("b", { text: rate(r.perSecond) + "/s" })));
+  }
+  return out;
+}
+// shortRevision is a VCS revision cut to 12 characters, as git abbreviates.
+function shortRevision(r) {
+  const m = /^([0-9a-f]{12})[0-9a-f]*(-modified)?$/.exec(r || "");
+  return m ? m[1] + (m[2] ? " (modified)" : "") : r || "unknown";
+}
 
 function usd(micros) { return "$" + (micros / 1e6).toLocaleString(undefined, { maximumFractionDigits: 2 }); }
 function level(v) { return v >= 0.95 ? "full" : v >= 0.8 ? "high" : "ok"; }
@@ -130,12 +155,12 @@ function updateDomains(snap) {
     if (!p) continue; // a topology event brings it
     p.panel.dataset.draining = d.draining ? "true" : "false";
     p.panel.dataset.feedback = feedbackState(d);
-    let mark = "";
+    const mark = [];
     if (d.draining) {
-      mark = d.drainReason || "drained";
-      if (v.drainedBy) mark += " — by " + v.drainedBy + (v.drainedAt ? " at " + utc(v.drainedAt) : "");
+      mark.push(d.drainReason || "drained");
+      if (v.drainedBy) mark.push(" — by " + v.drainedBy, ...(v.drainedAt ? [" at ", timeEl(v.drainedAt)] : []));
     }
-    p.mark.textContent = mark;
+    p.mark.replaceChildren(...mark);
     setMeter(p.prefill, v.prefillUse);
     setMeter(p.decode, v.decodeUse);
     setMeter(p.kv, v.kvUse);
@@ -200,6 +225,7 @@ function rowValues(r) {
   return {
     name: t.name, tier: t.tier, weight: num(t.weight),
     admitted: r.admittedPerSecond, degraded: r.degradedPerSecond, refused: r.refusedPerSecond,
+    reasonList: r.refusalReasons || [], reasons: (r.refusalReasons || []).length ? r.refusalReasons[0].perSecond : 0,
     queued: num(t.queued), inFlight: num(t.inFlight),
     achieved: r.achievedTokensPerSecond, floor,
     debt: Math.max(0, -num(t.tokenLevel)), credit: num(t.credit),
@@ -227,12 +253,13 @@ function drawTenants() {
       el("td", { class: "admitted num", text: rate(v.admitted) }),
       el("td", { class: "degraded num", text: rate(v.degraded) }),
       el("td", { class: "refused num", text: rate(v.refused) }),
+      el("td", { class: "reasons" }, ...(v.reasonList.length ? reasons(v.reasonList) : ["–"])),
       el("td", { class: "queued num", text: String(v.queued) }),
       el("td", { class: "in-flight num", text: String(v.inFlight) }),
       el("td", { class: "floor num" }, si(v.achieved, "") + (v.floor > 0 ? " / " + si(v.floor, "") : " / no floor"),
         ...(v.floor > 0 ? [el("div", { class: "meter" }, bar)] : [])),
       el("td", { class: "credit num", text: v.credit > 0 ? si(v.debt, "") + " owed of " + si(v.credit, "") : "none" }),
-      el("td", { class: "breaker", text: v.breaker === "open" ? "OPEN until " + utc(v.breakerUntil) : "closed" }),
+      el("td", { class: "breaker" }, ...(v.breaker === "open" ? ["OPEN until ", timeEl(v.breakerUntil)] : ["closed"])),
       el("td", { class: "budget num", text: v.budget === Infinity ? "no cap" : usd(v.budget) }),
     );
     if (v.refused === 0) tr.querySelector("td.refused").setAttribute("data-zero", "");
@@ -276,13 +303,34 @@ function handleEvent(chunk) {
     $("#t-admitted").textContent = Number(ans.admitted || 0).toFixed(1);
     $("#t-degraded").textContent = Number(ans.degraded || 0).toFixed(1);
     $("#t-refused").textContent = Number(ans.refused || 0).toFixed(1);
+    const lat = msg.admitLatency || {};
+    $("#t-p99").textContent = lat.count ? seconds(lat.p99Seconds) : "–";
+    $("#t-p99").title = (lat.count || 0) + " Admit calls timed";
+    const rs = msg.refusalReasons || [];
+    $("#t-reason-list").replaceChildren(...(rs.length ? reasons(rs) : ["none"]));
+    drawServer(msg.server || {});
+    $("#updated").replaceChildren(timeEl(msg.at));
     const f = msg.creditFreeze;
     $("#t-freeze").hidden = !f;
-    $("#t-freeze").textContent = f ? "burst credit frozen until " + utc(f.until) + (f.reason ? ": " + f.reason : "") : "";
+    $("#t-freeze").replaceChildren(...(f ? ["burst credit frozen until ", timeEl(f.until), f.reason ? ": " + f.reason : ""] : []));
     updateDomains(msg);
     updateTenants(msg);
     document.body.dataset.updated = msg.at;
   }
+}
+
+// drawServer fills the header's identity: replica, build, config.
+function drawServer(sv) {
+  $("#s-replica").textContent = sv.replica || "–";
+  $("#s-build").textContent = (sv.version || "–") + " " + shortRevision(sv.revision);
+  $("#s-build").title = "version " + sv.version + ", revision " + sv.revision;
+  const c = sv.config;
+  if (!c) {
+    $("#s-config").replaceChildren("not reported");
+    return;
+  }
+  $("#s-config").replaceChildren(c.source + (c.revision > 0 ? " rev " + c.revision : ""),
+    ...(c.appliedAt ? [" applied ", timeEl(c.appliedAt)] : []));
 }
 
 async function stream(signal) {
@@ -330,6 +378,10 @@ async function run() {
 function restart() { if (state.abort) state.abort.abort(); }
 
 document.addEventListener("DOMContentLoaded", () => {
+  // The table's header row sticks under the page's header, whose height
+  // follows the window's width (the fleet strip wraps).
+  const header = $("header");
+  new ResizeObserver(() => document.documentElement.style.setProperty("--header-h", header.offsetHeight + "px")).observe(header);
   let timer;
   $("#search").addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(restart, 250); });
   $("#sort").addEventListener("change", restart);
