@@ -172,13 +172,13 @@ func New(engine *admission.Engine, store Store, clk clock.Clock, log *slog.Logge
 }
 
 // Start adopts the store's unfinished tickets (a restart takes its backlog
-// back) and runs the drain loop in a goroutine until ctx ends.
+// back) and runs the drain loop in a goroutine until ctx ends. A store
+// that does not answer is not fatal: the loop adopts again every
+// adoptEvery, and Start reports the first failure.
 func (b *Backlog) Start(ctx context.Context) error {
-	if err := b.adopt(ctx); err != nil {
-		return err
-	}
+	err := b.adopt(ctx)
 	go b.run(ctx)
-	return nil
+	return err
 }
 
 func (b *Backlog) run(ctx context.Context) {
@@ -797,7 +797,8 @@ func (b *Backlog) nudge() {
 type TenantBacklog struct {
 	Tenant           string
 	Pending, Claimed int
-	Oldest           time.Time // the oldest pending ticket's submission (zero: none)
+	Oldest           time.Time     // the oldest pending ticket's submission (zero: none)
+	OldestAge        time.Duration // how long it has waited, on the backlog's clock
 }
 
 // Tenants returns each tenant's held tickets, for metrics and sluicectl.
@@ -820,8 +821,12 @@ func (b *Backlog) Tenants() []TenantBacklog {
 			tb.Oldest = tk.rec.Created
 		}
 	}
+	now := b.clk.Now()
 	out := make([]TenantBacklog, 0, len(by))
 	for _, tb := range by {
+		if !tb.Oldest.IsZero() {
+			tb.OldestAge = now.Sub(tb.Oldest)
+		}
 		out = append(out, *tb)
 	}
 	return out

@@ -29,8 +29,8 @@ func NewMemStore() *MemStore { return &MemStore{recs: make(map[string]Record)} }
 func (m *MemStore) Add(_ context.Context, rec Record) (uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, dup := m.recs[rec.ID]; dup {
-		return 0, fmt.Errorf("deferral: ticket %s already stored", rec.ID)
+	if old, dup := m.recs[rec.ID]; dup {
+		return old.Seq, nil
 	}
 	m.seq++
 	rec.Seq = m.seq
@@ -76,6 +76,12 @@ func (m *MemStore) Finish(_ context.Context, id string, state State, reason stri
 	rec, ok := m.recs[id]
 	if !ok {
 		return fmt.Errorf("finish %s: %w", id, ErrNotFound)
+	}
+	if !state.Final() {
+		return fmt.Errorf("finish %s: %v is not a final state", id, state)
+	}
+	if rec.State.Final() {
+		return nil
 	}
 	rec.State, rec.Reason, rec.Finished = state, reason, at
 	m.recs[id] = rec

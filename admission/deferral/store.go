@@ -65,7 +65,7 @@ type Claim struct {
 // Record is one ticket as the store keeps it.
 type Record struct {
 	ID      string    `json:"id"`
-	Seq     uint64    `json:"seq"` // submission order within this store, from 1
+	Seq     uint64    `json:"seq"` // submission order of the tenant's tickets (a sharded store orders other tenants' only roughly)
 	Work    Work      `json:"work"`
 	Created time.Time `json:"created"`
 	// Deadline is Created + defer_within: a ticket still pending then
@@ -92,26 +92,32 @@ var ErrNotFound = errors.New("deferral: ticket not found")
 // retention period so that GetTicket can still answer, then dropped.
 type Store interface {
 	// Add writes a new pending ticket. Its Seq is assigned by the store
-	// and returned.
+	// and returned; an Add repeated with the same id returns the first's
+	// Seq and writes nothing (a retry makes no second ticket).
 	Add(ctx context.Context, rec Record) (seq uint64, err error)
 	// Claim marks a pending ticket claimed with c. A ticket that is no
 	// longer pending (cancelled meanwhile, say through another replica)
 	// returns its current record and ok false: the caller undoes its
-	// admission.
+	// admission. On success cur is the claimed record.
 	Claim(ctx context.Context, id string, c Claim) (cur Record, ok bool, err error)
 	// Unclaim puts a claimed ticket back to pending: its lease ended
-	// without a Release, or it could not be handed to a worker.
+	// without a Release, or it could not be handed to a worker. On a
+	// ticket that is not claimed it does nothing.
 	Unclaim(ctx context.Context, id string) error
 	// Finish moves a ticket to a final state (done, expired, cancelled)
-	// with a reason, at time at; it leaves the backlog.
+	// with a reason, at time at; it leaves the backlog. A ticket already
+	// final keeps its first final state; a state that is not final is an
+	// error.
 	Finish(ctx context.Context, id string, state State, reason string, at time.Time) error
 	// Get returns one ticket, final ones while retained.
 	Get(ctx context.Context, id string) (Record, error)
 	// Adopt returns the unfinished tickets (pending or claimed) that are
 	// now this backlog's to admit and that it does not hold yet, in Seq
 	// order within each tenant. The backlog calls it at start and every
-	// adopt interval. An embedded store returns every unfinished ticket on
-	// the first call (a restart takes its backlog back) and nothing after;
+	// adopt interval. An embedded store returns, on the first call, every
+	// unfinished ticket it did not take through Add since it was opened (a
+	// restart takes its backlog back), and nothing after (the backlog
+	// skips any it holds already);
 	// a store shared by replicas returns, besides, the tickets of replicas
 	// that stopped (their holds lapsed), each to one adopter.
 	Adopt(ctx context.Context) ([]Record, error)

@@ -1,8 +1,10 @@
 package grpcserver
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -25,6 +27,7 @@ type Backlog interface {
 	Get(ctx context.Context, id string, allow func(tenant string) bool) (deferral.Record, error)
 	Cancel(ctx context.Context, id string, allow func(tenant string) bool) (deferral.Record, error)
 	Waiting(id string) admission.Reason
+	Tenants() []deferral.TenantBacklog
 }
 
 // WithBacklog serves deferrable work from b: deferrable Admits, Claim,
@@ -190,4 +193,29 @@ func deferWithin(in *admissionv1.AdmitRequest) (time.Duration, error) {
 		return 0, invalidArgument("defer_within", err.Error())
 	}
 	return d.AsDuration(), nil
+}
+
+// ListBacklog implements admissionv1.OperatorServer.
+func (s *operatorServer) ListBacklog(context.Context, *admissionv1.ListBacklogRequest) (*admissionv1.ListBacklogResponse, error) {
+	if s.backlog == nil {
+		return nil, status.Error(codes.Unimplemented, "this server keeps no backlog for deferrable work")
+	}
+	tenants := s.backlog.Tenants()
+	slices.SortFunc(tenants, func(a, b deferral.TenantBacklog) int {
+		return cmp.Or(cmp.Compare(b.Pending+b.Claimed, a.Pending+a.Claimed), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	out := &admissionv1.ListBacklogResponse{Tenants: make([]*admissionv1.TenantBacklog, len(tenants))}
+	for i, tb := range tenants {
+		t := &admissionv1.TenantBacklog{Tenant: tb.Tenant, Pending: int64(tb.Pending), Claimed: int64(tb.Claimed)}
+		if info, ok := s.eng.Tenant(tb.Tenant); ok {
+			t.Tier = info.Tier
+		}
+		if tb.Pending > 0 {
+			t.OldestAge = durationpb.New(tb.OldestAge)
+		}
+		out.Pending += t.Pending
+		out.Claimed += t.Claimed
+		out.Tenants[i] = t
+	}
+	return out, nil
 }

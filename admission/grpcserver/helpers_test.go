@@ -311,3 +311,5 @@ func (b *testBacklog) Cancel(context.Context, string, func(string) bool) (deferr
 }
 
 func (b *testBacklog) Waiting(string) admission.Reason { return admission.ReasonNone }
+
+func (b *testBacklog) Tenants() []deferral.TenantBacklog { return nil }

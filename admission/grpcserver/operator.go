@@ -21,10 +21,11 @@ type operatorServer struct {
 	configStatus ConfigStatusSource // nil: GetConfigStatus is UNIMPLEMENTED
 	credit       CreditEngine       // nil: eng freezes no credit
 	freezer      CreditFreezer      // where a credit freeze goes: the fleet's control plane, or credit; nil: none
+	backlog      Backlog            // nil: ListBacklog is UNIMPLEMENTED
 }
 
 func newOperatorServer(eng Engine, o *registerOptions) *operatorServer {
-	s := &operatorServer{eng: eng, configStatus: o.configStatus, freezer: o.freezer}
+	s := &operatorServer{eng: eng, configStatus: o.configStatus, freezer: o.freezer, backlog: o.backlog}
 	s.credit, _ = eng.(CreditEngine)
 	if s.freezer == nil && s.credit != nil {
 		s.freezer = localFreezer{s.credit}

@@ -3137,6 +3137,186 @@ func (x *PlacementCheck) GetDetail() string {
 	return ""
 }
 
+// ListBacklogRequest asks for the deferred backlog.
+type ListBacklogRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBacklogRequest) Reset() {
+	*x = ListBacklogRequest{}
+	mi := &file_admission_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBacklogRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBacklogRequest) ProtoMessage() {}
+
+func (x *ListBacklogRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBacklogRequest.ProtoReflect.Descriptor instead.
+func (*ListBacklogRequest) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{34}
+}
+
+// ListBacklogResponse is the deferred backlog of one replica.
+type ListBacklogResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Largest backlogs (pending + claimed) first.
+	Tenants []*TenantBacklog `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// Totals over every tenant.
+	Pending       int64 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	Claimed       int64 `protobuf:"varint,3,opt,name=claimed,proto3" json:"claimed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBacklogResponse) Reset() {
+	*x = ListBacklogResponse{}
+	mi := &file_admission_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBacklogResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBacklogResponse) ProtoMessage() {}
+
+func (x *ListBacklogResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBacklogResponse.ProtoReflect.Descriptor instead.
+func (*ListBacklogResponse) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ListBacklogResponse) GetTenants() []*TenantBacklog {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *ListBacklogResponse) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *ListBacklogResponse) GetClaimed() int64 {
+	if x != nil {
+		return x.Claimed
+	}
+	return 0
+}
+
+// TenantBacklog is one tenant's part of the deferred backlog.
+type TenantBacklog struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Tier   string                 `protobuf:"bytes,2,opt,name=tier,proto3" json:"tier,omitempty"`
+	// Tickets waiting for capacity and a worker.
+	Pending int64 `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	// Tickets running on a worker.
+	Claimed int64 `protobuf:"varint,4,opt,name=claimed,proto3" json:"claimed,omitempty"`
+	// Age of the oldest pending ticket. Absent: none pending.
+	OldestAge     *durationpb.Duration `protobuf:"bytes,5,opt,name=oldest_age,json=oldestAge,proto3" json:"oldest_age,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantBacklog) Reset() {
+	*x = TenantBacklog{}
+	mi := &file_admission_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantBacklog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantBacklog) ProtoMessage() {}
+
+func (x *TenantBacklog) ProtoReflect() protoreflect.Message {
+	mi := &file_admission_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantBacklog.ProtoReflect.Descriptor instead.
+func (*TenantBacklog) Descriptor() ([]byte, []int) {
+	return file_admission_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TenantBacklog) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *TenantBacklog) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
+func (x *TenantBacklog) GetPending() int64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *TenantBacklog) GetClaimed() int64 {
+	if x != nil {
+		return x.Claimed
+	}
+	return 0
+}
+
+func (x *TenantBacklog) GetOldestAge() *durationpb.Duration {
+	if x != nil {
+		return x.OldestAge
+	}
+	return nil
+}
+
 var File_admission_proto protoreflect.FileDescriptor
 
 const file_admission_proto_rawDesc = "" +
@@ -3364,7 +3544,19 @@ const file_admission_proto_rawDesc = "" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\x12\x14\n" +
 	"\x05floor\x18\x03 \x01(\bR\x05floor\x12\x12\n" +
 	"\x04fits\x18\x04 \x01(\bR\x04fits\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail*P\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x14\n" +
+	"\x12ListBacklogRequest\"\x87\x01\n" +
+	"\x13ListBacklogResponse\x12<\n" +
+	"\atenants\x18\x01 \x03(\v2\".sluice.admission.v1.TenantBacklogR\atenants\x12\x18\n" +
+	"\apending\x18\x02 \x01(\x03R\apending\x12\x18\n" +
+	"\aclaimed\x18\x03 \x01(\x03R\aclaimed\"\xa9\x01\n" +
+	"\rTenantBacklog\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x12\n" +
+	"\x04tier\x18\x02 \x01(\tR\x04tier\x12\x18\n" +
+	"\apending\x18\x03 \x01(\x03R\apending\x12\x18\n" +
+	"\aclaimed\x18\x04 \x01(\x03R\aclaimed\x128\n" +
+	"\n" +
+	"oldest_age\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\toldestAge*P\n" +
 	"\bPriority\x12\x18\n" +
 	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fPRIORITY_NORMAL\x10\x01\x12\x15\n" +
@@ -3409,7 +3601,7 @@ const file_admission_proto_rawDesc = "" +
 	"\aRelease\x12#.sluice.admission.v1.ReleaseRequest\x1a$.sluice.admission.v1.ReleaseResponse\x12N\n" +
 	"\x05Claim\x12!.sluice.admission.v1.ClaimRequest\x1a .sluice.admission.v1.ClaimedWork0\x01\x12O\n" +
 	"\tGetTicket\x12%.sluice.admission.v1.GetTicketRequest\x1a\x1b.sluice.admission.v1.Ticket\x12U\n" +
-	"\fCancelTicket\x12(.sluice.admission.v1.CancelTicketRequest\x1a\x1b.sluice.admission.v1.Ticket2\xa2\a\n" +
+	"\fCancelTicket\x12(.sluice.admission.v1.CancelTicketRequest\x1a\x1b.sluice.admission.v1.Ticket2\x84\b\n" +
 	"\bOperator\x12`\n" +
 	"\vListDomains\x12'.sluice.admission.v1.ListDomainsRequest\x1a(.sluice.admission.v1.ListDomainsResponse\x12`\n" +
 	"\vDrainDomain\x12'.sluice.admission.v1.DrainDomainRequest\x1a(.sluice.admission.v1.DrainDomainResponse\x12f\n" +
@@ -3419,7 +3611,8 @@ const file_admission_proto_rawDesc = "" +
 	"\x0fGetConfigStatus\x12+.sluice.admission.v1.GetConfigStatusRequest\x1a,.sluice.admission.v1.GetConfigStatusResponse\x12\\\n" +
 	"\fExplainAdmit\x12!.sluice.admission.v1.AdmitRequest\x1a).sluice.admission.v1.ExplainAdmitResponse\x12r\n" +
 	"\x11FreezeBurstCredit\x12-.sluice.admission.v1.FreezeBurstCreditRequest\x1a..sluice.admission.v1.FreezeBurstCreditResponse\x12l\n" +
-	"\x0fThawBurstCredit\x12+.sluice.admission.v1.ThawBurstCreditRequest\x1a,.sluice.admission.v1.ThawBurstCreditResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
+	"\x0fThawBurstCredit\x12+.sluice.admission.v1.ThawBurstCreditRequest\x1a,.sluice.admission.v1.ThawBurstCreditResponse\x12`\n" +
+	"\vListBacklog\x12'.sluice.admission.v1.ListBacklogRequest\x1a(.sluice.admission.v1.ListBacklogResponseB9Z7github.com/sluice-sched/sluice/admission/v1;admissionv1b\x06proto3"
 
 var (
 	file_admission_proto_rawDescOnce sync.Once
@@ -3434,7 +3627,7 @@ func file_admission_proto_rawDescGZIP() []byte {
 }
 
 var file_admission_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_admission_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_admission_proto_goTypes = []any{
 	(Priority)(0),                     // 0: sluice.admission.v1.Priority
 	(Decision)(0),                     // 1: sluice.admission.v1.Decision
@@ -3475,85 +3668,92 @@ var file_admission_proto_goTypes = []any{
 	(*ExplainAdmitResponse)(nil),      // 36: sluice.admission.v1.ExplainAdmitResponse
 	(*GateCheck)(nil),                 // 37: sluice.admission.v1.GateCheck
 	(*PlacementCheck)(nil),            // 38: sluice.admission.v1.PlacementCheck
-	(*durationpb.Duration)(nil),       // 39: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 40: google.protobuf.Timestamp
+	(*ListBacklogRequest)(nil),        // 39: sluice.admission.v1.ListBacklogRequest
+	(*ListBacklogResponse)(nil),       // 40: sluice.admission.v1.ListBacklogResponse
+	(*TenantBacklog)(nil),             // 41: sluice.admission.v1.TenantBacklog
+	(*durationpb.Duration)(nil),       // 42: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 43: google.protobuf.Timestamp
 }
 var file_admission_proto_depIdxs = []int32{
 	0,  // 0: sluice.admission.v1.AdmitRequest.priority:type_name -> sluice.admission.v1.Priority
-	39, // 1: sluice.admission.v1.AdmitRequest.defer_within:type_name -> google.protobuf.Duration
+	42, // 1: sluice.admission.v1.AdmitRequest.defer_within:type_name -> google.protobuf.Duration
 	1,  // 2: sluice.admission.v1.AdmitResponse.decision:type_name -> sluice.admission.v1.Decision
 	2,  // 3: sluice.admission.v1.AdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	39, // 4: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	39, // 5: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
+	42, // 4: sluice.admission.v1.AdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	42, // 5: sluice.admission.v1.AdmitResponse.queued:type_name -> google.protobuf.Duration
 	12, // 6: sluice.admission.v1.AdmitResponse.trace:type_name -> sluice.admission.v1.Trace
 	11, // 7: sluice.admission.v1.ClaimedWork.ticket:type_name -> sluice.admission.v1.Ticket
 	6,  // 8: sluice.admission.v1.ClaimedWork.admission:type_name -> sluice.admission.v1.AdmitResponse
 	4,  // 9: sluice.admission.v1.Ticket.state:type_name -> sluice.admission.v1.TicketState
 	5,  // 10: sluice.admission.v1.Ticket.request:type_name -> sluice.admission.v1.AdmitRequest
-	40, // 11: sluice.admission.v1.Ticket.created:type_name -> google.protobuf.Timestamp
-	40, // 12: sluice.admission.v1.Ticket.deadline:type_name -> google.protobuf.Timestamp
+	43, // 11: sluice.admission.v1.Ticket.created:type_name -> google.protobuf.Timestamp
+	43, // 12: sluice.admission.v1.Ticket.deadline:type_name -> google.protobuf.Timestamp
 	2,  // 13: sluice.admission.v1.Ticket.waiting_on:type_name -> sluice.admission.v1.Reason
-	40, // 14: sluice.admission.v1.Ticket.finished:type_name -> google.protobuf.Timestamp
-	39, // 15: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
+	43, // 14: sluice.admission.v1.Ticket.finished:type_name -> google.protobuf.Timestamp
+	42, // 15: sluice.admission.v1.Trace.estimated_wait:type_name -> google.protobuf.Duration
 	3,  // 16: sluice.admission.v1.ReleaseRequest.outcome:type_name -> sluice.admission.v1.Outcome
-	39, // 17: sluice.admission.v1.ReleaseRequest.time_to_first_token:type_name -> google.protobuf.Duration
-	39, // 18: sluice.admission.v1.ReleaseRequest.duration:type_name -> google.protobuf.Duration
-	39, // 19: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
-	39, // 20: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
-	39, // 21: sluice.admission.v1.DomainInfo.engine_metrics_age:type_name -> google.protobuf.Duration
-	40, // 22: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
+	42, // 17: sluice.admission.v1.ReleaseRequest.time_to_first_token:type_name -> google.protobuf.Duration
+	42, // 18: sluice.admission.v1.ReleaseRequest.duration:type_name -> google.protobuf.Duration
+	42, // 19: sluice.admission.v1.ReleaseResponse.held_for:type_name -> google.protobuf.Duration
+	42, // 20: sluice.admission.v1.DomainInfo.warmup_left:type_name -> google.protobuf.Duration
+	42, // 21: sluice.admission.v1.DomainInfo.engine_metrics_age:type_name -> google.protobuf.Duration
+	43, // 22: sluice.admission.v1.TenantInfo.breaker_until:type_name -> google.protobuf.Timestamp
 	15, // 23: sluice.admission.v1.ListDomainsResponse.domains:type_name -> sluice.admission.v1.DomainInfo
 	19, // 24: sluice.admission.v1.ListDomainsResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
-	40, // 25: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
-	39, // 26: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
+	43, // 25: sluice.admission.v1.CreditFreeze.until:type_name -> google.protobuf.Timestamp
+	42, // 26: sluice.admission.v1.FreezeBurstCreditRequest.duration:type_name -> google.protobuf.Duration
 	19, // 27: sluice.admission.v1.FreezeBurstCreditResponse.freeze:type_name -> sluice.admission.v1.CreditFreeze
 	15, // 28: sluice.admission.v1.DrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	15, // 29: sluice.admission.v1.UndrainDomainResponse.domain:type_name -> sluice.admission.v1.DomainInfo
 	16, // 30: sluice.admission.v1.ListTenantsResponse.tenants:type_name -> sluice.admission.v1.TenantInfo
 	16, // 31: sluice.admission.v1.GetTenantResponse.tenant:type_name -> sluice.admission.v1.TenantInfo
-	40, // 32: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
-	40, // 33: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
+	43, // 32: sluice.admission.v1.ConfigRefusal.at:type_name -> google.protobuf.Timestamp
+	43, // 33: sluice.admission.v1.GetConfigStatusResponse.applied_at:type_name -> google.protobuf.Timestamp
 	33, // 34: sluice.admission.v1.GetConfigStatusResponse.last_refusal:type_name -> sluice.admission.v1.ConfigRefusal
 	19, // 35: sluice.admission.v1.GetConfigStatusResponse.credit_freeze:type_name -> sluice.admission.v1.CreditFreeze
 	35, // 36: sluice.admission.v1.GetConfigStatusResponse.shared_shards:type_name -> sluice.admission.v1.SharedShard
 	2,  // 37: sluice.admission.v1.ExplainAdmitResponse.reason:type_name -> sluice.admission.v1.Reason
-	39, // 38: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
-	39, // 39: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
+	42, // 38: sluice.admission.v1.ExplainAdmitResponse.retry_after:type_name -> google.protobuf.Duration
+	42, // 39: sluice.admission.v1.ExplainAdmitResponse.estimated_wait:type_name -> google.protobuf.Duration
 	37, // 40: sluice.admission.v1.ExplainAdmitResponse.gates:type_name -> sluice.admission.v1.GateCheck
 	38, // 41: sluice.admission.v1.ExplainAdmitResponse.placement:type_name -> sluice.admission.v1.PlacementCheck
-	5,  // 42: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
-	13, // 43: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
-	7,  // 44: sluice.admission.v1.Admission.Claim:input_type -> sluice.admission.v1.ClaimRequest
-	9,  // 45: sluice.admission.v1.Admission.GetTicket:input_type -> sluice.admission.v1.GetTicketRequest
-	10, // 46: sluice.admission.v1.Admission.CancelTicket:input_type -> sluice.admission.v1.CancelTicketRequest
-	17, // 47: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
-	24, // 48: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
-	26, // 49: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
-	28, // 50: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
-	30, // 51: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
-	32, // 52: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
-	5,  // 53: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
-	20, // 54: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
-	22, // 55: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
-	6,  // 56: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
-	14, // 57: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
-	8,  // 58: sluice.admission.v1.Admission.Claim:output_type -> sluice.admission.v1.ClaimedWork
-	11, // 59: sluice.admission.v1.Admission.GetTicket:output_type -> sluice.admission.v1.Ticket
-	11, // 60: sluice.admission.v1.Admission.CancelTicket:output_type -> sluice.admission.v1.Ticket
-	18, // 61: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
-	25, // 62: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
-	27, // 63: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
-	29, // 64: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
-	31, // 65: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
-	34, // 66: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
-	36, // 67: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
-	21, // 68: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
-	23, // 69: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
-	56, // [56:70] is the sub-list for method output_type
-	42, // [42:56] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	41, // 42: sluice.admission.v1.ListBacklogResponse.tenants:type_name -> sluice.admission.v1.TenantBacklog
+	42, // 43: sluice.admission.v1.TenantBacklog.oldest_age:type_name -> google.protobuf.Duration
+	5,  // 44: sluice.admission.v1.Admission.Admit:input_type -> sluice.admission.v1.AdmitRequest
+	13, // 45: sluice.admission.v1.Admission.Release:input_type -> sluice.admission.v1.ReleaseRequest
+	7,  // 46: sluice.admission.v1.Admission.Claim:input_type -> sluice.admission.v1.ClaimRequest
+	9,  // 47: sluice.admission.v1.Admission.GetTicket:input_type -> sluice.admission.v1.GetTicketRequest
+	10, // 48: sluice.admission.v1.Admission.CancelTicket:input_type -> sluice.admission.v1.CancelTicketRequest
+	17, // 49: sluice.admission.v1.Operator.ListDomains:input_type -> sluice.admission.v1.ListDomainsRequest
+	24, // 50: sluice.admission.v1.Operator.DrainDomain:input_type -> sluice.admission.v1.DrainDomainRequest
+	26, // 51: sluice.admission.v1.Operator.UndrainDomain:input_type -> sluice.admission.v1.UndrainDomainRequest
+	28, // 52: sluice.admission.v1.Operator.ListTenants:input_type -> sluice.admission.v1.ListTenantsRequest
+	30, // 53: sluice.admission.v1.Operator.GetTenant:input_type -> sluice.admission.v1.GetTenantRequest
+	32, // 54: sluice.admission.v1.Operator.GetConfigStatus:input_type -> sluice.admission.v1.GetConfigStatusRequest
+	5,  // 55: sluice.admission.v1.Operator.ExplainAdmit:input_type -> sluice.admission.v1.AdmitRequest
+	20, // 56: sluice.admission.v1.Operator.FreezeBurstCredit:input_type -> sluice.admission.v1.FreezeBurstCreditRequest
+	22, // 57: sluice.admission.v1.Operator.ThawBurstCredit:input_type -> sluice.admission.v1.ThawBurstCreditRequest
+	39, // 58: sluice.admission.v1.Operator.ListBacklog:input_type -> sluice.admission.v1.ListBacklogRequest
+	6,  // 59: sluice.admission.v1.Admission.Admit:output_type -> sluice.admission.v1.AdmitResponse
+	14, // 60: sluice.admission.v1.Admission.Release:output_type -> sluice.admission.v1.ReleaseResponse
+	8,  // 61: sluice.admission.v1.Admission.Claim:output_type -> sluice.admission.v1.ClaimedWork
+	11, // 62: sluice.admission.v1.Admission.GetTicket:output_type -> sluice.admission.v1.Ticket
+	11, // 63: sluice.admission.v1.Admission.CancelTicket:output_type -> sluice.admission.v1.Ticket
+	18, // 64: sluice.admission.v1.Operator.ListDomains:output_type -> sluice.admission.v1.ListDomainsResponse
+	25, // 65: sluice.admission.v1.Operator.DrainDomain:output_type -> sluice.admission.v1.DrainDomainResponse
+	27, // 66: sluice.admission.v1.Operator.UndrainDomain:output_type -> sluice.admission.v1.UndrainDomainResponse
+	29, // 67: sluice.admission.v1.Operator.ListTenants:output_type -> sluice.admission.v1.ListTenantsResponse
+	31, // 68: sluice.admission.v1.Operator.GetTenant:output_type -> sluice.admission.v1.GetTenantResponse
+	34, // 69: sluice.admission.v1.Operator.GetConfigStatus:output_type -> sluice.admission.v1.GetConfigStatusResponse
+	36, // 70: sluice.admission.v1.Operator.ExplainAdmit:output_type -> sluice.admission.v1.ExplainAdmitResponse
+	21, // 71: sluice.admission.v1.Operator.FreezeBurstCredit:output_type -> sluice.admission.v1.FreezeBurstCreditResponse
+	23, // 72: sluice.admission.v1.Operator.ThawBurstCredit:output_type -> sluice.admission.v1.ThawBurstCreditResponse
+	40, // 73: sluice.admission.v1.Operator.ListBacklog:output_type -> sluice.admission.v1.ListBacklogResponse
+	59, // [59:74] is the sub-list for method output_type
+	44, // [44:59] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_admission_proto_init() }
@@ -3567,7 +3767,7 @@ func file_admission_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_admission_proto_rawDesc), len(file_admission_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   34,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

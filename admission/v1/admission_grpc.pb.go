@@ -337,6 +337,7 @@ const (
 	Operator_ExplainAdmit_FullMethodName      = "/sluice.admission.v1.Operator/ExplainAdmit"
 	Operator_FreezeBurstCredit_FullMethodName = "/sluice.admission.v1.Operator/FreezeBurstCredit"
 	Operator_ThawBurstCredit_FullMethodName   = "/sluice.admission.v1.Operator/ThawBurstCredit"
+	Operator_ListBacklog_FullMethodName       = "/sluice.admission.v1.Operator/ListBacklog"
 )
 
 // OperatorClient is the client API for Operator service.
@@ -375,6 +376,10 @@ type OperatorClient interface {
 	// ThawBurstCredit ends a credit freeze at once, on every replica when the
 	// freeze is in etcd. No freeze is not an error. Operator role; audited.
 	ThawBurstCredit(ctx context.Context, in *ThawBurstCreditRequest, opts ...grpc.CallOption) (*ThawBurstCreditResponse, error)
+	// ListBacklog describes the deferred backlog this replica holds: per
+	// tenant, tickets pending and claimed and the oldest pending one's age,
+	// largest backlogs first. UNIMPLEMENTED on a server without a backlog.
+	ListBacklog(ctx context.Context, in *ListBacklogRequest, opts ...grpc.CallOption) (*ListBacklogResponse, error)
 }
 
 type operatorClient struct {
@@ -475,6 +480,16 @@ func (c *operatorClient) ThawBurstCredit(ctx context.Context, in *ThawBurstCredi
 	return out, nil
 }
 
+func (c *operatorClient) ListBacklog(ctx context.Context, in *ListBacklogRequest, opts ...grpc.CallOption) (*ListBacklogResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBacklogResponse)
+	err := c.cc.Invoke(ctx, Operator_ListBacklog_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // OperatorServer is the server API for Operator service.
 // All implementations must embed UnimplementedOperatorServer
 // for forward compatibility.
@@ -511,6 +526,10 @@ type OperatorServer interface {
 	// ThawBurstCredit ends a credit freeze at once, on every replica when the
 	// freeze is in etcd. No freeze is not an error. Operator role; audited.
 	ThawBurstCredit(context.Context, *ThawBurstCreditRequest) (*ThawBurstCreditResponse, error)
+	// ListBacklog describes the deferred backlog this replica holds: per
+	// tenant, tickets pending and claimed and the oldest pending one's age,
+	// largest backlogs first. UNIMPLEMENTED on a server without a backlog.
+	ListBacklog(context.Context, *ListBacklogRequest) (*ListBacklogResponse, error)
 	mustEmbedUnimplementedOperatorServer()
 }
 
@@ -547,6 +566,9 @@ func (UnimplementedOperatorServer) FreezeBurstCredit(context.Context, *FreezeBur
 }
 func (UnimplementedOperatorServer) ThawBurstCredit(context.Context, *ThawBurstCreditRequest) (*ThawBurstCreditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ThawBurstCredit not implemented")
+}
+func (UnimplementedOperatorServer) ListBacklog(context.Context, *ListBacklogRequest) (*ListBacklogResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBacklog not implemented")
 }
 func (UnimplementedOperatorServer) mustEmbedUnimplementedOperatorServer() {}
 func (UnimplementedOperatorServer) testEmbeddedByValue()                  {}
@@ -731,6 +753,24 @@ func _Operator_ThawBurstCredit_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Operator_ListBacklog_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBacklogRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OperatorServer).ListBacklog(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Operator_ListBacklog_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OperatorServer).ListBacklog(ctx, req.(*ListBacklogRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Operator_ServiceDesc is the grpc.ServiceDesc for Operator service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -773,6 +813,10 @@ var Operator_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ThawBurstCredit",
 			Handler:    _Operator_ThawBurstCredit_Handler,
+		},
+		{
+			MethodName: "ListBacklog",
+			Handler:    _Operator_ListBacklog_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

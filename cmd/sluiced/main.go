@@ -94,6 +94,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
 	// Serving engines' metrics (the topology's engines), for the capacity loop.
+	fs.StringVar(&opts.Deferral.DataDir, "data-dir", "", "directory of the embedded durable state: the deferred backlog's file (deferred.db); with --redis the backlog is in Redis Streams instead; empty and without --redis, deferred tickets live in memory")
 	fs.DurationVar(&opts.Engines.Period, "engine-metrics-period", 100*time.Millisecond, "how often every serving engine's metrics (the topology's domains[].engines) are read; the config's feedback.stale bounds their age")
 	fs.Func("engine-kind", "an engine kind beside vllm and sglang (or in their place): name=queue_metric,kv_metric[,running_metric]; repeatable", func(v string) error {
 		name, names, err := server.ParseEngineKind(v)

@@ -53,6 +53,7 @@ var methodAccess = map[string]access{
 	admissionv1.Operator_GetTenant_FullMethodName:         accessViewer,
 	admissionv1.Operator_GetConfigStatus_FullMethodName:   accessViewer,
 	admissionv1.Operator_ExplainAdmit_FullMethodName:      accessViewer,
+	admissionv1.Operator_ListBacklog_FullMethodName:       accessViewer,
 	admissionv1.Operator_DrainDomain_FullMethodName:       accessOperator,
 	admissionv1.Operator_UndrainDomain_FullMethodName:     accessOperator,
 	admissionv1.Operator_FreezeBurstCredit_FullMethodName: accessOperator,

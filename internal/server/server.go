@@ -24,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/deferral"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/admission/rlsserver"
 	"github.com/sluice-sched/sluice/internal/clock"
@@ -59,6 +60,9 @@ type Options struct {
 	// Engines: reading the serving engines' metrics for the capacity
 	// loop (engines.go); zero: every 100ms, vllm and sglang known.
 	Engines EngineMetricsOptions
+	// Deferral: where deferred tickets are kept (deferral.go); zero: in
+	// Redis with --redis, else in memory.
+	Deferral DeferralOptions
 }
 
 // Server is a running sluiced.
@@ -74,6 +78,9 @@ type Server struct {
 	httpLis net.Listener
 
 	grpcMetrics *grpcMetrics // calls by method and code, invalid requests by field
+
+	backlog      *deferral.Backlog // deferrable work (deferral.go)
+	backlogStore deferral.Store
 
 	reloadMu sync.Mutex
 	redis    redis.UniversalClient // nil when embedded
@@ -165,6 +172,9 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.metrics.RegisterState(s.eng)
+	if err := s.openBacklog(); err != nil {
+		return nil, err
+	}
 	s.registerSharedMetrics(s.metrics.Registry)
 	registerConnMetrics(s.metrics.Registry, s.sec.grpcConns, s.sec.httpConns)
 	// Parsing a large config (100k tenants) peaks far above what it leaves
@@ -173,7 +183,7 @@ func New(opts Options) (*Server, error) {
 
 	s.grpcMetrics = newGRPCMetrics(s.metrics.Registry)
 	s.grpc = grpc.NewServer(s.grpcServerOptions()...)
-	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(append(s.registerOptions(), configStatus), s.creditFreezer()...)...)
+	s.health = grpcserver.Register(s.grpc, s.pagedEngine(), append(append(s.registerOptions(), configStatus, grpcserver.WithBacklog(s.backlog)), s.creditFreezer()...)...)
 	if err := s.registerRLS(cfg); err != nil {
 		return nil, err
 	}
@@ -251,6 +261,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	go s.eng.Run(runCtx)
+	s.runBacklog(runCtx)
 	go s.dash.Run(runCtx)
 	go s.state.feed.run(runCtx)
 	go s.watchSecurity(runCtx)
@@ -284,6 +295,9 @@ func (s *Server) shutdown() {
 	case <-done:
 	case <-time.After(s.opts.Grace):
 		s.grpc.Stop()
+	}
+	if err := s.backlogStore.Close(); err != nil {
+		s.log.Warn("closing the deferred backlog's store", "err", err)
 	}
 	s.dash.Close() // event streams end, so that HTTP shutdown need not wait for them
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -1,0 +1,114 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+)
+
+// TestDeferredTicketLifecycle drives a ticket through sluiced's gRPC API:
+// deferred while every domain drains (GetTicket says why, ListBacklog and
+// /metrics count it), cancelled; another claimed by a worker once the
+// domains return, released, and DONE.
+func TestDeferredTicketLifecycle(t *testing.T) {
+	srv, _, _, _ := start(t, Options{Deferral: DeferralOptions{DataDir: t.TempDir()}})
+	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	adm, op := admissionv1.NewAdmissionClient(conn), admissionv1.NewOperatorClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	domains, err := op.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range domains.GetDomains() {
+		if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: d.GetId(), Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	submit := func(id string) string {
+		t.Helper()
+		resp, err := adm.Admit(ctx, &admissionv1.AdmitRequest{RequestId: id, Tenant: "acme", Model: "large", PromptTokens: 1000, MaxOutputTokens: 100, Deferrable: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetDecision() != admissionv1.Decision_DEFERRED || resp.GetReason() != admissionv1.Reason_REASON_DOMAIN_DRAINING || resp.GetTicketId() == "" {
+			t.Fatalf("Admit while drained: %v %v ticket %q, want DEFERRED DOMAIN_DRAINING with a ticket", resp.GetDecision(), resp.GetReason(), resp.GetTicketId())
+		}
+		return resp.GetTicketId()
+	}
+	first, second := submit("batch-1"), submit("batch-2")
+	tk, err := adm.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: first})
+	if err != nil || tk.GetState() != admissionv1.TicketState_TICKET_PENDING || tk.GetWaitingOn() != admissionv1.Reason_REASON_DOMAIN_DRAINING || tk.GetRequest().GetTenant() != "acme" {
+		t.Fatalf("GetTicket: %v (%v)", tk, err)
+	}
+	bl, err := op.ListBacklog(ctx, &admissionv1.ListBacklogRequest{})
+	if err != nil || bl.GetPending() != 2 || len(bl.GetTenants()) != 1 || bl.GetTenants()[0].GetTenant() != "acme" || bl.GetTenants()[0].GetTier() == "" {
+		t.Fatalf("ListBacklog: %v (%v), want acme with 2 pending", bl, err)
+	}
+	body := scrapeText(t, "http://"+srv.HTTPAddr().String()+"/metrics")
+	for _, want := range []string{`sluice_deferred_backlog{state="pending",tenant="acme",tier="enterprise"} 2`, `sluice_deferred_tickets{state="pending"} 2`, `sluice_deferred_events_total{event="deferred"} 2`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if tk, err := adm.CancelTicket(ctx, &admissionv1.CancelTicketRequest{TicketId: first}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_CANCELLED {
+		t.Fatalf("CancelTicket: %v (%v)", tk, err)
+	}
+	if _, err := adm.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: "0123456789abcdef0123456789abcdef"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("GetTicket of an unknown id: %v, want NOT_FOUND", err)
+	}
+	if _, err := adm.GetTicket(ctx, &admissionv1.GetTicketRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("GetTicket without an id: %v, want INVALID_ARGUMENT", err)
+	}
+
+	stream, err := adm.Claim(ctx, &admissionv1.ClaimRequest{Tenants: []string{"acme"}, MaxInFlight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range domains.GetDomains() {
+		if _, err := op.UndrainDomain(ctx, &admissionv1.UndrainDomainRequest{Domain: d.GetId()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.GetTicket().GetTicketId() != second || w.GetTicket().GetState() != admissionv1.TicketState_TICKET_CLAIMED || w.GetAdmission().GetLeaseId() == "" || w.GetAdmission().GetDomain() == "" {
+		t.Fatalf("claimed %v, want ticket %s with a lease and a domain", w, second)
+	}
+	if _, err := adm.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: w.GetAdmission().GetLeaseId(), OutputTokens: 50}); err != nil {
+		t.Fatal(err)
+	}
+	if tk, err := adm.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: second}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_DONE {
+		t.Fatalf("GetTicket after Release: %v (%v), want DONE", tk, err)
+	}
+}
+
+func scrapeText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
