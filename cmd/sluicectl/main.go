@@ -117,7 +117,7 @@ DOMAIN (domain drain, domain undrain), tenants (tenant list), tenant NAME
 	root.AddGroup(&cobra.Group{ID: "cluster", Title: "Operating a cluster:"},
 		&cobra.Group{ID: "offline", Title: "Without a server:"},
 		&cobra.Group{ID: "traffic", Title: "Load and drills:"})
-	for _, c := range []*cobra.Command{newDomainCmd(g), newTenantCmd(g), newCreditCmd(g), newConfigCmd(g), newExplainCmd(g)} {
+	for _, c := range []*cobra.Command{newDomainCmd(g), newTenantCmd(g), newCreditCmd(g), newConfigCmd(g), newExplainCmd(g), newBacklogCmd(g)} {
 		c.GroupID = "cluster"
 		root.AddCommand(c)
 	}
