@@ -132,8 +132,10 @@ func TestManifests(t *testing.T) {
 		if Lookup(o, "spec", "triggers", 0, "type") != "prometheus" {
 			t.Errorf("ScaledObject %s: want a prometheus trigger", o.Name())
 		}
-		if q, _ := Lookup(o, "spec", "triggers", 0, "metadata", "query").(string); !strings.Contains(q, "sluice_queue_depth") {
-			t.Errorf("ScaledObject %s scales on %q, want sluice_queue_depth", o.Name(), q)
+		// Inference workers scale on the queue, deferred workers on the
+		// backlog.
+		if q, _ := Lookup(o, "spec", "triggers", 0, "metadata", "query").(string); !strings.Contains(q, "sluice_queue_depth") && !strings.Contains(q, "sluice_deferred_tickets") {
+			t.Errorf("ScaledObject %s scales on %q, want sluice_queue_depth or sluice_deferred_tickets", o.Name(), q)
 		}
 	}
 	if keda == 0 {
@@ -213,14 +215,16 @@ func TestDeployedQueriesNameRealMetrics(t *testing.T) {
 	}
 	// Families with no series yet: the shared state's without Redis, the
 	// control plane's without etcd, the queue depth while nothing waits,
-	// the engines' signals while no topology names engines.
+	// the engines' signals while no topology names engines, the deferred
+	// backlog's per-tenant series while it is empty.
 	for _, f := range []string{"sluice_shared_breaker_open", "sluice_shared_fallback_seconds_total", "sluice_shared_reconcile_lag_seconds",
 		"sluice_control_plane_connected", "sluice_queue_depth",
-		"sluice_domain_engine_queue", "sluice_domain_engine_kv_usage_ratio", "sluice_domain_engine_metrics_age_seconds", "sluice_domain_engine_saturated"} {
+		"sluice_domain_engine_queue", "sluice_domain_engine_kv_usage_ratio", "sluice_domain_engine_metrics_age_seconds", "sluice_domain_engine_saturated",
+		"sluice_deferred_backlog", "sluice_deferred_oldest_age_seconds"} {
 		known[f] = true
 	}
 	var texts []string
-	for _, f := range []string{"prometheus/alerts.yaml", "grafana/sluice.json", "k8s/keda-scaledobject.yaml"} {
+	for _, f := range append([]string{"prometheus/alerts.yaml", "grafana/sluice.json"}, kedaFiles...) {
 		b, err := os.ReadFile(filepath.Join(Dir(), f))
 		if err != nil {
 			t.Fatal(err)

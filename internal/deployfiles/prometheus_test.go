@@ -151,14 +151,20 @@ func deployedExpressions(t *testing.T) []expression {
 			}
 		}
 	}
-	if b, err = os.ReadFile(filepath.Join(Dir(), "k8s/keda-scaledobject.yaml")); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range regexp.MustCompile(`(?m)^\s*query:\s*(.+)$`).FindAllStringSubmatch(string(b), -1) {
-		out = append(out, expression{"keda", strings.Trim(m[1], `'"`)})
+	for _, f := range kedaFiles {
+		if b, err = os.ReadFile(filepath.Join(Dir(), f)); err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile(`(?m)^\s*query:\s*(.+)$`).FindAllStringSubmatch(string(b), -1) {
+			out = append(out, expression{"keda " + f, strings.Trim(m[1], `'"`)})
+		}
 	}
 	return out
 }
+
+// kedaFiles hold the KEDA triggers: the inference workers' on the queue,
+// the deferred workers' on the backlog.
+var kedaFiles = []string{"k8s/keda-scaledobject.yaml", "k8s/deferred-workers.yaml"}
 
 // freeAddr returns a loopback address no one listens on now.
 func freeAddr(t *testing.T) string {
