@@ -325,6 +325,9 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 // request that accepts lower ones, more for lower weights; for deferred
 // work, deferral.headroom, kept for interactive requests.
 func (p *placer) withHeadroom(r *pending, ti int, d *domainState, cost pd.Cost) pd.Cost {
+	if !r.deferred && (ti != 0 || r.ntiers == 1) {
+		return cost // the common case: no headroom
+	}
 	h := 0.0
 	if ti == 0 && r.ntiers > 1 {
 		h = *p.cfg.DegradeHeadroom * (1 - float64(r.tenant.policy.Weight)/float64(p.maxWeight))
