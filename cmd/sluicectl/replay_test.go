@@ -128,22 +128,6 @@ func TestReplayFeedbackCommand(t *testing.T) {
 	}
 }
 
-func TestRecommendCommand(t *testing.T) {
-	var out, errw bytes.Buffer
-	if code := run([]string{"recommend", "--trace", replayTrace, "--mix", replayMix, "-o", "json"}, &out, &errw); code != 0 {
-		t.Fatalf("exit %d: %s", code, errw.String())
-	}
-	var recs []replay.Recommendation
-	if err := json.Unmarshal(out.Bytes(), &recs); err != nil || len(recs) != 4 {
-		t.Fatalf("-o json: %v, %d tenants", err, len(recs))
-	}
-	for _, r := range recs {
-		if r.Rate <= 0 || r.Burst < r.LargestReq || len(r.Sweep) == 0 {
-			t.Errorf("%s: R %d, C %d, largest request %d", r.Tenant, r.Rate, r.Burst, r.LargestReq)
-		}
-	}
-}
-
 func TestReplayCommandErrors(t *testing.T) {
 	base := []string{"--trace", replayTrace, "--mix", replayMix, "--config", replayConfig, "--topology", replayCluster}
 	for _, tc := range []struct {

@@ -123,5 +123,14 @@
 // Recommend sizes each tenant's token bucket from its own demand: R at the
 // knee of p99 wait against capacity (the tenant alone on a FIFO server,
 // swept from its mean rate to 50×), and C from the largest 5-second
-// window of demand that R alone would not carry.
+// window of demand that R alone would not carry. RecommendChecked checks
+// that on the cluster, or with a target p99 searches for R there: the
+// smallest rate whose replay of the tenant's rows alone (the engine, with
+// the tenant's requests waiting in arrival order for its bucket's tokens,
+// as a client honouring Retry-After) meets the target p99 time to
+// admission, by doubling from the mean and bisection, at most
+// MaxSearchReplays replays a tenant. Then it weighs the rates' sum
+// against the cluster's soft capacity at each tenant's cost per weighted
+// token, the floors and weights of the config, and replays every tenant
+// together at its proposal (see Plan).
 package replay

@@ -45,6 +45,20 @@ type Recommendation struct {
 	WindowTokens int64         `json:"windowTokens"`
 	LargestReq   int64         `json:"largestRequest"`
 	Burst        int64         `json:"burst"`
+
+	// Set by RecommendChecked for a tenant the config names (InConfig):
+	// its tier's policy, what it gets alone on the cluster at Rate and
+	// Burst, and, with a target, the search's replays and whether Rate
+	// meets it (false: no rate the search tried did).
+	InConfig    bool         `json:"inConfig,omitempty"`
+	Tier        string       `json:"tier,omitempty"`
+	Floor       int64        `json:"floor,omitempty"`
+	Weight      int64        `json:"weight,omitempty"`
+	ConfigRate  float64      `json:"configRate,omitempty"`
+	ConfigBurst float64      `json:"configBurst,omitempty"`
+	Alone       Wait         `json:"alone"`
+	Search      []SearchStep `json:"search,omitempty"`
+	TargetMet   bool         `json:"targetMet,omitempty"`
 }
 
 // sweepMultiples are the sweep's capacities, as multiples of the tenant's
@@ -164,21 +178,31 @@ func WriteRecommendations(w io.Writer, recs []Recommendation, format string) err
 		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%.1f\t%d\t%d tok in %gs from %.1fs\t%d\n",
 			r.Tenant, r.Requests, r.MeanRate, r.Rate, r.RateP99, r.Burst, r.WindowTokens, r.WindowSecs, r.WindowStart, r.LargestReq)
 	}
-	for _, r := range recs {
-		fmt.Fprintf(tw, "\n%s: capacity sweep (its requests alone, FIFO at rate; knee marked *)\n", r.Tenant)
-		fmt.Fprintln(tw, "rate tok/s\t× mean\twait p99 ms\t")
-		for _, p := range r.Sweep {
-			mark := ""
-			if p.Rate == r.Rate {
-				mark = "*"
-			}
-			fmt.Fprintf(tw, "%d\t%.2f\t%.1f\t%s\n", p.Rate, p.Multiple, p.P99Ms, mark)
-		}
-		fmt.Fprintf(tw, "burst C = max(largest %gs window %d − R×%gs %d, largest request %d) = %d\n",
-			r.WindowSecs, r.WindowTokens, r.WindowSecs, int64(float64(r.Rate)*r.WindowSecs), r.LargestReq, r.Burst)
+	for i := range recs {
+		writeSweep(tw, &recs[i])
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	return nil
+}
+
+// writeSweep writes r's capacity sweep and its burst's arithmetic.
+func writeSweep(tw io.Writer, r *Recommendation) {
+	fmt.Fprintf(tw, "\n%s: capacity sweep (its requests alone, FIFO at rate; knee marked *)\n", r.Tenant)
+	fmt.Fprintln(tw, "rate tok/s\t× mean\twait p99 ms\t")
+	for _, p := range r.Sweep {
+		mark := ""
+		if p.Rate == r.Rate {
+			mark = "*"
+		}
+		fmt.Fprintf(tw, "%d\t%.2f\t%.1f\t%s\n", p.Rate, p.Multiple, p.P99Ms, mark)
+	}
+	writeBurst(tw, r)
+}
+
+// writeBurst writes the arithmetic of r's burst.
+func writeBurst(tw io.Writer, r *Recommendation) {
+	fmt.Fprintf(tw, "burst C = max(largest %gs window %d − R×%gs %d, largest request %d) = %d\n",
+		r.WindowSecs, r.WindowTokens, r.WindowSecs, int64(float64(r.Rate)*r.WindowSecs), r.LargestReq, r.Burst)
 }
