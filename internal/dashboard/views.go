@@ -56,6 +56,49 @@ type Snapshot struct {
 	// CreditFreeze is the operator's freeze of burst credit in force
 	// (admission.v1.CreditFreeze); absent when none.
 	CreditFreeze json.RawMessage `json:"creditFreeze,omitempty"`
+	// Backlog is the deferred backlog this replica holds; absent on a
+	// server without one.
+	Backlog *BacklogView `json:"backlog,omitempty"`
+}
+
+// BacklogView is the deferred backlog: tickets pending and claimed, and
+// the largest backlogs by tenant.
+type BacklogView struct {
+	Pending int64 `json:"pending"`
+	Claimed int64 `json:"claimed"`
+	// OldestSeconds is the age of the oldest pending ticket of any tenant.
+	OldestSeconds float64 `json:"oldestSeconds"`
+	// Tenants are the largest backlogs, at most backlogTenants.
+	Tenants []BacklogTenant `json:"tenants"`
+}
+
+// BacklogTenant is one tenant's deferred backlog.
+type BacklogTenant struct {
+	Tenant        string  `json:"tenant"`
+	Pending       int64   `json:"pending"`
+	Claimed       int64   `json:"claimed"`
+	OldestSeconds float64 `json:"oldestSeconds"`
+}
+
+// backlogTenants is how many tenants' backlogs the strip names.
+const backlogTenants = 3
+
+// backlogView reads the deferred backlog; nil on a server without one
+// (UNIMPLEMENTED).
+func (d *Dashboard) backlogView(ctx context.Context) *BacklogView {
+	bl, err := d.opts.Operator.ListBacklog(ctx, &admissionv1.ListBacklogRequest{})
+	if err != nil {
+		return nil
+	}
+	v := &BacklogView{Pending: bl.GetPending(), Claimed: bl.GetClaimed(), Tenants: []BacklogTenant{}}
+	for i, t := range bl.GetTenants() {
+		age := t.GetOldestAge().AsDuration().Seconds()
+		v.OldestSeconds = max(v.OldestSeconds, age)
+		if i < backlogTenants {
+			v.Tenants = append(v.Tenants, BacklogTenant{Tenant: t.GetTenant(), Pending: t.GetPending(), Claimed: t.GetClaimed(), OldestSeconds: age})
+		}
+	}
+	return v
 }
 
 // AnswerRates are answers per second by outcome, and the weighted tokens
@@ -310,6 +353,7 @@ func (d *Dashboard) snapshot(ctx context.Context, q tableQuery, sess SessionView
 	if f := ld.GetCreditFreeze(); f != nil {
 		s.CreditFreeze = protoJSON(f)
 	}
+	s.Backlog = d.backlogView(ctx)
 	s.Tenants, err = d.tenantTable(ctx, q)
 	return s, err
 }

@@ -263,7 +263,7 @@ func (t *trackedEngine) SetStartupTopology(c topology.Cluster) error {
 func (s *Server) newDashboard(configStatus grpcserver.RegisterOption) error {
 	var err error
 	s.dash, err = dashboard.New(dashboard.Options{
-		Operator:    grpcserver.NewOperator(s.pagedEngine(), configStatus),
+		Operator:    grpcserver.NewOperator(s.pagedEngine(), configStatus, grpcserver.WithBacklog(s.backlog)),
 		State:       s.state,
 		Traffic:     s.traffic,
 		Build:       cli.ReadBuild(),

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -17,8 +18,8 @@ import (
 )
 
 // TestDeferredTicketLifecycle drives a ticket through sluiced's gRPC API:
-// deferred while every domain drains (GetTicket says why, ListBacklog and
-// /metrics count it), cancelled; another claimed by a worker once the
+// deferred while every domain drains (GetTicket says why, ListBacklog,
+// /metrics and the dashboard count it), cancelled; another claimed by a worker once the
 // domains return, released, and DONE.
 func TestDeferredTicketLifecycle(t *testing.T) {
 	srv, _, _, _ := start(t, Options{Deferral: DeferralOptions{DataDir: t.TempDir()}})
@@ -64,6 +65,22 @@ func TestDeferredTicketLifecycle(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+	// The dashboard's fleet strip reads the same backlog.
+	var snap struct {
+		Backlog *struct {
+			Pending int64 `json:"pending"`
+			Tenants []struct {
+				Tenant  string `json:"tenant"`
+				Pending int64  `json:"pending"`
+			} `json:"tenants"`
+		} `json:"backlog"`
+	}
+	if err := json.Unmarshal([]byte(scrapeText(t, "http://"+srv.HTTPAddr().String()+"/api/v1/dashboard")), &snap); err != nil {
+		t.Fatal(err)
+	}
+	if b := snap.Backlog; b == nil || b.Pending != 2 || len(b.Tenants) != 1 || b.Tenants[0].Tenant != "acme" || b.Tenants[0].Pending != 2 {
+		t.Fatalf("dashboard backlog %+v, want acme's 2 pending", snap.Backlog)
 	}
 	if tk, err := adm.CancelTicket(ctx, &admissionv1.CancelTicketRequest{TicketId: first}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_CANCELLED {
 		t.Fatalf("CancelTicket: %v (%v)", tk, err)

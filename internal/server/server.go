@@ -168,11 +168,11 @@ func New(opts Options) (*Server, error) {
 	tenants := len(cfg.Tenants)
 	cfg.Tenants = nil
 	configStatus := s.newConfigStatus(cfgName)
-	if err := s.newDashboard(configStatus); err != nil {
-		return nil, err
-	}
 	s.metrics.RegisterState(s.eng)
 	if err := s.openBacklog(); err != nil {
+		return nil, err
+	}
+	if err := s.newDashboard(configStatus); err != nil {
 		return nil, err
 	}
 	s.registerSharedMetrics(s.metrics.Registry)

@@ -310,6 +310,7 @@ function handleEvent(chunk) {
     $("#t-reason-list").replaceChildren(...(rs.length ? reasons(rs) : ["none"]));
     drawServer(msg.server || {});
     $("#updated").replaceChildren(timeEl(msg.at));
+    drawBacklog(msg.backlog);
     const f = msg.creditFreeze;
     $("#t-freeze").hidden = !f;
     $("#t-freeze").replaceChildren(...(f ? ["burst credit frozen until ", timeEl(f.until), f.reason ? ": " + f.reason : ""] : []));
@@ -317,6 +318,28 @@ function handleEvent(chunk) {
     updateTenants(msg);
     document.body.dataset.updated = msg.at;
   }
+}
+
+// drawBacklog shows the deferred backlog in the fleet strip, hidden on a
+// server without one.
+function drawBacklog(b) {
+  const el = $("#t-backlog");
+  el.hidden = !b;
+  if (!b) return;
+  const parts = [bold(b.pending), " deferred pending · ", bold(b.claimed), " claimed"];
+  if (b.pending > 0) {
+    parts.push(" · oldest ", bold(seconds(b.oldestSeconds)));
+    const ts = (b.tenants || []).filter((t) => t.pending > 0).map((t) => t.tenant + " " + t.pending);
+    if (ts.length) parts.push(" (" + ts.join(", ") + ")");
+  }
+  el.replaceChildren(...parts);
+}
+
+// bold is a <b> holding text.
+function bold(text) {
+  const b = document.createElement("b");
+  b.textContent = String(text);
+  return b;
 }
 
 // drawServer fills the header's identity: replica, build, config.
