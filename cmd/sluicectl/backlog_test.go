@@ -64,3 +64,19 @@ func TestBacklog(t *testing.T) {
 		t.Fatalf("backlog -o json: %v\n%s", err, out)
 	}
 }
+
+// explain --deferrable says a deferrable request would be DEFERRED while
+// every domain drains, and why.
+func TestExplainDeferrable(t *testing.T) {
+	srv := startPlain(t)
+	eng := srv.Engine()
+	for _, d := range eng.Domains() {
+		if err := eng.Drain(d.ID, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errs := sluicectl("explain", "--server", srv.GRPCAddr().String(), "--tenant", "acme", "--model", "small", "--deferrable")
+	if code != 0 || !strings.Contains(out, "DEFERRED") || !strings.Contains(out, "DOMAIN_DRAINING") {
+		t.Fatalf("explain --deferrable: %d\n%s%s", code, out, errs)
+	}
+}

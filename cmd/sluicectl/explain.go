@@ -25,7 +25,8 @@ func newExplainCmd(g *globals) *cobra.Command {
 		Short: "What Admit would do with a request now, gate by gate and domain by domain (nothing charged)",
 		Long: `What Admit would do with a request now, with nothing charged
 (Operator/ExplainAdmit, viewer role): the verdict (admitted where, degraded to
-what, queued and its place's wait, or refused why and until when), every gate
+what, queued and its place's wait, deferred (with --deferrable) and what holds
+it, or refused why and until when), every gate
 with its level before and after, and each (tier, domain) placement looked at
 with what it needs and what the domain has.`,
 		Example: `  sluicectl explain --tenant acme --model large --accept medium --server sluiced:7070`,
@@ -58,6 +59,7 @@ with what it needs and what the domain has.`,
 	f.Int64Var(&req.MaxOutputTokens, "output", 200, "max output tokens")
 	f.StringVar(&accept, "accept", "", "lower tiers the request accepts, comma-separated")
 	f.BoolVar(&critical, "critical", false, "priority CRITICAL")
+	f.BoolVar(&req.Deferrable, "deferrable", false, "a deferrable request: DEFERRED, and what holds it, when it cannot run now on what interactive traffic leaves")
 	return c
 }
 

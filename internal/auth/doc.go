@@ -21,7 +21,7 @@
 // Roles:
 //
 //	router    Admission/Admit, Release, Claim, GetTicket and CancelTicket, for its bound tenants only
-//	viewer    the Operator's reads (ListDomains, ListTenants, GetTenant, GetConfigStatus), the HTTP JSON API
+//	viewer    the Operator's reads (ListDomains, ListTenants, GetTenant, GetConfigStatus, ExplainAdmit, ListBacklog), the HTTP JSON API
 //	operator  every Operator RPC (drains included) and every viewer right
 //
 // No credential, or one that names nobody, is UNAUTHENTICATED; a call outside

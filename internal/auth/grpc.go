@@ -218,8 +218,10 @@ func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 }
 
 // StreamServerInterceptor returns the interceptor that authorises every
-// streaming call (health Watch, reflection); Sluice's own services have no
-// streams, so no request is inspected.
+// streaming call (health Watch, reflection, Admission/Claim). No request
+// is inspected: Claim names its tenants in its first message, which its
+// handler checks against the principal the interceptor puts in the
+// stream's context.
 func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		p, err := a.authorize(ss.Context(), info.FullMethod, nil)
@@ -229,9 +231,27 @@ func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 			}
 			return err
 		}
-		return handler(srv, ss)
+		// The handler sees the principal as a unary one does: the
+		// Claim stream checks its tickets' tenants with CheckTenant.
+		ctx := ss.Context()
+		if !a.Open() {
+			ctx = context.WithValue(ctx, authedKey{}, true)
+		}
+		if p != nil {
+			ctx = NewContext(ctx, p)
+		}
+		return handler(srv, contextStream{ss, ctx})
 	}
 }
+
+// contextStream is a server stream with its handler's context.
+type contextStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+// Context returns the stream's context, with the caller's principal.
+func (s contextStream) Context() context.Context { return s.ctx }
 
 // auditCall records one Operator call: its principal, the domain or tenant
 // it named, the reason it gave, and how it ended.

@@ -129,3 +129,62 @@ func scrapeText(t *testing.T, url string) string {
 	}
 	return string(b)
 }
+
+// A worker is a router bound to its tenants: it claims only their tickets,
+// may not ask for another tenant's work, and another tenant's ticket is
+// NOT_FOUND to it, as an unknown one.
+func TestDeferredWorkIsBoundToTheRoutersTenants(t *testing.T) {
+	f := startSecure(t, nil)
+	eng := f.srv.Engine()
+	for _, d := range eng.Domains() {
+		if err := eng.Drain(d.ID, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	all := admissionv1.NewAdmissionClient(f.dial(t, f.caller("router-all")))
+	acme := admissionv1.NewAdmissionClient(f.dial(t, f.caller("router-acme")))
+	tickets := map[string]string{}
+	for _, tenant := range []string{"globex", "acme"} {
+		resp, err := all.Admit(ctx, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: 100, MaxOutputTokens: 10, Deferrable: true})
+		if err != nil || resp.GetTicketId() == "" {
+			t.Fatalf("Admit for %s: %v %v", tenant, resp, err)
+		}
+		tickets[tenant] = resp.GetTicketId()
+	}
+	if _, err := acme.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: tickets["globex"]}); status.Code(err) != codes.NotFound {
+		t.Fatalf("router-acme's GetTicket of globex's ticket: %v, want NOT_FOUND", err)
+	}
+	if _, err := acme.CancelTicket(ctx, &admissionv1.CancelTicketRequest{TicketId: tickets["globex"]}); status.Code(err) != codes.NotFound {
+		t.Fatalf("router-acme's CancelTicket of globex's ticket: %v, want NOT_FOUND", err)
+	}
+	if tk, err := acme.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: tickets["acme"]}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_PENDING {
+		t.Fatalf("router-acme's GetTicket of its own: %v %v", tk, err)
+	}
+	denied, err := acme.Claim(ctx, &admissionv1.ClaimRequest{Tenants: []string{"globex"}})
+	if err == nil {
+		_, err = denied.Recv()
+	}
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("router-acme claiming globex's work: %v, want PERMISSION_DENIED", err)
+	}
+	stream, err := acme.Claim(ctx, &admissionv1.ClaimRequest{MaxInFlight: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range eng.Domains() {
+		if err := eng.Undrain(d.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w, err := stream.Recv()
+	if err != nil || w.GetTicket().GetTicketId() != tickets["acme"] {
+		t.Fatalf("router-acme claimed %v (%v), want acme's ticket", w.GetTicket(), err)
+	}
+	// globex's ticket stays pending: no worker of globex claims.
+	time.Sleep(100 * time.Millisecond)
+	if tk, err := all.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: tickets["globex"]}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_PENDING {
+		t.Fatalf("globex's ticket: %v %v, want still PENDING", tk.GetState(), err)
+	}
+}
