@@ -90,6 +90,8 @@ type traceFlags struct {
 	from   time.Duration
 	to     time.Duration
 	bursts burstFlags
+	// deferrable is replay's --deferrable-share (recommend has none).
+	deferrable float64
 }
 
 // register adds the flags to c.
@@ -122,6 +124,7 @@ func (f *traceFlags) load() ([]replay.Row, error) {
 	}
 	return replay.LoadTrace(f.path, replay.TraceOptions{
 		Format: f.format, Mix: mix, Seed: f.seed, From: f.from, To: f.to, Speed: f.speed, Bursts: f.bursts,
+		DeferrableShare: f.deferrable,
 	})
 }
 
@@ -140,7 +143,8 @@ func newReplayCmd(g *globals) *cobra.Command {
 		Short: "Replay a trace through a simulated cluster: sluice against fifo and bucket baselines",
 		Example: `  sluicectl replay --trace testdata/traces/AzureLLMInferenceTrace_code.csv --mix acme:large:0.5,globex:small:0.5 --to 5m
   sluicectl replay --trace trace.csv --policy all --html report.html
-  sluicectl replay --trace trace.csv --speed 10 --engine-capacity 0.6 --policy sluice,threshold`,
+  sluicectl replay --trace trace.csv --speed 10 --engine-capacity 0.6 --policy sluice,threshold
+  sluicectl replay --trace trace.csv --mix acme:large:1 --burst acme:15x:300s-330s --deferrable-share 0.5`,
 		Annotations: map[string]string{formatsAnnotation: formatHTML},
 		Args:        noArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -159,6 +163,8 @@ func newReplayCmd(g *globals) *cobra.Command {
 	f.Float64Var(&o.engineCapacity, "engine-capacity", 0, "simulate a serving engine per domain that sustains this many times the model's peak-derived rates (0: no engines, the model's processor-shared service)")
 	f.Var(&o.changes, "engine-change", "DOMAIN@TIME=CAPACITY, e.g. hgx-1@120s=0.5: that domain's engine capacity from that replay time on (repeatable; needs --engine-capacity)")
 	f.BoolVar(&o.openLoop, "open-loop", false, "keep sluice's capacity loop open: no engine signals, releases without measured times")
+	f.Float64Var(&tf.deferrable, "deferrable-share", 0, "share of the bursts' requests (each row of a --burst tenant in its window) marked deferrable, drawn by --seed: sluice defers them to its backlog, the baselines treat them as any other")
+	f.DurationVar(&o.deferWithin, "defer-within", 0, "how long a deferrable request may wait in sluice's backlog (0: the config's deferral.default_within); the replay runs until the backlog is empty")
 	ef.register(c)
 	c.AddCommand(newReplayFeedbackCmd(g))
 	return c
@@ -173,6 +179,7 @@ type replayOptions struct {
 	engineCapacity             float64
 	changes                    changeFlags
 	openLoop                   bool
+	deferWithin                time.Duration
 }
 
 // runReplay runs replay.
@@ -182,6 +189,9 @@ func runReplay(g *globals, tf *traceFlags, ef *engineFlags, o replayOptions) err
 	}
 	if o.engineCapacity < 0 {
 		return fmt.Errorf("--engine-capacity %g: must be ≥ 0", o.engineCapacity)
+	}
+	if o.deferWithin < 0 {
+		return fmt.Errorf("--defer-within %v: must be ≥ 0", o.deferWithin)
 	}
 	eng, err := ef.options(o.engineCapacity)
 	if err != nil {
@@ -204,7 +214,7 @@ func runReplay(g *globals, tf *traceFlags, ef *engineFlags, o replayOptions) err
 		return err
 	}
 	c, err := replay.Compare(filepath.Base(tf.path), tf.seed, rows,
-		replay.Options{Config: cfg, Cluster: cluster, Deadline: o.deadline, Downgrade: o.downgrade, Engine: eng}, pols)
+		replay.Options{Config: cfg, Cluster: cluster, Deadline: o.deadline, Downgrade: o.downgrade, Engine: eng, DeferWithin: o.deferWithin}, pols)
 	if err != nil {
 		return err
 	}

@@ -107,6 +107,24 @@
 // The same input and seed give a byte-identical report: virtual time,
 // seeded generators, ordered iteration everywhere a report is built.
 //
+// # Deferrable work
+//
+// TraceOptions.DeferrableShare marks that share of the bursts' rows
+// deferrable (Row.Deferrable). Under sluice they go through a
+// deferral.Backlog on the engine and the manual clock (a MemStore): one
+// simulated worker pool holds a Claim, each delivery is served like an
+// admitted request and released, then Backlog.Released, when it
+// completes; the backlog steps every 20 ms (its drain loop's period) and
+// at once after a ticket is issued or deferred work released, after the
+// engine's Tick. The replay runs until no ticket is pending. The baselines
+// treat the rows as any other. DeferralReport says per policy how many
+// deferrable requests were lost (refused, their ticket ended unserved, or
+// unanswered), the bursts' interactive requests refused, the tickets'
+// wait, the drain after the last deferrable arrival, and each tenant's
+// share of the deferred work admitted while two tenants or more competed
+// in the backlog, beside its weighted share. A ticket's wait is not in
+// the tenant's queue wait, nor unmet demand for its floor.
+//
 // # Verdict
 //
 // With more than one policy the report leads with a verdict on the

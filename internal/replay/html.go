@@ -216,6 +216,16 @@ Burst {{.}} (shaded in the charts over time).{{end}}</p>
 {{range .Rows}}<tr{{if not .Better}} class="ref"{{end}}><td>{{.Name}}</td><td class="of">{{.Of}}</td><td>{{or .Better "not counted"}}</td>{{range .Cells}}<td{{if .Best}} class="best"{{end}}>{{.Text}}</td>{{end}}<td>{{.Winners}}</td></tr>
 {{end}}</table></div>
 <p>{{.Note}}</p>{{end}}
+{{with .D}}<h2>Deferrable work</h2>
+<p>{{.Summary}}</p>
+<div class="wide"><table class="deferral"><tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table></div>
+{{range .Shares}}<p>{{.Policy}}: deferred work admitted while two tenants or more waited in the backlog for capacity</p>
+<div class="wide"><table><tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table></div>
+{{end}}{{end}}
 <h2>Comparison</h2>
 {{.Waits}}
 {{.Floors}}
@@ -359,8 +369,9 @@ func (c *Comparison) WriteHTML(w io.Writer) error {
 	err = reportTmpl.Execute(w, struct {
 		C *Comparison
 		V *htmlVerdict
+		D *htmlDeferral
 		*plots
-	}{c, newHTMLVerdict(c.Verdict()), pl})
+	}{c, newHTMLVerdict(c.Verdict()), c.htmlDeferral(), pl})
 	if err != nil {
 		return fmt.Errorf("html: %w", err)
 	}

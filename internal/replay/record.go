@@ -35,6 +35,9 @@ type Report struct {
 	// Engines is what the simulated serving engines measured; nil with
 	// them off.
 	Engines *EngineReport `json:"engines,omitempty"`
+	// Deferral is what became of the deferrable rows (Row.Deferrable);
+	// nil without them.
+	Deferral *DeferralReport `json:"deferral,omitempty"`
 }
 
 // TenantReport is one tenant's outcome.
@@ -226,18 +229,24 @@ func (r *recorder) answered(q *simReq, model string) {
 		} else {
 			t.admitted++
 		}
-		w := (now - q.arrive) / int64(time.Microsecond)
-		_ = t.wait.RecordValue(max(w, 0))
-		t.waitMax = max(t.waitMax, now-q.arrive)
+		if !q.backlogged {
+			// A ticket waited in the deferred backlog, not in the queue:
+			// its wait is the deferral report's.
+			w := (now - q.arrive) / int64(time.Microsecond)
+			_ = t.wait.RecordValue(max(w, 0))
+			t.waitMax = max(t.waitMax, now-q.arrive)
+			t.waitPerS = grow(t.waitPerS, s)
+			t.waitPerS[s] = max(t.waitPerS[s], now-q.arrive)
+		}
 		t.achieved = grow(t.achieved, s)
 		t.achieved[s] += q.weighted
-		t.waitPerS = grow(t.waitPerS, s)
-		t.waitPerS[s] = max(t.waitPerS[s], now-q.arrive)
 		t.service += float64(q.weighted) / float64(t.weight)
 	}
 	// A request that waited a second or more left demand unmet in every
-	// second it waited past the first.
-	for x := sec(q.arrive + int64(time.Second)); x <= sec(now-1) && now-q.arrive > int64(time.Second); x++ {
+	// second it waited past the first. A ticket's wait does not: deferred
+	// work runs above the floors' reserve by design, so the floor is not
+	// owed to it.
+	for x := sec(q.arrive + int64(time.Second)); !q.backlogged && x <= sec(now-1) && now-q.arrive > int64(time.Second); x++ {
 		t.unmet = grow(t.unmet, x)
 		t.unmet[x] = true
 	}
@@ -392,6 +401,9 @@ func (r *recorder) report(s *sim) *Report {
 	}
 	if s.erec != nil {
 		rep.Engines = s.erec.report(rep)
+	}
+	if s.deferrable > 0 {
+		rep.Deferral = deferralReport(s, rep)
 	}
 	return rep
 }

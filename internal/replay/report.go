@@ -65,6 +65,7 @@ func (c *Comparison) WriteTable(w io.Writer) error {
 	if v := c.Verdict(); v != nil {
 		writeVerdict(tw, v)
 	}
+	c.writeDeferral(tw)
 	for _, r := range c.Reports {
 		fmt.Fprintf(tw, "\npolicy %s: %.0f s simulated, %d requests, spanning two domains: %d, Jain %.4f, max service diff %.0f (VTC bound %.0f)\n",
 			r.Policy, r.Seconds, r.Requests, r.Spanning, r.Jain, r.MaxServiceDiff, r.VTCBound)

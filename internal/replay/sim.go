@@ -68,6 +68,12 @@ type Options struct {
 	Downgrade bool
 	// Engine turns on the simulated serving engines (off when zero).
 	Engine EngineOptions
+	// DeferWithin is how long a deferrable row (Row.Deferrable) may wait
+	// in sluice's backlog; 0 leaves it to the config's
+	// deferral.default_within. It bounds the replay: the replay runs
+	// until the backlog is empty. The baselines treat deferrable rows as
+	// any other.
+	DeferWithin time.Duration
 }
 
 // simReq is one request in flight through a replay.
@@ -87,6 +93,10 @@ type simReq struct {
 	domain    int
 	lease     uint64
 	cost      pd.Cost // in the granted domain, on the granted model
+
+	// backlogged: answered DEFERRED, it waited in sluice's deferred
+	// backlog, not in the queue (see deferral.go).
+	backlogged bool
 
 	finish float64 // the phase's attained service at which this request's work is done
 
@@ -236,6 +246,7 @@ type sim struct {
 	signals    []admission.EngineSignal
 	erec       *engineRec
 	reqs       []simReq // every request of the replay, by row
+	deferrable int      // rows marked deferrable
 	// onEvent, when set, runs after each instant (tests check
 	// invariants with it); an error ends the replay.
 	onEvent func() error
@@ -301,6 +312,9 @@ func newSim(rows []Row, opts Options) (*sim, error) {
 		if _, ok := cat.Get(r.Model); !ok {
 			return nil, fmt.Errorf("trace line %d: model %q is not in the catalog (%s)", r.Line, r.Model, strings.Join(cat.Names(), ", "))
 		}
+		if r.Deferrable {
+			s.deferrable++
+		}
 	}
 	slices.Sort(s.tenants)
 	for i, t := range s.tenants {
@@ -357,6 +371,21 @@ func sortedTenants(cfg admission.Config) []string {
 // (the engine's own busy period in production).
 const tickEvery = int64(time.Millisecond)
 
+// waker is a policy with work that waits outside its queue (sluice's
+// deferred backlog): wake says when it next needs a tick, -1 for never.
+type waker interface {
+	wake() int64
+}
+
+// wakeAt is when the policy next needs a tick for its other work; -1:
+// never.
+func (s *sim) wakeAt() int64 {
+	if w, ok := s.pol.(waker); ok {
+		return w.wake()
+	}
+	return -1
+}
+
 // run is the event loop over virtual time: the next event is the next
 // arrival, the next phase completion, or, while requests wait, the next
 // millisecond tick. At each instant completions go first (they free
@@ -380,7 +409,11 @@ func (s *sim) run(rows []Row) error {
 		if s.pol.queued() > 0 {
 			t = min(t, s.now+tickEvery)
 		}
-		if s.eng.On() && (i < len(rows) || s.pol.queued() > 0 || s.enginesBusy()) {
+		wake := s.wakeAt()
+		if wake >= 0 {
+			t = min(t, max(wake, s.now))
+		}
+		if s.eng.On() && (i < len(rows) || s.pol.queued() > 0 || wake >= 0 || s.enginesBusy()) {
 			// Reports and changes while anything is left to do.
 			t = min(t, s.nextReport)
 			if s.nextChange < len(s.changes) {
@@ -409,7 +442,7 @@ func (s *sim) run(rows []Row) error {
 			if err := s.pol.submit(s.now, r); err != nil {
 				return err
 			}
-			if !r.answered {
+			if !r.answered && !r.backlogged { // a ticket waits in the backlog, not the queue
 				s.rec.queued(r)
 			}
 		}

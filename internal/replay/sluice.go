@@ -23,6 +23,7 @@ type sluicePolicy struct {
 	clk     *clock.Manual
 	pending []pendingTicket
 	lower   map[string][]string // model → the lower tiers a request accepts with --downgrade
+	def     *backlog            // the deferred backlog; nil without deferrable rows
 }
 
 type pendingTicket struct {
@@ -32,7 +33,13 @@ type pendingTicket struct {
 
 func newSluicePolicy(s *sim) (*sluicePolicy, error) {
 	clk := clock.NewManual(epoch)
-	eng, err := admission.New(s.opts.Config, s.opts.Cluster, admission.WithClock(clk))
+	opts := []admission.Option{admission.WithClock(clk)}
+	var order *grantOrder
+	if s.deferrable > 0 {
+		order = newGrantOrder()
+		opts = append(opts, admission.WithObserver(order))
+	}
+	eng, err := admission.New(s.opts.Config, s.opts.Cluster, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -45,6 +52,12 @@ func newSluicePolicy(s *sim) (*sluicePolicy, error) {
 			}
 		}
 	}
+	if order != nil {
+		if p.def, err = newBacklog(p, order); err != nil {
+			eng.Close()
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -52,6 +65,12 @@ func (p *sluicePolicy) at(now int64) { p.clk.Set(epoch.Add(time.Duration(now))) 
 
 func (p *sluicePolicy) submit(now int64, r *simReq) error {
 	p.at(now)
+	if p.def != nil && r.row.Deferrable {
+		if err := p.def.submit(r); err != nil {
+			return err
+		}
+		return p.collect()
+	}
 	req := admission.Request{
 		Tenant:          r.row.Tenant,
 		Model:           r.row.Model,
@@ -114,6 +133,12 @@ func (p *sluicePolicy) tick(now int64) {
 	if err := p.collect(); err != nil {
 		p.s.rec.fail(err)
 	}
+	if p.def != nil {
+		// After the engine's Tick: interactive requests first.
+		if err := p.def.tick(now); err != nil {
+			p.s.rec.fail(err)
+		}
+	}
 }
 
 func (p *sluicePolicy) release(now int64, r *simReq) error {
@@ -123,7 +148,10 @@ func (p *sluicePolicy) release(now int64, r *simReq) error {
 		// What the router measured, for the capacity loop's calibration.
 		rel.TTFT, rel.Duration = time.Duration(r.firstAt-r.admitAt), time.Duration(now-r.admitAt)
 	}
-	_, err := p.eng.Release(context.Background(), rel)
+	res, err := p.eng.Release(context.Background(), rel)
+	if err == nil && res.Deferred && p.def != nil {
+		p.def.released(r)
+	}
 	switch {
 	case errors.Is(err, admission.ErrLeaseNotFound) && p.s.erec != nil:
 		// The request waited in its engine past the lease's TTL: the
@@ -169,4 +197,17 @@ func (p *sluicePolicy) factors() map[string]float64 {
 
 func (p *sluicePolicy) queued() int { return len(p.pending) }
 
-func (p *sluicePolicy) close() { p.eng.Close() }
+// wake is when the deferred backlog next needs a tick (waker).
+func (p *sluicePolicy) wake() int64 {
+	if p.def == nil {
+		return -1
+	}
+	return p.def.wake()
+}
+
+func (p *sluicePolicy) close() {
+	if p.def != nil {
+		p.def.close()
+	}
+	p.eng.Close()
+}

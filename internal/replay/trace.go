@@ -31,6 +31,10 @@ type Row struct {
 	// Line is the row's line in its file (1 is the first line, a header
 	// where there is one), for error messages; 0 for rows a burst added.
 	Line int
+	// Burst says the row is its tenant's inside one of its bursts' windows
+	// (kept or added by the burst); Deferrable that it is marked deferrable
+	// (TraceOptions.DeferrableShare of the bursts' rows).
+	Burst, Deferrable bool
 }
 
 // MixEntry is one part of a --mix: the share of the trace's rows that go to
@@ -132,6 +136,10 @@ type TraceOptions struct {
 	// Speed divides every arrival offset (2: twice as fast); 0 means 1.
 	Speed  float64
 	Bursts []Burst
+	// DeferrableShare is the share of the bursts' rows (each row of a
+	// bursting tenant in its window, kept or added) marked deferrable,
+	// each drawn by Seed; in [0, 1], and only with Bursts.
+	DeferrableShare float64
 }
 
 // Trace formats.
@@ -179,6 +187,12 @@ func ReadTrace(r io.Reader, name string, opts TraceOptions) ([]Row, error) {
 	if opts.To != 0 && opts.To <= opts.From || opts.From < 0 {
 		return nil, fmt.Errorf("--from %v --to %v: want 0 ≤ from < to", opts.From, opts.To)
 	}
+	switch share := opts.DeferrableShare; {
+	case !(share >= 0 && share <= 1):
+		return nil, fmt.Errorf("--deferrable-share %g: must be in [0, 1]", share)
+	case share > 0 && len(opts.Bursts) == 0:
+		return nil, fmt.Errorf("--deferrable-share %g: it marks the bursts' requests, and there is no --burst", share)
+	}
 	var rows []Row
 	var err error
 	br := bufio.NewReaderSize(r, 1<<16)
@@ -208,7 +222,7 @@ func ReadTrace(r io.Reader, name string, opts TraceOptions) ([]Row, error) {
 			return nil, fmt.Errorf("--burst %s: trace %s has no rows of tenant %q", b, name, b.Tenant)
 		}
 	}
-	rows = applyBursts(rows, opts.Bursts, opts.Seed)
+	rows = applyBursts(rows, opts.Bursts, opts.Seed, opts.DeferrableShare)
 	kept := rows[:0]
 	for _, r := range rows {
 		if r.At < opts.From || opts.To != 0 && r.At >= opts.To {
@@ -432,8 +446,11 @@ func readJSONL(r *bufio.Reader, name string) ([]Row, error) {
 // stays and gets ⌊factor⌋−1 copies, plus one more with probability
 // frac(factor); each copy arrives at a seeded uniform offset within the
 // gap to the tenant's next row (1 s after its last), so the burst raises
-// the rate smoothly instead of stacking copies on one instant.
-func applyBursts(rows []Row, bursts []Burst, seed uint64) []Row {
+// the rate smoothly instead of stacking copies on one instant. The row
+// and its copies are marked Burst, and each Deferrable with probability
+// share, drawn from a generator of its own (the copies and their offsets
+// are the same whatever the share).
+func applyBursts(rows []Row, bursts []Burst, seed uint64, share float64) []Row {
 	if len(bursts) == 0 {
 		return rows
 	}
@@ -449,10 +466,13 @@ func applyBursts(rows []Row, bursts []Burst, seed uint64) []Row {
 	out := append([]Row(nil), rows...)
 	for bi, b := range bursts {
 		rng := rand.New(rand.NewPCG(seed, 0x6275727374+uint64(bi)))
+		drng := rand.New(rand.NewPCG(seed, 0x6465666572+uint64(bi)))
 		for i, r := range rows {
 			if r.Tenant != b.Tenant || r.At < b.From || r.At >= b.To {
 				continue
 			}
+			out[i].Burst = true
+			out[i].Deferrable = out[i].Deferrable || drng.Float64() < share
 			extra := int(b.Factor) - 1
 			if rng.Float64() < b.Factor-math.Floor(b.Factor) {
 				extra++
@@ -462,6 +482,7 @@ func applyBursts(rows []Row, bursts []Burst, seed uint64) []Row {
 				c := r
 				c.Line = 0
 				c.At = r.At + time.Duration(rng.Float64()*float64(gap))
+				c.Burst, c.Deferrable = true, drng.Float64() < share
 				out = append(out, c)
 			}
 		}

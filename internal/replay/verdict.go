@@ -178,6 +178,8 @@ func (c *Comparison) Verdict() *Verdict {
 			return w, fmt.Sprintf("%.0f", w)
 		}),
 	}
+	dm, do := c.deferralMeasures(measure)
+	v.Measures, v.NotDeciding = append(v.Measures, dm...), append(v.NotDeciding, do...)
 	for _, name := range v.Bursting {
 		tenant := func(r *Report) *TenantReport {
 			i := slices.IndexFunc(r.Tenants, func(t TenantReport) bool { return t.Name == name })
