@@ -65,6 +65,7 @@ type drillFlags struct {
 	duration, memberTTL                        time.Duration
 	tracePath, redisMode                       string
 	redisInterval                              time.Duration
+	burstTenants                               string
 }
 
 // register adds the flags to c.
@@ -83,7 +84,7 @@ func (df *drillFlags) register(c *cobra.Command) {
 	fs.DurationVar(&df.memberTTL, "member-ttl", 10*time.Second, "a fleet the drill did not start, with etcd: its replicas' --member-ttl (kill-replica's promise: a dead replica's capacity is back within it)")
 	fs.StringVar(&df.startCmd, "start", "", "a fleet the drill did not start: shell command that starts it again (same environment)")
 	fs.DurationVar(&d.Before, "before", d.Before, "steady load before the fault")
-	fs.DurationVar(&d.During, "during", d.During, "the fault's length, from when it took effect (its stop returned, the agent's record left etcd)")
+	fs.DurationVar(&d.During, "during", d.During, "the fault's length, from when it took effect (its stop returned, the agent's record left etcd); deferred-burst's burst lasts 30s unless it is given")
 	fs.DurationVar(&d.After, "after", d.After, "load after the recovery action")
 	fs.Float64Var(&d.Rate, "rate", d.Rate, "Admits per second (Poisson arrivals)")
 	fs.StringVar(&df.tenants, "tenants", "", "the load's tenant:model:share,… (default: the self-contained fleet's gold:small:0.3,silver:small:0.2,bronze:small:0.5; else sluicectl load's demo mix)")
@@ -100,6 +101,14 @@ func (df *drillFlags) register(c *cobra.Command) {
 	fs.Float64Var(&d.LateBudget, "late-budget", d.LateBudget, "share of a phase's Admits that may end past their deadline")
 	fs.StringVar(&df.creditTenant, "credit-tenant", "", "credit-exhaustion's tenant (default: spiky self-contained; required otherwise)")
 	fs.DurationVar(&d.BreakerOpen, "breaker-open", d.BreakerOpen, "credit-exhaustion: the tenant's burst_credit.breaker_open, where the fleet's config is unknown")
+	fs.StringVar(&df.burstTenants, "burst-tenants", "", "deferred-burst: the bursting tenant:model:share,… (their shares of --burst-rate; default: corpus:large:0.5,labels:large:0.5 self-contained; required otherwise), at least two of different weights on one replica for the fair order to show")
+	fs.Float64Var(&d.BurstRate, "burst-rate", d.BurstRate, "deferred-burst: the bursting tenants' Admits/s before and after the burst (Poisson, interactive)")
+	fs.Float64Var(&d.BurstFactor, "burst-factor", d.BurstFactor, "deferred-burst: the burst is this many times --burst-rate, every other request deferrable")
+	fs.IntVar(&d.Workers, "workers", d.Workers, "deferred-burst: the worker pool's Claim streams on each replica")
+	fs.IntVar(&d.WorkerInFlight, "worker-in-flight", d.WorkerInFlight, "deferred-burst: each Claim stream's max_in_flight")
+	fs.DurationVar(&d.WorkerRun, "worker-run", d.WorkerRun, "deferred-burst: how long a worker runs each ticket before its Release")
+	fs.DurationVar(&d.DrainWithin, "drain-within", d.DrainWithin, "deferred-burst: bound on the time from the burst's end until every ticket is done")
+	fs.Float64Var(&d.ShareTolerance, "share-tolerance", d.ShareTolerance, "deferred-burst: a backlogged tenant's share of a second's claimed work may differ from its weight's share by this much")
 	fs.StringVar(&df.config, "config", "", "a fleet the drill did not start: its config file, where the tenants' floors, quotas and breaker are read (default: the config in etcd, else each tenant's replica is asked, which in batched mode knows only its share)")
 	fs.DurationVar(&df.duration, "duration", 30*time.Minute, "soak: how long to run random drills back to back")
 	fs.StringVar(&df.tracePath, "trace", "", "play a trace's arrivals and token counts instead of Poisson arrivals (a trace file as replay's --trace, e.g. testdata/traces/AzureLLMInferenceTrace_code.csv): an azure trace's rows are given the --tenants mix; its times are scaled to a mean of --rate; each drill starts at another offset into it")
@@ -154,7 +163,7 @@ func runDrill(g *globals, c *cobra.Command, df *drillFlags, pos []string) error 
 			}
 		}
 		d.Tenants, _ = load.ParseTenants(defaultLoadTenants)
-		d.QuotaTenant, d.CreditTenant = "", ""
+		d.QuotaTenant, d.CreditTenant, d.BurstTenants = "", "", nil
 		if !set["breaker-open"] {
 			d.BreakerOpen = 60e9 // the config's default breaker_open
 		}
@@ -172,6 +181,20 @@ func runDrill(g *globals, c *cobra.Command, df *drillFlags, pos []string) error 
 	}
 	if name == drill.CreditExhaustion && d.CreditTenant == "" {
 		return errors.New("credit-exhaustion: give --credit-tenant (a tenant whose tier lends burst credit) and --breaker-open")
+	}
+	if df.burstTenants != "" {
+		if d.BurstTenants, err = load.ParseTenants(df.burstTenants); err != nil {
+			return fmt.Errorf("--burst-tenants: %w", err)
+		}
+	}
+	if name == drill.DeferredBurst && len(d.BurstTenants) == 0 {
+		return errors.New("deferred-burst: give --burst-tenants (tenants whose workers claim their deferred work), at least two of different weights")
+	}
+	if set["during"] {
+		d.BurstFor = d.During // the burst is deferred-burst's fault
+	}
+	if !(d.BurstRate > 0) || !(d.BurstFactor >= 1) || d.Workers < 1 || d.WorkerInFlight < 1 || d.WorkerRun < 0 || d.DrainWithin <= 0 {
+		return errors.New("--burst-rate and --drain-within must be positive, --burst-factor at least 1, --workers and --worker-in-flight at least 1, --worker-run not negative")
 	}
 	if d.Rate <= 0 || d.Before <= 0 || d.During <= 0 || d.After <= 0 {
 		return errors.New("--rate, --before, --during and --after must be positive")

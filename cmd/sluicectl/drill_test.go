@@ -286,6 +286,9 @@ func TestDrillFlagErrors(t *testing.T) {
 		{[]string{"drain-domain", "--self-contained", "--redis-mode", "strict"}, "--redis-mode names a fleet"},
 		{[]string{"credit-exhaustion", "--server", "127.0.0.1:1"}, "--credit-tenant"},
 		{[]string{"kill-redis", "--self-contained", "--rate", "0"}, "--rate"},
+		{[]string{"deferred-burst", "--server", "127.0.0.1:1"}, "--burst-tenants"},
+		{[]string{"deferred-burst", "--self-contained", "--burst-factor", "0.5"}, "--burst-factor"},
+		{[]string{"deferred-burst", "--self-contained", "--burst-tenants", "corpus:large"}, "--burst-tenants"},
 		{[]string{"drain-domain", "--server", "127.0.0.1:1", "-o", "xml"}, `-o "xml"`},
 		{[]string{"drain-domain", "--self-contained", "--trace", "/nonexistent/trace.csv"}, "/nonexistent/trace.csv"},
 	} {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
 // Phase names.
@@ -48,6 +50,9 @@ func (r *run) analyze(name string) {
 	}
 	r.rep.RecoverSeconds = r.recovery(answers)
 	r.rep.Fault = r.faultSpan()
+	if d.judge != nil {
+		d.judge(r, answers)
+	}
 	r.judge(d, answers, releases)
 }
 
@@ -70,6 +75,8 @@ func (r *run) measure(phase string, from, to time.Duration, answers []answer, re
 			p.Errors[a.code.String()]++
 		case a.admitted():
 			p.Admitted++
+		case a.decision == admissionv1.Decision_DEFERRED:
+			p.Deferred++
 		default:
 			p.Rejected++
 			p.Refusals[a.reason]++

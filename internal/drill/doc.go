@@ -47,10 +47,22 @@
 // The drills are drain-domain (a drain mark in etcd, or the Operator API
 // of every replica), kill-agent, kill-replica, stop-etcd, kill-redis
 // (Faults: the self-contained fleet's own processes, or the operator's
-// --stop/--start commands) and credit-exhaustion, which drives one tenant
+// --stop/--start commands), credit-exhaustion, which drives one tenant
 // past its burst credit and watches its breaker open, answer
 // BURST_CREDIT_EXHAUSTED with a Retry-After that points at the end of the
-// open period, half-open and close, while the others keep their rates.
+// open period, half-open and close, while the others keep their rates, and
+// deferred-burst: two or more tenants burst to 15× their rate, every other
+// request deferrable, beside the steady mix, and a worker pool of the
+// drill's own (Claim streams on every replica, each ticket run for a while
+// and released) drains what was deferred. Its promises: no deferrable
+// request lost (each admitted, or deferred with a ticket that GetTicket
+// shows DONE at the end); the mix's tenants within their share never
+// refused during the burst and their floors held; the backlog drained
+// within a bound; and, in every whole second after the burst in which two
+// or more tenants were backlogged on one replica, each one's share of the
+// weighted tokens claimed there within a tolerance of its weight's share.
+// Its report adds the burst loss of either half: the share of the burst's
+// interactive requests refused, and of its deferrable ones lost.
 //
 // # The self-contained fleet
 //

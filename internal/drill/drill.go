@@ -78,6 +78,26 @@ type Options struct {
 	// RetryAfterTolerance bounds |answer time + retry_after − breaker
 	// close| for BURST_CREDIT_EXHAUSTED answers.
 	RetryAfterTolerance time.Duration
+	// BurstTenants are deferred-burst's bursting tenants, each with its
+	// share of BurstRate: the Admits per second they offer, interactive,
+	// before and after the burst. The burst is BurstFactor times that for
+	// BurstFor, every other request of it deferrable.
+	BurstTenants []load.Mix
+	BurstRate    float64
+	BurstFactor  float64
+	BurstFor     time.Duration
+	// Workers is how many Claim streams deferred-burst's worker pool holds
+	// on each replica, each with WorkerInFlight tickets at most, each
+	// ticket run for WorkerRun before its Release.
+	Workers, WorkerInFlight int
+	WorkerRun               time.Duration
+	// DrainWithin bounds the wait, from the burst's end, for every ticket
+	// to be done.
+	DrainWithin time.Duration
+	// ShareTolerance: in a second in which two or more tenants are
+	// backlogged on one replica, each one's share of the work claimed
+	// there is within ShareTolerance of its weight's share.
+	ShareTolerance float64
 	// Config is the fleet's config, where the tenants' floors, quotas and
 	// burst credit are read; nil: each tenant's replica is asked
 	// (GetTenant), which in batched mode reports the replica's share of the
@@ -102,6 +122,10 @@ func Defaults() Options {
 		LateBudget: 0.01, FloorTolerance: 0.10,
 		CreditTenant: "spiky", CreditOverload: 3, CreditCalm: 0.5, BreakerOpen: 3 * time.Second,
 		RetryAfterTolerance: 250 * time.Millisecond,
+		BurstTenants:        []load.Mix{{Tenant: "corpus", Model: "large", Share: 0.5}, {Tenant: "labels", Model: "large", Share: 0.5}},
+		BurstRate:           30, BurstFactor: 15, BurstFor: 30 * time.Second,
+		Workers: 2, WorkerInFlight: 8, WorkerRun: 160 * time.Millisecond,
+		DrainWithin: 3 * time.Minute, ShareTolerance: 0.05,
 	}
 }
 
@@ -123,8 +147,10 @@ type Report struct {
 	// CapacityBackSeconds is, for kill-replica, the time from the kill
 	// until the others held the killed replica's share of the domains'
 	// KV again; nil when it did not come back within the promise.
-	CapacityBackSeconds *float64  `json:"capacityBackS,omitempty"`
-	Promises            []Promise `json:"promises"`
+	CapacityBackSeconds *float64 `json:"capacityBackS,omitempty"`
+	// Deferred is deferred-burst's account of the burst and its backlog.
+	Deferred *DeferredReport `json:"deferred,omitempty"`
+	Promises []Promise       `json:"promises"`
 	// Held is true when every promise held.
 	Held bool `json:"held"`
 }
@@ -166,10 +192,13 @@ type PhaseReport struct {
 	Sent int64   `json:"sent"`
 	// Lost: Admits that got no decision (a gRPC error other than the
 	// deadline); PastDeadline: Admits that got none before their deadline.
-	Lost           int64            `json:"lost"`
-	PastDeadline   int64            `json:"pastDeadline"`
-	Admitted       int64            `json:"admitted"`
-	Rejected       int64            `json:"rejected"`
+	Lost         int64 `json:"lost"`
+	PastDeadline int64 `json:"pastDeadline"`
+	Admitted     int64 `json:"admitted"`
+	Rejected     int64 `json:"rejected"`
+	// Deferred: deferrable Admits answered DEFERRED (a ticket, not a
+	// placement: neither admitted nor refused).
+	Deferred       int64            `json:"deferred,omitempty"`
 	AdmittedPerSec float64          `json:"admittedPerS"`
 	Refusals       map[string]int64 `json:"refusals,omitempty"`
 	Errors         map[string]int64 `json:"errors,omitempty"`
@@ -218,10 +247,10 @@ type QuotaReport struct {
 	BoundText string `json:"bound"`
 }
 
-// policy is a tenant's floor, quota and credit: from the config, or as its
-// replica describes it.
+// policy is a tenant's floor, quota, credit and weight: from the config,
+// or as its replica describes it.
 type policy struct {
-	floor, rate, burst, credit int64
+	floor, rate, burst, credit, weight int64
 }
 
 // run is one drill in progress.
@@ -243,6 +272,7 @@ type run struct {
 	ended  time.Duration
 	domain string        // the domain no placement may go to, from mark
 	mark   time.Duration // when it became forbidden (-1: never)
+	burst  *burstRun     // deferred-burst's workers and tickets
 }
 
 func (r *run) now() time.Duration { return time.Since(r.t0) }
@@ -336,6 +366,11 @@ func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 	if r.d.credit {
 		names = append(names, r.o.CreditTenant)
 	}
+	if r.d.burst {
+		for _, m := range r.o.BurstTenants {
+			names = append(names, m.Tenant)
+		}
+	}
 	for _, n := range names {
 		if c := r.o.Config; c != nil {
 			p, ok := c.Policy(n)
@@ -343,14 +378,15 @@ func (r *run) policies(ctx context.Context) (map[string]policy, error) {
 				return nil, fmt.Errorf("tenant %s: not in the fleet's config", n)
 			}
 			out[n] = policy{floor: p.Floor, rate: int64(p.Tokens.Rate), burst: int64(p.Tokens.Burst),
-				credit: int64(p.BurstCredit.Multiple * p.Tokens.Rate)}
+				credit: int64(p.BurstCredit.Multiple * p.Tokens.Rate), weight: max(p.Weight, 1)}
 			continue
 		}
 		ti, err := r.tenantInfo(ctx, n)
 		if err != nil {
 			return nil, err
 		}
-		out[n] = policy{floor: ti.GetFloorTokens(), rate: ti.GetTokenRate(), burst: ti.GetTokenBurst(), credit: ti.GetCredit()}
+		out[n] = policy{floor: ti.GetFloorTokens(), rate: ti.GetTokenRate(), burst: ti.GetTokenBurst(), credit: ti.GetCredit(),
+			weight: max(ti.GetWeight(), 1)}
 	}
 	return out, nil
 }

@@ -15,6 +15,7 @@ const (
 	StopEtcd         = "stop-etcd"
 	KillRedis        = "kill-redis"
 	CreditExhaustion = "credit-exhaustion"
+	DeferredBurst    = "deferred-burst"
 )
 
 // drillSpec is one drill: what it needs of the fleet, how it picks its
@@ -30,6 +31,9 @@ type drillSpec struct {
 	// credit: the drill drives Options.CreditTenant, whose policy is
 	// read beside the mix's; soak draws it only when there is one.
 	credit bool
+	// burst: the drill drives Options.BurstTenants, whose policies are
+	// read beside the mix's; soak draws it only when there are some.
+	burst bool
 	// nodeTarget: the target is a node, which the drill picks only on the
 	// self-contained fleet (its nodes are its domains); soak draws it only
 	// there.
@@ -58,6 +62,9 @@ type drillSpec struct {
 	// placement after the mark"); back is the promise that placements
 	// return there.
 	departure, back string
+	// judge adds the drill's own promises from the recorded answers, once
+	// the phases are measured (nil: it has none, or adds them in drive).
+	judge func(r *run, answers []answer)
 }
 
 // watch is what a fault leaves running: stop ends it before the recovery
@@ -124,6 +131,12 @@ var drills = []drillSpec{
 		credit: true,
 		drive:  (*run).creditExhaustion,
 	},
+	{
+		name:  DeferredBurst,
+		burst: true,
+		drive: (*run).deferredBurst,
+		judge: (*run).judgeDeferred,
+	},
 }
 
 // Names lists the drills in the order `all` runs them.
@@ -157,9 +170,10 @@ func (d *drillSpec) canRun(f *Fleet) string {
 }
 
 // soakable reports whether soak may draw d on f with o: it can run, and
-// it needs no target soak cannot draw or tenant o lacks.
+// it needs no target soak cannot draw or tenants o lacks.
 func (d *drillSpec) soakable(f *Fleet, o Options) bool {
-	return d.canRun(f) == "" && !(d.credit && o.CreditTenant == "") && !(d.nodeTarget && f.Local == nil)
+	return d.canRun(f) == "" && !(d.credit && o.CreditTenant == "") && !(d.burst && len(o.BurstTenants) == 0) &&
+		!(d.nodeTarget && f.Local == nil)
 }
 
 // fleetNode draws one of the self-contained fleet's nodes (each its own

@@ -7,12 +7,14 @@ import (
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/sluice-sched/sluice/internal/load"
 )
 
 // The table is the drills in `all`'s order, and each entry is whole: a
 // drill that stops a part names it, and one with a fault has its undo.
 func TestDrillTable(t *testing.T) {
-	want := []string{DrainDomain, KillAgent, KillReplica, StopEtcd, KillRedis, CreditExhaustion}
+	want := []string{DrainDomain, KillAgent, KillReplica, StopEtcd, KillRedis, CreditExhaustion, DeferredBurst}
 	if !slices.Equal(Names, want) {
 		t.Fatalf("Names = %v, want %v", Names, want)
 	}
@@ -57,24 +59,27 @@ func TestRunRefusesWhatTheFleetLacks(t *testing.T) {
 // Soak draws only the drills the fleet can run: none that stops a part
 // without hooks, none that needs etcd without it, kill-agent only where
 // it can pick a node (the self-contained fleet), credit-exhaustion only
-// with a credit tenant.
+// with a credit tenant, deferred-burst only with bursting tenants.
 func TestSoakDrawsWhatTheFleetCanRun(t *testing.T) {
 	etcd, faults, local := &clientv3.Client{}, ShellFaults{}, &Local{}
+	burst := Defaults().BurstTenants
 	for _, tc := range []struct {
 		f      *Fleet
 		credit string
+		burst  []load.Mix
 		want   []string
 	}{
-		{&Fleet{}, "", []string{DrainDomain}},
-		{&Fleet{}, "spiky", []string{DrainDomain, CreditExhaustion}},
-		{&Fleet{Etcd: etcd}, "", []string{DrainDomain}},
-		{&Fleet{Faults: faults}, "", []string{DrainDomain, KillReplica, KillRedis}},
-		{&Fleet{Faults: faults, Etcd: etcd}, "", []string{DrainDomain, KillReplica, StopEtcd, KillRedis}},
-		{&Fleet{Faults: faults, Local: local}, "", []string{DrainDomain, KillReplica, KillRedis}},
-		{&Fleet{Faults: faults, Etcd: etcd, Local: local}, "spiky", Names},
+		{&Fleet{}, "", nil, []string{DrainDomain}},
+		{&Fleet{}, "spiky", nil, []string{DrainDomain, CreditExhaustion}},
+		{&Fleet{}, "", burst, []string{DrainDomain, DeferredBurst}},
+		{&Fleet{Etcd: etcd}, "", nil, []string{DrainDomain}},
+		{&Fleet{Faults: faults}, "", nil, []string{DrainDomain, KillReplica, KillRedis}},
+		{&Fleet{Faults: faults, Etcd: etcd}, "", nil, []string{DrainDomain, KillReplica, StopEtcd, KillRedis}},
+		{&Fleet{Faults: faults, Local: local}, "", burst, []string{DrainDomain, KillReplica, KillRedis, DeferredBurst}},
+		{&Fleet{Faults: faults, Etcd: etcd, Local: local}, "spiky", burst, Names},
 	} {
 		o := Defaults()
-		o.CreditTenant = tc.credit
+		o.CreditTenant, o.BurstTenants = tc.credit, tc.burst
 		var got []string
 		for _, d := range drills {
 			if d.soakable(tc.f, o) {
@@ -82,8 +87,8 @@ func TestSoakDrawsWhatTheFleetCanRun(t *testing.T) {
 			}
 		}
 		if !slices.Equal(got, tc.want) {
-			t.Errorf("faults %v, etcd %v, local %v, credit tenant %q: soak draws %v, want %v",
-				tc.f.Faults != nil, tc.f.Etcd != nil, tc.f.Local != nil, tc.credit, got, tc.want)
+			t.Errorf("faults %v, etcd %v, local %v, credit tenant %q, bursting tenants %v: soak draws %v, want %v",
+				tc.f.Faults != nil, tc.f.Etcd != nil, tc.f.Local != nil, tc.credit, tc.burst, got, tc.want)
 		}
 	}
 }

@@ -80,6 +80,25 @@ type Fleet struct {
 
 // operator returns an Operator client of the replica at addr, dialled once.
 func (f *Fleet) operator(addr string) (admissionv1.OperatorClient, error) {
+	cc, err := f.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return admissionv1.NewOperatorClient(cc), nil
+}
+
+// admission returns an Admission client of the replica at addr itself (not
+// through the Router): deferred-burst's workers claim and release there.
+func (f *Fleet) admission(addr string) (admissionv1.AdmissionClient, error) {
+	cc, err := f.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return admissionv1.NewAdmissionClient(cc), nil
+}
+
+// conn is the connection to the replica at addr, dialled once.
+func (f *Fleet) conn(addr string) (*grpc.ClientConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.conns == nil {
@@ -93,7 +112,7 @@ func (f *Fleet) operator(addr string) (admissionv1.OperatorClient, error) {
 		}
 		f.conns[addr] = cc
 	}
-	return admissionv1.NewOperatorClient(cc), nil
+	return cc, nil
 }
 
 // members are the replicas the Router knows now.

@@ -201,7 +201,11 @@ func StartLocal(ctx context.Context, opts LocalOptions) (f *Fleet, err error) {
 			"--http-addr", "127.0.0.1:" + strconv.Itoa(hport), "--redis", l.redisURL, "--redis-mode", "batched",
 			"--replicas", strconv.Itoa(opts.Replicas), "--redis-interval", localInterval.String(),
 			"--etcd", l.etcd.endpoint(), "--etcd-prefix", prefix, "--replica-id", id, "--advertise-addr", addr,
-			"--member-ttl", localTTL.String(), "--config", cfgPath, "--topology", topoPath, "--log-level", "warn"}}
+			"--member-ttl", localTTL.String(), "--config", cfgPath, "--topology", topoPath, "--log-level", "warn",
+			"--data-dir", filepath.Join(l.dir, id)}}
+		// --data-dir is each replica's own, under the fleet's directory:
+		// with --redis its deferred backlog is in Redis Streams, and the
+		// directory is where its embedded durable state would go.
 		l.replicas[id] = p
 		l.ids = append(l.ids, id)
 		f.onClose(func() { _ = p.stop(false, 5*time.Second) })

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/load"
@@ -27,11 +28,14 @@ type answer struct {
 	domain         string
 	retryAfter     time.Duration
 	replica        string // the replica that granted the lease
+	deferrable     bool   // the request was sent deferrable
+	ticket         string // on DEFERRED answers
 }
 
-// admitted reports whether the answer placed the request.
+// admitted reports whether the answer placed the request: a DEFERRED one
+// has a ticket, not a place.
 func (a *answer) admitted() bool {
-	return a.code == codes.OK && a.decision != admissionv1.Decision_REJECTED
+	return a.code == codes.OK && (a.decision == admissionv1.Decision_ADMITTED || a.decision == admissionv1.Decision_DEGRADED)
 }
 
 // release is one Release: when, of which lease's answer, and how it ended.
@@ -77,12 +81,22 @@ type segment struct {
 	cancel      context.CancelFunc
 	done        chan struct{}
 	err         error
+	// deferEvery > 0 sends every deferEvery-th request deferrable
+	// (internal/load sends none); calls counts them.
+	deferEvery int64
+	calls      atomic.Int64
 }
 
 // startSegment runs opts (its Duration ignored: the segment runs until
 // stop) through rec.
 func startSegment(ctx context.Context, rec *recorder, opts load.Options) *segment {
-	s := &segment{rec: rec, parent: ctx, done: make(chan struct{})}
+	return startDeferring(ctx, rec, opts, 0)
+}
+
+// startDeferring is startSegment with every every-th request sent
+// deferrable (0: none).
+func startDeferring(ctx context.Context, rec *recorder, opts load.Options, every int64) *segment {
+	s := &segment{rec: rec, parent: ctx, done: make(chan struct{}), deferEvery: every}
 	ctx, s.cancel = context.WithCancel(ctx)
 	opts.Duration = 24 * time.Hour
 	go func() {
@@ -102,20 +116,34 @@ func (s *segment) stop(wait time.Duration) {
 	<-s.done
 }
 
+// halt stops new calls at once, without waiting for those in flight: a
+// call recorded was sent before halt returned.
+func (s *segment) halt() { s.stopped.Store(true) }
+
 // Admit implements load.Target.
 func (s *segment) Admit(ctx context.Context, req *admissionv1.AdmitRequest) (*admissionv1.AdmitResponse, error) {
+	// The time is taken before the check, so that every call recorded was
+	// sent before the segment was halted: a drill that halts one segment
+	// and starts the next knows which segment a time belongs to.
+	sent := s.rec.now()
 	if s.stopped.Load() {
 		return nil, errStopped
 	}
 	s.outstanding.Add(1)
+	if s.deferEvery > 0 && s.calls.Add(1)%s.deferEvery == 0 {
+		req = proto.CloneOf(req)
+		req.Deferrable = true
+	}
 	r := s.rec
-	a := answer{sent: r.now(), tenant: req.GetTenant(), weight: req.GetPromptTokens() + r.outputWeight*req.GetMaxOutputTokens()}
+	a := answer{sent: sent, tenant: req.GetTenant(), weight: req.GetPromptTokens() + r.outputWeight*req.GetMaxOutputTokens(),
+		deferrable: req.GetDeferrable()}
 	resp, err := r.next.Admit(ctx, req)
 	a.answered = r.now()
 	a.code = status.Code(err)
 	if err == nil {
 		a.decision, a.reason, a.domain = resp.GetDecision(), strings.TrimPrefix(resp.GetReason().String(), "REASON_"), resp.GetDomain()
 		a.retryAfter = resp.GetRetryAfter().AsDuration()
+		a.ticket = resp.GetTicketId()
 		if _, owner, ok := strings.Cut(resp.GetLeaseId(), "@"); ok {
 			a.replica = owner
 		}

@@ -113,6 +113,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	} else {
 		fmt.Fprintln(w, "time to recover: never, before the drill's end")
 	}
+	if r.Deferred != nil {
+		if err := r.Deferred.writeTable(w); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROMISE\tRESULT\tDETAIL")

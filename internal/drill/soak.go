@@ -37,6 +37,9 @@ func Soak(ctx context.Context, f *Fleet, d time.Duration, o Options, seed uint64
 		}
 		do := o
 		do.Before, do.During, do.After = between(o.Before), between(o.During), between(o.After)
+		if dr.burst {
+			do.BurstFor = between(o.BurstFor)
+		}
 		do.Seed = o.Seed + uint64(i)
 		if o.Log != nil {
 			fmt.Fprintf(o.Log, "soak: %v in, drill %d: %s %s\n", time.Since(start).Round(time.Second), i+1, name, target)
