@@ -110,7 +110,7 @@ type Backlog struct {
 		byLease   map[uint64]*ticket              // claimed, by lease
 		parked    []*ticket                       // claimed before a restart: pending again once their lease would have ended
 		final     []*ticket                       // final, in the order they ended, kept retainFinal
-		perTenant map[string]int                  // held tickets per tenant (and additions under way)
+		perTenant map[string]*tenantLine          // held tickets per tenant (and additions under way)
 		total     int
 		claimers  map[*claimer]struct{}
 		closed    bool
@@ -119,11 +119,42 @@ type Backlog struct {
 
 type requestKey struct{ tenant, id string }
 
+// tenantLine is one tenant's part of the backlog, kept as tickets move so
+// that reading the backlog costs its tenants, not its tickets.
+type tenantLine struct {
+	held    int // pending, claimed, and additions under way
+	claimed int
+	byAge   indexheap.Heap[ageRef, *ageRef] // pending tickets, oldest submission first
+}
+
+// ageRef is a pending ticket's place in its tenant's byAge heap.
+type ageRef struct {
+	tk  *ticket
+	idx int
+}
+
+// Less orders by submission (indexheap.Element).
+func (a *ageRef) Less(o *ageRef) bool { return a.tk.rec.Created.Before(o.tk.rec.Created) }
+
+// HeapIndex is the place in the heap (indexheap.Element).
+func (a *ageRef) HeapIndex() *int { return &a.idx }
+
+// lineLocked returns tenant's line, made on first use.
+func (b *Backlog) lineLocked(tenant string) *tenantLine {
+	l := b.mu.perTenant[tenant]
+	if l == nil {
+		l = &tenantLine{}
+		b.mu.perTenant[tenant] = l
+	}
+	return l
+}
+
 // ticket is one held ticket.
 type ticket struct {
 	rec     Record
 	item    wfq.Item
 	heapIdx int
+	age     ageRef
 	claimer *claimer // while claimed
 	why     admission.Reason
 	ended   time.Time // when it became final
@@ -165,7 +196,7 @@ func New(engine *admission.Engine, store Store, clk clock.Clock, log *slog.Logge
 	b.mu.held = make(map[string]*ticket)
 	b.mu.byRequest = make(map[requestKey]*ticket)
 	b.mu.byLease = make(map[uint64]*ticket)
-	b.mu.perTenant = make(map[string]int)
+	b.mu.perTenant = make(map[string]*tenantLine)
 	b.mu.claimers = make(map[*claimer]struct{})
 	engine.OnDeferredLeaseExpired(b.leaseExpired)
 	return b
@@ -282,14 +313,15 @@ func (b *Backlog) repeat(key requestKey, req admission.Request) (Answer, bool) {
 func (b *Backlog) reserve(tk *ticket, key requestKey, cfg admission.DeferralConfig) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := b.mu.perTenant[key.tenant]
+	line := b.lineLocked(key.tenant)
+	n := line.held
 	switch {
 	case n >= cfg.MaxPerTenant:
 		return fmt.Sprintf("deferred backlog of tenant %q holds %d tickets, its bound deferral.max_per_tenant", key.tenant, n)
 	case b.mu.total >= cfg.MaxTotal:
 		return fmt.Sprintf("deferred backlog holds %d tickets, its bound deferral.max_total", b.mu.total)
 	}
-	b.mu.perTenant[key.tenant] = n + 1
+	line.held++
 	b.mu.total++
 	if key.id != "" {
 		b.mu.byRequest[key] = tk
@@ -307,7 +339,8 @@ func (b *Backlog) unreserve(tk *ticket, key requestKey) {
 }
 
 func (b *Backlog) uncountLocked(tenant string) {
-	if b.mu.perTenant[tenant]--; b.mu.perTenant[tenant] <= 0 {
+	l := b.lineLocked(tenant)
+	if l.held--; l.held <= 0 {
 		delete(b.mu.perTenant, tenant)
 	}
 	b.mu.total--
@@ -329,6 +362,16 @@ func (b *Backlog) enqueueLocked(tk *ticket, cost int64) {
 		return
 	}
 	b.mu.deadlines.Push(tk)
+	tk.age = ageRef{tk: tk, idx: -1}
+	b.lineLocked(tk.rec.Work.Tenant).byAge.Push(&tk.age)
+}
+
+// unpendLocked takes a pending ticket out of the tenant's age order, once
+// it has left the fair queue (admitted, expired, cancelled).
+func (b *Backlog) unpendLocked(tk *ticket) {
+	if l := b.mu.perTenant[tk.rec.Work.Tenant]; l != nil {
+		l.byAge.Remove(&tk.age)
+	}
 }
 
 func (b *Backlog) weightOf(tenant string) int64 {
@@ -381,7 +424,9 @@ func (b *Backlog) grant(ctx context.Context) bool {
 			break
 		}
 		b.mu.deadlines.Remove(g.tk)
+		b.unpendLocked(g.tk)
 		if g.c != nil {
+			b.lineLocked(g.tk.rec.Work.Tenant).claimed++
 			g.c.free--
 			g.tk.claimer = g.c
 			b.mu.byLease[g.d.LeaseID] = g.tk
@@ -429,18 +474,17 @@ func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.
 	delete(b.mu.byLease, d.LeaseID)
 	c.free++
 	tk.claimer = nil
-	if err == nil && !ok {
-		b.endLocked(tk, cur.State, cur.Reason, claim.At)
+	if ok && err == nil { // claimed in the store, and the worker is gone
 		b.mu.Unlock()
-		return
-	}
-	b.mu.Unlock()
-	if ok { // claimed in the store, and the worker is gone
 		b.requeue(ctx, tk)
 		return
 	}
-	b.mu.Lock()
-	b.enqueueLocked(tk, int64(tk.item.Cost))
+	b.lineLocked(tk.rec.Work.Tenant).claimed--
+	if err == nil { // cancelled meanwhile
+		b.endLocked(tk, cur.State, cur.Reason, claim.At)
+	} else { // the store failed: pending again, as it is there
+		b.enqueueLocked(tk, int64(tk.item.Cost))
+	}
 	b.mu.Unlock()
 }
 
@@ -494,6 +538,7 @@ func (b *Backlog) expire(ctx context.Context) {
 	for b.mu.deadlines.Len() > 0 && !b.mu.deadlines.Peek().rec.Deadline.After(now) {
 		tk := b.mu.deadlines.Pop()
 		b.mu.queue.Remove(&tk.item)
+		b.unpendLocked(tk)
 		overdue = append(overdue, tk)
 	}
 	kept := b.mu.parked[:0]
@@ -562,6 +607,7 @@ func (b *Backlog) requeue(ctx context.Context, tk *ticket) {
 	b.counts.Redelivered.Add(1)
 	b.mu.Lock()
 	tk.rec.State, tk.rec.Claim, tk.claimer = StatePending, Claim{}, nil
+	b.lineLocked(tk.rec.Work.Tenant).claimed--
 	cost := tk.item.Cost
 	b.enqueueLocked(tk, int64(cost))
 	b.mu.Unlock()
@@ -595,6 +641,7 @@ func (b *Backlog) Released(ctx context.Context, leaseID uint64) {
 		if tk.claimer != nil {
 			tk.claimer.free++
 		}
+		b.lineLocked(tk.rec.Work.Tenant).claimed--
 	}
 	b.mu.Unlock()
 	if tk != nil {
@@ -741,6 +788,7 @@ func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant strin
 	}
 	b.mu.queue.Remove(&tk.item)
 	b.mu.deadlines.Remove(tk)
+	b.unpendLocked(tk)
 	b.mu.Unlock()
 	b.finish(ctx, tk, StateCancelled, "cancelled by the submitter")
 	b.mu.Lock()
@@ -765,7 +813,8 @@ func (b *Backlog) adopt(ctx context.Context) error {
 			continue
 		}
 		tk := &ticket{rec: rec, heapIdx: -1}
-		b.mu.perTenant[rec.Work.Tenant]++
+		line := b.lineLocked(rec.Work.Tenant)
+		line.held++
 		b.mu.total++
 		if rec.Work.RequestID != "" {
 			b.mu.byRequest[requestKey{rec.Work.Tenant, rec.Work.RequestID}] = tk
@@ -775,6 +824,7 @@ func (b *Backlog) adopt(ctx context.Context) error {
 			b.mu.held[rec.ID] = tk
 			tk.item.Cost = uint64(max(cost, 1))
 			b.mu.parked = append(b.mu.parked, tk)
+			line.claimed++
 			continue
 		}
 		b.enqueueLocked(tk, cost)
@@ -801,33 +851,23 @@ type TenantBacklog struct {
 	OldestAge        time.Duration // how long it has waited, on the backlog's clock
 }
 
-// Tenants returns each tenant's held tickets, for metrics and sluicectl.
+// Tenants returns each tenant's held tickets, for metrics and sluicectl:
+// it costs the tenants with a backlog, not their tickets.
 func (b *Backlog) Tenants() []TenantBacklog {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	by := make(map[string]*TenantBacklog)
-	for _, tk := range b.mu.held {
-		tb := by[tk.rec.Work.Tenant]
-		if tb == nil {
-			tb = &TenantBacklog{Tenant: tk.rec.Work.Tenant}
-			by[tk.rec.Work.Tenant] = tb
-		}
-		if tk.rec.State == StateClaimed {
-			tb.Claimed++
-			continue
-		}
-		tb.Pending++
-		if tb.Oldest.IsZero() || tk.rec.Created.Before(tb.Oldest) {
-			tb.Oldest = tk.rec.Created
-		}
-	}
 	now := b.clk.Now()
-	out := make([]TenantBacklog, 0, len(by))
-	for _, tb := range by {
-		if !tb.Oldest.IsZero() {
+	out := make([]TenantBacklog, 0, len(b.mu.perTenant))
+	for name, l := range b.mu.perTenant {
+		tb := TenantBacklog{Tenant: name, Pending: l.byAge.Len(), Claimed: l.claimed}
+		if tb.Pending+tb.Claimed == 0 {
+			continue // only additions under way
+		}
+		if oldest := l.byAge.Peek(); oldest != nil {
+			tb.Oldest = oldest.tk.rec.Created
 			tb.OldestAge = now.Sub(tb.Oldest)
 		}
-		out = append(out, *tb)
+		out = append(out, tb)
 	}
 	return out
 }
