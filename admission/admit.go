@@ -345,6 +345,9 @@ func (e *Engine) decideDeferrableLocked(now int64, wall time.Time, r *pending, d
 	if why.reason == ReasonQuotaExceeded && rec == nil {
 		why.retry = e.shared.QuotaRefusedLocked(t, why.retry)
 	}
+	if why.reason == ReasonBurstCreditFrozen && e.mu.gates.frozenLocked(now) <= 0 {
+		why.reason = ReasonQuotaExceeded // no freeze: only its own quota holds it
+	}
 	if why.refused() {
 		rec.screenRefused()
 		*d = rejectWithTrace(why, r, now)

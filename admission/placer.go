@@ -362,6 +362,11 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 				continue
 			}
 			cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
+			if r.deferred {
+				// Deferred work must fit with the headroom it leaves, or
+				// it never runs: refused, not deferred forever.
+				cost = p.withHeadroom(r, 1, d, cost) // tier 1: the deferral headroom alone
+			}
 			if err != nil || !d.cap.CanEverFit(cost) {
 				continue
 			}

@@ -394,10 +394,16 @@ func (b *Backlog) grant(ctx context.Context) bool {
 	b.mu.Lock()
 	for len(grants) < grantBatch && b.mu.queue.Len() > 0 && b.freeClaimersLocked() {
 		var g grantRec
+		// A head held back by capacity holds the capacity it waits for:
+		// the heads behind it in fair order are not tried (else smaller
+		// tickets take every refill and a large one waits forever, and
+		// shares drift from the weights). One held back by its own
+		// tenant's limits (quota, concurrency, budget) is passed over.
+		capacityHeld := false
 		it := b.mu.queue.Dequeue(func(it *wfq.Item) bool {
 			tk := it.Value.(*ticket)
 			c := b.claimerForLocked(&tk.rec.Work)
-			if c == nil {
+			if c == nil || capacityHeld {
 				return false
 			}
 			d, err := b.engine.Admit(ctx, tk.request())
@@ -410,6 +416,7 @@ func (b *Backlog) grant(ctx context.Context) bool {
 			}
 			if d.Outcome == admission.Deferred {
 				tk.why = d.Reason
+				capacityHeld = d.Reason == admission.ReasonCapacityExceeded || d.Reason == admission.ReasonInteractiveFirst
 				return false
 			}
 			if d.Outcome == admission.Rejected {

@@ -393,3 +393,30 @@ func TestBacklogDrainsInWeightedFairOrder(t *testing.T) {
 		t.Fatalf("gold's share of the first 100 deliveries %.2f (%v), want 0.75 ± 0.05", a, share)
 	}
 }
+
+// A deferrable request that could fit a domain only inside the headroom
+// deferred work leaves is refused at once: deferred, it would never run.
+func TestTooLargeForTheHeadroomIsRefused(t *testing.T) {
+	cfg := quotaConfig(1e9)
+	cfg.Deferral.Headroom = 0.95
+	r := newRig(t, cfg, deferral.NewMemStore())
+	req := admission.Request{Tenant: "a", Model: "medium", PromptTokens: 30000, MaxOutputTokens: 1000}
+	if d, err := r.e.Explain(context.Background(), req); err != nil || d.Outcome != "ADMITTED" {
+		t.Fatalf("as interactive: %v %v, want ADMITTED", d.Outcome, err)
+	}
+	req.Deferrable = true
+	a := r.admit(req)
+	if a.Decision.Outcome != admission.Rejected || a.Decision.Reason != admission.ReasonCapacityExceeded || a.Ticket != "" {
+		t.Fatalf("deferrable: %v %v ticket %q, want REJECTED CAPACITY_EXCEEDED", a.Decision.Outcome, a.Decision.Reason, a.Ticket)
+	}
+}
+
+// Over its own quota, deferred work waits with QUOTA_EXCEEDED (no credit
+// is lent to it, and no freeze is in force).
+func TestOverQuotaReasonIsQuota(t *testing.T) {
+	r := newRig(t, quotaConfig(100), deferral.NewMemStore())
+	r.admit(deferrable("b", 1000, 10))
+	if a := r.admit(deferrable("b", 1000, 10)); a.Decision.Reason != admission.ReasonQuotaExceeded {
+		t.Fatalf("reason %v, want QUOTA_EXCEEDED", a.Decision.Reason)
+	}
+}
