@@ -35,6 +35,9 @@ const (
 	// retainFinal is how long a final ticket stays in memory for GetTicket
 	// and for a submitter's retried request id.
 	retainFinal = 10 * time.Minute
+	// finishRetries is how often a failed write of a final state is tried
+	// again (10 ms, 20 ms, … apart).
+	finishRetries = 5
 )
 
 // Errors of the ticket calls.
@@ -110,6 +113,7 @@ type Backlog struct {
 		byLease   map[uint64]*ticket              // claimed, by lease
 		parked    []*ticket                       // claimed before a restart: pending again once their lease would have ended
 		final     []*ticket                       // final, in the order they ended, kept retainFinal
+		finalByID map[string]*ticket              // the same, by id: Get answers them from memory
 		perTenant map[string]*tenantLine          // held tickets per tenant (and additions under way)
 		total     int
 		claimers  map[*claimer]struct{}
@@ -194,6 +198,7 @@ func New(engine *admission.Engine, store Store, clk clock.Clock, log *slog.Logge
 	b := &Backlog{engine: engine, store: store, clk: clk, log: log, wake: make(chan struct{}, 1)}
 	b.mu.queue = wfq.New(wfq.Config{})
 	b.mu.held = make(map[string]*ticket)
+	b.mu.finalByID = make(map[string]*ticket)
 	b.mu.byRequest = make(map[requestKey]*ticket)
 	b.mu.byLease = make(map[uint64]*ticket)
 	b.mu.perTenant = make(map[string]*tenantLine)
@@ -560,6 +565,7 @@ func (b *Backlog) expire(ctx context.Context) {
 	for len(b.mu.final) > 0 && now.Sub(b.mu.final[0].ended) > retainFinal {
 		tk := b.mu.final[0]
 		b.mu.final = b.mu.final[1:]
+		delete(b.mu.finalByID, tk.rec.ID)
 		key := requestKey{tk.rec.Work.Tenant, tk.rec.Work.RequestID}
 		if b.mu.byRequest[key] == tk {
 			delete(b.mu.byRequest, key)
@@ -578,7 +584,15 @@ func (b *Backlog) expire(ctx context.Context) {
 // finish writes a ticket's final state and lets it go.
 func (b *Backlog) finish(ctx context.Context, tk *ticket, state State, reason string) {
 	at := b.clk.Now()
-	if err := b.store.Finish(ctx, tk.rec.ID, state, reason, at); err != nil {
+	// A final state the store missed would show the ticket unfinished to
+	// another replica and to a restart: retried a few times, a store that
+	// times out under load (Redis' call timeout) gets another chance.
+	err := b.store.Finish(ctx, tk.rec.ID, state, reason, at)
+	for try := 0; err != nil && !errors.Is(err, ErrNotFound) && try < finishRetries && ctx.Err() == nil; try++ {
+		time.Sleep(time.Duration(10<<try) * time.Millisecond)
+		err = b.store.Finish(ctx, tk.rec.ID, state, reason, at)
+	}
+	if err != nil {
 		b.log.Warn("deferral: finishing a ticket", "ticket", tk.rec.ID, "state", state, "err", err)
 	}
 	b.mu.Lock()
@@ -603,6 +617,7 @@ func (b *Backlog) endLocked(tk *ticket, state State, reason string, at time.Time
 	}
 	tk.rec.State, tk.rec.Reason, tk.rec.Finished, tk.ended = state, reason, at, at
 	b.mu.final = append(b.mu.final, tk)
+	b.mu.finalByID[tk.rec.ID] = tk
 }
 
 // requeue puts a claimed ticket back to pending: its lease ended without
@@ -733,6 +748,9 @@ func (b *Backlog) takeBack(d Delivery) {
 func (b *Backlog) Get(ctx context.Context, id string, allow func(tenant string) bool) (Record, error) {
 	b.mu.Lock()
 	tk := b.mu.held[id]
+	if tk == nil {
+		tk = b.mu.finalByID[id]
+	}
 	var rec Record
 	if tk != nil {
 		rec = tk.rec

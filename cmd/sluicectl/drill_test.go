@@ -198,7 +198,7 @@ func TestDrillAllSelfContained(t *testing.T) {
 		t.Errorf("kill-replica: %+v, back after %v s", p, kr.CapacityBackSeconds)
 	}
 	// The breaker opened and its refusals were seen.
-	ce := sum.Reports[len(sum.Reports)-1]
+	ce := sum.Reports[slices.Index(drill.Names, drill.CreditExhaustion)]
 	if n := ce.Phases[1].Refusals["BURST_CREDIT_EXHAUSTED"]; n == 0 {
 		t.Errorf("credit-exhaustion: no BURST_CREDIT_EXHAUSTED during the overload: %+v", ce.Phases[1].Refusals)
 	}
