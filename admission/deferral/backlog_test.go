@@ -3,6 +3,7 @@ package deferral_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/deferral"
 	"github.com/sluice-sched/sluice/internal/clock"
+	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology/topologytest"
 )
 
@@ -94,23 +96,17 @@ func (r *rig) worker(opts deferral.ClaimOptions) *worker {
 // take waits for the worker to hold n deliveries and returns them.
 func (w *worker) take(t *testing.T, r *rig, n int) []deferral.Delivery {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testwait.Until(t, 10*time.Second, fmt.Sprintf("the worker to hold %d deliveries", n), func() bool {
 		r.b.Step(context.Background())
 		w.mu.Lock()
-		if len(w.got) >= n {
-			got := w.got[:n:n]
-			w.got = w.got[n:]
-			w.mu.Unlock()
-			return got
-		}
-		have := len(w.got)
-		w.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("worker holds %d deliveries, want %d", have, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer w.mu.Unlock()
+		return len(w.got) >= n
+	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	got := w.got[:n:n]
+	w.got = w.got[n:]
+	return got
 }
 
 func (w *worker) count() int {
@@ -154,9 +150,8 @@ func TestOverQuotaIsDeferredThenDeliveredOnce(t *testing.T) {
 		t.Fatalf("second: %v %v ticket %q, want DEFERRED QUOTA_EXCEEDED with a ticket", a.Decision.Outcome, a.Decision.Reason, a.Ticket)
 	}
 	w := r.worker(deferral.ClaimOptions{MaxInFlight: 4})
-	r.b.Step(context.Background())
-	time.Sleep(20 * time.Millisecond)
-	if n := w.count(); n != 0 {
+	r.b.Step(context.Background()) // hands over synchronously what it admits
+	if n := r.b.Counts().Claimed.Load(); n != 0 {
 		t.Fatalf("delivered %d tickets before the quota refilled", n)
 	}
 	r.clk.Advance(2 * time.Second)

@@ -51,7 +51,7 @@ func TestBurstTenantsShareAReplica(t *testing.T) {
 // for at least one whole second.
 func TestDeferredBurstSelfContained(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a fleet of child processes")
+		testdep.Missing(t, "-short: this test starts a fleet of child processes")
 	}
 	testdep.Binary(t, "apt-get install -y redis-server", "redis-server")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
