@@ -26,7 +26,6 @@ type pending struct {
 	weighted int64
 	price    int64 // micro-USD at the requested model, charged to the budget
 	critical bool
-	deferred bool // a deferrable request: leaves deferral.headroom free, see decideDeferrableLocked
 	// With a request id: its idempotency key and the hash of its body.
 	hasID    bool
 	idem     idemKey
@@ -459,7 +458,6 @@ func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Du
 	id := e.mu.leases.add(lease{
 		charge: r.charge, modelName: pl.model.name, prompt: r.prompt, cached: r.cached, output: r.output,
 		outWeight: e.mu.cfg.OutputTokenWeight, granted: now, expires: now + int64(e.mu.cfg.Leases.TTL.Duration),
-		deferred: r.deferred,
 	})
 	*d = Decision{Outcome: pl.outcome(), LeaseID: id, Domain: pl.dom.ID(), Model: pl.model.name, Queued: queued}
 	if pl.tier > 0 {

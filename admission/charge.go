@@ -15,6 +15,11 @@ type charge struct {
 	dom    *domainState // nil until placed
 	cost   pd.Cost      // what the domain was charged
 	floor  bool         // also charged to the tenant's floor bucket
+	// deferred: a deferrable request's charge. It leaves deferral.headroom
+	// free when placed, and its lease's expiry settles it as unused (the
+	// ticket is delivered again and charged then; see Engine.Tick). Kept
+	// here, beside floor, where it costs a lease no bytes.
+	deferred bool
 }
 
 // chargeGates charges the tenant's gates: the first half of a charge.

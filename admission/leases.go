@@ -17,7 +17,6 @@ type lease struct {
 	outWeight int64 // output token weight at grant time
 	granted   int64
 	expires   int64
-	deferred  bool // a deferrable request's: its expiry redelivers the ticket, see Engine.Tick
 }
 
 // leaseTable holds live leases in a slab indexed by slot, finds a slot by
