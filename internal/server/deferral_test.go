@@ -3,8 +3,6 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -60,7 +58,7 @@ func TestDeferredTicketLifecycle(t *testing.T) {
 	if err != nil || bl.GetPending() != 2 || len(bl.GetTenants()) != 1 || bl.GetTenants()[0].GetTenant() != "acme" || bl.GetTenants()[0].GetTier() == "" {
 		t.Fatalf("ListBacklog: %v (%v), want acme with 2 pending", bl, err)
 	}
-	body := scrapeText(t, "http://"+srv.HTTPAddr().String()+"/metrics")
+	body := get(t, srv, "/metrics")
 	for _, want := range []string{`sluice_deferred_backlog{state="pending",tenant="acme",tier="enterprise"} 2`, `sluice_deferred_tickets{state="pending"} 2`, `sluice_deferred_events_total{event="deferred"} 2`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -76,7 +74,7 @@ func TestDeferredTicketLifecycle(t *testing.T) {
 			} `json:"tenants"`
 		} `json:"backlog"`
 	}
-	if err := json.Unmarshal([]byte(scrapeText(t, "http://"+srv.HTTPAddr().String()+"/api/v1/dashboard")), &snap); err != nil {
+	if err := json.Unmarshal([]byte(get(t, srv, "/api/v1/dashboard")), &snap); err != nil {
 		t.Fatal(err)
 	}
 	if b := snap.Backlog; b == nil || b.Pending != 2 || len(b.Tenants) != 1 || b.Tenants[0].Tenant != "acme" || b.Tenants[0].Pending != 2 {
@@ -114,20 +112,6 @@ func TestDeferredTicketLifecycle(t *testing.T) {
 	if tk, err := adm.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: second}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_DONE {
 		t.Fatalf("GetTicket after Release: %v (%v), want DONE", tk, err)
 	}
-}
-
-func scrapeText(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }
 
 // A worker is a router bound to its tenants: it claims only their tickets,
