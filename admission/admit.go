@@ -271,6 +271,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 	if req.Deferrable {
+		r.ticketed = req.Ticketed
 		e.decideDeferrableLocked(now, wall, r, d, rec)
 		return nil
 	}

@@ -15,11 +15,12 @@ type charge struct {
 	dom    *domainState // nil until placed
 	cost   pd.Cost      // what the domain was charged
 	floor  bool         // also charged to the tenant's floor bucket
-	// deferred: a deferrable request's charge. It leaves deferral.headroom
-	// free when placed, and its lease's expiry settles it as unused (the
+	// deferred: a deferrable request's charge, which leaves
+	// deferral.headroom free when placed; ticketed: a backlog ticket's
+	// (Request.Ticketed), whose lease's expiry settles it as unused (the
 	// ticket is delivered again and charged then; see Engine.Tick). Kept
-	// here, beside floor, where it costs a lease no bytes.
-	deferred bool
+	// here, beside floor, where they cost a lease no bytes.
+	deferred, ticketed bool
 }
 
 // chargeGates charges the tenant's gates: the first half of a charge.

@@ -220,7 +220,7 @@ func (e *Engine) Tick() time.Duration {
 	var expiredDeferred []uint64
 	var storeWork []func(context.Context)
 	for l, id, ok := e.mu.leases.popExpired(now); ok; l, id, ok = e.mu.leases.popExpired(now) {
-		if !l.deferred {
+		if !l.ticketed {
 			l.expire(now)
 			continue
 		}

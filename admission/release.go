@@ -36,7 +36,7 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 	now := e.nowLocked()
 	res, weighted, actual := l.settle(now, e.base.Add(time.Duration(now)), rel, &e.mu.place)
 	res.OverrunClamped = clamped
-	res.Deferred = l.deferred
+	res.Deferred = l.ticketed
 	storeWork := e.shared.ReleasedLocked(rel.LeaseID, l.sharedCharge(), weighted, actual)
 	answered := e.dispatchLocked(now, nil)
 	e.mu.Unlock()

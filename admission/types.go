@@ -120,6 +120,12 @@ type Request struct {
 	// and without burst credit (it can wait for its quota instead).
 	Deferrable  bool
 	DeferWithin time.Duration
+	// Ticketed marks a deferrable request admitted for a ticket of the
+	// backlog (package admission/deferral), never one from a router: if
+	// its lease ends unreleased the ticket is delivered again and charged
+	// then, so the engine settles that lease as unused. A deferrable
+	// request a router runs at once is charged as any other.
+	Ticketed bool
 }
 
 // Decision is the answer to an Admit call.
@@ -204,8 +210,8 @@ type ReleaseResult struct {
 	// limits.release_overrun_multiple times what the lease admitted (or
 	// than the request limits) and was charged at that bound.
 	OverrunClamped bool
-	// Deferred says the lease was a deferrable request's: its ticket in
-	// the backlog is done.
+	// Deferred says the lease was a backlog ticket's (Request.Ticketed):
+	// the ticket is done.
 	Deferred bool
 }
 

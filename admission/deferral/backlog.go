@@ -38,6 +38,10 @@ const (
 	// finishRetries is how often a failed write of a final state is tried
 	// again (10 ms, 20 ms, … apart).
 	finishRetries = 5
+	// writeTimeout bounds a ticket's write that no longer waits on its
+	// caller (a router or worker that went away must not leave the store
+	// and the backlog disagreeing on a ticket).
+	writeTimeout = 10 * time.Second
 )
 
 // Errors of the ticket calls.
@@ -103,6 +107,12 @@ type Backlog struct {
 	log    *slog.Logger
 	wake   chan struct{}
 	counts Counts
+	// quit closes when the backlog closes: Claim streams end. stop ends
+	// the drain loop Start began, and stopped closes once it has.
+	quit     chan struct{}
+	quitOnce sync.Once
+	stop     context.CancelFunc
+	stopped  chan struct{}
 
 	mu struct {
 		sync.Mutex
@@ -162,6 +172,11 @@ type ticket struct {
 	claimer *claimer // while claimed
 	why     admission.Reason
 	ended   time.Time // when it became final
+	// stored closes once a new ticket's Add has returned, with storeErr
+	// its error: a repeated request id is answered only then. nil for
+	// tickets read from the store.
+	stored   chan struct{}
+	storeErr error
 }
 
 // Less orders tickets by deadline (indexheap.Element).
@@ -195,7 +210,7 @@ func New(engine *admission.Engine, store Store, clk clock.Clock, log *slog.Logge
 	if log == nil {
 		log = slog.Default()
 	}
-	b := &Backlog{engine: engine, store: store, clk: clk, log: log, wake: make(chan struct{}, 1)}
+	b := &Backlog{engine: engine, store: store, clk: clk, log: log, wake: make(chan struct{}, 1), quit: make(chan struct{})}
 	b.mu.queue = wfq.New(wfq.Config{})
 	b.mu.held = make(map[string]*ticket)
 	b.mu.finalByID = make(map[string]*ticket)
@@ -212,9 +227,29 @@ func New(engine *admission.Engine, store Store, clk clock.Clock, log *slog.Logge
 // that does not answer is not fatal: the loop adopts again every
 // adoptEvery, and Start reports the first failure.
 func (b *Backlog) Start(ctx context.Context) error {
+	ctx, b.stop = context.WithCancel(ctx)
+	b.stopped = make(chan struct{})
 	err := b.adopt(ctx)
-	go b.run(ctx)
+	go func() {
+		defer close(b.stopped)
+		b.run(ctx)
+	}()
 	return err
+}
+
+// Close ends the drain loop and waits for it, and ends the workers' Claim
+// streams (ErrClosed). No ticket is admitted after Close returns, so that
+// an engine closed next (it refuses everything SHUTTING_DOWN) takes no
+// ticket with it: the tickets wait in the store for the next start.
+func (b *Backlog) Close() {
+	b.quitOnce.Do(func() { close(b.quit) })
+	if b.stop != nil {
+		b.stop()
+		<-b.stopped
+	}
+	b.mu.Lock()
+	b.mu.closed = true
+	b.mu.Unlock()
 }
 
 func (b *Backlog) run(ctx context.Context) {
@@ -246,7 +281,7 @@ func (b *Backlog) run(ctx context.Context) {
 // calls it; tests on a manual clock call it themselves.
 func (b *Backlog) Step(ctx context.Context) {
 	b.expire(ctx)
-	for b.grant(ctx) {
+	for ctx.Err() == nil && b.grant(ctx) {
 	}
 }
 
@@ -262,8 +297,8 @@ func (b *Backlog) Admit(ctx context.Context, req admission.Request) (Answer, err
 	}
 	key := requestKey{req.Tenant, req.RequestID}
 	if req.RequestID != "" {
-		if a, ok := b.repeat(key, req); ok {
-			return a, nil
+		if tk := b.holding(key); tk != nil {
+			return b.repeat(ctx, tk, req)
 		}
 	}
 	d, err := b.engine.Admit(ctx, req)
@@ -276,17 +311,28 @@ func (b *Backlog) Admit(ctx context.Context, req admission.Request) (Answer, err
 		within = cfg.DefaultWithin.Duration
 	}
 	now := b.clk.Now()
-	tk := &ticket{heapIdx: -1, why: d.Reason, rec: Record{
+	tk := &ticket{heapIdx: -1, why: d.Reason, stored: make(chan struct{}), rec: Record{
 		ID: newTicketID(), Work: workOf(req), Created: now, Deadline: now.Add(within), State: StatePending,
 	}}
-	if msg := b.reserve(tk, key, cfg); msg != "" {
+	other, msg := b.reserve(tk, key, cfg)
+	switch {
+	case other != nil: // the same request id, arrived meanwhile
+		return b.repeat(ctx, other, req)
+	case msg != "":
 		out := d
 		out.Outcome, out.Reason, out.RetryAfter = admission.Rejected, admission.ReasonQueueFull, time.Second
 		b.counts.QueueFull.Add(1)
 		return Answer{Decision: out, Message: msg}, nil
 	}
-	seq, err := b.store.Add(ctx, tk.rec)
+	// The write does not end with the caller: a router that gave up may
+	// retry with its request id, and must find the ticket written or not
+	// at all, not half (in Redis, added but held by nobody).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	seq, err := b.store.Add(wctx, tk.rec)
+	cancel()
 	if err != nil {
+		tk.storeErr = err
+		close(tk.stored)
 		b.unreserve(tk, key)
 		return Answer{}, fmt.Errorf("deferral: storing ticket: %w", err)
 	}
@@ -294,44 +340,66 @@ func (b *Backlog) Admit(ctx context.Context, req admission.Request) (Answer, err
 	b.mu.Lock()
 	b.enqueueLocked(tk, d.Trace.WeightedTokens)
 	b.mu.Unlock()
+	close(tk.stored)
 	b.counts.Deferred.Add(1)
 	b.nudge()
 	return Answer{Decision: d, Ticket: tk.rec.ID}, nil
 }
 
-// repeat answers a request id the backlog holds a ticket for.
-func (b *Backlog) repeat(key requestKey, req admission.Request) (Answer, bool) {
+// holding returns the ticket the backlog holds for a request id, if any.
+func (b *Backlog) holding(key requestKey) *ticket {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	tk := b.mu.byRequest[key]
-	if tk == nil {
-		return Answer{}, false
+	return b.mu.byRequest[key]
+}
+
+// repeat answers a repeated request id with its ticket, once the ticket's
+// first write has returned: DEFERRED only for a ticket in the store.
+func (b *Backlog) repeat(ctx context.Context, tk *ticket, req admission.Request) (Answer, error) {
+	if tk.stored != nil {
+		select {
+		case <-tk.stored:
+		case <-ctx.Done():
+			return Answer{}, fmt.Errorf("deferral: waiting for the ticket of request id %q: %w", req.RequestID, ctx.Err())
+		}
+		if tk.storeErr != nil {
+			return Answer{}, fmt.Errorf("deferral: storing ticket: %w", tk.storeErr)
+		}
 	}
-	d := admission.Decision{Outcome: admission.Deferred, Reason: tk.why}
+	b.mu.Lock()
+	why := tk.why
+	b.mu.Unlock()
+	d := admission.Decision{Outcome: admission.Deferred, Reason: why}
 	d.Trace.Tenant, d.Trace.Model = req.Tenant, req.Model
-	return Answer{Decision: d, Ticket: tk.rec.ID}, true
+	return Answer{Decision: d, Ticket: tk.rec.ID}, nil
 }
 
 // reserve counts tk against the bounds before it is stored, and notes its
-// request id so that a concurrent repeat joins it; it returns why not when
-// a bound is reached.
-func (b *Backlog) reserve(tk *ticket, key requestKey, cfg admission.DeferralConfig) string {
+// request id so that a concurrent repeat joins it. It returns the ticket
+// a concurrent request with the same id reserved first, or why not when a
+// bound is reached.
+func (b *Backlog) reserve(tk *ticket, key requestKey, cfg admission.DeferralConfig) (*ticket, string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if key.id != "" {
+		if other := b.mu.byRequest[key]; other != nil {
+			return other, ""
+		}
+	}
 	line := b.lineLocked(key.tenant)
 	n := line.held
 	switch {
 	case n >= cfg.MaxPerTenant:
-		return fmt.Sprintf("deferred backlog of tenant %q holds %d tickets, its bound deferral.max_per_tenant", key.tenant, n)
+		return nil, fmt.Sprintf("deferred backlog of tenant %q holds %d tickets, its bound deferral.max_per_tenant", key.tenant, n)
 	case b.mu.total >= cfg.MaxTotal:
-		return fmt.Sprintf("deferred backlog holds %d tickets, its bound deferral.max_total", b.mu.total)
+		return nil, fmt.Sprintf("deferred backlog holds %d tickets, its bound deferral.max_total", b.mu.total)
 	}
 	line.held++
 	b.mu.total++
 	if key.id != "" {
 		b.mu.byRequest[key] = tk
 	}
-	return ""
+	return nil, ""
 }
 
 func (b *Backlog) unreserve(tk *ticket, key requestKey) {
@@ -388,7 +456,9 @@ func (b *Backlog) weightOf(tenant string) int64 {
 
 // grant admits up to grantBatch pending tickets in fair order for the
 // workers that have room, writes their claims and hands them over. It
-// reports whether it granted any (the caller tries again).
+// reports whether any ticket moved on (handed over, or ended): then the
+// caller tries again; a pass whose every claim write failed waits for the
+// next drain instead.
 func (b *Backlog) grant(ctx context.Context) bool {
 	type grantRec struct {
 		tk *ticket
@@ -425,6 +495,15 @@ func (b *Backlog) grant(ctx context.Context) bool {
 				return false
 			}
 			if d.Outcome == admission.Rejected {
+				if !everRefused(d.Reason) {
+					// What passes (an engine shutting down, shared
+					// state out of reach or over the tenant's quota
+					// there): the ticket waits, and so, for what
+					// holds every ticket, do the heads behind it.
+					tk.why = d.Reason
+					capacityHeld = d.Reason != admission.ReasonQuotaExceeded
+					return false
+				}
 				g = grantRec{tk: tk}
 				tk.rec.Reason = "refused: " + d.Reason.String()
 				return true
@@ -451,24 +530,42 @@ func (b *Backlog) grant(ctx context.Context) bool {
 	}
 	ttl := b.engine.LeaseTTL()
 	var wg sync.WaitGroup
+	var moved atomic.Bool
 	for i := range grants {
 		g := &grants[i]
 		if g.c == nil {
 			b.finish(ctx, g.tk, StateExpired, g.tk.rec.Reason)
+			moved.Store(true)
 			continue
 		}
 		at := b.clk.Now()
 		claim := Claim{LeaseID: g.d.LeaseID, Domain: g.d.Domain, Model: g.d.Model, At: at, Expires: at.Add(ttl)}
-		wg.Go(func() { b.hand(ctx, g.tk, g.c, g.d, claim) })
+		wg.Go(func() {
+			if b.hand(ctx, g.tk, g.c, g.d, claim) {
+				moved.Store(true)
+			}
+		})
 	}
 	wg.Wait()
-	return true
+	return moved.Load()
 }
 
-// hand writes an admitted ticket's claim and gives it to its worker. A
+// everRefused reports whether the engine refuses a deferrable request for
+// reason whatever the wait: the ticket ends. The engine answers any other
+// refusal for what passes, and the ticket waits.
+func everRefused(reason admission.Reason) bool {
+	switch reason {
+	case admission.ReasonUnknownTenant, admission.ReasonRequestTooLarge, admission.ReasonCapacityExceeded:
+		return true
+	}
+	return false
+}
+
+// hand writes an admitted ticket's claim and gives it to its worker; it
+// reports whether the ticket moved on (handed over, or found final). A
 // ticket cancelled meanwhile (through another replica), a store that
 // failed, or a worker gone takes the admission back.
-func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.Decision, claim Claim) {
+func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.Decision, claim Claim) bool {
 	cur, ok, err := b.store.Claim(ctx, tk.rec.ID, claim)
 	if err != nil {
 		b.log.Warn("deferral: writing a claim", "ticket", tk.rec.ID, "err", err)
@@ -477,27 +574,41 @@ func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.
 	_, present := b.mu.claimers[c]
 	if err == nil && ok && present {
 		tk.rec.State, tk.rec.Claim = StateClaimed, claim
-		c.out <- Delivery{Record: tk.rec, Decision: d} // never blocks: a slot was taken for it
-		b.counts.Claimed.Add(1)
-		b.mu.Unlock()
-		return
+		select {
+		case c.out <- Delivery{Record: tk.rec, Decision: d}: // a slot was taken for it
+			b.counts.Claimed.Add(1)
+			b.mu.Unlock()
+			return true
+		default:
+			// A slot freed by an expired lease while its delivery
+			// was still unsent: the worker is not reading. Never
+			// block under the lock; the ticket waits for another.
+			tk.rec.State, tk.rec.Claim = StatePending, Claim{}
+		}
 	}
 	b.engine.RevokeLease("", d.LeaseID)
 	delete(b.mu.byLease, d.LeaseID)
 	c.free++
 	tk.claimer = nil
-	if ok && err == nil { // claimed in the store, and the worker is gone
+	switch {
+	case err == nil && (ok || !cur.State.Final()):
+		// Claimed in the store: by this write with the worker gone, or
+		// by an earlier one whose answer was lost. Pending again.
 		b.mu.Unlock()
 		b.requeue(ctx, tk)
-		return
-	}
-	b.lineLocked(tk.rec.Work.Tenant).claimed--
-	if err == nil { // cancelled meanwhile
+		return false
+	case err == nil: // cancelled meanwhile
+		b.lineLocked(tk.rec.Work.Tenant).claimed--
 		b.endLocked(tk, cur.State, cur.Reason, claim.At)
-	} else { // the store failed: pending again, as it is there
-		b.enqueueLocked(tk, int64(tk.item.Cost))
+		b.mu.Unlock()
+		return true
 	}
+	// The store failed: pending again, as it is there (or claimed by a
+	// write whose answer was lost, which the next claim finds).
+	b.lineLocked(tk.rec.Work.Tenant).claimed--
+	b.enqueueLocked(tk, int64(tk.item.Cost))
 	b.mu.Unlock()
+	return false
 }
 
 func (b *Backlog) freeClaimersLocked() bool {
@@ -528,7 +639,7 @@ func (tk *ticket) request() admission.Request {
 	return admission.Request{
 		Tenant: w.Tenant, Model: w.Model, PromptTokens: w.PromptTokens, MaxOutputTokens: w.MaxOutputTokens,
 		Priority: admission.Priority(w.Priority), AcceptDowngrade: w.AcceptDowngrade,
-		ExpectedCachedTokens: w.ExpectedCachedTokens, Deferrable: true,
+		ExpectedCachedTokens: w.ExpectedCachedTokens, Deferrable: true, Ticketed: true,
 	}
 }
 
@@ -588,9 +699,14 @@ func (b *Backlog) finish(ctx context.Context, tk *ticket, state State, reason st
 	// another replica and to a restart: retried a few times, a store that
 	// times out under load (Redis' call timeout) gets another chance.
 	err := b.store.Finish(ctx, tk.rec.ID, state, reason, at)
-	for try := 0; err != nil && !errors.Is(err, ErrNotFound) && try < finishRetries && ctx.Err() == nil; try++ {
-		time.Sleep(time.Duration(10<<try) * time.Millisecond)
-		err = b.store.Finish(ctx, tk.rec.ID, state, reason, at)
+	for try := 0; err != nil && !errors.Is(err, ErrNotFound) && try < finishRetries; try++ {
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(10<<try) * time.Millisecond):
+			err = b.store.Finish(ctx, tk.rec.ID, state, reason, at)
+			continue
+		}
+		break
 	}
 	if err != nil {
 		b.log.Warn("deferral: finishing a ticket", "ticket", tk.rec.ID, "state", state, "err", err)
@@ -654,7 +770,9 @@ func (b *Backlog) leaseExpired(leaseID uint64) {
 }
 
 // Released tells the backlog that the lease of a deferred ticket was
-// released (admission.ReleaseResult.Deferred): the ticket is done.
+// released (admission.ReleaseResult.Deferred): the ticket is done. The
+// write does not end with ctx: a worker whose call timed out has been
+// charged, and a ticket left claimed in the store would run again.
 func (b *Backlog) Released(ctx context.Context, leaseID uint64) {
 	b.mu.Lock()
 	tk := b.mu.byLease[leaseID]
@@ -667,7 +785,9 @@ func (b *Backlog) Released(ctx context.Context, leaseID uint64) {
 	}
 	b.mu.Unlock()
 	if tk != nil {
-		b.finish(ctx, tk, StateDone, "")
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		defer cancel()
+		b.finish(wctx, tk, StateDone, "")
 		b.nudge()
 	}
 }
@@ -704,13 +824,25 @@ func (b *Backlog) Claim(ctx context.Context, opts ClaimOptions, send func(Delive
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-b.quit:
+			return ErrClosed
 		case d := <-c.out:
+			if !b.live(d) {
+				continue // its lease ended unsent: the ticket is pending again
+			}
 			if err := send(d); err != nil {
 				b.takeBack(d)
 				return fmt.Errorf("deferral: sending to a worker: %w", err)
 			}
 		}
 	}
+}
+
+// live reports whether a delivery's lease is still the ticket's.
+func (b *Backlog) live(d Delivery) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.mu.byLease[d.Record.Claim.LeaseID] != nil
 }
 
 // leave unregisters a claimer and takes back what it was never sent.
@@ -792,13 +924,18 @@ func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant strin
 		if allow != nil && !allow(rec.Work.Tenant) {
 			return Record{}, fmt.Errorf("ticket %s: %w", id, ErrNotYours)
 		}
-		if !rec.State.Final() {
+		switch rec.State {
+		case StateClaimed:
+			return rec, fmt.Errorf("ticket %s: %w", id, ErrClaimed)
+		case StatePending:
 			// Held by another replica: the store's state decides, and
 			// that replica's claim of it fails.
-			if err := b.store.Finish(ctx, id, StateCancelled, "cancelled by the submitter", b.clk.Now()); err != nil {
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+			defer cancel()
+			if err := b.store.Finish(wctx, id, StateCancelled, "cancelled by the submitter", b.clk.Now()); err != nil {
 				return Record{}, err
 			}
-			return b.store.Get(ctx, id)
+			return b.store.Get(wctx, id)
 		}
 		return rec, nil
 	}
@@ -815,7 +952,9 @@ func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant strin
 	b.mu.deadlines.Remove(tk)
 	b.unpendLocked(tk)
 	b.mu.Unlock()
-	b.finish(ctx, tk, StateCancelled, "cancelled by the submitter")
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	b.finish(wctx, tk, StateCancelled, "cancelled by the submitter")
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return tk.rec, nil

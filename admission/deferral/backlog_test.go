@@ -150,6 +150,7 @@ func TestOverQuotaIsDeferredThenDeliveredOnce(t *testing.T) {
 		t.Fatalf("second: %v %v ticket %q, want DEFERRED QUOTA_EXCEEDED with a ticket", a.Decision.Outcome, a.Decision.Reason, a.Ticket)
 	}
 	w := r.worker(deferral.ClaimOptions{MaxInFlight: 4})
+	testwait.Until(t, 10*time.Second, "the worker to register", func() bool { return r.b.Claiming() == 1 })
 	r.b.Step(context.Background()) // hands over synchronously what it admits
 	if n := r.b.Counts().Claimed.Load(); n != 0 {
 		t.Fatalf("delivered %d tickets before the quota refilled", n)

@@ -111,7 +111,7 @@ func (s *Server) registerBacklogMetrics(reg *prometheus.Registry) {
 		{"redelivered", &c.Redelivered}, {"done", &c.Done}, {"expired", &c.Expired}, {"cancelled", &c.Cancelled},
 	} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "sluice_deferred_events_total", Help: "Deferred tickets by event: deferred (issued), queue_full (refused at the backlog's bounds), claimed, redelivered (a lease ended unreleased), done, expired, cancelled.",
+			Name: "sluice_deferred_events_total", Help: "Deferred tickets by event: deferred (issued), queue_full (refused at the backlog's bounds), claimed, redelivered (pending again after a claim: a lease ended unreleased, a failed send, a claim taken back), done, expired, cancelled.",
 			ConstLabels: prometheus.Labels{"event": ev.name},
 		}, func() float64 { return float64(ev.n.Load()) }))
 	}

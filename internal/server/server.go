@@ -288,7 +288,11 @@ func (s *Server) shutdown() {
 	// Leave the membership first: routers move on at once.
 	s.stopControlPlane()
 	s.health.Shutdown() // NOT_SERVING: routers stop sending here
-	s.eng.Close()       // every queued request answered SHUTTING_DOWN (retry elsewhere)
+	// The backlog stops admitting before the engine closes (which refuses
+	// everything): its tickets wait in the store, not refused. Workers'
+	// Claim streams end, so that GracefulStop need not wait for them.
+	s.backlog.Close()
+	s.eng.Close() // every queued request answered SHUTTING_DOWN (retry elsewhere)
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()
 	select {
