@@ -38,6 +38,8 @@ const (
 	// finishRetries is how often a failed write of a final state is tried
 	// again (10 ms, 20 ms, … apart).
 	finishRetries = 5
+	// finishParallel is how many expiries are written at once.
+	finishParallel = 128
 	// writeTimeout bounds a ticket's write that no longer waits on its
 	// caller (a router or worker that went away must not leave the store
 	// and the backlog disagreeing on a ticket).
@@ -683,10 +685,19 @@ func (b *Backlog) expire(ctx context.Context) {
 		}
 	}
 	b.mu.Unlock()
+	// Written side by side, so that the store groups them into few
+	// commits: tickets of one batch share a deadline and expire together.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, finishParallel)
 	for _, tk := range overdue {
-		b.finish(ctx, tk, StateExpired, fmt.Sprintf("not admitted within %v (last held back by %v)",
-			tk.rec.Deadline.Sub(tk.rec.Created), tk.why))
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			b.finish(ctx, tk, StateExpired, fmt.Sprintf("not admitted within %v (last held back by %v)",
+				tk.rec.Deadline.Sub(tk.rec.Created), tk.why))
+		})
 	}
+	wg.Wait()
 	for _, tk := range back {
 		b.requeue(ctx, tk)
 	}
