@@ -35,8 +35,8 @@ const (
 	// retainFinal is how long a final ticket stays in memory for GetTicket
 	// and for a submitter's retried request id.
 	retainFinal = 10 * time.Minute
-	// finishRetries is how often a failed write of a final state is tried
-	// again (10 ms, 20 ms, … apart).
+	// finishRetries is how often a failed write of a new ticket or of a
+	// final state is tried again (10 ms, 20 ms, … apart).
 	finishRetries = 5
 	// finishParallel is how many expiries are written at once.
 	finishParallel = 128
@@ -179,6 +179,9 @@ type ticket struct {
 	// tickets read from the store.
 	stored   chan struct{}
 	storeErr error
+	// unsure is the lease of this replica's last claim write that failed:
+	// the store may have written it all the same.
+	unsure uint64
 }
 
 // Less orders tickets by deadline (indexheap.Element).
@@ -328,9 +331,18 @@ func (b *Backlog) Admit(ctx context.Context, req admission.Request) (Answer, err
 	}
 	// The write does not end with the caller: a router that gave up may
 	// retry with its request id, and must find the ticket written or not
-	// at all, not half (in Redis, added but held by nobody).
+	// at all, not half (in Redis, added but held by nobody). A failed
+	// write is tried again (Add is idempotent): one whose answer was lost
+	// is then found written.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 	seq, err := b.store.Add(wctx, tk.rec)
+	for try := 0; err != nil && try < finishRetries && wctx.Err() == nil; try++ {
+		select {
+		case <-wctx.Done():
+		case <-time.After(time.Duration(10<<try) * time.Millisecond):
+			seq, err = b.store.Add(wctx, tk.rec)
+		}
+	}
 	cancel()
 	if err != nil {
 		tk.storeErr = err
@@ -593,24 +605,48 @@ func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.
 	c.free++
 	tk.claimer = nil
 	switch {
-	case err == nil && (ok || !cur.State.Final()):
+	case err == nil && (ok || cur.State == StateClaimed && tk.unsure != 0 && cur.Claim.LeaseID == tk.unsure):
 		// Claimed in the store: by this write with the worker gone, or
-		// by an earlier one whose answer was lost. Pending again.
+		// by an earlier one of this replica whose answer was lost.
+		// Pending again.
+		tk.unsure = 0
 		b.mu.Unlock()
 		b.requeue(ctx, tk)
 		return false
-	case err == nil: // cancelled meanwhile
+	case err == nil && cur.State.Final(): // cancelled meanwhile
 		b.lineLocked(tk.rec.Work.Tenant).claimed--
 		b.endLocked(tk, cur.State, cur.Reason, claim.At)
 		b.mu.Unlock()
 		return true
+	case err == nil:
+		// Claimed by another replica, which adopted the ticket while
+		// this one's hold on it lapsed: it is that replica's now.
+		b.lineLocked(tk.rec.Work.Tenant).claimed--
+		b.forgetLocked(tk)
+		b.mu.Unlock()
+		return true
 	}
-	// The store failed: pending again, as it is there (or claimed by a
-	// write whose answer was lost, which the next claim finds).
+	// The store failed: pending again, as it is there, or claimed by
+	// this write whose answer was lost, which the next claim finds.
+	tk.unsure = claim.LeaseID
 	b.lineLocked(tk.rec.Work.Tenant).claimed--
 	b.enqueueLocked(tk, int64(tk.item.Cost))
 	b.mu.Unlock()
 	return false
+}
+
+// forgetLocked lets go of a ticket another replica holds now: its state
+// is the store's to answer.
+func (b *Backlog) forgetLocked(tk *ticket) {
+	if _, ok := b.mu.held[tk.rec.ID]; !ok {
+		return
+	}
+	delete(b.mu.held, tk.rec.ID)
+	b.uncountLocked(tk.rec.Work.Tenant)
+	key := requestKey{tk.rec.Work.Tenant, tk.rec.Work.RequestID}
+	if b.mu.byRequest[key] == tk {
+		delete(b.mu.byRequest, key)
+	}
 }
 
 func (b *Backlog) freeClaimersLocked() bool {
@@ -946,7 +982,11 @@ func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant strin
 			if err := b.store.Finish(wctx, id, StateCancelled, "cancelled by the submitter", b.clk.Now()); err != nil {
 				return Record{}, err
 			}
-			return b.store.Get(wctx, id)
+			rec, err := b.store.Get(wctx, id)
+			if err == nil && rec.State == StateClaimed { // claimed meanwhile
+				return rec, fmt.Errorf("ticket %s: %w", id, ErrClaimed)
+			}
+			return rec, err
 		}
 		return rec, nil
 	}

@@ -22,6 +22,7 @@ type faultyStore struct {
 	claims     int           // Claim calls
 	addGate    chan struct{} // Add waits for it to close
 	addErr     error         // Add fails with it, unwritten
+	loseAdds   int           // the next adds are written, then answered with an error
 }
 
 var errStore = errors.New("store: timed out")
@@ -51,7 +52,17 @@ func (s *faultyStore) Add(ctx context.Context, rec deferral.Record) (uint64, err
 	if s.addErr != nil {
 		return 0, s.addErr
 	}
-	return s.MemStore.Add(ctx, rec)
+	s.mu.Lock()
+	lose := s.loseAdds > 0
+	if lose {
+		s.loseAdds--
+	}
+	s.mu.Unlock()
+	seq, err := s.MemStore.Add(ctx, rec)
+	if lose {
+		return 0, errStore
+	}
+	return seq, err
 }
 
 func (s *faultyStore) claimCalls() int {
@@ -262,5 +273,50 @@ func TestCloseEndsTheLoopAndTheClaims(t *testing.T) {
 	}
 	if err := r.b.Claim(context.Background(), deferral.ClaimOptions{}, nil); !errors.Is(err, deferral.ErrClosed) {
 		t.Fatalf("a new Claim after Close: %v, want ErrClosed", err)
+	}
+}
+
+// A ticket another replica claimed (it adopted the ticket while this
+// replica's hold lapsed) is that replica's: this one lets it go and
+// leaves the claim alone, rather than taking it back to pending.
+func TestClaimOfAnotherReplicaIsLeftAlone(t *testing.T) {
+	store := deferral.NewMemStore()
+	r := newRig(t, quotaConfig(1000), store)
+	ids := r.overQuota(1)
+	theirs := deferral.Claim{LeaseID: 42, Domain: "elsewhere", Model: "small", At: epoch, Expires: epoch.Add(time.Hour)}
+	if _, ok, err := store.Claim(context.Background(), ids[0], theirs); !ok || err != nil {
+		t.Fatalf("the other replica's claim: %v %v", ok, err)
+	}
+	w := r.worker(deferral.ClaimOptions{})
+	testwait.Until(t, 10*time.Second, "the worker to register", func() bool { return r.b.Claiming() == 1 })
+	r.clk.Advance(5 * time.Second)
+	r.b.Step(context.Background())
+	r.b.Step(context.Background())
+	if n := w.count(); n != 0 {
+		t.Fatalf("%d deliveries of a ticket another replica claimed", n)
+	}
+	rec, err := r.b.Get(context.Background(), ids[0], nil)
+	if err != nil || rec.State != deferral.StateClaimed || rec.Claim.LeaseID != 42 {
+		t.Fatalf("ticket %v lease %d (%v), want CLAIMED by the other replica's lease 42", rec.State, rec.Claim.LeaseID, err)
+	}
+	if got := r.b.Tenants(); len(got) != 0 {
+		t.Fatalf("backlog %+v, want the ticket let go", got)
+	}
+}
+
+// A ticket's write whose answer was lost is tried again and found
+// written: the request is DEFERRED with that ticket, which runs, rather
+// than an error that leaves the ticket in the store held by nobody.
+func TestLostAddAnswerIsTriedAgain(t *testing.T) {
+	store := &faultyStore{MemStore: deferral.NewMemStore(), loseAdds: 2}
+	r := newRig(t, quotaConfig(1000), store)
+	ids := r.overQuota(1)
+	if rec, err := store.Get(context.Background(), ids[0]); err != nil || rec.State != deferral.StatePending {
+		t.Fatalf("stored ticket %v (%v), want PENDING", rec.State, err)
+	}
+	w := r.worker(deferral.ClaimOptions{})
+	r.clk.Advance(5 * time.Second)
+	if got := w.take(t, r, 1); got[0].Record.ID != ids[0] {
+		t.Fatalf("delivered %s, want %s", got[0].Record.ID, ids[0])
 	}
 }

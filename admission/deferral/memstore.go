@@ -80,7 +80,7 @@ func (m *MemStore) Finish(_ context.Context, id string, state State, reason stri
 	if !state.Final() {
 		return fmt.Errorf("finish %s: %v is not a final state", id, state)
 	}
-	if rec.State.Final() {
+	if rec.State.Final() || state == StateCancelled && rec.State == StateClaimed {
 		return nil
 	}
 	rec.State, rec.Reason, rec.Finished = state, reason, at

@@ -106,8 +106,9 @@ type Store interface {
 	Unclaim(ctx context.Context, id string) error
 	// Finish moves a ticket to a final state (done, expired, cancelled)
 	// with a reason, at time at; it leaves the backlog. A ticket already
-	// final keeps its first final state; a state that is not final is an
-	// error.
+	// final keeps its first final state, and a claimed one is not
+	// cancelled (its worker runs it: StateCancelled ends only a pending
+	// ticket); a state that is not final is an error.
 	Finish(ctx context.Context, id string, state State, reason string, at time.Time) error
 	// Get returns one ticket, final ones while retained.
 	Get(ctx context.Context, id string) (Record, error)

@@ -73,13 +73,20 @@ func (s *admissionServer) Claim(in *admissionv1.ClaimRequest, stream admissionv1
 	}
 	ctx := stream.Context()
 	for i, t := range in.GetTenants() {
-		if s.guard != nil {
+		if t == "" {
+			return invalidArgument("tenants["+strconv.Itoa(i)+"]", "must not be empty")
+		}
+	}
+	for i, m := range in.GetModels() {
+		if m == "" {
+			return invalidArgument("models["+strconv.Itoa(i)+"]", "must not be empty")
+		}
+	}
+	if s.guard != nil {
+		for _, t := range in.GetTenants() {
 			if err := s.guard(ctx, t); err != nil {
 				return err
 			}
-		}
-		if t == "" {
-			return invalidArgument("tenants["+strconv.Itoa(i)+"]", "must not be empty")
 		}
 	}
 	opts := deferral.ClaimOptions{

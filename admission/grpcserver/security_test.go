@@ -127,3 +127,32 @@ func TestOperatorBoundsWhatItStoresAndEchoes(t *testing.T) {
 	_, err = op.GetTenant(ctx, &admissionv1.GetTenantRequest{Name: strings.Repeat("y", 128)})
 	wantCode(t, err, codes.NotFound)
 }
+
+// Claim names the bad field before it asks the guard anything: an empty
+// tenant or model is INVALID_ARGUMENT even for a caller bound to no
+// tenant, and max_in_flight out of range too; a tenant the caller is not
+// bound to is PERMISSION_DENIED.
+func TestClaimChecksItsArgumentsFirst(t *testing.T) {
+	eng := &testEngine{}
+	bl := &testBacklog{eng: eng}
+	cl := admissionv1.NewAdmissionClient(startServer(t, eng, nil, WithBacklog(bl), WithTenantGuard(metadataGuard)).conn)
+	asAcme := metadata.AppendToOutgoingContext(context.Background(), "x-may-serve", "acme")
+	claim := func(in *admissionv1.ClaimRequest) error {
+		stream, err := cl.Claim(asAcme, in)
+		if err != nil {
+			return err
+		}
+		_, err = stream.Recv()
+		return err
+	}
+	for field, in := range map[string]*admissionv1.ClaimRequest{
+		"tenants[1]":    {Tenants: []string{"globex", ""}},
+		"models[0]":     {Tenants: []string{"globex"}, Models: []string{""}},
+		"max_in_flight": {MaxInFlight: -1},
+	} {
+		wantInvalidArgument(t, claim(in), field)
+	}
+	if err := claim(&admissionv1.ClaimRequest{Tenants: []string{"globex"}}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("Claim of another tenant's work: %v, want PERMISSION_DENIED", err)
+	}
+}

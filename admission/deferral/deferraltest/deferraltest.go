@@ -107,6 +107,26 @@ func Run(t *testing.T, open, reopen func(t *testing.T) deferral.Store) {
 		same(t, "Get after a second Claim", get(t, st, want.ID), want)
 	})
 
+	t.Run("a claimed ticket is not cancelled; a final one keeps its first state", func(t *testing.T) {
+		st := newStores(t, open, reopen).open()
+		// A CancelTicket through another replica that read the ticket
+		// pending, after its holder claimed it: the worker runs it.
+		held := addRecord(t, st, record("k1", "acme", 1))
+		mustClaim(t, st, held.ID, claim(1))
+		finish(t, st, held.ID, deferral.StateCancelled, "cancelled by the submitter", at)
+		held.State, held.Claim = deferral.StateClaimed, claim(1)
+		same(t, "Get after a cancel of a claimed ticket", get(t, st, held.ID), held)
+		finish(t, st, held.ID, deferral.StateDone, "", at)
+		held.State, held.Finished = deferral.StateDone, at
+		same(t, "Get after its Release", get(t, st, held.ID), held)
+		// A final ticket: neither Unclaim nor another Finish moves it.
+		if err := st.Unclaim(ctx, held.ID); err != nil {
+			t.Fatalf("Unclaim(final): %v", err)
+		}
+		finish(t, st, held.ID, deferral.StateExpired, "late", at.Add(time.Second))
+		same(t, "Get after Unclaim and Finish of a final ticket", get(t, st, held.ID), held)
+	})
+
 	t.Run("finish keeps the record, adopt never returns it", func(t *testing.T) {
 		s := newStores(t, open, reopen)
 		st := s.open()

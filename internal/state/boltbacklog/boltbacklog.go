@@ -220,8 +220,8 @@ func (s *Store) Finish(ctx context.Context, id string, state deferral.State, rea
 		return fmt.Errorf("boltbacklog: finish %s: state %s is not final", id, state)
 	}
 	return s.change(ctx, "finish", id, func(tx *bolt.Tx, rec deferral.Record) error {
-		if rec.State.Final() {
-			return nil
+		if rec.State.Final() || state == deferral.StateCancelled && rec.State == deferral.StateClaimed {
+			return nil // a claimed ticket is its worker's to end
 		}
 		if err := tx.Bucket(openBucket).Delete(seqKey(rec.Seq)); err != nil {
 			return err

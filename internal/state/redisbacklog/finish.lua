@@ -1,5 +1,6 @@
 -- Finish a ticket: final state on its hash, kept for the retention; its
--- entry acknowledged and deleted. A ticket already final stays as it is.
+-- entry acknowledged and deleted. A ticket already final stays as it is,
+-- and so does a claimed one asked to be cancelled (its worker runs it).
 -- KEYS[1] the ticket's hash, KEYS[2] its shard's stream.
 -- ARGV[1] state, ARGV[2] reason, ARGV[3] finished (RFC 3339),
 -- ARGV[4] retention in ms, ARGV[5] the group.
@@ -8,7 +9,7 @@ local st = redis.call('HGET', KEYS[1], 'state')
 if not st then
   return false
 end
-if tonumber(st) >= 3 then
+if tonumber(st) >= 3 or (ARGV[1] == '5' and st == '2') then
   return 0
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'reason', ARGV[2], 'finished', ARGV[3])

@@ -493,18 +493,21 @@ func (s *Store) reclaim(ctx context.Context, sh int, take func(entry)) error {
 }
 
 // records reads the adopted entries' tickets, returns the unfinished ones
-// and acknowledges and deletes the entries of the others.
+// and acknowledges and deletes the entries of the others. It reads a page
+// a pipeline, so that a large backlog's reads fit a short call timeout.
 func (s *Store) records(ctx context.Context, es []entry) ([]deferral.Record, error) {
 	cmds := make([]*redis.MapStringStringCmd, len(es))
-	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, e := range es {
-			if e.id != "" {
-				cmds[i] = p.HGetAll(ctx, s.ticketKey(e.shard, e.id))
+	for from := 0; from < len(es); from += page {
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, e := range es[from:min(from+page, len(es))] {
+				if e.id != "" {
+					cmds[from+i] = p.HGetAll(ctx, s.ticketKey(e.shard, e.id))
+				}
 			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("redisbacklog: adopt: read tickets: %w", err)
 		}
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("redisbacklog: adopt: read tickets: %w", err)
 	}
 	var out []deferral.Record
 	var drop []entry
@@ -524,9 +527,9 @@ func (s *Store) records(ctx context.Context, es []entry) ([]deferral.Record, err
 		s.remember(rec.ID, e.shard)
 		out = append(out, rec)
 	}
-	if len(drop) > 0 {
+	for from := 0; from < len(drop); from += page {
 		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, e := range drop {
+			for _, e := range drop[from:min(from+page, len(drop))] {
 				p.XAck(ctx, s.streamKey(e.shard), group, e.sid)
 				p.XDel(ctx, s.streamKey(e.shard), e.sid)
 			}

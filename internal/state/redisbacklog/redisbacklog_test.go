@@ -153,12 +153,14 @@ func checkOnce(t *testing.T, got []deferral.Record, want map[string]deferral.Rec
 }
 
 // A replica that stopped without finishing its tickets: two others, with
-// a ReclaimIdle of 200 ms, adopt them all, each ticket by one of them.
-// 2,500 tickets in 2 shards: the holds, the reclaim and the reads page.
+// a ReclaimIdle of 2 s (their holds refreshed every 100 ms: a stall of
+// the loaded test machine does not let one take the other's), adopt them
+// all, each ticket by one of them. 2,500 tickets in 2 shards: the holds,
+// the reclaim and the reads page.
 func TestStoppedReplicaIsAdoptedOnce(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	opts := func(consumer string) redisbacklog.Options {
-		return redisbacklog.Options{Consumer: consumer, Prefix: "stop", Shards: 2, ReclaimIdle: 200 * time.Millisecond}
+		return redisbacklog.Options{Consumer: consumer, Prefix: "stop", Shards: 2, ReclaimIdle: 2 * time.Second, HoldRefresh: 100 * time.Millisecond}
 	}
 	a := open(t, rdb, opts("a"))
 	want := addMany(t, a, "t", 2500)
@@ -170,7 +172,7 @@ func TestStoppedReplicaIsAdoptedOnce(t *testing.T) {
 		got []deferral.Record
 		wg  sync.WaitGroup
 	)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for _, name := range []string{"b", "c"} {
 		s := open(t, rdb, opts(name))
 		wg.Go(func() {
@@ -199,7 +201,7 @@ func TestStoppedReplicaIsAdoptedOnce(t *testing.T) {
 // other's Adopt runs past its ReclaimIdle; once the holder stops, they are.
 func TestLiveHolderKeepsItsTickets(t *testing.T) {
 	rdb := redistest.Start(t).Client()
-	const reclaimIdle = 500 * time.Millisecond
+	const reclaimIdle = 1500 * time.Millisecond // 30 refreshes of the holder's
 	holder := open(t, rdb, redisbacklog.Options{Consumer: "holder", Prefix: "live", ReclaimIdle: reclaimIdle, HoldRefresh: 50 * time.Millisecond})
 	want := addMany(t, holder, "h", 200)
 	other := open(t, rdb, redisbacklog.Options{Consumer: "other", Prefix: "live", ReclaimIdle: reclaimIdle})
