@@ -610,8 +610,12 @@ func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.
 		// by an earlier one of this replica whose answer was lost.
 		// Pending again.
 		tk.unsure = 0
+		lease := claim.LeaseID
+		if !ok {
+			lease = cur.Claim.LeaseID
+		}
 		b.mu.Unlock()
-		b.requeue(ctx, tk)
+		b.requeue(ctx, tk, lease)
 		return false
 	case err == nil && cur.State.Final(): // cancelled meanwhile
 		b.lineLocked(tk.rec.Work.Tenant).claimed--
@@ -735,7 +739,7 @@ func (b *Backlog) expire(ctx context.Context) {
 	}
 	wg.Wait()
 	for _, tk := range back {
-		b.requeue(ctx, tk)
+		b.requeue(ctx, tk, tk.rec.Claim.LeaseID)
 	}
 }
 
@@ -783,10 +787,11 @@ func (b *Backlog) endLocked(tk *ticket, state State, reason string, at time.Time
 	b.mu.finalByID[tk.rec.ID] = tk
 }
 
-// requeue puts a claimed ticket back to pending: its lease ended without
-// a Release (the worker died), or a restart parked it.
-func (b *Backlog) requeue(ctx context.Context, tk *ticket) {
-	if err := b.store.Unclaim(ctx, tk.rec.ID); err != nil {
+// requeue puts a ticket claimed with leaseID back to pending: the lease
+// ended without a Release (the worker died), the ticket was not handed
+// over, or a restart parked it.
+func (b *Backlog) requeue(ctx context.Context, tk *ticket, leaseID uint64) {
+	if err := b.store.Unclaim(ctx, tk.rec.ID, leaseID); err != nil {
 		b.log.Warn("deferral: unclaiming a ticket", "ticket", tk.rec.ID, "err", err)
 	}
 	b.counts.Redelivered.Add(1)
@@ -812,7 +817,7 @@ func (b *Backlog) leaseExpired(leaseID uint64) {
 	}
 	b.mu.Unlock()
 	if tk != nil {
-		b.requeue(context.Background(), tk)
+		b.requeue(context.Background(), tk, leaseID)
 	}
 }
 
@@ -918,7 +923,7 @@ func (b *Backlog) takeBack(d Delivery) {
 	delete(b.mu.byLease, d.Record.Claim.LeaseID)
 	b.mu.Unlock()
 	if tk != nil {
-		b.requeue(context.Background(), tk)
+		b.requeue(context.Background(), tk, d.Record.Claim.LeaseID)
 	}
 }
 

@@ -55,14 +55,14 @@ func (m *MemStore) Claim(_ context.Context, id string, c Claim) (Record, bool, e
 }
 
 // Unclaim implements Store.
-func (m *MemStore) Unclaim(_ context.Context, id string) error {
+func (m *MemStore) Unclaim(_ context.Context, id string, leaseID uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.recs[id]
 	if !ok {
 		return fmt.Errorf("unclaim %s: %w", id, ErrNotFound)
 	}
-	if rec.State == StateClaimed {
+	if rec.State == StateClaimed && rec.Claim.LeaseID == leaseID {
 		rec.State, rec.Claim = StatePending, Claim{}
 		m.recs[id] = rec
 	}

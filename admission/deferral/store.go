@@ -100,10 +100,11 @@ type Store interface {
 	// returns its current record and ok false: the caller undoes its
 	// admission. On success cur is the claimed record.
 	Claim(ctx context.Context, id string, c Claim) (cur Record, ok bool, err error)
-	// Unclaim puts a claimed ticket back to pending: its lease ended
-	// without a Release, or it could not be handed to a worker. On a
-	// ticket that is not claimed it does nothing.
-	Unclaim(ctx context.Context, id string) error
+	// Unclaim puts a ticket claimed with leaseID back to pending: that
+	// lease ended without a Release, or the ticket could not be handed to
+	// a worker. On a ticket that is not claimed, or claimed with another
+	// lease (by a replica that adopted it meanwhile), it does nothing.
+	Unclaim(ctx context.Context, id string, leaseID uint64) error
 	// Finish moves a ticket to a final state (done, expired, cancelled)
 	// with a reason, at time at; it leaves the backlog. A ticket already
 	// final keeps its first final state, and a claimed one is not

@@ -98,7 +98,15 @@ func Run(t *testing.T, open, reopen func(t *testing.T) deferral.Store) {
 		st := newStores(t, open, reopen).open()
 		want := addRecord(t, st, record("u1", "acme", 1))
 		mustClaim(t, st, want.ID, claim(1))
-		if err := st.Unclaim(ctx, want.ID); err != nil {
+		// Another lease's Unclaim (a replica whose claim was lost, the
+		// ticket adopted and claimed since) leaves the claim alone.
+		if err := st.Unclaim(ctx, want.ID, claim(7).LeaseID); err != nil {
+			t.Fatalf("Unclaim with another lease: %v", err)
+		}
+		claimed := want
+		claimed.State, claimed.Claim = deferral.StateClaimed, claim(1)
+		same(t, "Get after another lease's Unclaim", get(t, st, want.ID), claimed)
+		if err := st.Unclaim(ctx, want.ID, claim(1).LeaseID); err != nil {
 			t.Fatalf("Unclaim: %v", err)
 		}
 		same(t, "Get after Unclaim", get(t, st, want.ID), want) // pending, no claim
@@ -120,7 +128,7 @@ func Run(t *testing.T, open, reopen func(t *testing.T) deferral.Store) {
 		held.State, held.Finished = deferral.StateDone, at
 		same(t, "Get after its Release", get(t, st, held.ID), held)
 		// A final ticket: neither Unclaim nor another Finish moves it.
-		if err := st.Unclaim(ctx, held.ID); err != nil {
+		if err := st.Unclaim(ctx, held.ID, claim(1).LeaseID); err != nil {
 			t.Fatalf("Unclaim(final): %v", err)
 		}
 		finish(t, st, held.ID, deferral.StateExpired, "late", at.Add(time.Second))
@@ -164,7 +172,7 @@ func Run(t *testing.T, open, reopen func(t *testing.T) deferral.Store) {
 		if _, _, err := st.Claim(ctx, id, claim(1)); !errors.Is(err, deferral.ErrNotFound) {
 			t.Errorf("Claim(unknown) = %v; want ErrNotFound", err)
 		}
-		if err := st.Unclaim(ctx, id); !errors.Is(err, deferral.ErrNotFound) {
+		if err := st.Unclaim(ctx, id, 1); !errors.Is(err, deferral.ErrNotFound) {
 			t.Errorf("Unclaim(unknown) = %v; want ErrNotFound", err)
 		}
 		if err := st.Finish(ctx, id, deferral.StateCancelled, "", at); !errors.Is(err, deferral.ErrNotFound) {
@@ -190,7 +198,7 @@ func Run(t *testing.T, open, reopen func(t *testing.T) deferral.Store) {
 				rec.State, rec.Claim = deferral.StateClaimed, claim(i)
 			case 2: // claimed and unclaimed: pending again
 				mustClaim(t, st, rec.ID, claim(i))
-				if err := st.Unclaim(ctx, rec.ID); err != nil {
+				if err := st.Unclaim(ctx, rec.ID, claim(i).LeaseID); err != nil {
 					t.Fatal(err)
 				}
 			case 3: // final: gone from the backlog

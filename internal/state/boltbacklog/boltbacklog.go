@@ -203,9 +203,9 @@ func (s *Store) Claim(ctx context.Context, id string, c deferral.Claim) (cur def
 // Unclaim implements deferral.Store. A pending ticket is left as it is,
 // and so is a final one: a lease that lapses after its ticket finished
 // (released, say, through another path) must not bring it back.
-func (s *Store) Unclaim(ctx context.Context, id string) error {
+func (s *Store) Unclaim(ctx context.Context, id string, leaseID uint64) error {
 	return s.change(ctx, "unclaim", id, func(tx *bolt.Tx, rec deferral.Record) error {
-		if rec.State != deferral.StateClaimed {
+		if rec.State != deferral.StateClaimed || rec.Claim.LeaseID != leaseID {
 			return nil
 		}
 		rec.State, rec.Claim = deferral.StatePending, deferral.Claim{}

@@ -150,7 +150,7 @@ func TestAddIsIdempotentAndFinishFirstWins(t *testing.T) {
 	if err := s.Finish(ctx, "t", deferral.StateExpired, "deadline", t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Unclaim(ctx, "t"); err != nil {
+	if err := s.Unclaim(ctx, "t", 1); err != nil {
 		t.Fatal(err)
 	}
 	got, err := s.Get(ctx, "t")

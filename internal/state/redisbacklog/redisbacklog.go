@@ -238,7 +238,7 @@ func (s *Store) Claim(ctx context.Context, id string, c deferral.Claim) (cur def
 		return deferral.Record{}, false, fmt.Errorf("redisbacklog: claim %s: encode: %w", id, err)
 	}
 	err = s.withTicket(ctx, id, func(sh int) (bool, error) {
-		res, err := claimScript.Run(ctx, s.rdb, []string{s.ticketKey(sh, id)}, cv).Slice()
+		res, err := claimScript.Run(ctx, s.rdb, []string{s.ticketKey(sh, id)}, cv, strconv.FormatUint(c.LeaseID, 10)).Slice()
 		if errors.Is(err, redis.Nil) {
 			return false, nil
 		}
@@ -261,9 +261,9 @@ func (s *Store) Claim(ctx context.Context, id string, c deferral.Claim) (cur def
 // Unclaim implements deferral.Store. A pending ticket is left as it is,
 // and so is a final one: a lease that lapses after its ticket finished
 // must not bring it back.
-func (s *Store) Unclaim(ctx context.Context, id string) error {
+func (s *Store) Unclaim(ctx context.Context, id string, leaseID uint64) error {
 	err := s.withTicket(ctx, id, func(sh int) (bool, error) {
-		err := unclaimScript.Run(ctx, s.rdb, []string{s.ticketKey(sh, id)}).Err()
+		err := unclaimScript.Run(ctx, s.rdb, []string{s.ticketKey(sh, id)}, strconv.FormatUint(leaseID, 10)).Err()
 		if errors.Is(err, redis.Nil) {
 			return false, nil
 		}
