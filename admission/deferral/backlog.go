@@ -35,9 +35,9 @@ const (
 	// retainFinal is how long a final ticket stays in memory for GetTicket
 	// and for a submitter's retried request id.
 	retainFinal = 10 * time.Minute
-	// finishRetries is how often a failed write of a new ticket or of a
+	// writeRetries is how often a failed write of a new ticket or of a
 	// final state is tried again (10 ms, 20 ms, … apart).
-	finishRetries = 5
+	writeRetries = 5
 	// finishParallel is how many expiries are written at once.
 	finishParallel = 128
 	// writeTimeout bounds a ticket's write that no longer waits on its
@@ -334,15 +334,12 @@ func (b *Backlog) Admit(ctx context.Context, req admission.Request) (Answer, err
 	// at all, not half (in Redis, added but held by nobody). A failed
 	// write is tried again (Add is idempotent): one whose answer was lost
 	// is then found written.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
-	seq, err := b.store.Add(wctx, tk.rec)
-	for try := 0; err != nil && try < finishRetries && wctx.Err() == nil; try++ {
-		select {
-		case <-wctx.Done():
-		case <-time.After(time.Duration(10<<try) * time.Millisecond):
-			seq, err = b.store.Add(wctx, tk.rec)
-		}
-	}
+	wctx, cancel := detached(ctx)
+	var seq uint64
+	err = retried(wctx, func() (err error) {
+		seq, err = b.store.Add(wctx, tk.rec)
+		return err
+	})
 	cancel()
 	if err != nil {
 		tk.storeErr = err
@@ -749,22 +746,35 @@ func (b *Backlog) finish(ctx context.Context, tk *ticket, state State, reason st
 	// A final state the store missed would show the ticket unfinished to
 	// another replica and to a restart: retried a few times, a store that
 	// times out under load (Redis' call timeout) gets another chance.
-	err := b.store.Finish(ctx, tk.rec.ID, state, reason, at)
-	for try := 0; err != nil && !errors.Is(err, ErrNotFound) && try < finishRetries; try++ {
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(10<<try) * time.Millisecond):
-			err = b.store.Finish(ctx, tk.rec.ID, state, reason, at)
-			continue
-		}
-		break
-	}
+	err := retried(ctx, func() error { return b.store.Finish(ctx, tk.rec.ID, state, reason, at) })
 	if err != nil {
 		b.log.Warn("deferral: finishing a ticket", "ticket", tk.rec.ID, "state", state, "err", err)
 	}
 	b.mu.Lock()
 	b.endLocked(tk, state, reason, at)
 	b.mu.Unlock()
+}
+
+// detached is ctx without its cancellation, bounded by writeTimeout: for
+// a ticket's write that must not end with its caller.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+}
+
+// retried runs write, and again 10 ms, 20 ms, … later while it fails, up
+// to writeRetries more times while ctx lasts; a ticket the store does not
+// have is not tried again. It returns the last error.
+func retried(ctx context.Context, write func() error) error {
+	err := write()
+	for try := 0; err != nil && !errors.Is(err, ErrNotFound) && try < writeRetries; try++ {
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(10<<try) * time.Millisecond):
+			err = write()
+		}
+	}
+	return err
 }
 
 // endLocked moves a held ticket to its final state in memory.
@@ -837,7 +847,7 @@ func (b *Backlog) Released(ctx context.Context, leaseID uint64) {
 	}
 	b.mu.Unlock()
 	if tk != nil {
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+		wctx, cancel := detached(ctx)
 		defer cancel()
 		b.finish(wctx, tk, StateDone, "")
 		b.nudge()
@@ -982,7 +992,7 @@ func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant strin
 		case StatePending:
 			// Held by another replica: the store's state decides, and
 			// that replica's claim of it fails.
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+			wctx, cancel := detached(ctx)
 			defer cancel()
 			if err := b.store.Finish(wctx, id, StateCancelled, "cancelled by the submitter", b.clk.Now()); err != nil {
 				return Record{}, err
@@ -1008,7 +1018,7 @@ func (b *Backlog) Cancel(ctx context.Context, id string, allow func(tenant strin
 	b.mu.deadlines.Remove(tk)
 	b.unpendLocked(tk)
 	b.mu.Unlock()
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	wctx, cancel := detached(ctx)
 	defer cancel()
 	b.finish(wctx, tk, StateCancelled, "cancelled by the submitter")
 	b.mu.Lock()
