@@ -179,8 +179,10 @@ type ticket struct {
 	// tickets read from the store.
 	stored   chan struct{}
 	storeErr error
-	// unsure is the lease of this replica's last claim write that failed:
-	// the store may have written it all the same.
+	// unsure is the lease of a claim this replica wrote that the store
+	// may still hold: a claim write that failed (it may have been written
+	// all the same), or one whose Unclaim failed. The next claim that finds
+	// it there takes it back rather than take it for another replica's.
 	unsure uint64
 }
 
@@ -604,9 +606,7 @@ func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.
 	switch {
 	case err == nil && (ok || cur.State == StateClaimed && tk.unsure != 0 && cur.Claim.LeaseID == tk.unsure):
 		// Claimed in the store: by this write with the worker gone, or
-		// by an earlier one of this replica whose answer was lost.
-		// Pending again.
-		tk.unsure = 0
+		// by an earlier one of this replica's. Pending again.
 		lease := claim.LeaseID
 		if !ok {
 			lease = cur.Claim.LeaseID
@@ -801,11 +801,15 @@ func (b *Backlog) endLocked(tk *ticket, state State, reason string, at time.Time
 // ended without a Release (the worker died), the ticket was not handed
 // over, or a restart parked it.
 func (b *Backlog) requeue(ctx context.Context, tk *ticket, leaseID uint64) {
-	if err := b.store.Unclaim(ctx, tk.rec.ID, leaseID); err != nil {
+	err := b.store.Unclaim(ctx, tk.rec.ID, leaseID)
+	if err != nil {
 		b.log.Warn("deferral: unclaiming a ticket", "ticket", tk.rec.ID, "err", err)
 	}
 	b.counts.Redelivered.Add(1)
 	b.mu.Lock()
+	if err != nil {
+		tk.unsure = leaseID // still claimed there, maybe: the next claim takes it back
+	}
 	tk.rec.State, tk.rec.Claim, tk.claimer = StatePending, Claim{}, nil
 	b.lineLocked(tk.rec.Work.Tenant).claimed--
 	cost := tk.item.Cost

@@ -23,6 +23,20 @@ type faultyStore struct {
 	addGate    chan struct{} // Add waits for it to close
 	addErr     error         // Add fails with it, unwritten
 	loseAdds   int           // the next adds are written, then answered with an error
+	failUncl   int           // the next unclaims fail unwritten
+}
+
+func (s *faultyStore) Unclaim(ctx context.Context, id string, leaseID uint64) error {
+	s.mu.Lock()
+	fail := s.failUncl > 0
+	if fail {
+		s.failUncl--
+	}
+	s.mu.Unlock()
+	if fail {
+		return errStore
+	}
+	return s.MemStore.Unclaim(ctx, id, leaseID)
 }
 
 var errStore = errors.New("store: timed out")
@@ -317,6 +331,32 @@ func TestLostAddAnswerIsTriedAgain(t *testing.T) {
 	w := r.worker(deferral.ClaimOptions{})
 	r.clk.Advance(5 * time.Second)
 	if got := w.take(t, r, 1); got[0].Record.ID != ids[0] {
+		t.Fatalf("delivered %s, want %s", got[0].Record.ID, ids[0])
+	}
+}
+
+// A worker dies holding a ticket and the Unclaim after its lease's expiry
+// fails: the ticket, pending here and still claimed in the store, is taken
+// back at its next claim (the claim is this replica's) and delivered.
+func TestFailedUnclaimIsTakenBackLater(t *testing.T) {
+	store := &faultyStore{MemStore: deferral.NewMemStore()}
+	cfg := quotaConfig(1000)
+	cfg.Leases.TTL = admission.Duration{Duration: 100 * time.Millisecond}
+	r := newRig(t, cfg, store)
+	ids := r.overQuota(1)
+	r.clk.Advance(5 * time.Second)
+	first := r.worker(deferral.ClaimOptions{})
+	first.take(t, r, 1)
+	first.cancel() // dies holding it
+	<-first.done
+	first.done <- nil
+	store.mu.Lock()
+	store.failUncl = 1
+	store.mu.Unlock()
+	r.clk.Advance(101 * time.Millisecond)
+	r.e.Tick() // the lease expires; its Unclaim fails
+	second := r.worker(deferral.ClaimOptions{})
+	if got := second.take(t, r, 1); got[0].Record.ID != ids[0] {
 		t.Fatalf("delivered %s, want %s", got[0].Record.ID, ids[0])
 	}
 }
