@@ -419,6 +419,12 @@ func (b *Backlog) unreserve(tk *ticket, key requestKey) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.uncountLocked(key.tenant)
+	b.unlinkRequestLocked(tk)
+}
+
+// unlinkRequestLocked forgets tk's request id, if it is tk's.
+func (b *Backlog) unlinkRequestLocked(tk *ticket) {
+	key := requestKey{tk.rec.Work.Tenant, tk.rec.Work.RequestID}
 	if b.mu.byRequest[key] == tk {
 		delete(b.mu.byRequest, key)
 	}
@@ -604,7 +610,7 @@ func (b *Backlog) hand(ctx context.Context, tk *ticket, c *claimer, d admission.
 	c.free++
 	tk.claimer = nil
 	switch {
-	case err == nil && (ok || cur.State == StateClaimed && tk.unsure != 0 && cur.Claim.LeaseID == tk.unsure):
+	case err == nil && (ok || tk.unsure != 0 && cur.ClaimedWith(tk.unsure)):
 		// Claimed in the store: by this write with the worker gone, or
 		// by an earlier one of this replica's. Pending again.
 		lease := claim.LeaseID
@@ -644,10 +650,7 @@ func (b *Backlog) forgetLocked(tk *ticket) {
 	}
 	delete(b.mu.held, tk.rec.ID)
 	b.uncountLocked(tk.rec.Work.Tenant)
-	key := requestKey{tk.rec.Work.Tenant, tk.rec.Work.RequestID}
-	if b.mu.byRequest[key] == tk {
-		delete(b.mu.byRequest, key)
-	}
+	b.unlinkRequestLocked(tk)
 }
 
 func (b *Backlog) freeClaimersLocked() bool {
@@ -716,10 +719,7 @@ func (b *Backlog) expire(ctx context.Context) {
 		tk := b.mu.final[0]
 		b.mu.final = b.mu.final[1:]
 		delete(b.mu.finalByID, tk.rec.ID)
-		key := requestKey{tk.rec.Work.Tenant, tk.rec.Work.RequestID}
-		if b.mu.byRequest[key] == tk {
-			delete(b.mu.byRequest, key)
-		}
+		b.unlinkRequestLocked(tk)
 	}
 	b.mu.Unlock()
 	// Written side by side, so that the store groups them into few

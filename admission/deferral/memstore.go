@@ -62,7 +62,7 @@ func (m *MemStore) Unclaim(_ context.Context, id string, leaseID uint64) error {
 	if !ok {
 		return fmt.Errorf("unclaim %s: %w", id, ErrNotFound)
 	}
-	if rec.State == StateClaimed && rec.Claim.LeaseID == leaseID {
+	if rec.ClaimedWith(leaseID) {
 		rec.State, rec.Claim = StatePending, Claim{}
 		m.recs[id] = rec
 	}
@@ -80,7 +80,7 @@ func (m *MemStore) Finish(_ context.Context, id string, state State, reason stri
 	if !state.Final() {
 		return fmt.Errorf("finish %s: %v is not a final state", id, state)
 	}
-	if rec.State.Final() || state == StateCancelled && rec.State == StateClaimed {
+	if !rec.State.Finishes(state) {
 		return nil
 	}
 	rec.State, rec.Reason, rec.Finished = state, reason, at

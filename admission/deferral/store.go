@@ -38,6 +38,19 @@ func (s State) String() string {
 // Final reports whether the ticket has left the backlog for good.
 func (s State) Final() bool { return s >= StateDone }
 
+// Finishes reports whether a ticket in state s moves to the final state
+// to (Store.Finish): a final ticket keeps its first final state, and a
+// claimed one is not cancelled (its worker runs it).
+func (s State) Finishes(to State) bool {
+	return !s.Final() && !(to == StateCancelled && s == StateClaimed)
+}
+
+// ClaimedWith reports whether the ticket is claimed with the lease
+// (Store.Unclaim puts back only that claim).
+func (r *Record) ClaimedWith(leaseID uint64) bool {
+	return r.State == StateClaimed && r.Claim.LeaseID == leaseID
+}
+
 // Work is the request a ticket stands for, as the submitter sent it.
 type Work struct {
 	RequestID            string   `json:"request_id,omitempty"`

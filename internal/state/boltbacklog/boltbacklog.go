@@ -205,7 +205,7 @@ func (s *Store) Claim(ctx context.Context, id string, c deferral.Claim) (cur def
 // (released, say, through another path) must not bring it back.
 func (s *Store) Unclaim(ctx context.Context, id string, leaseID uint64) error {
 	return s.change(ctx, "unclaim", id, func(tx *bolt.Tx, rec deferral.Record) error {
-		if rec.State != deferral.StateClaimed || rec.Claim.LeaseID != leaseID {
+		if !rec.ClaimedWith(leaseID) {
 			return nil
 		}
 		rec.State, rec.Claim = deferral.StatePending, deferral.Claim{}
@@ -220,8 +220,8 @@ func (s *Store) Finish(ctx context.Context, id string, state deferral.State, rea
 		return fmt.Errorf("boltbacklog: finish %s: state %s is not final", id, state)
 	}
 	return s.change(ctx, "finish", id, func(tx *bolt.Tx, rec deferral.Record) error {
-		if rec.State.Final() || state == deferral.StateCancelled && rec.State == deferral.StateClaimed {
-			return nil // a claimed ticket is its worker's to end
+		if !rec.State.Finishes(state) {
+			return nil
 		}
 		if err := tx.Bucket(openBucket).Delete(seqKey(rec.Seq)); err != nil {
 			return err

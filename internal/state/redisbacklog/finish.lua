@@ -1,6 +1,7 @@
 -- Finish a ticket: final state on its hash, kept for the retention; its
 -- entry acknowledged and deleted. A ticket already final stays as it is,
--- and so does a claimed one asked to be cancelled (its worker runs it).
+-- and so does a claimed one asked to be cancelled (its worker runs it):
+-- deferral.State.Finishes.
 -- KEYS[1] the ticket's hash, KEYS[2] its shard's stream.
 -- ARGV[1] state, ARGV[2] reason, ARGV[3] finished (RFC 3339),
 -- ARGV[4] retention in ms, ARGV[5] the group.
