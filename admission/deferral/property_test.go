@@ -46,6 +46,7 @@ func TestBacklogDeliversEachTicketOnceAndChargesOnce(t *testing.T) {
 		r := newRig(t, cfg, deferral.NewMemStore())
 		var mu sync.Mutex
 		var got []*delivery
+		arrived := make(chan struct{}, 1) // a delivery reached the worker
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
@@ -53,6 +54,10 @@ func TestBacklogDeliversEachTicketOnceAndChargesOnce(t *testing.T) {
 				mu.Lock()
 				got = append(got, &delivery{d: d, at: r.clk.Now()})
 				mu.Unlock()
+				select {
+				case arrived <- struct{}{}:
+				default:
+				}
 				return nil
 			})
 		}()
@@ -62,19 +67,23 @@ func TestBacklogDeliversEachTicketOnceAndChargesOnce(t *testing.T) {
 		step := func() {
 			r.e.Tick()
 			r.b.Step(context.Background())
-			// The worker's goroutine takes them from its channel: a
-			// wall-clock bound that a loaded machine does not reach.
-			for deadline := time.Now().Add(10 * time.Second); ; {
+			// The worker's goroutine takes them from its channel and
+			// says so; the wall-clock bound is for a worker that never
+			// does, and a loaded machine does not reach it.
+			timeout := time.NewTimer(10 * time.Second)
+			defer timeout.Stop()
+			for {
 				mu.Lock()
 				n := uint64(len(got))
 				mu.Unlock()
 				if n == r.b.Counts().Claimed.Load() {
 					return
 				}
-				if time.Now().After(deadline) {
+				select {
+				case <-arrived:
+				case <-timeout.C:
 					rt.Fatalf("worker holds %d deliveries, backlog handed %d", n, r.b.Counts().Claimed.Load())
 				}
-				time.Sleep(100 * time.Microsecond)
 			}
 		}
 		tickets := map[string]bool{}

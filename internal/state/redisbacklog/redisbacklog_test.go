@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-sched/sluice/admission/deferral/deferraltest"
 	"github.com/sluice-sched/sluice/internal/state/redisbacklog"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
+	"github.com/sluice-sched/sluice/internal/testwait"
 )
 
 var ctx = context.Background()
@@ -156,7 +157,9 @@ func checkOnce(t *testing.T, got []deferral.Record, want map[string]deferral.Rec
 // a ReclaimIdle of 2 s (their holds refreshed every 100 ms: a stall of
 // the loaded test machine does not let one take the other's), adopt them
 // all, each ticket by one of them. 2,500 tickets in 2 shards: the holds,
-// the reclaim and the reads page.
+// the reclaim and the reads page. XCLAIM's IDLE option ages the stopped
+// replica's entries past the ReclaimIdle at once, so that the test waits
+// on no clock.
 func TestStoppedReplicaIsAdoptedOnce(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	opts := func(consumer string) redisbacklog.Options {
@@ -167,16 +170,28 @@ func TestStoppedReplicaIsAdoptedOnce(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
+	for _, stream := range []string{"stop:{0}:s", "stop:{1}:s"} {
+		msgs, err := rdb.XRange(ctx, stream, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if err := rdb.Do(ctx, "XCLAIM", stream, "sluice", "a", 0, m.ID, "IDLE", time.Hour.Milliseconds(), "JUSTID").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	var (
 		mu  sync.Mutex
 		got []deferral.Record
 		wg  sync.WaitGroup
 	)
-	deadline := time.Now().Add(30 * time.Second)
 	for _, name := range []string{"b", "c"} {
 		s := open(t, rdb, opts(name))
 		wg.Go(func() {
-			for time.Now().Before(deadline) {
+			// Every entry is reclaimable now: the two adopt until none
+			// is left, a page a call (a bound on the calls, not a clock).
+			for range 100 {
 				recs, err := s.Adopt(ctx)
 				if err != nil {
 					t.Error(err)
@@ -189,7 +204,6 @@ func TestStoppedReplicaIsAdoptedOnce(t *testing.T) {
 				if n >= len(want) {
 					return
 				}
-				time.Sleep(20 * time.Millisecond)
 			}
 		})
 	}
@@ -214,13 +228,14 @@ func TestLiveHolderKeepsItsTickets(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []deferral.Record
-	for end := time.Now().Add(10 * time.Second); len(got) < len(want) && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+	testwait.Until(t, 10*time.Second, "the stopped holder's tickets adopted", func() bool {
 		recs, err := other.Adopt(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, recs...)
-	}
+		return len(got) >= len(want)
+	})
 	checkOnce(t, got, want)
 }
 
@@ -312,15 +327,11 @@ func TestFinalTicketsExpireAfterRetention(t *testing.T) {
 	if _, err := s.Get(ctx, "done"); err != nil {
 		t.Fatalf("Get(done) within the retention = %v", err)
 	}
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	// Redis expires the key on its own clock.
+	testwait.Until(t, 5*time.Second, "Get(done) to answer ErrNotFound after the 300 ms retention", func() bool {
 		_, err := s.Get(ctx, "done")
-		if errors.Is(err, deferral.ErrNotFound) {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("Get(done) 5s after a 300ms retention = %v; want ErrNotFound", err)
-		}
-	}
+		return errors.Is(err, deferral.ErrNotFound)
+	})
 	if _, err := s.Get(ctx, "pending"); err != nil {
 		t.Fatalf("Get(pending) = %v; an unfinished ticket never expires", err)
 	}
