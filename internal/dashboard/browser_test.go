@@ -306,8 +306,10 @@ func TestDashboardInChromium(t *testing.T) {
 }
 
 // grpcLoad sends Admits (and the Releases of admitted ones) over gRPC until
-// the returned stop is called: acme 4 at a time, globex 1, hooli (free: 5
-// rps) 2 (most refused QUOTA_EXCEEDED), and every fourth round an initech
+// the returned stop is called: acme 4 at a time, globex 1, hooli (free:
+// 4,000 tokens/s) 2 of 3,000 prompt tokens (all but about one a second
+// refused QUOTA_EXCEEDED, however slowly the rounds go on a loaded
+// machine: more often than initech's), and every fourth round an initech
 // request larger than its tier's burst (REQUEST_TOO_LARGE). Over gRPC, as
 // routers call, so that the server times each Admit.
 func grpcLoad(t *testing.T, conn *grpc.ClientConn) (stop func()) {
@@ -320,8 +322,12 @@ func grpcLoad(t *testing.T, conn *grpc.ClientConn) (stop func()) {
 		for round := 0; ctx.Err() == nil; round++ {
 			reqs := []*admissionv1.AdmitRequest{}
 			for tenant, n := range map[string]int{"acme": 4, "globex": 1, "hooli": 2} {
+				prompt := int64(10)
+				if tenant == "hooli" {
+					prompt = 3000
+				}
 				for range n {
-					reqs = append(reqs, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: 10, MaxOutputTokens: 10})
+					reqs = append(reqs, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: prompt, MaxOutputTokens: 10})
 				}
 			}
 			if round%4 == 0 {
