@@ -737,7 +737,7 @@ func (f *FeedbackConfig) validate() error {
 	case f.Stale.Duration <= 0 || f.Stale.Duration > time.Hour:
 		return cfgErr("feedback.stale", "must be in (0, 1h], got %v", f.Stale.Duration)
 	case !(f.QueueThreshold >= 0 && f.QueueThreshold < 1e9):
-		return cfgErr("feedback.queue_threshold", "must be ≥ 0, got %g", f.QueueThreshold)
+		return cfgErr("feedback.queue_threshold", "must be in [0, 1e9), got %g", f.QueueThreshold)
 	case !(f.KVThreshold > 0 && f.KVThreshold <= 1):
 		return cfgErr("feedback.kv_threshold", "must be in (0, 1], got %g", f.KVThreshold)
 	case !(f.Decrease > 0 && f.Decrease < 1):

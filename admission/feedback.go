@@ -49,7 +49,9 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 //   - Saturation guard (AIMD): while fresh signals say the engines are
 //     saturated (waiting queue or KV use above the thresholds), nothing
 //     but floor traffic is placed on the domain and the factor shrinks by
-//     Decrease each period; once they have been clear for ClearPeriods,
+//     Decrease each period. Between two signals, the requests placed since
+//     the last one count as waiting, so that a burst stops at the
+//     threshold rather than at the next read; once they have been clear for ClearPeriods,
 //     it grows by Increase each period the domain's buckets are in
 //     demand (most of a period's refill taken), up to MaxFactor: the
 //     loop finds an engine faster than the model as well as a slower one.
@@ -66,6 +68,10 @@ type capacityLoop struct {
 	sig    EngineSignal
 	sigAt  int64
 	hasSig bool
+	// placed counts the requests placed on the domain since the signal
+	// was given: as far as the guard can know, they wait in the engines'
+	// queue (a burst placed between two reads would otherwise pass it).
+	placed int
 
 	factor float64 // the correction, relative to the model
 	// load is how busy the domain is, for spreading: the larger of its
@@ -98,7 +104,11 @@ func newCapacityLoop(now int64) capacityLoop {
 // non-negative number counts as 0.
 func (l *capacityLoop) observe(now int64, s EngineSignal) {
 	s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
-	l.sig, l.sigAt, l.hasSig = s, now-int64(max(s.Age, 0)), true
+	at := now - int64(max(s.Age, 0))
+	if !l.hasSig || at > l.sigAt {
+		l.placed = 0 // a new reading: what was placed before it is in it
+	}
+	l.sig, l.sigAt, l.hasSig = s, at, true
 	l.signals++
 	if s.Queue > 0 {
 		l.queued++
@@ -116,6 +126,19 @@ func reading(v float64) float64 {
 // fresh reports whether the last signal is young enough to act on.
 func (l *capacityLoop) fresh(now int64, cfg *FeedbackConfig) bool {
 	return l.hasSig && now-l.sigAt <= int64(cfg.Stale.Duration)
+}
+
+// guards reports whether the guard keeps the domain to its floors now:
+// its engines were saturated at the last step, or the requests placed
+// since their fresh signal take the queue it reported past the threshold.
+func (l *capacityLoop) guards(now int64, cfg *FeedbackConfig) bool {
+	return l.saturated || l.filled(now, cfg)
+}
+
+// filled reports whether the requests placed since a fresh signal take
+// its queue past the threshold.
+func (l *capacityLoop) filled(now int64, cfg *FeedbackConfig) bool {
+	return l.placed > 0 && l.fresh(now, cfg) && l.sig.Queue+float64(l.placed) > cfg.QueueThreshold
 }
 
 // saturatedBy reports whether s is past a threshold.

@@ -261,6 +261,9 @@ func TestEngineServiceModel(t *testing.T) {
 	if got := r.Engines.TTFTP99 / 1000; got < prefill*0.99 || got > prefill*1.01 {
 		t.Errorf("TTFT %.6f s, want its prefill %.6f s", got, prefill)
 	}
+	if got := r.Engines.AloneP99 / 1000; got < prefill*0.99 || got > prefill*1.01 {
+		t.Errorf("prefill alone p99 %.6f s, want its prefill %.6f s", got, prefill)
+	}
 	if r.Engines.WithinSLO != 1 || r.Engines.Domains[0].Admitted != 1 {
 		t.Errorf("within SLO %v, admitted %d", r.Engines.WithinSLO, r.Engines.Domains[0].Admitted)
 	}
@@ -285,6 +288,9 @@ func TestEngineWaitsForKVAndBatch(t *testing.T) {
 	}
 	if got, want := two.Engines.TTFTP99, one.Seconds*1000+one.Engines.TTFTP99; got < want*0.99 || got > want*1.01 {
 		t.Errorf("the second's TTFT %.3f ms, want the first's duration and its own prefill, %.3f ms", got, want)
+	}
+	if got, want := two.Engines.AloneP99, one.Engines.TTFTP99; got < want*0.99 || got > want*1.01 {
+		t.Errorf("prefill alone p99 %.3f ms with a wait before it, want its prefill %.3f ms", got, want)
 	}
 }
 

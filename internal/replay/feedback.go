@@ -233,6 +233,8 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			verdict(q <= qT && q < e(c.t.open).QueueP99)})
 		cl, op, th = each(c.t, func(r *FeedbackRun) string { return msf(e(r).TTFTP99) })
 		add(TargetRow{name, "TTFT p99 (dispatch to first token)", cl, op, th, cl, fmt.Sprintf("closed ≤ %.0f ms", slo), verdict(e(c.t.closed).TTFTP99 <= slo)})
+		cl, op, th = each(c.t, func(r *FeedbackRun) string { return msf(e(r).AloneP99) })
+		add(TargetRow{name, "p99 of the admitted prefills alone on their engine (no policy's TTFT p99 is below it)", cl, op, th, cl, "-", "-"})
 		cl, op, th = each(c.t, func(r *FeedbackRun) string { return pct(e(r).WithinSLO) })
 		add(TargetRow{name, fmt.Sprintf("requests with a first token ≤ %.0f ms after arrival", slo), cl, op, th, cl, "-", "-"})
 		cl, op, th = each(c.t, func(r *FeedbackRun) string { return pct(e(r).Util) })

@@ -104,6 +104,9 @@ type simReq struct {
 	// first token) and completed, and how many times it was released.
 	startAt, firstAt, doneAt int64
 	releases                 int
+	// alone is how long its prefill takes on its engine with nothing
+	// else in prefill (at the engine's rate when it entered the batch).
+	alone int64
 }
 
 // phase is one processor-shared resource of a domain (its prefill FLOP/s
