@@ -228,13 +228,24 @@ type FeedbackConfig struct {
 	// engines were busy; default 1s.
 	BusyTTFT Duration `json:"busy_ttft"`
 	// SpreadChoices: placement weighs this many of a tenant's first
-	// domains by load (2: the power of two choices; 1: first fit in
-	// rendezvous order); SpreadMargin is how much more loaded the first
-	// must be before the second goes ahead of it (default 0.1), so that a
-	// tenant's requests, and its prefixes, stay mostly on its first.
+	// domains by load (default 2, the power of two choices; 1: first fit
+	// in rendezvous order; at most MaxSpreadChoices); SpreadMargin is how
+	// much more loaded the first must be before the least loaded of them
+	// goes ahead of it (default 0.1 of a domain), so that a tenant's
+	// requests, and its prefixes, stay mostly on its first.
 	SpreadChoices int     `json:"spread_choices"`
 	SpreadMargin  float64 `json:"spread_margin"`
+	// LoadSmoothing is the weight of each period's use in a domain's load,
+	// the moving average placement compares (default 0.3: about the last
+	// second at the default period). Smaller is smoother: fewer requests
+	// leave their first domain on noise, and spreading follows more
+	// slowly. The engines' signals count at once either way.
+	LoadSmoothing float64 `json:"load_smoothing"`
 }
+
+// MaxSpreadChoices bounds feedback.spread_choices: more choices spread
+// a tenant's prefixes over more domains.
+const MaxSpreadChoices = 4
 
 // MetricsConfig bounds what the metrics expose.
 type MetricsConfig struct {
@@ -455,7 +466,8 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
 //	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8,
 //	  increase 0.02, clear_periods 4, min_factor 0.25, max_factor 2, window 5s,
-//	  calibration_step 0.1, deadband 0.05, busy_ttft 1s, spread_choices 2, spread_margin 0.1
+//	  calibration_step 0.1, deadband 0.05, busy_ttft 1s, spread_choices 2, spread_margin 0.1,
+//	  load_smoothing 0.3
 //	tiers.NAME: weight 1, burst_credit.breaker_open 60s, burst_credit.window 10s (when multiple > 0)
 //	models: the built-in catalog (pd.DefaultModels)
 func (c *Config) ApplyDefaults(present func(key string) bool) error {
@@ -524,6 +536,7 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	d.int("deferral.max_total", &df.MaxTotal, 1_000_000)
 	d.float("deferral.headroom", &df.Headroom, 0.2)
 	d.float("feedback.spread_margin", &f.SpreadMargin, 0.1)
+	d.float("feedback.load_smoothing", &f.LoadSmoothing, 0.3)
 	if c.Warmup.Period == nil {
 		c.Warmup.Period = &Duration{60 * time.Second}
 	}
@@ -758,10 +771,12 @@ func (f *FeedbackConfig) validate() error {
 		return cfgErr("feedback.deadband", "must be in [0, 1), got %g", f.Deadband)
 	case f.BusyTTFT.Duration <= 0 || f.BusyTTFT.Duration > time.Hour:
 		return cfgErr("feedback.busy_ttft", "must be in (0, 1h], got %v", f.BusyTTFT.Duration)
-	case f.SpreadChoices != 1 && f.SpreadChoices != 2:
-		return cfgErr("feedback.spread_choices", "must be 1 (first fit) or 2 (the less loaded of two), got %d", f.SpreadChoices)
+	case f.SpreadChoices < 1 || f.SpreadChoices > MaxSpreadChoices:
+		return cfgErr("feedback.spread_choices", "must be in [1, %d] (1: first fit; k: the least loaded of the first k), got %d", MaxSpreadChoices, f.SpreadChoices)
 	case !(f.SpreadMargin >= 0 && f.SpreadMargin <= 10):
 		return cfgErr("feedback.spread_margin", "must be in [0, 10], got %g", f.SpreadMargin)
+	case !(f.LoadSmoothing > 0 && f.LoadSmoothing <= 1):
+		return cfgErr("feedback.load_smoothing", "must be in (0, 1], got %g", f.LoadSmoothing)
 	}
 	return nil
 }

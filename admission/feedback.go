@@ -176,7 +176,7 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	// busier, and the replica use it less still.
 	demand := max(used(takenP, c.PrefillRate(), elapsed), used(takenD, c.DecodeRate(), elapsed)) >= demandShare
 	fullP, fullD, fullKV := c.FullLimits()
-	l.use += loadSmoothing * (max(used(takenP, fullP, elapsed), used(takenD, fullD, elapsed)) - l.use)
+	l.use += cfg.LoadSmoothing * (max(used(takenP, fullP, elapsed), used(takenD, fullD, elapsed)) - l.use)
 	l.load = l.use
 	if kv, _ := c.KV(); fullKV > 0 {
 		l.load = max(l.load, float64(kv)/float64(fullKV))
@@ -219,14 +219,9 @@ func used(taken, rate, elapsed int64) float64 {
 	return max(float64(taken), 0) / (float64(rate) * float64(elapsed) / float64(time.Second))
 }
 
-const (
-	// demandShare is the share of a period's refill taken that counts as
-	// demand: the domain's buckets, not its traffic, bound what it runs.
-	demandShare = 0.8
-	// loadSmoothing is the weight of a period's use in the load's moving
-	// average (about the last second at the default period).
-	loadSmoothing = 0.3
-)
+// demandShare is the share of a period's refill taken that counts as
+// demand: the domain's buckets, not its traffic, bound what it runs.
+const demandShare = 0.8
 
 // calibrate closes the window: if the engines were busy throughout it,
 // what the domain served is what it sustains, and the factor moves toward

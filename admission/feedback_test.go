@@ -344,6 +344,54 @@ func TestFeedbackFieldsAreValidated(t *testing.T) {
 	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.kv_threshold") {
 		t.Errorf("kv_threshold 1.5: %v, want refused naming feedback.kv_threshold", err)
 	}
+	cfg = testConfig()
+	cfg.Feedback.SpreadChoices = MaxSpreadChoices + 1
+	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.spread_choices") {
+		t.Errorf("spread_choices %d: %v, want refused naming feedback.spread_choices", MaxSpreadChoices+1, err)
+	}
+	cfg = testConfig()
+	cfg.Feedback.LoadSmoothing = 1.5
+	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.load_smoothing") {
+		t.Errorf("load_smoothing 1.5: %v, want refused naming feedback.load_smoothing", err)
+	}
+}
+
+// With spread_choices 3, the least loaded of a tenant's first three
+// domains goes first once the first is loaded past it by the margin; the
+// fourth, however idle, is not weighed. With the load gone the first is
+// first again.
+func TestLoadSpreadsOverTheFirstThreeDomains(t *testing.T) {
+	cfg := testConfig()
+	cfg.Feedback.SpreadChoices = 3
+	h := newHarness(t, cfg, hgxCluster(t, 4))
+	h.e.mu.Lock()
+	tenant, _ := h.e.mu.gates.lookupLocked("a", h.e.nowLocked(), h.e.mu.place.modelList)
+	h.e.mu.place.walk(tenant, h.e.mu.place.models["medium"])
+	var order []string
+	for d := h.e.mu.place.next(); d != nil; d = h.e.mu.place.next() {
+		order = append(order, d.ID())
+	}
+	h.e.mu.Unlock()
+	if got := firstDomain(h, "a"); got != order[0] {
+		t.Fatalf("idle: placed on %s, want the first choice %s of %v", got, order[0], order)
+	}
+	// The first two are loaded (3 of the threshold's 5 waiting, not
+	// saturated); the third and the fourth are idle.
+	signal := func(queue float64) {
+		t.Helper()
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: order[0], Queue: queue}, {Domain: order[1], Queue: queue}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
+	}
+	signal(3)
+	if got := firstDomain(h, "a"); got != order[2] {
+		t.Errorf("first two loaded: placed on %s, want the third choice %s of %v", got, order[2], order)
+	}
+	signal(0)
+	if got := firstDomain(h, "a"); got != order[0] {
+		t.Errorf("load gone: placed on %s, want the first choice %s of %v", got, order[0], order)
+	}
 }
 
 // Of a tenant's first two domains the less loaded goes first, once the

@@ -262,16 +262,23 @@ func (p *placer) rebuildTree() {
 // decode bucket and KV gauge all fit the request, trying its tiers from the
 // from-th up to before the upto-th (0, 1: the requested model only; 0,
 // r.ntiers: every accepted lower tier too; floor: from the floor reserve).
-// Of the order's first two, the less loaded goes first (the power of two
-// choices): it takes the second when the first's load passes it by
-// feedback.spread_margin, so that a tenant's prefixes stay on two domains
-// while equal domains share the load.
+// Of the order's first feedback.spread_choices (the power of two choices
+// by default), the least loaded goes first once the first's load passes
+// it by feedback.spread_margin, so that a tenant's prefixes stay on a few
+// domains while equal domains share the load. Two choices are cached per
+// (tenant, model); more are walked for each request (findAmong).
 // A request that accepts lower tiers must leave headroom on its requested
 // tier, more for low-weight tenants, so that low-weight tenants degrade
 // first. rec, if not nil, notes each (tier, domain) looked at (Explain).
 func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *recorder) (placement, bool) {
 	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
+		if p.cfg.Feedback.SpreadChoices > 2 {
+			if pl, ok := p.findAmong(now, r, floor, ti, m, rec); ok {
+				return pl, true
+			}
+			continue
+		}
 		first, second := p.firstTwo(r.tenant, m)
 		if first == nil {
 			continue
@@ -296,6 +303,48 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *re
 			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
 				return pl, true
 			}
+		}
+	}
+	return placement{}, false
+}
+
+// findAmong is find's tier ti with more than two choices: the least
+// loaded of the first spread_choices domains by rendezvous goes first when
+// the first's load passes it by spread_margin; then the rest in order.
+func (p *placer) findAmong(now int64, r *pending, floor bool, ti int, m *modelState, rec *recorder) (placement, bool) {
+	var cand [MaxSpreadChoices]*domainState
+	n := 0
+	p.walk(r.tenant, m)
+	for n < p.cfg.Feedback.SpreadChoices {
+		d := p.next()
+		if d == nil {
+			break
+		}
+		cand[n] = d
+		n++
+	}
+	if n == 0 {
+		return placement{}, false
+	}
+	best := 0
+	for i := 1; i < n; i++ {
+		if cand[i].loop.load < cand[best].loop.load {
+			best = i
+		}
+	}
+	if best > 0 && cand[best].loop.load+p.cfg.Feedback.SpreadMargin < cand[0].loop.load {
+		d := cand[best]
+		copy(cand[1:best+1], cand[:best])
+		cand[0] = d
+	}
+	for _, d := range cand[:n] {
+		if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
+			return pl, true
+		}
+	}
+	for d := p.next(); d != nil; d = p.next() {
+		if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
+			return pl, true
 		}
 	}
 	return placement{}, false

@@ -267,6 +267,8 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 		change           string
 		spreadTrace      string
 		spreadSpeed      float64
+		spreadMix        string
+		spreadConfig     string
 	)
 	c := &cobra.Command{
 		Use:   "feedback --trace FILE",
@@ -307,8 +309,33 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 			if o.SpreadRows, err = spread.load(); err != nil {
 				return err
 			}
-			if o.Config, o.Cluster, err = replay.Setup(configPath, topo, slog.New(slog.NewTextHandler(g.stderr, nil))); err != nil {
+			log := slog.New(slog.NewTextHandler(g.stderr, nil))
+			if o.Config, o.Cluster, err = replay.Setup(configPath, topo, log); err != nil {
 				return err
+			}
+			if spreadMix != "" {
+				many := spread
+				many.mix = spreadMix
+				entries, err := replay.ParseMix(spreadMix)
+				if err != nil {
+					return fmt.Errorf("--spread-mix: %w", err)
+				}
+				tenants := map[string]bool{}
+				for _, e := range entries {
+					tenants[e.Tenant] = true
+				}
+				o.Many = &replay.SpreadMix{Name: fmt.Sprintf("%d tenants", len(tenants))}
+				if o.Many.Rows, err = many.load(); err != nil {
+					return fmt.Errorf("--spread-mix: %w", err)
+				}
+				if spreadConfig == "" {
+					spreadConfig = configPath
+				}
+				if o.Many.Config, _, err = replay.Setup(spreadConfig, topo, log); err != nil {
+					return fmt.Errorf("--spread-config: %w", err)
+				}
+			} else if spreadConfig != "" {
+				return errors.New("--spread-config needs --spread-mix")
 			}
 			t, err := replay.RunFeedbackTable(o)
 			if err != nil {
@@ -330,6 +357,8 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 	f.StringVar(&change, "engine-change", "", "the mid-run change on engines at 1×, DOMAIN@TIME=CAPACITY (default: the first domain, halfway through the replay, to 0.5)")
 	f.StringVar(&spreadTrace, "spread-trace", "", "the trace of the spread rows, with the same --mix and --seed (default: --trace)")
 	f.Float64Var(&spreadSpeed, "spread-speed", 1, "replay speed of the spread rows")
+	f.StringVar(&spreadMix, "spread-mix", "", "the spread rows again with this mix, tenant:model:share,… (many tenants spread further than a few)")
+	f.StringVar(&spreadConfig, "spread-config", "", "config of the --spread-mix rows, whose tenants it names (default: --config)")
 	ef.register(c)
 	return c
 }

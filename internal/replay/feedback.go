@@ -24,6 +24,10 @@ type FeedbackOptions struct {
 	SpreadTrace string
 	SpreadSpeed float64
 	SpreadRows  []Row
+	// Many is the spread rows again on the spread trace with a mix of many
+	// tenants, under its own config; nil: none. One tenant's share of the
+	// work bounds how far a few tenants can spread (docs/capacity-feedback.md).
+	Many *SpreadMix
 
 	Config   admission.Config
 	Cluster  topology.Cluster
@@ -37,6 +41,13 @@ type FeedbackOptions struct {
 	// Change is the mid-run halving on engines at 1×; zero: the cluster's
 	// first domain, halfway through the replay, to 0.5.
 	Change EngineChange
+}
+
+// SpreadMix is a spread replay of its own mix and config.
+type SpreadMix struct {
+	Name   string // how the table names it
+	Rows   []Row
+	Config admission.Config
 }
 
 // FeedbackRun is one replay of the table.
@@ -74,6 +85,7 @@ type FeedbackTable struct {
 	Speed       float64       `json:"speed"`
 	SpreadTrace string        `json:"spreadTrace"`
 	SpreadSpeed float64       `json:"spreadSpeed"`
+	SpreadMix   string        `json:"spreadMix,omitempty"` // the many tenants' spread rows, if any
 	Deadline    string        `json:"deadline"`
 	Targets     []TargetRow   `json:"targets"`
 	Runs        []FeedbackRun `json:"runs"`
@@ -115,7 +127,11 @@ type feedbackRunner struct {
 }
 
 func (f *feedbackRunner) run(name, policy string, rows []Row, speed float64, eng EngineOptions) (*FeedbackRun, error) {
-	r, err := Run(rows, Options{Policy: policy, Config: f.o.Config, Cluster: f.o.Cluster, Deadline: f.o.Deadline, Engine: eng})
+	return f.runWith(name, policy, rows, speed, eng, f.o.Config)
+}
+
+func (f *feedbackRunner) runWith(name, policy string, rows []Row, speed float64, eng EngineOptions, cfg admission.Config) (*FeedbackRun, error) {
+	r, err := Run(rows, Options{Policy: policy, Config: cfg, Cluster: f.o.Cluster, Deadline: f.o.Deadline, Engine: eng})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
@@ -208,6 +224,9 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 	qT := o.Config.Feedback.QueueThreshold
 	slo := float64(o.Engine.SLO) / 1e6
 	tab := &FeedbackTable{Trace: o.Trace, Rows: len(o.Rows), Seed: o.Seed, Speed: o.Speed, SpreadTrace: o.SpreadTrace, SpreadSpeed: o.SpreadSpeed, Deadline: o.Deadline.String()}
+	if o.Many != nil {
+		tab.SpreadMix = o.Many.Name
+	}
 	add := func(row TargetRow) { tab.Targets = append(tab.Targets, row) }
 	each := func(t trio, v func(*FeedbackRun) string) (string, string, string) {
 		return v(t.closed), v(t.open), v(t.threshold)
@@ -297,18 +316,29 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 		fmt.Sprintf("time its queue is past %g until back to stay %v", qT, recoveryHold), recov(hc), recov(ho), recov(ht), recov(hc), "closed ≤ 5 s",
 		verdict(rc >= 0 && rc <= 5)})
 
-	// Spread, on engines the model is right about.
+	// Spread, on engines the model is right about: the table's mix, and
+	// many tenants' if given.
 	eng = o.Engine
 	eng.Capacity = 1
-	sp, err := f.run("spread closed", PolicySluice, o.SpreadRows, o.SpreadSpeed, eng)
-	if err != nil {
-		return nil, err
+	type spreadRun struct {
+		name, label string
+		rows        []Row
+		cfg         admission.Config
 	}
-	spRow := fmt.Sprintf("spread ×%g, engine 1×", o.SpreadSpeed)
-	add(TargetRow{spRow, "busiest ÷ least busy domain of the same GPUs (utilization)", fmt.Sprintf("%.2f", sp.Engines.Spread), "", "",
-		fmt.Sprintf("%.2f", sp.Engines.Spread), "≤ 1.5", verdict(sp.Engines.Spread > 0 && sp.Engines.Spread <= 1.5)})
-	add(TargetRow{spRow, "least share of a tenant's admissions on its " + sp.Engines.FirstBy, pct(sp.Engines.FirstShareMin), "", "",
-		pct(sp.Engines.FirstShareMin), "≥ 50%", verdict(sp.Engines.FirstShareMin >= 0.5)})
+	spreads := []spreadRun{{"spread closed", fmt.Sprintf("spread ×%g, engine 1×", o.SpreadSpeed), o.SpreadRows, o.Config}}
+	if o.Many != nil {
+		spreads = append(spreads, spreadRun{"spread closed, " + o.Many.Name, fmt.Sprintf("spread ×%g, engine 1×, %s", o.SpreadSpeed, o.Many.Name), o.Many.Rows, o.Many.Config})
+	}
+	for _, v := range spreads {
+		sp, err := f.runWith(v.name, PolicySluice, v.rows, o.SpreadSpeed, eng, v.cfg)
+		if err != nil {
+			return nil, err
+		}
+		add(TargetRow{v.label, "busiest ÷ least busy domain of the same GPUs (utilization)", fmt.Sprintf("%.2f", sp.Engines.Spread), "", "",
+			fmt.Sprintf("%.2f", sp.Engines.Spread), "≤ 1.5", verdict(sp.Engines.Spread > 0 && sp.Engines.Spread <= 1.5)})
+		add(TargetRow{v.label, "least share of a tenant's admissions on its " + sp.Engines.FirstBy, pct(sp.Engines.FirstShareMin), "", "",
+			pct(sp.Engines.FirstShareMin), "≥ 50%", verdict(sp.Engines.FirstShareMin >= 0.5)})
+	}
 	tab.Runs = f.runs
 	return tab, nil
 }
@@ -326,8 +356,12 @@ func (t *FeedbackTable) WriteJSON(w io.Writer) error {
 // WriteTable writes the targets as a text table, and a line per replay.
 func (t *FeedbackTable) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "capacity loop targets: %s ×%g (%d requests, seed %d, deadline %s); spread on %s ×%g\n\n",
-		t.Trace, t.Speed, t.Rows, t.Seed, t.Deadline, t.SpreadTrace, t.SpreadSpeed)
+	many := ""
+	if t.SpreadMix != "" {
+		many = ", also with " + t.SpreadMix
+	}
+	fmt.Fprintf(tw, "capacity loop targets: %s ×%g (%d requests, seed %d, deadline %s); spread on %s ×%g%s\n\n",
+		t.Trace, t.Speed, t.Rows, t.Seed, t.Deadline, t.SpreadTrace, t.SpreadSpeed, many)
 	fmt.Fprintln(tw, "row\tmeasure\tsluice closed\tsluice open\tthreshold\tmeasured\ttarget\tresult")
 	for _, r := range t.Targets {
 		cell := func(s string) string {

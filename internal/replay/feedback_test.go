@@ -3,6 +3,7 @@ package replay
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,9 +16,14 @@ import (
 // 89 s the window takes at 10×.)
 func TestFeedbackTable(t *testing.T) {
 	cfg, cl := setup(t)
+	spreadCfg, _, err := Setup(spreadConfig, testCluster, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := func() FeedbackOptions {
 		return FeedbackOptions{Trace: "code", Seed: 1, Speed: 10, Rows: codeRows(t, TraceOptions{Speed: 10, To: 15 * time.Minute}),
 			SpreadTrace: "code", SpreadSpeed: 1, SpreadRows: codeRows(t, TraceOptions{To: 15 * time.Minute}),
+			Many:   &SpreadMix{Name: "16 tenants", Rows: manyRows(t, codeTrace, 15*time.Minute), Config: spreadCfg},
 			Config: cfg, Cluster: cl, Deadline: 2 * time.Second}
 	}
 	print := func() (*FeedbackTable, []byte) {
@@ -46,7 +52,8 @@ func TestFeedbackTable(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"engine 1.5×: ≥ 1.3", "engine 0.6×: closed ≤ 5 and < open", "engine 0.6×: closed 0", "engine 0.6×: closed ≤ threshold",
-		"engine 1× → hgx-1 0.5× at 44s: closed ≤ 5 s", "spread ×1, engine 1×: ≤ 1.5", "spread ×1, engine 1×: ≥ 50%"} {
+		"engine 1× → hgx-1 0.5× at 44s: closed ≤ 5 s", "spread ×1, engine 1×: ≤ 1.5", "spread ×1, engine 1×: ≥ 50%",
+		"spread ×1, engine 1×, 16 tenants: ≤ 1.5", "spread ×1, engine 1×, 16 tenants: ≥ 50%"} {
 		if !targets[want] {
 			t.Errorf("no target %q among %v", want, targets)
 		}
@@ -58,7 +65,8 @@ func TestFeedbackTable(t *testing.T) {
 			t.Errorf("run %s without its engines", r.Name)
 		}
 	}
-	for name, loop := range map[string]string{"engine 0.6× closed": "closed", "engine 0.6× open": "open", "engine 1.5× threshold": "", "halving open": "open", "spread closed": "closed"} {
+	for name, loop := range map[string]string{"engine 0.6× closed": "closed", "engine 0.6× open": "open", "engine 1.5× threshold": "", "halving open": "open",
+		"spread closed": "closed", "spread closed, 16 tenants": "closed"} {
 		if got, ok := names[name]; !ok || got != loop {
 			t.Errorf("run %q: loop %q (present %v), want %q", name, got, ok, loop)
 		}
@@ -71,9 +79,64 @@ func TestFeedbackTable(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil || len(back.Targets) != len(tab.Targets) {
 		t.Errorf("JSON: %v, %d targets", err, len(back.Targets))
 	}
-	for _, want := range []string{"capacity loop targets: code ×10", "sluice closed", "NOT MET", "factors at the end"} {
+	for _, want := range []string{"capacity loop targets: code ×10", "also with 16 tenants", "sluice closed", "NOT MET", "factors at the end"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("the table lacks %q", want)
 		}
+	}
+}
+
+// spreadConfig is the spread rows' config: manyMix's tenants, placement
+// over four choices on a smoother load.
+const (
+	spreadConfig = "../../testdata/replay/spread-config.yaml"
+	convTrace    = "../../testdata/traces/AzureLLMInferenceTrace_conv.csv"
+)
+
+// manyMix is testMix with each tenant split into four of a quarter its share.
+func manyMix(t testing.TB) []MixEntry {
+	t.Helper()
+	base, err := ParseMix(testMix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mix []MixEntry
+	for _, e := range base {
+		for i := 1; i <= 4; i++ {
+			mix = append(mix, MixEntry{Tenant: fmt.Sprintf("%s-%d", e.Tenant, i), Model: e.Model, Share: e.Share / 4})
+		}
+	}
+	return mix
+}
+
+func manyRows(t testing.TB, trace string, to time.Duration) []Row {
+	t.Helper()
+	rows, err := LoadTrace(trace, TraceOptions{Mix: manyMix(t), Seed: 1, To: to})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rows
+}
+
+// The conversation trace at 1× on equal domains, with sixteen tenants
+// under the spread config: the busiest domain is at most 1.5× the least
+// busy, and every tenant keeps at least half its admissions on its first
+// choice (the spread targets of docs/capacity-feedback.md).
+func TestManyTenantsSpreadAndKeepTheirFirstDomain(t *testing.T) {
+	cfg, cl, err := Setup(spreadConfig, testCluster, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Run(manyRows(t, convTrace, 0), Options{Policy: PolicySluice, Config: cfg, Cluster: cl, Deadline: 2 * time.Second, Engine: EngineOptions{Capacity: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := r.Engines
+	t.Logf("spread %.2f, least share on the first choice %.1f%%", e.Spread, 100*e.FirstShareMin)
+	if e.Spread <= 0 || e.Spread > 1.5 {
+		t.Errorf("busiest ÷ least busy domain %.2f, want ≤ 1.5", e.Spread)
+	}
+	if e.FirstShareMin < 0.5 {
+		t.Errorf("a tenant has %.1f%% of its admissions on its first choice, want ≥ 50%%", 100*e.FirstShareMin)
 	}
 }
