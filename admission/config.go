@@ -213,6 +213,12 @@ type FeedbackConfig struct {
 	Decrease     float64 `json:"decrease"`
 	Increase     float64 `json:"increase"`
 	ClearPeriods int     `json:"clear_periods"`
+	// CutAfter is how long the engines must have been saturated, with no
+	// signal within the thresholds, before Decrease applies (default
+	// 500ms): a burst's queue, or one long prompt's, holds the domain to
+	// its floors but leaves the factor alone; a standing queue cuts it.
+	// At most the period: every saturated period cuts.
+	CutAfter Duration `json:"cut_after"`
 	// MinFactor and MaxFactor bound the factor, relative to the model;
 	// defaults 0.25 and 2.
 	MinFactor float64 `json:"min_factor"`
@@ -464,7 +470,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
 //	queue.degrade_after 100ms (0 is allowed: degrade at once)
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
-//	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8,
+//	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8, cut_after 500ms,
 //	  increase 0.02, clear_periods 4, min_factor 0.25, max_factor 2, window 5s,
 //	  calibration_step 0.1, deadband 0.05, busy_ttft 1s, spread_choices 2, spread_margin 0.1,
 //	  load_smoothing 0.3
@@ -520,6 +526,7 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	d.float("feedback.queue_threshold", &f.QueueThreshold, 5)
 	d.float("feedback.kv_threshold", &f.KVThreshold, 0.8)
 	d.float("feedback.decrease", &f.Decrease, 0.8)
+	d.dur("feedback.cut_after", &f.CutAfter, 500*time.Millisecond)
 	d.float("feedback.increase", &f.Increase, 0.02)
 	d.int("feedback.clear_periods", &f.ClearPeriods, 4)
 	d.float("feedback.min_factor", &f.MinFactor, 0.25)
@@ -755,6 +762,8 @@ func (f *FeedbackConfig) validate() error {
 		return cfgErr("feedback.kv_threshold", "must be in (0, 1], got %g", f.KVThreshold)
 	case !(f.Decrease > 0 && f.Decrease < 1):
 		return cfgErr("feedback.decrease", "must be in (0, 1), got %g", f.Decrease)
+	case f.CutAfter.Duration < 0 || f.CutAfter.Duration > time.Minute:
+		return cfgErr("feedback.cut_after", "must be in [0, 1m], got %v", f.CutAfter.Duration)
 	case !(f.Increase > 0 && f.Increase <= 1):
 		return cfgErr("feedback.increase", "must be in (0, 1], got %g", f.Increase)
 	case f.ClearPeriods < 0 || f.ClearPeriods > 1000:

@@ -34,7 +34,7 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 			unknown = append(unknown, s.Domain)
 			continue
 		}
-		d.loop.observe(now, s)
+		d.loop.observe(now, s, &e.mu.place.cfg.Feedback)
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("engine signals for %d unknown domains (%v): %w", len(unknown), unknown[:min(len(unknown), 5)], ErrUnknownDomain)
@@ -48,8 +48,9 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 //
 //   - Saturation guard (AIMD): while fresh signals say the engines are
 //     saturated (waiting queue or KV use above the thresholds), nothing
-//     but floor traffic is placed on the domain and the factor shrinks by
-//     Decrease each period. Between two signals, the requests this replica
+//     but floor traffic is placed on the domain; once they have been
+//     saturated for CutAfter (a standing queue, not a burst's), the factor
+//     shrinks by Decrease each period. Between two signals, the requests this replica
 //     placed since the last one count as waiting, so that a burst stops at
 //     the threshold rather than at the next read. Once the signals have
 //     been clear for ClearPeriods, the factor grows by Increase each period
@@ -73,6 +74,11 @@ type capacityLoop struct {
 	// was given: as far as the guard can know, they wait in the engines'
 	// queue (a burst placed between two reads would otherwise pass it).
 	placed int
+	// satSince is when the signals' current run past the thresholds began
+	// (the reading time of its first); -1 while the last is within them.
+	// The factor is cut only once the run has lasted CutAfter: a standing
+	// queue rather than a burst's.
+	satSince int64
 
 	factor float64 // the correction, relative to the model
 	// load is how busy the domain is, for spreading: the larger of its
@@ -98,16 +104,22 @@ type capacityLoop struct {
 }
 
 func newCapacityLoop(now int64) capacityLoop {
-	return capacityLoop{factor: 1, winStart: now, stepAt: now}
+	return capacityLoop{factor: 1, winStart: now, stepAt: now, satSince: -1}
 }
 
 // observe records a signal read age ago; a reading that is not a
 // non-negative number counts as 0.
-func (l *capacityLoop) observe(now int64, s EngineSignal) {
+func (l *capacityLoop) observe(now int64, s EngineSignal, cfg *FeedbackConfig) {
 	s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
 	at := now - int64(max(s.Age, 0))
 	if !l.hasSig || at > l.sigAt {
 		l.placed = 0 // a new reading: what was placed before it is in it
+	}
+	switch {
+	case !saturatedBy(s, cfg):
+		l.satSince = -1
+	case l.satSince < 0:
+		l.satSince = at
 	}
 	l.sig, l.sigAt, l.hasSig = s, at, true
 	l.signals++
@@ -185,7 +197,9 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	if l.fresh(now, cfg) {
 		if saturatedBy(l.sig, cfg) {
 			l.saturated, l.clearSince = true, 0
-			l.factor *= cfg.Decrease
+			if l.satSince >= 0 && now-l.satSince >= int64(cfg.CutAfter.Duration) {
+				l.factor *= cfg.Decrease
+			}
 		} else {
 			l.saturated = false
 			if l.clearSince == 0 {

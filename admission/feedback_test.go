@@ -45,19 +45,29 @@ func drain(h *harness) {
 }
 
 // Engines past the queue threshold: nothing but floor traffic is placed
-// on their domain, its capacity factor shrinks, Explain says why, and
-// DomainInfo shows the signals. Once they clear, placement comes back.
+// on their domain at once; once they have stood saturated for cut_after
+// its capacity factor shrinks, Explain says why, and DomainInfo shows the
+// signals. Once they clear, placement comes back.
 func TestSaturatedEnginesKeepTheirDomainToFloors(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 2))
 	first := firstDomain(h, "a")
-	if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 12, KVUsage: 0.5}}); err != nil {
-		t.Fatal(err)
+	saturated := func() {
+		t.Helper()
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: first, Queue: 12, KVUsage: 0.5}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
 	}
-	h.advance(period)
+	saturated()
 	info := h.domain(first)
 	if !info.EngineSaturated || info.EngineQueue != 12 || info.EngineKVUsage != 0.5 || info.EngineMetricsStale {
 		t.Errorf("domain info %+v, want saturated with queue 12, KV 0.5, fresh", info)
 	}
+	if info.CapacityFactor != 1 {
+		t.Errorf("saturated for one period, less than cut_after: factor %g, want 1", info.CapacityFactor)
+	}
+	saturated() // 500ms saturated: cut
+	info = h.domain(first)
 	if info.CapacityFactor != 0.8 || info.EffectivePrefillRate != int64(math.Round(0.8*float64(info.PriorPrefillRate))) {
 		t.Errorf("factor %g, effective prefill %d of prior %d: want 0.8 of it", info.CapacityFactor, info.EffectivePrefillRate, info.PriorPrefillRate)
 	}
@@ -78,6 +88,26 @@ func TestSaturatedEnginesKeepTheirDomainToFloors(t *testing.T) {
 	}
 	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "nowhere"}}); !errors.Is(err, ErrUnknownDomain) {
 		t.Errorf("signal for an unknown domain: %v, want ErrUnknownDomain", err)
+	}
+}
+
+// Queues that pass the threshold and clear within cut_after (a burst's,
+// or one long prompt's) hold the domain to its floors while they last but
+// never cut its factor.
+func TestPassingQueuesDoNotCutTheFactor(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	for i := range 8 {
+		queue := 12.0
+		if i%2 == 1 {
+			queue = 0
+		}
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: queue}}); err != nil {
+			t.Fatal(err)
+		}
+		h.advance(period)
+		if info := h.domain("d1"); info.EngineSaturated != (queue > 0) || info.CapacityFactor != 1 {
+			t.Fatalf("period %d, queue %g: saturated %v, factor %g; want saturated while past the threshold, factor 1", i, queue, info.EngineSaturated, info.CapacityFactor)
+		}
 	}
 }
 
@@ -175,9 +205,10 @@ func TestStaleSignalsAreNotActedOn(t *testing.T) {
 	if info.EngineSaturated || !info.EngineMetricsStale || info.EngineMetricsAge < 4*period {
 		t.Errorf("after %v without signals: %+v, want the guard off and the metrics stale", 4*period, info)
 	}
-	// Read at 0: fresh at the steps of 250ms and 500ms (stale: 500ms), not after.
-	if math.Abs(info.CapacityFactor-0.8*0.8) > 1e-9 {
-		t.Errorf("factor %g, want two saturated periods' cuts (0.64) and held since", info.CapacityFactor)
+	// Read at 0: fresh at the steps of 250ms and 500ms (stale: 500ms), not
+	// after; saturated for cut_after (500ms) at the second.
+	if math.Abs(info.CapacityFactor-0.8) > 1e-9 {
+		t.Errorf("factor %g, want one cut (0.8) and held since", info.CapacityFactor)
 	}
 	if d := h.admit(req("a", "medium", 1000, 100)); d.Outcome != Admitted {
 		t.Errorf("stale signals still keep the domain: %v %v", d.Outcome, d.Reason)
