@@ -49,14 +49,14 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 //   - Saturation guard (AIMD): while fresh signals say the engines are
 //     saturated (waiting queue or KV use above the thresholds), nothing
 //     but floor traffic is placed on the domain; once they have been
-//     saturated for CutAfter (a standing queue, not a burst's), the factor
-//     shrinks by Decrease each period. Between two signals, the requests this replica
-//     placed since the last one count as waiting, so that a burst stops at
-//     the threshold rather than at the next read. Once the signals have
-//     been clear for ClearPeriods, the factor grows by Increase each period
-//     the domain's buckets are in demand (most of a period's refill taken),
-//     up to MaxFactor: the loop finds an engine faster than the model as
-//     well as a slower one.
+//     saturated for CutAfter (a standing queue, not a burst's), the
+//     factor shrinks by Decrease each period. Between two signals, the
+//     requests this replica placed since the last one count as waiting,
+//     so that a burst stops at the threshold rather than at the next read.
+//     Once the signals have been clear for ClearPeriods, the factor grows
+//     by Increase each period the domain's buckets are in demand (most of
+//     a period's refill taken), up to MaxFactor: the loop finds an engine
+//     faster than the model as well as a slower one.
 //   - Calibration: over each Window in which the engines were busy (a
 //     waiting queue in nine in ten of their signals, or without fresh
 //     signals a median reported time to first token past BusyTTFT), what
