@@ -102,10 +102,15 @@ func TestDeadReplicaCapacityReclaimed(t *testing.T) {
 		left := <-gone
 		t.Logf("a held %d of %d bytes (%.0f%%) on %s; member lease until %.2fs after the kill, its key gone at %.2fs; b whole at %.2fs",
 			f.held, f.full, 100*float64(f.held)/float64(f.full), f.dom, expiry.Sub(killed).Seconds(), left.Sub(killed).Seconds(), back.Sub(killed).Seconds())
-		// Within a few reconcile intervals of the member lease's expiry
-		// (etcd deletes the key up to half a second after it).
-		if late := back.Sub(expiry); late > 5*interval {
-			t.Errorf("b whole %v after a's member lease expired, want within a few reconcile intervals", late)
+		// Within a few reconcile intervals of the member lease's expiry,
+		// when the store lets a's holding go (etcd deletes the key up to
+		// half a second later, which b does not wait for): b reports the
+		// domain, which it does not use, every SilentHoldRounds/2
+		// intervals, on a round's tick, so its limit follows within that
+		// and a round, plus two intervals of slack for the call on a
+		// loaded machine.
+		if late, most := back.Sub(expiry), (admission.SilentHoldRounds/2+3)*interval; late > most {
+			t.Errorf("b whole %v after a's member lease expired, want within %v (a few reconcile intervals)", late, most)
 		}
 		f.comesBack(t)
 	})

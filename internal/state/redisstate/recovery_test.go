@@ -3,6 +3,7 @@ package redisstate_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,8 @@ import (
 // redis-server for 1 s, takes the store away for outageLen, and runs on
 // for 10 s after its return. The load is open, as a router's is: requests
 // arrive at twice the rate whatever the answers, each on its own
-// goroutine, so that many are in flight when the store goes away.
+// goroutine, so that many are in flight when the store goes away, and at
+// random times (see openLoad).
 //
 // The tenant (rc) refills 20000 tokens/s with a burst of one second's:
 // the refusal window this guards against lasts about the outage less
@@ -37,8 +39,8 @@ const (
 	interval  = 100 * time.Millisecond // W, the default reconcile interval
 	recRate   = 20000
 	recBurst  = 20000
-	// arrivalEvery is each replica's time between arrivals: together the
-	// replicas are offered twice the rate.
+	// arrivalEvery is each replica's mean time between arrivals: together
+	// the replicas are offered twice the rate.
 	arrivalEvery = time.Second * reqTokens / recRate
 )
 
@@ -46,9 +48,14 @@ const (
 // returned function is called.
 type outage func(t *testing.T, srv *redistest.Server) (back func())
 
+// The breaker closes once a probe reaches the store, and the client must
+// connect first: after a restart go-redis, whose dials failed PoolSize
+// times in a row during the outage, dials again only once a second
+// (redial). A paused server keeps the connections.
 var outages = []struct {
-	name string
-	take outage
+	name   string
+	take   outage
+	redial time.Duration
 }{
 	{"pause", func(t *testing.T, srv *redistest.Server) func() {
 		// CLIENT PAUSE ALL: Redis keeps everything and answers nothing.
@@ -57,7 +64,7 @@ var outages = []struct {
 			t.Fatal(err)
 		}
 		return func() {}
-	}},
+	}, 0},
 	{"restart-kept", func(t *testing.T, srv *redistest.Server) func() {
 		// Saved, killed, restarted from the dump: the data at the kill.
 		if err := srv.Client().Save(context.Background()).Err(); err != nil {
@@ -65,17 +72,17 @@ var outages = []struct {
 		}
 		srv.Stop()
 		return srv.Restart
-	}},
+	}, time.Second},
 	{"restart-lost", func(t *testing.T, srv *redistest.Server) func() {
 		srv.Stop() // no persistence: it comes back empty
 		return srv.Restart
-	}},
+	}, time.Second},
 }
 
 func TestOutageRecovery(t *testing.T) {
 	for _, mode := range []admission.SharedMode{admission.SharedBatched, admission.SharedStrict} {
 		for _, o := range outages {
-			t.Run(mode.String()+"/"+o.name, func(t *testing.T) { outageRecovery(t, mode, o.take) })
+			t.Run(mode.String()+"/"+o.name, func(t *testing.T) { outageRecovery(t, mode, o.take, o.redial) })
 		}
 	}
 }
@@ -129,13 +136,47 @@ func (a *admissions) longestGap(from, to time.Time) []time.Duration {
 	return out
 }
 
-func outageRecovery(t *testing.T, mode admission.SharedMode, take outage) {
+// closings records when each replica's breaker closed.
+type closings struct {
+	mu sync.Mutex
+	at [][]time.Time // per replica
+}
+
+// first returns, per replica, the first close at or after from (zero if
+// none).
+func (c *closings) first(from time.Time) []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]time.Time, len(c.at))
+	for r, ts := range c.at {
+		for _, at := range ts {
+			if !at.Before(from) {
+				out[r] = at
+				break
+			}
+		}
+	}
+	return out
+}
+
+func outageRecovery(t *testing.T, mode admission.SharedMode, take outage, redial time.Duration) {
 	const n = 2
 	srv := redistest.Start(t)
 	rdb := srv.Client()
+	closed := &closings{at: make([][]time.Time, n)}
 	var engines []*admission.Engine
 	for i := range n {
-		engines = append(engines, replica(t, rdb, mode, fmt.Sprintf("r%d", i), n))
+		// Only noted: OnBreaker runs under the engine's lock.
+		note := func(o *admission.SharedOptions) {
+			o.OnBreaker = func(open bool) {
+				if !open {
+					closed.mu.Lock()
+					closed.at[i] = append(closed.at[i], time.Now())
+					closed.mu.Unlock()
+				}
+			}
+		}
+		engines = append(engines, replica(t, rdb, mode, fmt.Sprintf("r%d", i), n, note))
 	}
 	run(t, engines...)
 	rec := &admissions{at: make([][]time.Time, n)}
@@ -186,9 +227,14 @@ func outageRecovery(t *testing.T, mode admission.SharedMode, take outage) {
 	first := reqTokens * rec.count(outageAt, outageAt.Add(time.Second))
 	fquota := owed + recRate
 	gaps := rec.longestGap(returned, end)
-	t.Logf("%v outage of %v: run admitted %d of quota %d (%.2f%%); window admitted %d of quota %d (%.2f%%); first second admitted %d of quota %d; bound +%d; longest gap per replica after the return %v",
+	closedAt := closed.first(outageAt)
+	resumed := make([]time.Duration, n) // each breaker's close after the return
+	for r, at := range closedAt {
+		resumed[r] = at.Sub(returned).Round(time.Millisecond)
+	}
+	t.Logf("%v outage of %v: run admitted %d of quota %d (%.2f%%); window admitted %d of quota %d (%.2f%%); first second admitted %d of quota %d; bound +%d; breakers closed after the return %v; longest gap per replica after the return %v",
 		mode, returned.Sub(outageAt).Round(time.Millisecond), total, quota, 100*float64(total)/float64(quota),
-		window, wquota, 100*float64(window)/float64(wquota), first, fquota, bound, gaps)
+		window, wquota, 100*float64(window)/float64(wquota), first, fquota, bound, resumed, gaps)
 	if first > fquota+bound {
 		t.Errorf("the outage's first second admitted %d > quota %d + (N−1)·R·W = %d", first, fquota, fquota+bound)
 	}
@@ -205,27 +251,52 @@ func outageRecovery(t *testing.T, mode admission.SharedMode, take outage) {
 			t.Errorf("%s admitted %d < %.0f%% of its quota %d", what, got, 100*least, q)
 		}
 	}
-	// Resumed within two intervals: no replica went longer without an
-	// admission after the return (plus slack for a loaded machine: the
-	// refusal window this guards against lasts about 2 s here).
+	// Resumed within two intervals: every breaker closed, and no replica
+	// went longer without an admission, after the return (plus slack for
+	// a loaded machine: the refusal window this guards against lasts about
+	// 2 s here).
+	const within = 2*interval + 500*time.Millisecond
+	for r, at := range closedAt {
+		if at.IsZero() {
+			t.Errorf("replica %d's breaker did not close after the outage", r)
+		} else if late := at.Sub(returned); late > redial+within {
+			t.Errorf("replica %d's breaker closed %v after the store returned, want ≤ 2 intervals (after a redial of %v)", r, late, redial)
+		}
+	}
 	for r, g := range gaps {
-		if g > 2*interval+500*time.Millisecond {
+		if g > within {
 			t.Errorf("replica %d went %v without an admission after the store returned, want ≤ 2 intervals", r, g)
 		}
 	}
 }
 
-// openLoad offers e one request for tenant every arrivalEvery until stop
-// closes, each on its own goroutine (counted in wg), whatever the answers;
-// each answer goes to each.
+// openLoad offers e requests for tenant, one every arrivalEvery on
+// average, until stop closes, each on its own goroutine (counted in wg),
+// whatever the answers; each answer goes to each. The arrivals are a
+// Poisson process, as independent clients' are, not a ticker per replica:
+// with the tenant held at its limit the store admits whichever request
+// reaches it first after each refill, and lock-step arrivals at the
+// refill rate hand every refill to the replica whose ticks fall just
+// ahead of the other's, refusing the other for as long as that lasts
+// (most of a second, with no outage at all) while the store and both
+// breakers are as they should be.
 func openLoad(e *admission.Engine, tenant string, stop <-chan struct{}, wg *sync.WaitGroup, each func(admission.Decision)) {
-	tick := time.NewTicker(arrivalEvery)
-	defer tick.Stop()
+	// Each arrival is due a random time after the last one was due, not
+	// after the timer fired (late under load, which would lower the rate);
+	// arrivals a stalled process missed are dropped, as a ticker drops them.
+	due := time.Now()
+	next := time.NewTimer(0)
+	defer next.Stop()
 	for {
+		if now := time.Now(); now.Sub(due) > arrivalEvery {
+			due = now
+		}
+		due = due.Add(time.Duration(rand.ExpFloat64() * float64(arrivalEvery)))
+		next.Reset(time.Until(due))
 		select {
 		case <-stop:
 			return
-		case <-tick.C:
+		case <-next.C:
 		}
 		wg.Add(1)
 		go func() {
