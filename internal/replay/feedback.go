@@ -312,9 +312,30 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 		return fmt.Sprintf("%.1f s (past from +%.1f s, peak %d)", c.RecoveryS, c.OverS, c.PeakQueue)
 	}
 	rc := hc.Engines.Changes[0].RecoveryS
-	add(TargetRow{fmt.Sprintf("engine 1× → %s %g× at %v", o.Change.Domain, o.Change.Capacity, o.Change.At),
+	halvingRow := fmt.Sprintf("engine 1× → %s %g× at %v", o.Change.Domain, o.Change.Capacity, o.Change.At)
+	add(TargetRow{halvingRow,
 		fmt.Sprintf("time its queue is past %g until back to stay %v", qT, recoveryHold), recov(hc), recov(ho), recov(ht), recov(hc), "closed ≤ 5 s",
 		verdict(rc >= 0 && rc <= 5)})
+	// The same measure without the change: what the trace's bursts alone
+	// give the domain's queue from that time on.
+	same := o.Change
+	same.Capacity = 1
+	eng.Changes = []EngineChange{same}
+	hb, err := f.run("halving's baseline closed", PolicySluice, o.Rows, o.Speed, eng)
+	if err != nil {
+		return nil, err
+	}
+	eng.OpenLoop = true
+	hbo, err := f.run("halving's baseline open", PolicySluice, o.Rows, o.Speed, eng)
+	if err != nil {
+		return nil, err
+	}
+	eng.OpenLoop = false
+	hbt, err := f.run("halving's baseline threshold", PolicyThreshold, o.Rows, o.Speed, eng)
+	if err != nil {
+		return nil, err
+	}
+	add(TargetRow{halvingRow, "the same, with no change (the trace's bursts alone)", recov(hb), recov(hbo), recov(hbt), recov(hb), "-", "-"})
 
 	// Spread, on engines the model is right about: the table's mix, and
 	// many tenants' if given.
