@@ -257,7 +257,14 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 		cl, op, th = each(c.t, func(r *FeedbackRun) string { return pct(e(r).WithinSLO) })
 		add(TargetRow{name, fmt.Sprintf("requests with a first token ≤ %.0f ms after arrival", slo), cl, op, th, cl, "-", "-"})
 		cl, op, th = each(c.t, func(r *FeedbackRun) string { return pct(e(r).Util) })
-		add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, cl, "-", "-"})
+		if c.cap == o.Low {
+			// The open loop sends the engines all they can take: its
+			// utilization is the most this demand gives them.
+			busy := e(c.t.closed).Util / math.Max(e(c.t.open).Util, 1e-9)
+			add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", busy), "≥ 0.9", verdict(busy >= 0.9)})
+		} else {
+			add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, cl, "-", "-"})
+		}
 		cl, op, th = each(c.t, func(r *FeedbackRun) string { return num(e(r).AdmittedRate) })
 		ratio := e(c.t.closed).AdmittedRate / math.Max(e(c.t.open).AdmittedRate, 1)
 		if c.cap == o.High {
