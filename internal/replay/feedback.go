@@ -290,21 +290,16 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			verdict(e(c.t.closed).TTFTP99 <= eq.Engines.TTFTP99)})
 	}
 
-	// The mid-run halving, on engines the model is right about.
-	halve := []EngineChange{o.Change}
-	eng := o.Engine
-	eng.Capacity, eng.Changes = 1, halve
-	hc, err := f.run("halving closed", PolicySluice, o.Rows, o.Speed, eng)
+	// The mid-run halving, on engines the model is right about, and the
+	// same replay without it: what the trace's bursts alone give the
+	// domain's queue from that time on.
+	halving, err := f.trio("halving", 1, []EngineChange{o.Change})
 	if err != nil {
 		return nil, err
 	}
-	eng.OpenLoop = true
-	ho, err := f.run("halving open", PolicySluice, o.Rows, o.Speed, eng)
-	if err != nil {
-		return nil, err
-	}
-	eng.OpenLoop = false
-	ht, err := f.run("halving threshold", PolicyThreshold, o.Rows, o.Speed, eng)
+	same := o.Change
+	same.Capacity = 1
+	baseline, err := f.trio("halving's baseline", 1, []EngineChange{same})
 	if err != nil {
 		return nil, err
 	}
@@ -318,35 +313,17 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 		}
 		return fmt.Sprintf("%.1f s (past from +%.1f s, peak %d)", c.RecoveryS, c.OverS, c.PeakQueue)
 	}
-	rc := hc.Engines.Changes[0].RecoveryS
 	halvingRow := fmt.Sprintf("engine 1× → %s %g× at %v", o.Change.Domain, o.Change.Capacity, o.Change.At)
-	add(TargetRow{halvingRow,
-		fmt.Sprintf("time its queue is past %g until back to stay %v", qT, recoveryHold), recov(hc), recov(ho), recov(ht), recov(hc), "closed ≤ 5 s",
+	cl, op, th := each(halving, recov)
+	rc := halving.closed.Engines.Changes[0].RecoveryS
+	add(TargetRow{halvingRow, fmt.Sprintf("time its queue is past %g until back to stay %v", qT, recoveryHold), cl, op, th, cl, "closed ≤ 5 s",
 		verdict(rc >= 0 && rc <= 5)})
-	// The same measure without the change: what the trace's bursts alone
-	// give the domain's queue from that time on.
-	same := o.Change
-	same.Capacity = 1
-	eng.Changes = []EngineChange{same}
-	hb, err := f.run("halving's baseline closed", PolicySluice, o.Rows, o.Speed, eng)
-	if err != nil {
-		return nil, err
-	}
-	eng.OpenLoop = true
-	hbo, err := f.run("halving's baseline open", PolicySluice, o.Rows, o.Speed, eng)
-	if err != nil {
-		return nil, err
-	}
-	eng.OpenLoop = false
-	hbt, err := f.run("halving's baseline threshold", PolicyThreshold, o.Rows, o.Speed, eng)
-	if err != nil {
-		return nil, err
-	}
-	add(TargetRow{halvingRow, "the same, with no change (the trace's bursts alone)", recov(hb), recov(hbo), recov(hbt), recov(hb), "-", "-"})
+	cl, op, th = each(baseline, recov)
+	add(TargetRow{halvingRow, "the same, with no change (the trace's bursts alone)", cl, op, th, cl, "-", "-"})
 
 	// Spread, on engines the model is right about: the table's mix, and
 	// many tenants' if given.
-	eng = o.Engine
+	eng := o.Engine
 	eng.Capacity = 1
 	type spreadRun struct {
 		name, label string
