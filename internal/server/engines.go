@@ -20,7 +20,8 @@ import (
 // a read straight from the engine adds no hop and no write to etcd (a
 // fleet's engines, 10 times a second, would be the busiest keys it has).
 // An engine's URL may as well name an aggregator serving the same text
-// (one per rack), which bounds the reads at fleet scale.
+// (one per rack). Every replica reads every domain: the reads grow with
+// replicas × domains (docs/capacity-feedback.md, "Who reads the engines").
 type EngineMetricsOptions struct {
 	// Period between reads of every engine; default 100ms.
 	Period time.Duration
