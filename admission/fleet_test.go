@@ -144,8 +144,9 @@ func checkTreeWeights(t *rapid.T, h *harness) {
 // cached first choice stale. It reports ns per call of each and their
 // ratio.
 func BenchmarkAdmitFleet(b *testing.B) {
-	run := func(b *testing.B, cluster topology.Cluster, tenants int, churn bool) float64 {
+	run := func(b *testing.B, cluster topology.Cluster, tenants int, churn bool, choices int) float64 {
 		cfg := testConfig()
+		cfg.Feedback.SpreadChoices = choices
 		cfg.Tenants = make(map[string]TenantConfig, tenants)
 		names := make([]string, tenants)
 		for i := range names {
@@ -185,14 +186,24 @@ func BenchmarkAdmitFleet(b *testing.B) {
 			name = "cold-churn"
 		}
 		b.Run(name, func(b *testing.B) {
-			fleetNs := run(b, fleet(), 100_000, churn)
-			defNs := run(b, topology.Simulated(), 100, churn)
+			fleetNs := run(b, fleet(), 100_000, churn, 2)
+			defNs := run(b, topology.Simulated(), 100, churn, 2)
 			b.ReportMetric(0, "ns/op")
 			b.ReportMetric(fleetNs, "ns/fleet")
 			b.ReportMetric(defNs, "ns/default")
 			b.ReportMetric(fleetNs/defNs, "fleet/default")
 		})
 	}
+	// Four spread choices, walked for each placement, against the two
+	// cached, on the fleet in the same run.
+	b.Run("cold-4-choices", func(b *testing.B) {
+		four := run(b, fleet(), 100_000, false, 4)
+		two := run(b, fleet(), 100_000, false, 2)
+		b.ReportMetric(0, "ns/op")
+		b.ReportMetric(four, "ns/fleet-4")
+		b.ReportMetric(two, "ns/fleet-2")
+		b.ReportMetric(four/two, "4/2")
+	})
 }
 
 // BenchmarkSaturatedAdmitFleet measures an Admit that finds every domain
