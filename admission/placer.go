@@ -266,38 +266,28 @@ func (p *placer) rebuildTree() {
 // by default), the least loaded goes first once the first's load passes
 // it by feedback.spread_margin, so that a tenant's prefixes stay on a few
 // domains while equal domains share the load. Two choices are cached per
-// (tenant, model); more are walked for each request (findAmong).
+// (tenant, model); more are walked for each request (choices).
 // A request that accepts lower tiers must leave headroom on its requested
 // tier, more for low-weight tenants, so that low-weight tenants degrade
 // first. rec, if not nil, notes each (tier, domain) looked at (Explain).
 func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *recorder) (placement, bool) {
 	for ti := from; ti < min(upto, r.ntiers); ti++ {
 		m := r.tierBuf[ti]
-		if p.cfg.Feedback.SpreadChoices > 2 {
-			if pl, ok := p.findAmong(now, r, floor, ti, m, rec); ok {
-				return pl, true
-			}
+		cand, n, walked := p.choices(r.tenant, m)
+		if n == 0 {
 			continue
 		}
-		first, second := p.firstTwo(r.tenant, m)
-		if first == nil {
-			continue
-		}
-		if second != nil && second.loop.load+p.cfg.Feedback.SpreadMargin < first.loop.load {
-			first, second = second, first
-		}
-		if pl, ok := p.try(now, r, floor, ti, first, rec); ok {
-			return pl, true
-		}
-		if second != nil {
-			if pl, ok := p.try(now, r, floor, ti, second, rec); ok {
+		p.leastLoadedFirst(cand[:n])
+		for _, d := range cand[:n] {
+			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
 				return pl, true
 			}
 		}
-		p.walk(r.tenant, m)
-		p.next() // the first two, tried
-		if second != nil {
-			p.next()
+		if !walked {
+			p.walk(r.tenant, m)
+			for range n {
+				p.next() // the choices, tried
+			}
 		}
 		for d := p.next(); d != nil; d = p.next() {
 			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
@@ -308,26 +298,40 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *re
 	return placement{}, false
 }
 
-// findAmong is find's tier ti with more than two choices: the least
-// loaded of the first spread_choices domains by rendezvous goes first when
-// the first's load passes it by spread_margin; then the rest in order.
-func (p *placer) findAmong(now int64, r *pending, floor bool, ti int, m *modelState, rec *recorder) (placement, bool) {
-	var cand [MaxSpreadChoices]*domainState
-	n := 0
-	p.walk(r.tenant, m)
-	for n < p.cfg.Feedback.SpreadChoices {
-		d := p.next()
-		if d == nil {
-			break
+// choices returns (tenant, model)'s first feedback.spread_choices domains
+// in rendezvous order: the cached first two, or more from a walk, which is
+// then left just after them (walked).
+func (p *placer) choices(t *tenantState, m *modelState) (cand [MaxSpreadChoices]*domainState, n int, walked bool) {
+	if k := p.cfg.Feedback.SpreadChoices; k > 2 {
+		p.walk(t, m)
+		for n < k {
+			d := p.next()
+			if d == nil {
+				break
+			}
+			cand[n] = d
+			n++
 		}
-		cand[n] = d
+		return cand, n, true
+	}
+	first, second := p.firstTwo(t, m)
+	if first != nil {
+		cand[n] = first
 		n++
 	}
-	if n == 0 {
-		return placement{}, false
+	if second != nil {
+		cand[n] = second
+		n++
 	}
+	return cand, n, false
+}
+
+// leastLoadedFirst moves the least loaded of cand to its front once the
+// first's load passes it by feedback.spread_margin; the rest keep their
+// order.
+func (p *placer) leastLoadedFirst(cand []*domainState) {
 	best := 0
-	for i := 1; i < n; i++ {
+	for i := 1; i < len(cand); i++ {
 		if cand[i].loop.load < cand[best].loop.load {
 			best = i
 		}
@@ -337,17 +341,6 @@ func (p *placer) findAmong(now int64, r *pending, floor bool, ti int, m *modelSt
 		copy(cand[1:best+1], cand[:best])
 		cand[0] = d
 	}
-	for _, d := range cand[:n] {
-		if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
-			return pl, true
-		}
-	}
-	for d := p.next(); d != nil; d = p.next() {
-		if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
-			return pl, true
-		}
-	}
-	return placement{}, false
 }
 
 // try reports whether r's ti-th tier fits d now, and where.
