@@ -126,15 +126,7 @@ func TestRequestsPlacedSinceASignalCountAsWaiting(t *testing.T) {
 		}
 		h.release(d.LeaseID, 1000, 100)
 	}
-	x, err := h.e.Explain(context.Background(), req("a", "medium", 1000, 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	named := false
-	for _, c := range x.Placement {
-		named = named || (c.Domain == "d1" && !c.Fits && strings.Contains(c.Detail, "3 placed since"))
-	}
-	if !named {
+	if x, named := h.explainsUnfit(req("a", "medium", 1000, 100), "d1", "3 placed since"); !named {
 		t.Errorf("Explain does not name the requests placed since the signal: %+v", x.Placement)
 	}
 	d, w := h.submit(req("a", "medium", 1000, 100))
@@ -178,17 +170,25 @@ func TestKVUsageSaturates(t *testing.T) {
 	if w != nil {
 		h.cancel(w)
 	}
-	x, err := h.e.Explain(context.Background(), req("a", "medium", 1000, 100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	named := false
-	for _, c := range x.Placement {
-		named = named || (c.Domain == "d1" && !c.Fits && strings.Contains(c.Detail, "engines saturated"))
-	}
-	if !named {
+	if x, named := h.explainsUnfit(req("a", "medium", 1000, 100), "d1", "engines saturated"); !named {
 		t.Errorf("Explain does not name the saturated engines: %+v", x.Placement)
 	}
+}
+
+// explainsUnfit explains r and reports whether it finds domain not fitting
+// with a detail that contains text.
+func (h *harness) explainsUnfit(r Request, domain, text string) (Explanation, bool) {
+	h.t.Helper()
+	x, err := h.e.Explain(context.Background(), r)
+	if err != nil {
+		h.t.Fatalf("Explain(%+v): %v", r, err)
+	}
+	for _, c := range x.Placement {
+		if c.Domain == domain && !c.Fits && strings.Contains(c.Detail, text) {
+			return x, true
+		}
+	}
+	return x, false
 }
 
 // Signals older than feedback.stale are not acted on: the guard lifts,

@@ -316,18 +316,15 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 			if spreadMix != "" {
 				many := spread
 				many.mix = spreadMix
-				entries, err := replay.ParseMix(spreadMix)
-				if err != nil {
-					return fmt.Errorf("--spread-mix: %w", err)
-				}
-				tenants := map[string]bool{}
-				for _, e := range entries {
-					tenants[e.Tenant] = true
-				}
-				o.Many = &replay.SpreadMix{Name: fmt.Sprintf("%d tenants", len(tenants))}
+				o.Many = &replay.SpreadMix{}
 				if o.Many.Rows, err = many.load(); err != nil {
 					return fmt.Errorf("--spread-mix: %w", err)
 				}
+				tenants := map[string]bool{}
+				for _, r := range o.Many.Rows {
+					tenants[r.Tenant] = true
+				}
+				o.Many.Name = fmt.Sprintf("%d tenants", len(tenants))
 				if spreadConfig == "" {
 					spreadConfig = configPath
 				}
