@@ -507,29 +507,44 @@ func TestEventsStreamsAreBounded(t *testing.T) {
 // releasing each at once, until the returned stop is called.
 func load(t *testing.T, eng *admission.Engine, weight map[string]int) (stop func()) {
 	t.Helper()
+	return steadyLoad(func(ctx context.Context, _ int) {
+		for tenant, n := range weight {
+			for range n {
+				d, err := eng.Admit(ctx, admission.Request{Tenant: tenant, Model: "small", PromptTokens: 10, MaxOutputTokens: 10})
+				if err == nil && d.LeaseID != 0 {
+					_, _ = eng.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 10, Outcome: admission.ReleaseOK})
+				}
+			}
+		}
+	})
+}
+
+// steadyLoad runs round, numbered from 0, once a millisecond at most on a
+// goroutine of its own until the returned stop is called (stop waits for
+// the round under way, and may be called again): a steady load, not a spin
+// on two shared cores. The engine and the dashboard run on the wall clock
+// here, as a server's do, so the pacing does too.
+func steadyLoad(round func(ctx context.Context, i int)) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for ctx.Err() == nil {
-			for tenant, n := range weight {
-				for range n {
-					d, err := eng.Admit(ctx, admission.Request{Tenant: tenant, Model: "small", PromptTokens: 10, MaxOutputTokens: 10})
-					if err == nil && d.LeaseID != 0 {
-						_, _ = eng.Release(ctx, admission.Release{LeaseID: d.LeaseID, OutputTokens: 10, Outcome: admission.ReleaseOK})
-					}
-				}
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ctx.Err() == nil; i++ {
+			round(ctx, i)
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
 			}
-			time.Sleep(time.Millisecond) // a steady load, not a spin on two shared cores
 		}
 	}()
-	var once bool
+	var once sync.Once
 	return func() {
-		if !once {
-			once = true
+		once.Do(func() {
 			cancel()
 			<-done
-		}
+		})
 	}
 }
 
@@ -696,54 +711,47 @@ func timedAdmit(ctx context.Context, f *fixture, req admission.Request) (admissi
 func TestSnapshotFleetStripReasonsAndServer(t *testing.T) {
 	applied := time.Date(2026, 3, 1, 9, 30, 0, 0, time.FixedZone("CET", 3600))
 	f := newFixture(t, fixtureOpts{configStatus: fixedConfigStatus{Source: "etcd", Revision: 4211, AppliedAt: applied}})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	// acme is admitted; hooli (free: 5 rps) is refused over its quota far
 	// more often than initech asks for more tokens than it can ever have.
 	var mu sync.Mutex
 	var fastest, slowest time.Duration
 	reasons := map[string]map[admission.Reason]int{}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ctx.Err() == nil; i++ {
-			reqs := []admission.Request{
-				{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
-				{Tenant: "hooli", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
-				{Tenant: "hooli", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
-			}
-			if i%4 == 0 {
-				reqs = append(reqs, admission.Request{Tenant: "initech", Model: "small", PromptTokens: 900000, MaxOutputTokens: 10})
-			}
-			for _, req := range reqs {
-				d, took, err := timedAdmit(ctx, f, req)
-				if err != nil {
-					continue
-				}
-				mu.Lock()
-				if fastest == 0 || took < fastest {
-					fastest = took
-				}
-				slowest = max(slowest, took)
-				if d.Outcome == admission.Rejected {
-					if reasons[req.Tenant] == nil {
-						reasons[req.Tenant] = map[admission.Reason]int{}
-					}
-					reasons[req.Tenant][d.Reason]++
-				}
-				mu.Unlock()
-			}
-			time.Sleep(time.Millisecond)
+	stop := steadyLoad(func(ctx context.Context, i int) {
+		reqs := []admission.Request{
+			{Tenant: "acme", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
+			{Tenant: "hooli", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
+			{Tenant: "hooli", Model: "small", PromptTokens: 10, MaxOutputTokens: 10},
 		}
-	}()
+		if i%4 == 0 {
+			reqs = append(reqs, admission.Request{Tenant: "initech", Model: "small", PromptTokens: 900000, MaxOutputTokens: 10})
+		}
+		for _, req := range reqs {
+			d, took, err := timedAdmit(ctx, f, req)
+			if err != nil {
+				continue
+			}
+			mu.Lock()
+			if fastest == 0 || took < fastest {
+				fastest = took
+			}
+			slowest = max(slowest, took)
+			if d.Outcome == admission.Rejected {
+				if reasons[req.Tenant] == nil {
+					reasons[req.Tenant] = map[admission.Reason]int{}
+				}
+				reasons[req.Tenant][d.Reason]++
+			}
+			mu.Unlock()
+		}
+	})
+	defer stop()
 	var snap dashboard.Snapshot
 	testwait.Until(t, 10*time.Second, "the fleet strip to show the refusals and the latency", func() bool {
 		snap = dashboard.Snapshot{}
 		getJSON(t, f, "/api/v1/dashboard", "", &snap)
 		return snap.Answers.Refused > 0 && len(snap.RefusalReasons) == 2 && snap.AdmitLatency.Count > 0
 	})
-	cancel()
-	<-done
+	stop()
 	mu.Lock()
 	defer mu.Unlock()
 	if got := reasons["hooli"]; got[admission.ReasonQuotaExceeded] == 0 || len(got) != 1 {

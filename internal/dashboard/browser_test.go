@@ -315,41 +315,27 @@ func TestDashboardInChromium(t *testing.T) {
 func grpcLoad(t *testing.T, conn *grpc.ClientConn) (stop func()) {
 	t.Helper()
 	admit := admissionv1.NewAdmissionClient(conn)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for round := 0; ctx.Err() == nil; round++ {
-			reqs := []*admissionv1.AdmitRequest{}
-			for tenant, n := range map[string]int{"acme": 4, "globex": 1, "hooli": 2} {
-				prompt := int64(10)
-				if tenant == "hooli" {
-					prompt = 3000
-				}
-				for range n {
-					reqs = append(reqs, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: prompt, MaxOutputTokens: 10})
-				}
+	return steadyLoad(func(ctx context.Context, round int) {
+		reqs := []*admissionv1.AdmitRequest{}
+		for tenant, n := range map[string]int{"acme": 4, "globex": 1, "hooli": 2} {
+			prompt := int64(10)
+			if tenant == "hooli" {
+				prompt = 3000
 			}
-			if round%4 == 0 {
-				reqs = append(reqs, &admissionv1.AdmitRequest{Tenant: "initech", Model: "small", PromptTokens: 900000, MaxOutputTokens: 10})
+			for range n {
+				reqs = append(reqs, &admissionv1.AdmitRequest{Tenant: tenant, Model: "small", PromptTokens: prompt, MaxOutputTokens: 10})
 			}
-			for _, req := range reqs {
-				resp, err := admit.Admit(ctx, req)
-				if err == nil && resp.GetLeaseId() != "" {
-					_, _ = admit.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: resp.GetLeaseId(), PromptTokens: 10, OutputTokens: 10, Outcome: admissionv1.Outcome_OUTCOME_OK})
-				}
-			}
-			time.Sleep(time.Millisecond) // a steady load, not a spin on two shared cores
 		}
-	}()
-	var once bool
-	return func() {
-		if !once {
-			once = true
-			cancel()
-			<-done
+		if round%4 == 0 {
+			reqs = append(reqs, &admissionv1.AdmitRequest{Tenant: "initech", Model: "small", PromptTokens: 900000, MaxOutputTokens: 10})
 		}
-	}
+		for _, req := range reqs {
+			resp, err := admit.Admit(ctx, req)
+			if err == nil && resp.GetLeaseId() != "" {
+				_, _ = admit.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: resp.GetLeaseId(), PromptTokens: 10, OutputTokens: 10, Outcome: admissionv1.Outcome_OUTCOME_OK})
+			}
+		}
+	})
 }
 
 // fleetStrip is what the page's fleet strip shows.
