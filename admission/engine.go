@@ -204,6 +204,21 @@ func (v engineView) RevokeLocked(requestID string, id uint64) { v.e.revokeLocked
 func (v engineView) LeaseTTLLocked() time.Duration            { return v.e.mu.cfg.Leases.TTL.Duration }
 func (v engineView) Background(fn func())                     { v.e.background(fn) }
 
+func (v engineView) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineReading, int64, bool) {
+	return d.(*domainState).loop.ownReading(v.e.nowLocked())
+}
+
+func (v engineView) EngineReadingWantedLocked(d sharing.Domain) bool {
+	l := &d.(*domainState).loop
+	looked := l.looked
+	l.looked = false
+	return looked
+}
+
+func (v engineView) RelayEngineReadingLocked(d sharing.Domain, r sharing.EngineReading) {
+	d.(*domainState).loop.relay(v.e.nowLocked(), r, &v.e.mu.place.cfg.Feedback)
+}
+
 // Tick does the engine's timed work at the clock's current time: it rejects
 // queued requests whose deadline has come, expires leases and idempotency
 // records, moves domain health and dispatches what now fits. It returns how

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/pd"
 )
 
@@ -35,6 +36,7 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 			continue
 		}
 		d.loop.observe(now, s, &e.mu.place.cfg.Feedback)
+		d.loop.own, d.loop.ownAt, d.loop.hasOwn = s, now-int64(max(s.Age, 0)), true
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("engine signals for %d unknown domains (%v): %w", len(unknown), unknown[:min(len(unknown), 5)], ErrUnknownDomain)
@@ -70,6 +72,16 @@ type capacityLoop struct {
 	sig    EngineSignal
 	sigAt  int64
 	hasSig bool
+	// The last signal this replica read itself, for the others (a few
+	// replicas read a domain's engines and relay what they read through
+	// the shared state).
+	own    EngineSignal
+	ownAt  int64
+	hasOwn bool
+	// looked: placement has looked at the domain since the shared state
+	// last asked, which then asks for the newest reading another replica
+	// made of its engines.
+	looked bool
 	// placed counts the requests placed on the domain since the signal
 	// was given: as far as the guard can know, they wait in the engines'
 	// queue (a burst placed between two reads would otherwise pass it).
@@ -112,6 +124,9 @@ func newCapacityLoop(now int64) capacityLoop {
 func (l *capacityLoop) observe(now int64, s EngineSignal, cfg *FeedbackConfig) {
 	s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
 	at := now - int64(max(s.Age, 0))
+	if l.hasSig && at < l.sigAt {
+		return // older than the one held (another replica's, relayed late)
+	}
 	if !l.hasSig || at > l.sigAt {
 		l.placed = 0 // a new reading: what was placed before it is in it
 	}
@@ -126,6 +141,22 @@ func (l *capacityLoop) observe(now int64, s EngineSignal, cfg *FeedbackConfig) {
 	if s.Queue > 0 {
 		l.queued++
 	}
+}
+
+// ownReading is the last signal this replica read itself, as the shared
+// state relays it.
+func (l *capacityLoop) ownReading(now int64) (sharing.EngineReading, int64, bool) {
+	if !l.hasOwn {
+		return sharing.EngineReading{}, 0, false
+	}
+	s := l.own
+	return sharing.EngineReading{Queue: s.Queue, Running: s.Running, KVUsage: s.KVUsage, Age: time.Duration(now - l.ownAt)}, l.ownAt, true
+}
+
+// relay records a signal another replica read, as the shared state
+// relayed it.
+func (l *capacityLoop) relay(now int64, r sharing.EngineReading, cfg *FeedbackConfig) {
+	l.observe(now, EngineSignal{Queue: r.Queue, Running: r.Running, KVUsage: r.KVUsage, Age: r.Age}, cfg)
 }
 
 // reading is v where it is a finite number ≥ 0, else 0.

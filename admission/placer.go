@@ -331,7 +331,11 @@ func (p *placer) choices(t *tenantState, m *modelState) (cand [MaxSpreadChoices]
 // order.
 func (p *placer) leastLoadedFirst(cand []*domainState) {
 	best := 0
-	for i := 1; i < len(cand); i++ {
+	for i := range cand {
+		// Its load and its guard decide first: its engines' readings
+		// matter here (the domains tried past the choices do not ask:
+		// a request that fits nowhere would ask for the whole fleet).
+		cand[i].loop.looked = true
 		if cand[i].loop.load < cand[best].loop.load {
 			best = i
 		}

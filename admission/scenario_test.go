@@ -222,6 +222,8 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		return s.print(s.on(t, d).e)
 	case "domain":
 		return s.domain(t, d)
+	case "engines":
+		return s.observeEngines(t, d)
 	case "tenant":
 		return s.tenant(t, d)
 	case "leases":
@@ -663,9 +665,31 @@ func (s *scenario) domain(t *testing.T, d *datadriven.TestData) string {
 		if w := warming(di); w != "" {
 			out += ";" + w
 		}
+		if di.EngineMetricsAge > 0 || di.EngineQueue > 0 || di.EngineKVUsage > 0 {
+			out += fmt.Sprintf("; engines queue %g kv %g read %v ago", di.EngineQueue, di.EngineKVUsage, di.EngineMetricsAge)
+			if di.EngineSaturated {
+				out += " saturated"
+			}
+		}
 		return out
 	}
 	return "no domain " + id
+}
+
+// observeEngines gives a replica a reading of a domain's engines, as the server's
+// metrics reader does: engines d1 queue=12 kv=0.5 on=r1.
+func (s *scenario) observeEngines(t *testing.T, d *datadriven.TestData) string {
+	sig := admission.EngineSignal{Domain: d.CmdArgs[0].Key}
+	if d.HasArg("queue") {
+		d.ScanArgs(t, "queue", &sig.Queue)
+	}
+	if d.HasArg("kv") {
+		d.ScanArgs(t, "kv", &sig.KVUsage)
+	}
+	if err := s.on(t, d).e.ObserveEngines([]admission.EngineSignal{sig}); err != nil {
+		return "error: " + err.Error()
+	}
+	return ""
 }
 
 // warming describes a domain's warm-up ramp, or is empty when it is whole.

@@ -20,6 +20,10 @@ type (
 	GaugeReport = sharing.GaugeReport
 	// ReconcileReply carries the grants, in the request's order.
 	ReconcileReply = sharing.ReconcileReply
+	// EngineReport is one replica's reading of a domain's serving engines.
+	EngineReport = sharing.EngineReport
+	// EngineReading is what a domain's serving engines reported.
+	EngineReading = sharing.EngineReading
 	// BucketGrant is one replica's slice of a bucket until its next report.
 	BucketGrant = sharing.BucketGrant
 	// StrictCharge is everything one decision takes, checked and taken at once.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -63,6 +64,7 @@ type batchedState struct {
 	entries  map[entryKey]*syncEntry
 	activity map[string]*tenantActivity
 	domains  map[string]*domainActivity
+	engines  map[string]*engineRelay
 	shards   shardSet
 	// reportAll: the membership shrank; this many more rounds report
 	// every domain (see SetReplicasLocked).
@@ -79,6 +81,7 @@ func newBatchedState(link *storeLink) *batchedState {
 		entries:   make(map[entryKey]*syncEntry),
 		activity:  make(map[string]*tenantActivity),
 		domains:   make(map[string]*domainActivity),
+		engines:   make(map[string]*engineRelay),
 		shards:    shardSet{byName: make(map[string]*shard)},
 	}
 }
@@ -128,6 +131,15 @@ type domainActivity struct {
 	kvHeld     int64 // the KV its leases held then
 	took       bool  // that report carried takes: the next says whether they stopped
 	paused     bool  // not reported since: its buckets stopped refilling
+}
+
+// engineRelay is what this replica has published and taken of one
+// domain's engine readings: a few replicas read a domain's engines, and
+// the store relays their newest reading to every replica reporting the
+// domain.
+type engineRelay struct {
+	sentAt int64 // engine time of the last own reading published
+	heard  int64 // the store's stamp of the last reading taken from it
 }
 
 // A round is one reconcile, one call per shard (shard.req): each bucket
@@ -316,8 +328,10 @@ func (s *batchedState) reconcileOn(ctx context.Context, sh *shard) error {
 func (s *batchedState) call(ctx context.Context, sh *shard) (*ReconcileReply, error) {
 	rep, err := s.store.Reconcile(ctx, &sh.req)
 	s.calls.Add(1)
-	if err == nil && (len(rep.Buckets) != len(sh.req.Buckets) || len(rep.Gauges) != len(sh.req.Gauges)) {
-		err = fmt.Errorf("reply has %d buckets and %d gauges for %d and %d", len(rep.Buckets), len(rep.Gauges), len(sh.req.Buckets), len(sh.req.Gauges))
+	if err == nil && (len(rep.Buckets) != len(sh.req.Buckets) || len(rep.Gauges) != len(sh.req.Gauges) ||
+		rep.Engines != nil && len(rep.Engines) != len(sh.req.Engines)) {
+		err = fmt.Errorf("reply has %d buckets, %d gauges and %d engine readings for %d, %d and %d",
+			len(rep.Buckets), len(rep.Gauges), len(rep.Engines), len(sh.req.Buckets), len(sh.req.Gauges), len(sh.req.Engines))
 	}
 	if err != nil && sh.name != "" {
 		err = fmt.Errorf("shard %s: %w", sh.name, err)
@@ -340,7 +354,12 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 		c := d.Capacity()
 		shardName := s.shardOf(domainKey(d.ID(), KindPrefill))
 		sh := s.partLocked(shardName)
-		if !s.domainDueLocked(now, d, c, shardName, hold) || sh == nil {
+		due := s.domainDueLocked(now, d, c, shardName, hold)
+		if sh == nil {
+			continue
+		}
+		s.enginesLocked(sh, d, due)
+		if !due {
 			continue
 		}
 		pr, dr, kvLimit := c.FullLimits()
@@ -385,6 +404,48 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 	s.pruneLocked(now)
 	s.reportAll = max(s.reportAll-1, 0)
 	return s.endRoundLocked()
+}
+
+// enginesLocked adds d's engine entry to the shard's report: it publishes
+// the reading this replica made of d's engines since its last report, and
+// asks for the newest reading of a domain reported this round (due) or
+// one placement looked at since the last round. A replica that reads
+// nothing and places nowhere asks for nothing: a round's entries follow
+// what it does, not the size of the fleet.
+func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
+	wanted := s.v.EngineReadingWantedLocked(d) || due
+	var published *EngineReading
+	if r, at, ok := s.v.OwnEngineReadingLocked(d); ok {
+		if rel := s.relayOf(d.ID()); at > rel.sentAt {
+			rel.sentAt, published = at, &r
+		}
+	}
+	if published == nil && !wanted {
+		return
+	}
+	sh.req.Engines = append(sh.req.Engines, EngineReport{Key: kvKey(d.ID()), Reading: published})
+	sh.engines = append(sh.engines, d)
+}
+
+// heardLocked hands d's capacity loop the engine reading the store relayed,
+// unless this replica made it or has taken it already.
+func (s *batchedState) heardLocked(d Domain, r *EngineReading) {
+	if r == nil || r.By == s.opts.Replica {
+		return
+	}
+	if rel := s.relayOf(d.ID()); r.Stamp != rel.heard {
+		rel.heard = r.Stamp
+		s.v.RelayEngineReadingLocked(d, *r)
+	}
+}
+
+func (s *batchedState) relayOf(id string) *engineRelay {
+	rel := s.engines[id]
+	if rel == nil {
+		rel = &engineRelay{sentAt: math.MinInt64} // engine times start at 0, and a reading's is earlier
+		s.engines[id] = rel
+	}
+	return rel
 }
 
 // domainDueLocked reports whether this round reports domain d (its
@@ -626,6 +687,11 @@ func (s *batchedState) pruneLocked(now int64) {
 			delete(s.domains, id)
 		}
 	}
+	for id := range s.engines {
+		if s.v.DomainLocked(id) == nil {
+			delete(s.engines, id)
+		}
+	}
 }
 
 // applyGrantsLocked installs the grants of the round just reported. A
@@ -643,6 +709,11 @@ func (s *batchedState) applyGrantsLocked(now int64, sh *shard, rep *ReconcileRep
 		}
 		tr.b.SetLimits(rate, tr.b.Burst(), credit)
 		tr.b.SetLevel(now, level)
+	}
+	if rep.Engines != nil {
+		for i, d := range sh.engines {
+			s.heardLocked(d, rep.Engines[i])
+		}
 	}
 	for _, dr := range sh.domains {
 		gp, gd := rep.Buckets[dr.at], rep.Buckets[dr.at+1]

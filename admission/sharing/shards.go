@@ -24,6 +24,7 @@ type shard struct {
 	req     ReconcileRequest
 	tenants []tenantRound
 	domains []domainRound
+	engines []Domain // the domain of each entry of req.Engines
 }
 
 // ShardStatus is one shard's state, for metrics and GetConfigStatus.
@@ -71,8 +72,9 @@ func (s *batchedState) partLocked(name string) *shard {
 				Rejoin:   rejoinRounds * s.opts.Interval,
 				Buckets:  sh.req.Buckets[:0],
 				Gauges:   sh.req.Gauges[:0],
+				Engines:  sh.req.Engines[:0],
 			}
-			sh.tenants, sh.domains = sh.tenants[:0], sh.domains[:0]
+			sh.tenants, sh.domains, sh.engines = sh.tenants[:0], sh.domains[:0], sh.engines[:0]
 		}
 	}
 	if !sh.send {

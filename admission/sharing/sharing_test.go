@@ -149,7 +149,12 @@ func (v *fakeView) RevokeLocked(requestID string, id uint64) {
 	delete(v.leases, id)
 }
 func (v *fakeView) LeaseTTLLocked() time.Duration { return time.Minute }
-func (v *fakeView) Background(fn func())          { fn() }
+func (v *fakeView) OwnEngineReadingLocked(sharing.Domain) (sharing.EngineReading, int64, bool) {
+	return sharing.EngineReading{}, 0, false
+}
+func (v *fakeView) EngineReadingWantedLocked(sharing.Domain) bool                  { return false }
+func (v *fakeView) RelayEngineReadingLocked(sharing.Domain, sharing.EngineReading) {}
+func (v *fakeView) Background(fn func())                                           { fn() }
 
 // admit takes a lease's charge from the local buckets, as the engine's
 // decision does before the strategy sees it, and holds the lease.

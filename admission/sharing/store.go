@@ -63,6 +63,11 @@ type ReconcileRequest struct {
 	Rejoin  time.Duration
 	Buckets []BucketReport
 	Gauges  []GaugeReport
+	// Engines asks for domains' engine readings, publishing those this
+	// replica made since its last report: a domain's engines are read by
+	// a few replicas, and the store relays the newest reading to the
+	// others. One entry per domain.
+	Engines []EngineReport
 }
 
 // BucketReport is one bucket's use by one replica.
@@ -114,10 +119,37 @@ type GaugeReport struct {
 	TTL   time.Duration // how long the holding outlives a silent replica: then the others reclaim it
 }
 
+// EngineReport asks for the newest reading of a domain's serving engines
+// (their waiting queue, running requests and KV-cache use, as the
+// capacity loop takes them), and publishes one the reporting replica made.
+// The store keeps the newest per domain, beside the domain's KV gauge.
+type EngineReport struct {
+	Key     string         // the domain's KV gauge key
+	Reading *EngineReading // nil: it only asks
+}
+
+// EngineReading is what a domain's engines reported.
+type EngineReading struct {
+	Queue, Running, KVUsage float64
+	// Age is how old the reading is: as the reporting replica sends it,
+	// and, in a reply, as the store answers it (by the store's clock, so
+	// that no two replicas' clocks are compared).
+	Age time.Duration
+	// By is the replica that read it and Stamp tells one reading from
+	// another, set by the store in a reply: a replica skips its own
+	// readings and each reading it has already taken.
+	By    string
+	Stamp int64
+}
+
 // ReconcileReply carries the grants, in the request's order.
 type ReconcileReply struct {
 	Buckets []BucketGrant
 	Gauges  []int64 // this replica's limit per gauge
+	// Engines is, per entry of the request's Engines, the newest reading
+	// any replica published of the domain; nil where none is held (no
+	// slice at all from a store that relays none).
+	Engines []*EngineReading
 }
 
 // BucketGrant is one replica's slice of a bucket until its next report.

@@ -35,6 +35,17 @@ type View interface {
 	// RevokeLocked takes back a lease the store refused: its charge is
 	// cancelled and its request id forgotten.
 	RevokeLocked(requestID string, id uint64)
+	// OwnEngineReadingLocked is the newest reading of d's serving engines
+	// that this replica made itself (none relayed from another), with the
+	// engine time it was made at; false when it has none.
+	OwnEngineReadingLocked(d Domain) (r EngineReading, at int64, ok bool)
+	// EngineReadingWantedLocked reports whether placement has looked at d
+	// since the last call: its capacity loop wants the newest reading of
+	// its engines, whoever made it.
+	EngineReadingWantedLocked(d Domain) bool
+	// RelayEngineReadingLocked hands d's capacity loop a reading of its
+	// engines that another replica made.
+	RelayEngineReadingLocked(d Domain, r EngineReading)
 	// LeaseTTLLocked is the configured lease TTL.
 	LeaseTTLLocked() time.Duration
 	// Background runs fn in a goroutine the engine's Close waits for. It

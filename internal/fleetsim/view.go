@@ -192,6 +192,18 @@ func (r *replica) LeaseLocked(uint64) (sharing.Charge, bool) { return sharing.Ch
 // RevokeLocked implements sharing.View. Only strict mode revokes.
 func (r *replica) RevokeLocked(string, uint64) {}
 
+// OwnEngineReadingLocked implements sharing.View: the simulated fleet
+// reads no serving engines.
+func (r *replica) OwnEngineReadingLocked(sharing.Domain) (sharing.EngineReading, int64, bool) {
+	return sharing.EngineReading{}, 0, false
+}
+
+// EngineReadingWantedLocked implements sharing.View.
+func (r *replica) EngineReadingWantedLocked(sharing.Domain) bool { return false }
+
+// RelayEngineReadingLocked implements sharing.View.
+func (r *replica) RelayEngineReadingLocked(sharing.Domain, sharing.EngineReading) {}
+
 // LeaseTTLLocked implements sharing.View.
 func (r *replica) LeaseTTLLocked() time.Duration { return leaseTTL }
 

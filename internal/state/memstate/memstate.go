@@ -21,6 +21,8 @@ type Store struct {
 	mu      sync.Mutex
 	buckets map[string]*bucket
 	gauges  map[string]map[string]*holding // key → replica → holding
+	engines map[string]*engineReading      // gauge key → the newest reading published
+	stamps  int64                          // the last reading's stamp
 	kv      map[string]map[string]*hold    // key → lease → hold (strict)
 }
 
@@ -49,6 +51,12 @@ type holding struct {
 	until       time.Time
 }
 
+// engineReading is a published reading, with the store time it was made.
+type engineReading struct {
+	admission.EngineReading
+	at time.Time
+}
+
 type hold struct {
 	bytes int64
 	until time.Time
@@ -63,6 +71,7 @@ func New(clk clock.Clock) *Store {
 		clk:     clk,
 		buckets: make(map[string]*bucket),
 		gauges:  make(map[string]map[string]*holding),
+		engines: make(map[string]*engineReading),
 		kv:      make(map[string]map[string]*hold),
 	}
 }
@@ -92,6 +101,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	rep := &admission.ReconcileReply{
 		Buckets: make([]admission.BucketGrant, len(req.Buckets)),
 		Gauges:  make([]int64, len(req.Gauges)),
+		Engines: make([]*admission.EngineReading, len(req.Engines)),
 	}
 	for i, r := range req.Buckets {
 		prev := s.buckets[r.Key]
@@ -183,7 +193,33 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		}
 		rep.Gauges[i] = g.Held + int64(math.Floor(mine))
 	}
+	for i, e := range req.Engines {
+		rep.Engines[i] = s.engineReading(now, req.Replica, e)
+	}
 	return rep, nil
+}
+
+// engineReading keeps the reading e publishes where it is the domain's
+// newest (by when it was made, on the store's clock), and returns the
+// newest.
+func (s *Store) engineReading(now time.Time, replica string, e admission.EngineReport) *admission.EngineReading {
+	held := s.engines[e.Key]
+	if e.Reading != nil {
+		at := now.Add(-max(e.Reading.Age, 0))
+		if held == nil || at.After(held.at) {
+			s.stamps++
+			r := *e.Reading
+			r.By, r.Stamp = replica, s.stamps
+			held = &engineReading{EngineReading: r, at: at}
+			s.engines[e.Key] = held
+		}
+	}
+	if held == nil {
+		return nil
+	}
+	r := held.EngineReading
+	r.Age = now.Sub(held.at)
+	return &r
 }
 
 // Commit implements admission.SharedState.

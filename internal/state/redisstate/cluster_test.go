@@ -63,16 +63,23 @@ func domainReports(n int) ([]admission.BucketReport, []admission.GaugeReport) {
 	return bs, gs
 }
 
+// reconcileRequest reports buckets and gauges, and for each gauge's domain
+// publishes an engine reading whose queue is the gauge's index.
 func reconcileRequest(buckets []admission.BucketReport, gauges []admission.GaugeReport) *admission.ReconcileRequest {
+	var engines []admission.EngineReport
+	for i, g := range gauges {
+		engines = append(engines, admission.EngineReport{Key: g.Key, Reading: &admission.EngineReading{Queue: float64(i), KVUsage: 0.5}})
+	}
 	return &admission.ReconcileRequest{
 		Replica: "r0", Replicas: 1, Stale: 10 * time.Second, Rejoin: time.Second,
-		Buckets: buckets, Gauges: gauges,
+		Buckets: buckets, Gauges: gauges, Engines: engines,
 	}
 }
 
 // checkReply says how rep is not the answer to req ("" when it is): in the
 // request's order, each bucket granted its whole rate with a level share
-// within [burst − unacked, burst], each gauge its whole limit.
+// within [burst − unacked, burst], each gauge its whole limit, each engine
+// entry the reading it published (the only replica's).
 // reconcileLoop reconciles next(i), i = 0, 1, …, in the background until
 // end, counting the rounds and what went wrong in each.
 type reconcileLoop struct {
@@ -133,6 +140,14 @@ func checkReply(req *admission.ReconcileRequest, rep *admission.ReconcileReply) 
 	for i, g := range req.Gauges {
 		if rep.Gauges[i] != g.Limit {
 			return fmt.Sprintf("gauge %d (%s): limit %d, want %d", i, g.Key, rep.Gauges[i], g.Limit)
+		}
+	}
+	if len(rep.Engines) != len(req.Engines) {
+		return fmt.Sprintf("%d engine readings for %d entries", len(rep.Engines), len(req.Engines))
+	}
+	for i, e := range req.Engines {
+		if r := rep.Engines[i]; r == nil || r.Queue != e.Reading.Queue || r.KVUsage != e.Reading.KVUsage || r.By != req.Replica {
+			return fmt.Sprintf("engine entry %d (%s): reading %+v, want queue %g, kv %g by %s", i, e.Key, r, e.Reading.Queue, e.Reading.KVUsage, req.Replica)
 		}
 	}
 	return ""

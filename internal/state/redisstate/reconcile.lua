@@ -1,18 +1,24 @@
 #!lua flags=allow-cross-slot-keys
 -- One replica's batched report; returns its grants (see package state).
 -- KEYS: one key, which routes the call to the node that owns it.
--- ARGV: replica, stale_us, nbuckets, N (replicas), rejoin_us, ngauges, the
---   bucket hashes, the gauge hashes (any slots the node owns), then per
---   bucket rate, burst, cum, unacked, demand, epoch, age_us, resume (0|1),
---   held, span_us; then per gauge: limit, held, share, ttl_us.
+-- ARGV: replica, stale_us, nbuckets, N (replicas), rejoin_us, ngauges,
+--   nengines, the bucket hashes, the gauge hashes, the gauge hashes of the
+--   engine readings (any slots the node owns), then per bucket rate, burst,
+--   cum, unacked, demand, epoch, age_us, resume (0|1), held, span_us; then
+--   per gauge: limit, held, share, ttl_us; then per engine entry: published
+--   (0|1), queue, running, kv usage, age_us.
 -- Bucket hash fields: l level, t last refill (us), born (us), rb last rebuild
 --   from the replicas' levels (us); per replica r: c:r "epoch:cumulative",
 --   d:r demand, s:r last seen (us), h:r the rebuild r's level went into and
 --   v:r that level.
--- Gauge hash fields: h:r held, w:r share, u:r valid until (us).
+-- Gauge hash fields: h:r held, w:r share, u:r valid until (us); the domain's
+--   newest engine reading: eq queue, er running, ek kv usage, ea when it was
+--   made (us), eb the replica that made it.
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
--- the replica's limit; false (nil) for a key the node could not serve
--- (its slot is elsewhere, or migrating): the caller sends it again alone.
+-- the replica's limit, per engine entry the domain's newest reading
+-- {queue, running, kv usage, age_us, by, stamp} or 0 where none is held;
+-- false (nil) for a key the node could not serve (its slot is elsewhere,
+-- or migrating): the caller sends it again alone.
 
 -- Numbers written to Redis go through num: the default conversion keeps
 -- only 14 digits, too few for microsecond times and 52-bit counters.
@@ -20,14 +26,14 @@ local function num(x) return string.format('%.17g', x) end
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local rid, stale, nb, N = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), math.max(tonumber(ARGV[4]), 1)
-local rejoin, ng = tonumber(ARGV[5]), tonumber(ARGV[6])
-local key0 = 6
+local rejoin, ng, ne = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local key0 = 7
 -- A silent replica leaves the shares after stale, its counter only after
 -- forget: a replica back from a long breaker must still find it.
 local forget = math.max(100 * stale, 60000000)
 local M = 4503599627370496 -- 2^52, admission.CumModulus
 local out = {}
-local a = key0 + nb + ng + 1
+local a = key0 + nb + ng + ne + 1
 
 local function fields(key)
   local f, kv = {}, redis.call('HGETALL', key)
@@ -160,14 +166,34 @@ local function gauge(b, key)
   return math.floor(held + mine)
 end
 
+-- A published reading older than the one held is dropped. The hash lives
+-- at least a few seconds after one: a reading that old is stale to every
+-- replica.
+local function engine(b, key)
+  if ARGV[b] == '1' then
+    local at = now - tonumber(ARGV[b + 4])
+    local held = redis.call('HGET', key, 'ea')
+    if not held or tonumber(held) < at then
+      redis.call('HSET', key, 'eq', ARGV[b + 1], 'er', ARGV[b + 2], 'ek', ARGV[b + 3], 'ea', num(at), 'eb', rid)
+      if redis.call('PTTL', key) < 5000 then redis.call('PEXPIRE', key, 5000) end
+    end
+  end
+  local e = redis.call('HMGET', key, 'eq', 'er', 'ek', 'ea', 'eb')
+  if not e[4] then return 0 end
+  -- Strings: a reply turns a Lua number into an integer.
+  return {e[1], e[2], e[3], num(now - tonumber(e[4])), e[5], e[4]}
+end
+
 -- A key of a slot the node does not serve fails at its first call, before
 -- anything of it is written: pcall keeps the others' answers.
-for i = 1, nb + ng do
+for i = 1, nb + ng + ne do
   local ok, res
   if i <= nb then
     ok, res = pcall(bucket, a + 10 * (i - 1), ARGV[key0 + i])
-  else
+  elseif i <= nb + ng then
     ok, res = pcall(gauge, a + 10 * nb + 4 * (i - nb - 1), ARGV[key0 + i])
+  else
+    ok, res = pcall(engine, a + 10 * nb + 4 * ng + 5 * (i - nb - ng - 1), ARGV[key0 + i])
   end
   if ok then out[i] = res else out[i] = false end
 end

@@ -109,6 +109,7 @@ func (s *Store) Load(ctx context.Context) error {
 
 func micros(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
 func itoa(v int64) string           { return strconv.FormatInt(v, 10) }
+func float(v float64) string        { return strconv.FormatFloat(v, 'g', -1, 64) }
 
 func resume(r bool) string {
 	if r {
@@ -167,13 +168,16 @@ func (s *Store) groups(ctx context.Context, keys []string) ([]group, error) {
 // (a failover, a slot migration) is sent again on its own, through the
 // client, which follows MOVED and ASK.
 func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
-	nb := len(req.Buckets)
-	keys := make([]string, 0, nb+len(req.Gauges))
+	nb, ng := len(req.Buckets), len(req.Gauges)
+	keys := make([]string, 0, nb+ng+len(req.Engines))
 	for _, b := range req.Buckets {
 		keys = append(keys, s.Key(b.Key))
 	}
 	for _, g := range req.Gauges {
 		keys = append(keys, s.Key(g.Key))
+	}
+	for _, e := range req.Engines {
+		keys = append(keys, s.Key(e.Key))
 	}
 	if len(keys) == 0 {
 		if err := s.pingShard(ctx, req.Shard); err != nil {
@@ -207,7 +211,8 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	}
 	rep := &admission.ReconcileReply{
 		Buckets: make([]admission.BucketGrant, nb),
-		Gauges:  make([]int64, len(req.Gauges)),
+		Gauges:  make([]int64, ng),
+		Engines: make([]*admission.EngineReading, len(req.Engines)),
 	}
 	for i := range req.Buckets {
 		pair, ok := res[i].([]any)
@@ -228,7 +233,45 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		}
 		rep.Gauges[i] = v
 	}
+	for i := range req.Engines {
+		r, ok := engineReply(res[nb+ng+i])
+		if !ok {
+			return nil, fmt.Errorf("redis: reconcile: engines of %s: malformed reply %v", req.Engines[i].Key, res[nb+ng+i])
+		}
+		rep.Engines[i] = r
+	}
 	return rep, nil
+}
+
+// engineReply reads the script's answer for an engine entry: 0 where the
+// domain has no reading, else {queue, running, kv usage, age_us, by,
+// stamp}, all strings.
+func engineReply(v any) (*admission.EngineReading, bool) {
+	if n, ok := v.(int64); ok {
+		return nil, n == 0
+	}
+	f, ok := v.([]any)
+	if !ok || len(f) != 6 {
+		return nil, false
+	}
+	var str [6]string
+	for i := range str {
+		if str[i], ok = f[i].(string); !ok {
+			return nil, false
+		}
+	}
+	var nums [5]float64
+	for i, s := range []string{str[0], str[1], str[2], str[3], str[5]} {
+		n, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return nil, false
+		}
+		nums[i] = n
+	}
+	return &admission.EngineReading{
+		Queue: nums[0], Running: nums[1], KVUsage: nums[2],
+		Age: time.Duration(nums[3]) * time.Microsecond, By: str[4], Stamp: int64(nums[4]),
+	}, true
 }
 
 // isRedirect reports whether err is a Cluster redirection (MOVED, ASK):
@@ -274,20 +317,24 @@ func (s *Store) resend(ctx context.Context, req *admission.ReconcileRequest, key
 }
 
 // reconcileOn runs the reconcile script on one node for the request's
-// keys at the indices at (ascending: buckets first, then gauges), storing each
+// keys at the indices at (ascending: buckets first, then gauges, then
+// engine readings), storing each
 // answer at its index in res (nil where the node did not serve the key).
 func (s *Store) reconcileOn(ctx context.Context, node redis.Scripter, req *admission.ReconcileRequest, keys []string, at []int, res []any) error {
-	nb := len(req.Buckets)
-	var buckets, gauges []int
+	nb, ng := len(req.Buckets), len(req.Gauges)
+	var buckets, gauges, engines []int
 	for _, i := range at {
-		if i < nb {
+		switch {
+		case i < nb:
 			buckets = append(buckets, i)
-		} else {
+		case i < nb+ng:
 			gauges = append(gauges, i-nb)
+		default:
+			engines = append(engines, i-nb-ng)
 		}
 	}
-	args := make([]any, 0, 6+len(at)+10*len(buckets)+4*len(gauges))
-	args = append(args, req.Replica, micros(req.Stale), len(buckets), req.Replicas, micros(req.Rejoin), len(gauges))
+	args := make([]any, 0, 7+len(at)+10*len(buckets)+4*len(gauges)+5*len(engines))
+	args = append(args, req.Replica, micros(req.Stale), len(buckets), req.Replicas, micros(req.Rejoin), len(gauges), len(engines))
 	for _, i := range at {
 		args = append(args, keys[i])
 	}
@@ -299,6 +346,13 @@ func (s *Store) reconcileOn(ctx context.Context, node redis.Scripter, req *admis
 	for _, i := range gauges {
 		g := &req.Gauges[i]
 		args = append(args, itoa(g.Limit), itoa(g.Held), itoa(g.Share), micros(g.TTL))
+	}
+	for _, i := range engines {
+		if r := req.Engines[i].Reading; r != nil {
+			args = append(args, "1", float(r.Queue), float(r.Running), float(r.KVUsage), micros(max(r.Age, 0)))
+		} else {
+			args = append(args, "0", "0", "0", "0", "0")
+		}
 	}
 	out, err := reconcileScript.Run(ctx, node, keys[at[0]:at[0]+1], args...).Slice()
 	if err != nil {

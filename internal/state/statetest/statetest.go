@@ -194,6 +194,50 @@ func Run(t *testing.T, newStore Factory) {
 			t.Errorf("z's limit = %d with demand 0, want a share of the free part", z)
 		}
 	})
+	t.Run("engine readings reach the domain's other replicas", func(t *testing.T) {
+		s := newStore(t)
+		publish := func(id string, queue float64, age time.Duration) {
+			if _, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Second,
+				Engines: []admission.EngineReport{{Key: "kv", Reading: &admission.EngineReading{Queue: queue, Running: 3, KVUsage: 0.25, Age: age}}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		heard := func() (int64, *admission.EngineReading) {
+			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: "b", Replicas: 2, Stale: time.Second,
+				Gauges:  []admission.GaugeReport{{Key: "kv", Limit: 1000, Held: 100, Share: 1, TTL: time.Minute}},
+				Engines: []admission.EngineReport{{Key: "kv"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rep.Gauges[0], rep.Engines[0]
+		}
+		if _, r := heard(); r != nil {
+			t.Fatalf("reading before any was published = %+v, want none", *r)
+		}
+		publish("a", 7, 20*time.Millisecond)
+		limit, r := heard()
+		if r == nil {
+			t.Fatal("no reading after a published one")
+		}
+		if r.Queue != 7 || r.Running != 3 || r.KVUsage != 0.25 || r.By != "a" {
+			t.Errorf("reading = %+v, want queue 7, running 3, kv 0.25 by a", *r)
+		}
+		if r.Age < 20*time.Millisecond || r.Age > 5*time.Second {
+			t.Errorf("reading's age = %v, want its age when published (20ms) and what passed since", r.Age)
+		}
+		if limit != 1000 {
+			t.Errorf("b's KV limit = %d, want all 1000: publishing a reading holds no share of the gauge", limit)
+		}
+		first := r.Stamp
+		publish("c", 9, time.Second) // made before a's: dropped
+		if _, r = heard(); r.Queue != 7 || r.By != "a" || r.Stamp != first {
+			t.Errorf("after an older reading, reading = %+v, want a's (queue 7, stamp %d)", *r, first)
+		}
+		publish("a", 2, 0)
+		if _, r = heard(); r.Queue != 2 || r.Stamp == first {
+			t.Errorf("after a newer reading, reading = %+v, want queue 2 with a new stamp (not %d)", *r, first)
+		}
+	})
 	t.Run("an admission returns each bucket's level after the take", func(t *testing.T) {
 		s := newStore(t)
 		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
