@@ -95,6 +95,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
 	// Serving engines' metrics (the topology's engines), for the capacity loop.
 	fs.StringVar(&opts.Deferral.DataDir, "data-dir", "", "directory of the embedded durable state: the deferred backlog's file (deferred.db); with --redis the backlog is in Redis Streams instead; empty and without --redis, deferred tickets live in memory")
+	fs.IntVar(&opts.Engines.Readers, "engine-readers", 2, "with --redis batched and --etcd, how many replicas read each domain's engines (the first in its rendezvous order of the members); the shared state relays their readings to the others")
 	fs.DurationVar(&opts.Engines.Period, "engine-metrics-period", 100*time.Millisecond, "how often every serving engine's metrics (the topology's domains[].engines) are read; the config's feedback.stale bounds their age")
 	fs.Func("engine-kind", "an engine kind beside vllm and sglang (or in their place): name=queue_metric,kv_metric[,running_metric]; repeatable", func(v string) error {
 		name, names, err := server.ParseEngineKind(v)
@@ -139,6 +140,9 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if opts.Metrics.MaxTenantSeries < 0 {
 		return fmt.Errorf("--metrics-max-tenant-series %d: want at least 1 (0: from the config)", opts.Metrics.MaxTenantSeries)
+	}
+	if opts.Engines.Readers < 1 {
+		return fmt.Errorf("--engine-readers %d: want at least 1", opts.Engines.Readers)
 	}
 	if *printConfig {
 		_, err := stdout.Write(config.DefaultYAML())

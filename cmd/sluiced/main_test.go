@@ -101,6 +101,9 @@ func TestVersionAndHelp(t *testing.T) {
 	if err := run([]string{"--metrics-max-tenant-series", "-1"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--metrics-max-tenant-series") {
 		t.Errorf("a bound of -1: %v", err)
 	}
+	if err := run([]string{"--engine-readers", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "--engine-readers") {
+		t.Errorf("no engine readers: %v, want a refusal naming --engine-readers", err)
+	}
 }
 
 // The Deployment in deploy/k8s passes flags sluiced has, with values they

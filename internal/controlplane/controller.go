@@ -73,6 +73,9 @@ type Options struct {
 	// OnReplicas is called with the number of live replicas (this one
 	// included) whenever it changes, from the controller's goroutine.
 	OnReplicas func(n int)
+	// OnMembers is called with the live replicas' ids (this one included,
+	// sorted) whenever the set changes, from the controller's goroutine.
+	OnMembers func(ids []string)
 	// OnConnected is called when etcd's reachability changes (sluiced
 	// turns it into a gRPC health status).
 	OnConnected func(ok bool)
@@ -175,7 +178,8 @@ type drainsApplied struct {
 
 // membersApplied is what the member reconciler last reported.
 type membersApplied struct {
-	replicas int // last count passed to OnReplicas
+	replicas int      // last count passed to OnReplicas
+	ids      []string // last set passed to OnMembers
 }
 
 // keyWarnings remembers, by key, why a key was skipped, to log each problem
@@ -806,7 +810,8 @@ func (c *Controller) noteUnknownMarks() {
 	}
 }
 
-// reconcileMembers counts the live replicas and reports a change.
+// reconcileMembers counts the live replicas and reports a change of their
+// set and of their count.
 func (c *Controller) reconcileMembers() {
 	members := make(map[string]bool)
 	for k, e := range c.st.kvs[kindMember] {
@@ -819,6 +824,12 @@ func (c *Controller) reconcileMembers() {
 	}
 	if c.opts.Self.ID != "" {
 		members[c.opts.Self.ID] = true // we are live, registered or not (yet)
+	}
+	if ids := slices.Sorted(maps.Keys(members)); !slices.Equal(ids, c.st.members.ids) {
+		c.st.members.ids = ids
+		if c.opts.OnMembers != nil {
+			c.opts.OnMembers(ids)
+		}
 	}
 	n := max(len(members), 1)
 	if n == c.st.members.replicas {

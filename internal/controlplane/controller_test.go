@@ -178,7 +178,7 @@ func TestDrainUnderLoad(t *testing.T) {
 
 // Membership: three replicas register; one leaves gracefully (its lease is
 // revoked) and one dies (its lease expires); the others' count goes
-// 3 → 2 → 1 as each happens.
+// 3 → 2 → 1 as each happens, and their member sets with it.
 func TestMembershipCount(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	start := func(id string, cli *clientv3.Client) *replica {
@@ -207,6 +207,11 @@ func TestMembershipCount(t *testing.T) {
 		t.Fatalf("b's lease after b stopped: %+v, %v (want revoked)", ttl, err)
 	}
 	eventually(t, "two replicas counted", func() bool { return a.lastCount() == 2 && c.lastCount() == 2 })
+	for _, r := range []*replica{a, c} {
+		if ids := r.members(); !slices.Equal(ids, []string{"a", "c"}) {
+			t.Errorf("members after b left: %v, want [a c]", ids)
+		}
+	}
 	if a.ctl.Replicas() != 2 {
 		t.Fatalf("Replicas() = %d", a.ctl.Replicas())
 	}
@@ -215,6 +220,9 @@ func TestMembershipCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "c's lease expired", func() bool { return a.lastCount() == 1 })
+	if ids := a.members(); !slices.Equal(ids, []string{"a"}) {
+		t.Errorf("members after c's lease expired: %v, want [a]", ids)
+	}
 	a.mu.Lock()
 	counts := slices.Clone(a.counts)
 	a.mu.Unlock()

@@ -63,7 +63,8 @@ type replica struct {
 	done   chan struct{}
 
 	mu     sync.Mutex
-	counts []int // every replica count OnReplicas reported
+	counts []int    // every replica count OnReplicas reported
+	ids    []string // the last member set OnMembers reported
 }
 
 // startReplica runs a controller with opts (Client, Engine and the test
@@ -85,6 +86,7 @@ func startReplica(t *testing.T, cli *clientv3.Client, opts Options) *replica {
 		opts.RetryEvery = 20 * time.Millisecond
 	}
 	opts.OnReplicas = func(n int) { r.mu.Lock(); r.counts = append(r.counts, n); r.mu.Unlock() }
+	opts.OnMembers = func(ids []string) { r.mu.Lock(); r.ids = ids; r.mu.Unlock() }
 	ctl, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +110,13 @@ func (r *replica) lastCount() int {
 		return 0
 	}
 	return r.counts[len(r.counts)-1]
+}
+
+// members returns the last member set reported.
+func (r *replica) members() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ids
 }
 
 // admit asks the engine for a small request of tenant on model.

@@ -148,6 +148,11 @@ func (s *Server) startControlPlane() error {
 		Self:       self,
 		LeaseTTL:   eo.MemberTTL,
 		OnReplicas: s.setReplicaCount,
+		OnMembers: func(ids []string) {
+			if s.relaysEngines {
+				s.state.feed.membersChanged(self.ID, ids)
+			}
+		},
 		OnConnected: func(ok bool) {
 			st := healthpb.HealthCheckResponse_SERVING
 			if !ok {

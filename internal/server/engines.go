@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/internal/enginemetrics"
+	"github.com/sluice-sched/sluice/internal/rendezvous"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -20,11 +24,21 @@ import (
 // a read straight from the engine adds no hop and no write to etcd (a
 // fleet's engines, 10 times a second, would be the busiest keys it has).
 // An engine's URL may as well name an aggregator serving the same text
-// (one per rack). Every replica reads every domain: the reads grow with
-// replicas × domains (docs/capacity-feedback.md, "Who reads the engines").
+// (one per rack).
+//
+// Where the replicas share batched state under an etcd membership, each
+// domain's engines are read by Readers replicas, the first in the
+// domain's rendezvous order of the live members, and the shared state
+// relays their readings to the others: the reads grow with the domains,
+// not with replicas × domains (docs/capacity-feedback.md, "Who reads the
+// engines"). Otherwise every replica reads every domain.
 type EngineMetricsOptions struct {
 	// Period between reads of every engine; default 100ms.
 	Period time.Duration
+	// Readers is how many replicas read each domain's engines where their
+	// readings are relayed; default 2 (one may be gone until the
+	// membership says so).
+	Readers int
 	// Kinds adds engine kinds (or overrides vllm and sglang): their
 	// metrics' names.
 	Kinds map[string]enginemetrics.Names
@@ -44,15 +58,23 @@ func ParseEngineKind(v string) (string, enginemetrics.Names, error) {
 	return name, n, nil
 }
 
-// engineFeed reads every domain's engines and hands their signals to the
-// engine after each pass; a domain whose engines all fail keeps its last
-// signal, which ages into staleness there.
+// engineFeed reads the engines of the domains this replica reads and hands
+// their new signals to the engine after each pass; a domain whose engines
+// all fail keeps its last signal, which ages into staleness there.
 type engineFeed struct {
-	reader *enginemetrics.Reader
-	eng    *admission.Engine
-	now    func() time.Time
-	log    *slog.Logger
-	sigs   []admission.EngineSignal // reused by each pass
+	reader  *enginemetrics.Reader
+	eng     *admission.Engine
+	now     func() time.Time
+	log     *slog.Logger
+	readers int
+	sigs    []admission.EngineSignal // reused by each pass
+	last    map[string]time.Time     // when each domain's last signal handed over was read
+
+	mu      sync.Mutex
+	engines map[string][]enginemetrics.Endpoint // every domain's, as the topology names them
+	self    string
+	members []string // the live replicas, where readings are relayed; nil: every domain is read here
+	read    []string // the domains read here, sorted
 }
 
 func newEngineFeed(o EngineMetricsOptions, eng *admission.Engine, now func() time.Time, log *slog.Logger) (*engineFeed, error) {
@@ -65,7 +87,10 @@ func newEngineFeed(o EngineMetricsOptions, eng *admission.Engine, now func() tim
 	if err != nil {
 		return nil, fmt.Errorf("engine metrics: %w", err)
 	}
-	return &engineFeed{reader: r, eng: eng, now: now, log: log}, nil
+	if o.Readers <= 0 {
+		o.Readers = 2
+	}
+	return &engineFeed{reader: r, eng: eng, now: now, log: log, readers: o.Readers, last: make(map[string]time.Time)}, nil
 }
 
 // topologyChanged reads the engines the cluster names from now on; a
@@ -78,19 +103,85 @@ func (f *engineFeed) topologyChanged(c topology.Cluster) {
 			m[d.ID] = append(m[d.ID], enginemetrics.Endpoint{URL: e.Metrics, Kind: e.Kind})
 		}
 	}
-	if err := f.reader.SetDomains(m); err != nil {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old := f.engines
+	f.engines = m
+	if err := f.applyLocked(); err != nil {
+		f.engines = old
 		f.log.Error("engine metrics: the topology's engines are refused; the last set keeps being read", "err", err)
 	}
+}
+
+// membersChanged makes this replica (self) read only the domains whose
+// first readers in rendezvous order of the live members it is among, the
+// shared state relaying the others' readings.
+func (f *engineFeed) membersChanged(self string, members []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.self, f.members = self, members
+	if err := f.applyLocked(); err != nil { // the set was accepted before
+		f.log.Error("engine metrics: the domains to read are refused", "err", err)
+	}
+	f.log.Info("engine metrics: domains read here", "domains", len(f.read), "of", len(f.engines), "readers", f.readers, "replicas", len(members))
+}
+
+// applyLocked reads, from now on, the engines of the domains this replica
+// reads.
+func (f *engineFeed) applyLocked() error {
+	m := f.engines
+	if f.members != nil {
+		m = make(map[string][]enginemetrics.Endpoint)
+		for id, e := range f.engines {
+			if readsDomain(id, f.self, f.members, f.readers) {
+				m[id] = e
+			}
+		}
+	}
+	if err := f.reader.SetDomains(m); err != nil {
+		return err
+	}
+	f.read = slices.Sorted(maps.Keys(m))
+	return nil
+}
+
+// readsDomain reports whether self is among the first readers of members
+// (self among them) in domain id's rendezvous order: the members agree on
+// it without a word, and a member leaving moves only the domains it read.
+func readsDomain(id, self string, members []string, readers int) bool {
+	h := rendezvous.Hash(id)
+	mine := rendezvous.Score(h, self, 1)
+	ahead := 0
+	for _, m := range members {
+		if m != self && rendezvous.Score(h, m, 1) > mine {
+			if ahead++; ahead >= readers {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// domainsRead returns the domains whose engines this replica reads, sorted.
+func (f *engineFeed) domainsRead() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.read
 }
 
 // run reads every period until ctx ends.
 func (f *engineFeed) run(ctx context.Context) { f.reader.Run(ctx, f.pass) }
 
-// pass gives the engine the signals of the pass just made.
+// pass gives the engine the new signals of the pass just made (a signal
+// kept from an earlier pass is the engine's already, aging there).
 func (f *engineFeed) pass() {
 	now := f.now()
 	f.sigs = f.sigs[:0]
 	for id, s := range f.reader.Signals() {
+		if last, ok := f.last[id]; ok && !s.At.After(last) {
+			continue
+		}
+		f.last[id] = s.At
 		f.sigs = append(f.sigs, admission.EngineSignal{Domain: id, Queue: s.Queue, Running: s.Running, KVUsage: s.KVUsage, Age: now.Sub(s.At)})
 	}
 	if len(f.sigs) == 0 {

@@ -84,8 +84,12 @@ type Server struct {
 
 	reloadMu sync.Mutex
 	redis    redis.UniversalClient // nil when embedded
-	cp       controlPlane          // config status and the etcd control plane (controlplane.go)
-	sec      security              // auth, audit and TLS (security.go)
+	// relaysEngines: the shared state is batched, so it relays engine
+	// readings, and each replica reads only its share of the domains
+	// (engines.go).
+	relaysEngines bool
+	cp            controlPlane // config status and the etcd control plane (controlplane.go)
+	sec           security     // auth, audit and TLS (security.go)
 
 	// The dashboard (dashboard.go): the cluster and tenant directory it
 	// reads, and its traffic counters.

@@ -75,6 +75,7 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	o.ReplicaID = incarnation(o.ReplicaID)
 	s.redis = rdb
 	s.replica = o.ReplicaID
+	s.relaysEngines = mode == admission.SharedBatched
 	s.log.Info("shared state on redis", "mode", mode, "replica", o.ReplicaID, "replicas", max(o.Replicas, 1))
 	log := s.log
 	var memberExpiry func() time.Time
