@@ -3,6 +3,9 @@ package server
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +19,7 @@ import (
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
+	"github.com/sluice-sched/sluice/topology"
 )
 
 // vllmEngine serves vLLM's metrics with a waiting queue the test sets.
@@ -223,5 +227,45 @@ func releaseLease(t *testing.T, c *client.Client, id string) {
 	defer cancel()
 	if _, err := c.Release(ctx, &admissionv1.ReleaseRequest{LeaseId: id, PromptTokens: 1000, OutputTokens: 100, Outcome: admissionv1.Outcome_OUTCOME_OK}); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+}
+
+// BenchmarkEngineReaders is what one replica does when the membership
+// changes: it picks the domains whose engines it reads (2 readers each)
+// and hands the reader the new set. It reports how many domains this
+// replica reads, and the most any member reads, against every domain.
+func BenchmarkEngineReaders(b *testing.B) {
+	for _, c := range []struct{ domains, members int }{{6, 3}, {1400, 1000}} {
+		b.Run(fmt.Sprintf("%d-domains-%d-replicas", c.domains, c.members), func(b *testing.B) {
+			f, err := newEngineFeed(EngineMetricsOptions{}, nil, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var cluster topology.Cluster
+			for i := range c.domains {
+				cluster.Domains = append(cluster.Domains, topology.Domain{ID: fmt.Sprintf("rack-%d", i),
+					Engines: []topology.Engine{{Metrics: fmt.Sprintf("http://rack-%d:9400/metrics", i), Kind: "vllm"}}})
+			}
+			f.topologyChanged(cluster)
+			members := make([]string, c.members)
+			for i := range members {
+				members[i] = fmt.Sprintf("sluiced-%d", i)
+			}
+			most := make(map[string]int)
+			for _, d := range cluster.Domains {
+				for _, m := range members {
+					if readsDomain(d.ID, m, members, f.readers) {
+						most[m]++
+					}
+				}
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				f.membersChanged(members[0], members)
+			}
+			b.ReportMetric(float64(len(f.domainsRead())), "domains-read")
+			b.ReportMetric(float64(slices.Max(slices.Collect(maps.Values(most)))), "max-domains-read")
+			b.ReportMetric(float64(c.domains), "every-domain")
+		})
 	}
 }
