@@ -329,9 +329,9 @@ func (s *batchedState) call(ctx context.Context, sh *shard) (*ReconcileReply, er
 	rep, err := s.store.Reconcile(ctx, &sh.req)
 	s.calls.Add(1)
 	if err == nil && (len(rep.Buckets) != len(sh.req.Buckets) || len(rep.Gauges) != len(sh.req.Gauges) ||
-		rep.Engines != nil && len(rep.Engines) != len(sh.req.Engines)) {
-		err = fmt.Errorf("reply has %d buckets, %d gauges and %d engine readings for %d, %d and %d",
-			len(rep.Buckets), len(rep.Gauges), len(rep.Engines), len(sh.req.Buckets), len(sh.req.Gauges), len(sh.req.Engines))
+		rep.Readings != nil && len(rep.Readings) != len(sh.req.Gauges)+len(sh.req.Engines)) {
+		err = fmt.Errorf("reply has %d buckets, %d gauges and %d engine readings for %d, %d and %d+%d",
+			len(rep.Buckets), len(rep.Gauges), len(rep.Readings), len(sh.req.Buckets), len(sh.req.Gauges), len(sh.req.Gauges), len(sh.req.Engines))
 	}
 	if err != nil && sh.name != "" {
 		err = fmt.Errorf("shard %s: %w", sh.name, err)
@@ -406,14 +406,15 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 	return s.endRoundLocked()
 }
 
-// enginesLocked adds d's engine entry to the shard's report: it publishes
-// the reading this replica made of d's engines since its last report, and
-// asks for the newest reading of a domain reported this round (due) or
-// one placement looked at since the last round. A replica that reads
+// enginesLocked adds d's engine entry to the shard's report, if it needs
+// one: to publish the reading this replica made of d's engines since its
+// last report, or to ask for the newest reading of a domain placement
+// looked at since the last round that this round does not report (due:
+// the reply to its gauge carries its reading). A replica that reads
 // nothing and places nowhere asks for nothing: a round's entries follow
 // what it does, not the size of the fleet.
 func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
-	wanted := s.v.EngineReadingWantedLocked(d) || due
+	wanted := s.v.EngineReadingWantedLocked(d) && !due
 	var published *EngineReading
 	if r, at, ok := s.v.OwnEngineReadingLocked(d); ok {
 		if rel := s.relayOf(d.ID()); at > rel.sentAt {
@@ -710,9 +711,12 @@ func (s *batchedState) applyGrantsLocked(now int64, sh *shard, rep *ReconcileRep
 		tr.b.SetLimits(rate, tr.b.Burst(), credit)
 		tr.b.SetLevel(now, level)
 	}
-	if rep.Engines != nil {
+	if rep.Readings != nil {
+		for _, dr := range sh.domains {
+			s.heardLocked(dr.d, rep.Readings[dr.gauge])
+		}
 		for i, d := range sh.engines {
-			s.heardLocked(d, rep.Engines[i])
+			s.heardLocked(d, rep.Readings[len(sh.req.Gauges)+i])
 		}
 	}
 	for _, dr := range sh.domains {

@@ -63,10 +63,11 @@ type ReconcileRequest struct {
 	Rejoin  time.Duration
 	Buckets []BucketReport
 	Gauges  []GaugeReport
-	// Engines asks for domains' engine readings, publishing those this
-	// replica made since its last report: a domain's engines are read by
-	// a few replicas, and the store relays the newest reading to the
-	// others. One entry per domain.
+	// Engines publishes the engine readings this replica made since its
+	// last report, and asks for those of domains it does not report in
+	// Gauges (each gauge's reply carries its domain's): a domain's engines
+	// are read by a few replicas, and the store relays the newest reading
+	// to the others. One entry per domain.
 	Engines []EngineReport
 }
 
@@ -146,10 +147,11 @@ type EngineReading struct {
 type ReconcileReply struct {
 	Buckets []BucketGrant
 	Gauges  []int64 // this replica's limit per gauge
-	// Engines is, per entry of the request's Engines, the newest reading
-	// any replica published of the domain; nil where none is held (no
-	// slice at all from a store that relays none).
-	Engines []*EngineReading
+	// Readings is the newest engine reading any replica published of
+	// each gauge's domain, then of each engine entry's, in the request's
+	// order; nil where none is held (no slice at all from a store that
+	// relays none).
+	Readings []*EngineReading
 }
 
 // BucketGrant is one replica's slice of a bucket until its next report.

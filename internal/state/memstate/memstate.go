@@ -99,9 +99,9 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	defer s.mu.Unlock()
 	now := s.clk.Now()
 	rep := &admission.ReconcileReply{
-		Buckets: make([]admission.BucketGrant, len(req.Buckets)),
-		Gauges:  make([]int64, len(req.Gauges)),
-		Engines: make([]*admission.EngineReading, len(req.Engines)),
+		Buckets:  make([]admission.BucketGrant, len(req.Buckets)),
+		Gauges:   make([]int64, len(req.Gauges)),
+		Readings: make([]*admission.EngineReading, len(req.Gauges)+len(req.Engines)),
 	}
 	for i, r := range req.Buckets {
 		prev := s.buckets[r.Key]
@@ -192,9 +192,10 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 			mine = free * (float64(g.Share) + least) / (float64(shares) + float64(len(hs))*least)
 		}
 		rep.Gauges[i] = g.Held + int64(math.Floor(mine))
+		rep.Readings[i] = s.engineReading(now, req.Replica, admission.EngineReport{Key: g.Key})
 	}
 	for i, e := range req.Engines {
-		rep.Engines[i] = s.engineReading(now, req.Replica, e)
+		rep.Readings[len(req.Gauges)+i] = s.engineReading(now, req.Replica, e)
 	}
 	return rep, nil
 }

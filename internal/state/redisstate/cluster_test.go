@@ -142,11 +142,11 @@ func checkReply(req *admission.ReconcileRequest, rep *admission.ReconcileReply) 
 			return fmt.Sprintf("gauge %d (%s): limit %d, want %d", i, g.Key, rep.Gauges[i], g.Limit)
 		}
 	}
-	if len(rep.Engines) != len(req.Engines) {
-		return fmt.Sprintf("%d engine readings for %d entries", len(rep.Engines), len(req.Engines))
+	if len(rep.Readings) != len(req.Gauges)+len(req.Engines) {
+		return fmt.Sprintf("%d engine readings for %d gauges and %d entries", len(rep.Readings), len(req.Gauges), len(req.Engines))
 	}
 	for i, e := range req.Engines {
-		if r := rep.Engines[i]; r == nil || r.Queue != e.Reading.Queue || r.KVUsage != e.Reading.KVUsage || r.By != req.Replica {
+		if r := rep.Readings[len(req.Gauges)+i]; r == nil || r.Queue != e.Reading.Queue || r.KVUsage != e.Reading.KVUsage || r.By != req.Replica {
 			return fmt.Sprintf("engine entry %d (%s): reading %+v, want queue %g, kv %g by %s", i, e.Key, r, e.Reading.Queue, e.Reading.KVUsage, req.Replica)
 		}
 	}

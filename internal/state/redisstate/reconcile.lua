@@ -15,8 +15,9 @@
 --   newest engine reading: eq queue, er running, ek kv usage, ea when it was
 --   made (us), eb the replica that made it.
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
--- the replica's limit, per engine entry the domain's newest reading
--- {queue, running, kv usage, age_us, by, stamp} or 0 where none is held;
+-- the replica's limit, or {limit, reading} where its domain has an engine
+-- reading, per engine entry the domain's reading or 0 where none is held;
+-- a reading is {queue, running, kv usage, age_us, by, stamp}, strings;
 -- false (nil) for a key the node could not serve (its slot is elsewhere,
 -- or migrating): the caller sends it again alone.
 
@@ -163,7 +164,9 @@ local function gauge(b, key)
     mine = free * (share + least) / (shares + n * least)
   end
   redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
-  return math.floor(held + mine)
+  local limit = math.floor(held + mine)
+  if not f['ea'] then return limit end
+  return {limit, {f['eq'], f['er'], f['ek'], num(now - tonumber(f['ea'])), f['eb'], f['ea']}}
 end
 
 -- A published reading older than the one held is dropped. The hash lives

@@ -210,9 +210,9 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		return nil, fmt.Errorf("redis: reconcile: %w", err)
 	}
 	rep := &admission.ReconcileReply{
-		Buckets: make([]admission.BucketGrant, nb),
-		Gauges:  make([]int64, ng),
-		Engines: make([]*admission.EngineReading, len(req.Engines)),
+		Buckets:  make([]admission.BucketGrant, nb),
+		Gauges:   make([]int64, ng),
+		Readings: make([]*admission.EngineReading, ng+len(req.Engines)),
 	}
 	for i := range req.Buckets {
 		pair, ok := res[i].([]any)
@@ -227,26 +227,39 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		rep.Buckets[i] = admission.BucketGrant{RateMilli: rate, Level: level}
 	}
 	for i := range req.Gauges {
-		v, ok := res[nb+i].(int64)
-		if !ok {
+		var ok bool
+		if rep.Gauges[i], rep.Readings[i], ok = gaugeReply(res[nb+i]); !ok {
 			return nil, fmt.Errorf("redis: reconcile: gauge %s: malformed reply %v", req.Gauges[i].Key, res[nb+i])
 		}
-		rep.Gauges[i] = v
 	}
 	for i := range req.Engines {
-		r, ok := engineReply(res[nb+ng+i])
-		if !ok {
+		var ok bool
+		if rep.Readings[ng+i], ok = readingReply(res[nb+ng+i]); !ok {
 			return nil, fmt.Errorf("redis: reconcile: engines of %s: malformed reply %v", req.Engines[i].Key, res[nb+ng+i])
 		}
-		rep.Engines[i] = r
 	}
 	return rep, nil
 }
 
-// engineReply reads the script's answer for an engine entry: 0 where the
-// domain has no reading, else {queue, running, kv usage, age_us, by,
-// stamp}, all strings.
-func engineReply(v any) (*admission.EngineReading, bool) {
+// gaugeReply reads the script's answer for a gauge: the replica's limit,
+// alone or with its domain's engine reading ({limit, reading}).
+func gaugeReply(v any) (int64, *admission.EngineReading, bool) {
+	if limit, ok := v.(int64); ok {
+		return limit, nil, true
+	}
+	pair, ok := v.([]any)
+	if !ok || len(pair) != 2 {
+		return 0, nil, false
+	}
+	limit, ok := pair[0].(int64)
+	r, ok2 := readingReply(pair[1])
+	return limit, r, ok && ok2 && r != nil
+}
+
+// readingReply reads an engine reading as the script answers it: 0 where
+// the domain has none, else {queue, running, kv usage, age_us, by, stamp},
+// all strings.
+func readingReply(v any) (*admission.EngineReading, bool) {
 	if n, ok := v.(int64); ok {
 		return nil, n == 0
 	}

@@ -209,7 +209,11 @@ func Run(t *testing.T, newStore Factory) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return rep.Gauges[0], rep.Engines[0]
+			viaGauge, asked := rep.Readings[0], rep.Readings[1]
+			if (viaGauge == nil) != (asked == nil) || viaGauge != nil && *viaGauge != *asked {
+				t.Errorf("the gauge's reading %+v and the entry's %+v differ", viaGauge, asked)
+			}
+			return rep.Gauges[0], viaGauge
 		}
 		if _, r := heard(); r != nil {
 			t.Fatalf("reading before any was published = %+v, want none", *r)
