@@ -87,3 +87,53 @@ func report(b *testing.B, h *hdrhistogram.Histogram, calls, decisions uint64) {
 		b.ReportMetric(float64(calls)/float64(decisions), "redis-calls/decision")
 	}
 }
+
+// BenchmarkReconcileReadings measures one replica's reconcile of 430
+// domains (its round in the default fleet simulation: 859 domain bucket
+// updates) on a local redis-server, with no engine readings held, with a
+// reading held for every domain (each gauge's reply carries it), and with
+// those and 3 readings published (a replica's share of the reads on a
+// fleet of 1,000 over 1,400 domains, 2 readers each).
+//
+//	go test -run '^$' -bench BenchmarkReconcileReadings -benchtime 2s ./internal/state/redisstate/
+func BenchmarkReconcileReadings(b *testing.B) {
+	rdb := redistest.Start(b).Client()
+	ctx := context.Background()
+	const domains = 430
+	for _, c := range []struct {
+		name            string
+		held, published bool
+	}{{"no-readings", false, false}, {"readings-held", true, false}, {"readings-held-3-published", true, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			st := redisstate.New(rdb, "bench-"+c.name)
+			bs, gs := domainReports(domains)
+			req := &admission.ReconcileRequest{Replica: "r0", Replicas: 1000, Stale: 300 * time.Millisecond, Rejoin: 3 * time.Second, Buckets: bs, Gauges: gs}
+			if c.held { // another replica read every domain
+				var pub []admission.EngineReport
+				for _, g := range gs {
+					pub = append(pub, admission.EngineReport{Key: g.Key, Reading: &admission.EngineReading{Queue: 3, Running: 40, KVUsage: 0.61}})
+				}
+				if _, err := st.Reconcile(ctx, &admission.ReconcileRequest{Replica: "reader", Replicas: 1000, Stale: time.Second, Engines: pub}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if c.published {
+				for _, g := range gs[:3] {
+					req.Engines = append(req.Engines, admission.EngineReport{Key: g.Key, Reading: &admission.EngineReading{Queue: 1, Running: 20, KVUsage: 0.4}})
+				}
+			}
+			for b.Loop() {
+				for i := range req.Engines {
+					req.Engines[i].Reading.Queue++ // a new reading each round
+				}
+				rep, err := st.Reconcile(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c.held && rep.Readings[0] == nil {
+					b.Fatal("no reading came back with the gauge")
+				}
+			}
+		})
+	}
+}

@@ -17,7 +17,8 @@
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
 -- the replica's limit, or {limit, reading} where its domain has an engine
 -- reading, per engine entry the domain's reading or 0 where none is held;
--- a reading is {queue, running, kv usage, age_us, by, stamp}, strings;
+-- a reading is {queue, running, kv usage, age_us, by, stamp}, the age an
+-- integer, the rest strings (a reply turns a Lua number into an integer);
 -- false (nil) for a key the node could not serve (its slot is elsewhere,
 -- or migrating): the caller sends it again alone.
 
@@ -166,7 +167,7 @@ local function gauge(b, key)
   redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
   local limit = math.floor(held + mine)
   if not f['ea'] then return limit end
-  return {limit, {f['eq'], f['er'], f['ek'], num(now - tonumber(f['ea'])), f['eb'], f['ea']}}
+  return {limit, {f['eq'], f['er'], f['ek'], now - tonumber(f['ea']), f['eb'], f['ea']}}
 end
 
 -- A published reading older than the one held is dropped. The hash lives
@@ -183,8 +184,7 @@ local function engine(b, key)
   end
   local e = redis.call('HMGET', key, 'eq', 'er', 'ek', 'ea', 'eb')
   if not e[4] then return 0 end
-  -- Strings: a reply turns a Lua number into an integer.
-  return {e[1], e[2], e[3], num(now - tonumber(e[4])), e[5], e[4]}
+  return {e[1], e[2], e[3], now - tonumber(e[4]), e[5], e[4]}
 end
 
 -- A key of a slot the node does not serve fails at its first call, before

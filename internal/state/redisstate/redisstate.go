@@ -258,7 +258,7 @@ func gaugeReply(v any) (int64, *admission.EngineReading, bool) {
 
 // readingReply reads an engine reading as the script answers it: 0 where
 // the domain has none, else {queue, running, kv usage, age_us, by, stamp},
-// all strings.
+// the age an integer and the rest strings.
 func readingReply(v any) (*admission.EngineReading, bool) {
 	if n, ok := v.(int64); ok {
 		return nil, n == 0
@@ -267,23 +267,23 @@ func readingReply(v any) (*admission.EngineReading, bool) {
 	if !ok || len(f) != 6 {
 		return nil, false
 	}
-	var str [6]string
-	for i := range str {
-		if str[i], ok = f[i].(string); !ok {
-			return nil, false
-		}
+	age, ok := f[3].(int64)
+	by, ok2 := f[4].(string)
+	if !ok || !ok2 {
+		return nil, false
 	}
-	var nums [5]float64
-	for i, s := range []string{str[0], str[1], str[2], str[3], str[5]} {
+	var nums [4]float64
+	for i, at := range []int{0, 1, 2, 5} {
+		s, isStr := f[at].(string)
 		n, err := strconv.ParseFloat(s, 64)
-		if err != nil {
+		if !isStr || err != nil {
 			return nil, false
 		}
 		nums[i] = n
 	}
 	return &admission.EngineReading{
 		Queue: nums[0], Running: nums[1], KVUsage: nums[2],
-		Age: time.Duration(nums[3]) * time.Microsecond, By: str[4], Stamp: int64(nums[4]),
+		Age: time.Duration(age) * time.Microsecond, By: by, Stamp: int64(nums[3]),
 	}, true
 }
 
