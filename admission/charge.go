@@ -34,7 +34,7 @@ func (c *charge) chargeGates(now int64, t *tenantState, weighted, price int64, c
 func (c *charge) place(now int64, pl placement) {
 	pl.dom.cap.Charge(now, pl.cost)
 	pl.dom.inFlight++
-	pl.dom.loop.placed++ // the engines' queue, as the capacity guard counts it
+	pl.dom.loop.place(now) // the engines' queue, as the capacity guard counts it
 	c.tenant.inFlight++
 	if pl.floor {
 		c.tenant.floor.Take(now, c.gates.weighted)

@@ -83,9 +83,15 @@ type capacityLoop struct {
 	// made of its engines.
 	looked bool
 	// placed counts the requests placed on the domain since the signal
-	// was given: as far as the guard can know, they wait in the engines'
+	// was read: as far as the guard can know, they wait in the engines'
 	// queue (a burst placed between two reads would otherwise pass it).
+	// recent holds the engine times of the last placements (a ring; next
+	// is its next slot), so that a reading made before some of them (one
+	// relayed from another replica, a few hundred milliseconds old) leaves
+	// those counted.
 	placed int
+	recent [recentPlacements]int64
+	next   int
 	// satSince is when the signals' current run past the thresholds began
 	// (the reading time of its first); -1 while the last is within them.
 	// The factor is cut only once the run has lasted CutAfter: a standing
@@ -128,7 +134,7 @@ func (l *capacityLoop) observe(now int64, s EngineSignal, cfg *FeedbackConfig) {
 		return // older than the one held (another replica's, relayed late)
 	}
 	if !l.hasSig || at > l.sigAt {
-		l.placed = 0 // a new reading: what was placed before it is in it
+		l.placed = l.placedAfter(at) // what was placed before it is in it
 	}
 	switch {
 	case !saturatedBy(s, cfg):
@@ -157,6 +163,31 @@ func (l *capacityLoop) ownReading(now int64) (sharing.EngineReading, int64, bool
 // relayed it.
 func (l *capacityLoop) relay(now int64, r sharing.EngineReading, cfg *FeedbackConfig) {
 	l.observe(now, EngineSignal{Queue: r.Queue, Running: r.Running, KVUsage: r.KVUsage, Age: r.Age}, cfg)
+}
+
+// recentPlacements is how many placement times a domain's loop keeps:
+// enough for the default queue threshold's burst and more.
+const recentPlacements = 16
+
+// place counts a request placed on the domain at now.
+func (l *capacityLoop) place(now int64) {
+	l.recent[l.next%recentPlacements] = now
+	l.next++
+	l.placed++
+}
+
+// placedAfter is how many of the requests placed since the last reading
+// were placed after at. Beyond the ring's reach, older placements count
+// as after it: the guard errs on the side of the engines.
+func (l *capacityLoop) placedAfter(at int64) int {
+	n := 0
+	for n < min(l.placed, recentPlacements) && l.recent[(l.next-1-n)%recentPlacements] > at {
+		n++
+	}
+	if n == recentPlacements {
+		return l.placed
+	}
+	return n
 }
 
 // reading is v where it is a finite number ≥ 0, else 0.

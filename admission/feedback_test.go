@@ -153,6 +153,79 @@ func TestRequestsPlacedSinceASignalCountAsWaiting(t *testing.T) {
 	}
 }
 
+// A reading made before some placements (relayed from another replica,
+// or read a while ago) does not count them as served: they still wait as
+// far as the guard knows. One made after them does.
+func TestAReadingOlderThanPlacementsLeavesThemCounted(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	observe := func(queue float64, age time.Duration) {
+		t.Helper()
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: queue, Age: age}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	place := func() Decision {
+		t.Helper()
+		d := h.admit(req("a", "medium", 1000, 100))
+		if d.Outcome == Admitted {
+			h.release(d.LeaseID, 1000, 100)
+		}
+		return d
+	}
+	observe(3, 0)
+	h.advance(100 * time.Millisecond)
+	for i := range 2 {
+		if d := place(); d.Outcome != Admitted {
+			t.Fatalf("placement %d with 3 waiting: %v %v, want admitted", i+1, d.Outcome, d.Reason)
+		}
+	}
+	h.advance(100 * time.Millisecond)
+	observe(4, 150*time.Millisecond) // made before the two placements
+	if x, named := h.explainsUnfit(req("a", "medium", 1000, 100), "d1", "2 placed since"); !named {
+		t.Errorf("4 waiting read before 2 placements, threshold 5: Explain does not name the 2: %+v", x.Placement)
+	}
+	observe(4, 0) // made after them: they are in it
+	if d := place(); d.Outcome != Admitted {
+		t.Errorf("4 waiting read after the placements: %v %v, want admitted", d.Outcome, d.Reason)
+	}
+}
+
+// The guard's count after a reading is the placements made after the
+// reading was (all of them since the last reading, where the ring no
+// longer holds the oldest): never fewer, so it never lets a burst pass.
+func TestPlacedAfterAReadingIsCounted(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		l := newCapacityLoop(0)
+		cfg := testConfig().Feedback
+		now := int64(0)
+		var since []int64 // placement times since the last new reading
+		for range rapid.IntRange(1, 200).Draw(t, "steps") {
+			now += rapid.Int64Range(0, int64(50*time.Millisecond)).Draw(t, "gap")
+			if !rapid.Bool().Draw(t, "reading") {
+				l.place(now)
+				since = append(since, now)
+				continue
+			}
+			age := time.Duration(rapid.Int64Range(0, int64(time.Second)).Draw(t, "age"))
+			at := now - int64(age)
+			if l.hasSig && at <= l.sigAt {
+				continue // not newer: it leaves the count alone
+			}
+			var want []int64
+			for _, p := range since {
+				if p > at {
+					want = append(want, p)
+				}
+			}
+			l.observe(now, EngineSignal{Queue: 1, Age: age}, &cfg)
+			if len(since) <= recentPlacements && l.placed != len(want) || l.placed < len(want) {
+				t.Fatalf("%d placed since the last reading, %d after the new one: counted %d", len(since), len(want), l.placed)
+			}
+			since = since[len(since)-l.placed:]
+		}
+	})
+}
+
 // KV use past its threshold saturates as a queue does; Explain names it.
 func TestKVUsageSaturates(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 1))
