@@ -209,10 +209,7 @@ func (v engineView) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineRead
 }
 
 func (v engineView) EngineReadingWantedLocked(d sharing.Domain) bool {
-	l := &d.(*domainState).loop
-	looked := l.looked
-	l.looked = false
-	return looked
+	return d.(*domainState).loop.wanted(v.e.nowLocked(), &v.e.mu.place.cfg.Feedback)
 }
 
 func (v engineView) RelayEngineReadingLocked(d sharing.Domain, r sharing.EngineReading) {

@@ -18,6 +18,10 @@ type EngineSignal struct {
 	Running float64       // requests running, summed
 	KVUsage float64       // the fullest engine's KV-cache utilisation, 0 to 1
 	Age     time.Duration // how old the reading is as it is given
+	// Relay asks the shared state to relay the reading to the replicas
+	// that do not read the domain's engines themselves (this one is among
+	// the few that read them for all).
+	Relay bool
 }
 
 // ObserveEngines records the engines' latest signals, one per domain;
@@ -36,12 +40,31 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 			continue
 		}
 		d.loop.observe(now, s, &e.mu.place.cfg.Feedback)
-		d.loop.own, d.loop.ownAt, d.loop.hasOwn = s, now-int64(max(s.Age, 0)), true
+		if s.Relay {
+			d.loop.own, d.loop.ownAt, d.loop.hasOwn = s, now-int64(max(s.Age, 0)), true
+		}
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("engine signals for %d unknown domains (%v): %w", len(unknown), unknown[:min(len(unknown), 5)], ErrUnknownDomain)
 	}
 	return nil
+}
+
+// StarvedEngineDomains appends to dst the domains whose engines' readings
+// placement has wanted for feedback.stale or longer (it weighs them among
+// a request's spread choices) with none fresh: the replicas that read
+// them for all do not relay them (gone, of another version, or the shared
+// state unreachable), so the caller reads them itself.
+func (e *Engine) StarvedEngineDomains(dst []string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.nowLocked()
+	for _, d := range e.mu.place.domains {
+		if !d.removed && d.loop.starved(now, &e.mu.place.cfg.Feedback) {
+			dst = append(dst, d.ID())
+		}
+	}
+	return dst
 }
 
 // capacityLoop is one domain's closed capacity loop: it corrects the
@@ -78,10 +101,13 @@ type capacityLoop struct {
 	own    EngineSignal
 	ownAt  int64
 	hasOwn bool
-	// looked: placement has looked at the domain since the shared state
-	// last asked, which then asks for the newest reading another replica
-	// made of its engines.
-	looked bool
+	// Placement's interest in the engines' readings, where other
+	// replicas read them: lookedAt is when placement last weighed the
+	// domain (one of a request's spread choices), wantedSince when its
+	// current run of such looks began (none more than Stale apart);
+	// looked is false before the first.
+	lookedAt, wantedSince int64
+	looked                bool
 	// placed counts the requests placed on the domain since the signal
 	// was read: as far as the guard can know, they wait in the engines'
 	// queue (a burst placed between two reads would otherwise pass it).
@@ -157,6 +183,26 @@ func (l *capacityLoop) ownReading(now int64) (sharing.EngineReading, int64, bool
 	}
 	s := l.own
 	return sharing.EngineReading{Queue: s.Queue, Running: s.Running, KVUsage: s.KVUsage, Age: time.Duration(now - l.ownAt)}, l.ownAt, true
+}
+
+// look records that placement weighed the domain at now.
+func (l *capacityLoop) look(now int64, cfg *FeedbackConfig) {
+	if !l.looked || now-l.lookedAt > int64(cfg.Stale.Duration) {
+		l.wantedSince = now
+	}
+	l.lookedAt, l.looked = now, true
+}
+
+// wanted reports whether placement wants the engines' readings: it
+// weighed the domain within Stale.
+func (l *capacityLoop) wanted(now int64, cfg *FeedbackConfig) bool {
+	return l.looked && now-l.lookedAt <= int64(cfg.Stale.Duration)
+}
+
+// starved reports whether placement has wanted the engines' readings for
+// Stale or longer with none fresh: whoever should relay them does not.
+func (l *capacityLoop) starved(now int64, cfg *FeedbackConfig) bool {
+	return l.wanted(now, cfg) && !l.fresh(now, cfg) && now-l.wantedSince >= int64(cfg.Stale.Duration)
 }
 
 // relay records a signal another replica read, as the shared state

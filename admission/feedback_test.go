@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -224,6 +225,32 @@ func TestPlacedAfterAReadingIsCounted(t *testing.T) {
 			since = since[len(since)-l.placed:]
 		}
 	})
+}
+
+// A domain placement keeps weighing with no fresh reading for the stale
+// bound is starved (its readers do not relay); a fresh reading, or
+// placement looking elsewhere, ends it.
+func TestDomainsWithoutFreshReadingsAreStarved(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	stale := 500 * time.Millisecond // the default feedback.stale
+	starved := func() []string { return h.e.StarvedEngineDomains(nil) }
+	for range 6 { // placement weighs d1 every 100 ms
+		h.admit(req("a", "medium", 1000, 100))
+		h.advance(100 * time.Millisecond)
+	}
+	if got := starved(); !slices.Equal(got, []string{"d1"}) {
+		t.Fatalf("weighed for %v with no reading: starved %v, want [d1]", stale+100*time.Millisecond, got)
+	}
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := starved(); len(got) != 0 {
+		t.Errorf("with a fresh reading: starved %v, want none", got)
+	}
+	h.advance(stale + 100*time.Millisecond) // the reading ages, and placement looks no more
+	if got := starved(); len(got) != 0 {
+		t.Errorf("not weighed for %v: starved %v, want none", stale+100*time.Millisecond, got)
+	}
 }
 
 // KV use past its threshold saturates as a queue does; Explain names it.

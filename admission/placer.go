@@ -277,6 +277,13 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *re
 		if n == 0 {
 			continue
 		}
+		for _, d := range cand[:n] {
+			// Their loads and guards decide first: their engines'
+			// readings matter here (not those of the domains tried past
+			// the choices: a request that fits nowhere would want the
+			// whole fleet's).
+			d.loop.look(now, &p.cfg.Feedback)
+		}
 		p.leastLoadedFirst(cand[:n])
 		for _, d := range cand[:n] {
 			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
@@ -332,10 +339,6 @@ func (p *placer) choices(t *tenantState, m *modelState) (cand [MaxSpreadChoices]
 func (p *placer) leastLoadedFirst(cand []*domainState) {
 	best := 0
 	for i := range cand {
-		// Its load and its guard decide first: its engines' readings
-		// matter here (the domains tried past the choices do not ask:
-		// a request that fits nowhere would ask for the whole fleet).
-		cand[i].loop.looked = true
 		if cand[i].loop.load < cand[best].loop.load {
 			best = i
 		}

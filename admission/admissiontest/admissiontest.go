@@ -273,7 +273,7 @@ func (s *Sharded) Shard(key string) string {
 // Reconcile implements admission.SharedState: one call per shard the
 // request's keys are on (an empty request checks its Shard).
 func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
-	if len(r.Buckets) == 0 && len(r.Gauges) == 0 {
+	if len(r.Buckets) == 0 && len(r.Gauges) == 0 && len(r.Engines) == 0 {
 		if sh := s.shards[r.Shard]; sh != nil {
 			return sh.Reconcile(ctx, r)
 		}
@@ -284,13 +284,13 @@ func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) 
 		shard string
 		i     int
 	}
-	var buckets, gauges []at
+	var buckets, gauges, engines []at
 	part := func(key string) (string, *admission.ReconcileRequest) {
 		name := s.Shard(key)
 		p := parts[name]
 		if p == nil {
 			c := *r
-			c.Shard, c.Buckets, c.Gauges = name, nil, nil
+			c.Shard, c.Buckets, c.Gauges, c.Engines = name, nil, nil, nil
 			p = &c
 			parts[name] = p
 		}
@@ -306,6 +306,11 @@ func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) 
 		gauges = append(gauges, at{name, len(p.Gauges)})
 		p.Gauges = append(p.Gauges, g)
 	}
+	for _, e := range r.Engines {
+		name, p := part(e.Key)
+		engines = append(engines, at{name, len(p.Engines)})
+		p.Engines = append(p.Engines, e)
+	}
 	replies := make(map[string]*admission.ReconcileReply, len(parts))
 	for name, p := range parts {
 		rep, err := s.shards[name].Reconcile(ctx, p)
@@ -320,8 +325,22 @@ func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) 
 	}
 	for _, a := range gauges {
 		out.Gauges = append(out.Gauges, replies[a.shard].Gauges[a.i])
+		out.Readings = append(out.Readings, reading(replies[a.shard], a.i))
+	}
+	for _, a := range engines {
+		p := parts[a.shard]
+		out.Readings = append(out.Readings, reading(replies[a.shard], len(p.Gauges)+a.i))
 	}
 	return out, nil
+}
+
+// reading is the i-th engine reading of a shard's reply (nil from a store
+// that relays none).
+func reading(rep *admission.ReconcileReply, i int) *admission.EngineReading {
+	if rep.Readings == nil {
+		return nil
+	}
+	return rep.Readings[i]
 }
 
 // errAcrossShards is a strict call whose keys are on several shards.

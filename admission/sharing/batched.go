@@ -409,8 +409,8 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 // enginesLocked adds d's engine entry to the shard's report, if it needs
 // one: to publish the reading this replica made of d's engines since its
 // last report, or to ask for the newest reading of a domain placement
-// looked at since the last round that this round does not report (due:
-// the reply to its gauge carries its reading). A replica that reads
+// weighs lately that this round does not report (due: the reply to its
+// gauge carries its reading). A replica that reads
 // nothing and places nowhere asks for nothing: a round's entries follow
 // what it does, not the size of the fleet.
 func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
@@ -428,10 +428,10 @@ func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
 	sh.engines = append(sh.engines, d)
 }
 
-// heardLocked hands d's capacity loop the engine reading the store relayed,
-// unless this replica made it or has taken it already.
+// heardLocked hands d's capacity loop the engine reading the store relayed
+// (another replica's), unless it has taken it already.
 func (s *batchedState) heardLocked(d Domain, r *EngineReading) {
-	if r == nil || r.By == s.opts.Replica {
+	if r == nil {
 		return
 	}
 	if rel := s.relayOf(d.ID()); r.Stamp != rel.heard {

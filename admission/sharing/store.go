@@ -136,10 +136,9 @@ type EngineReading struct {
 	// and, in a reply, as the store answers it (by the store's clock, so
 	// that no two replicas' clocks are compared).
 	Age time.Duration
-	// By is the replica that read it and Stamp tells one reading from
-	// another, set by the store in a reply: a replica skips its own
-	// readings and each reading it has already taken.
-	By    string
+	// Stamp tells one reading from another in a reply (the store sets
+	// it), so that a replica takes each once. A replica is never answered
+	// its own readings.
 	Stamp int64
 }
 

@@ -39,9 +39,9 @@ type View interface {
 	// that this replica made itself (none relayed from another), with the
 	// engine time it was made at; false when it has none.
 	OwnEngineReadingLocked(d Domain) (r EngineReading, at int64, ok bool)
-	// EngineReadingWantedLocked reports whether placement has looked at d
-	// since the last call: its capacity loop wants the newest reading of
-	// its engines, whoever made it.
+	// EngineReadingWantedLocked reports whether placement has weighed d
+	// lately: its capacity loop wants the newest reading of its engines,
+	// whoever made it.
 	EngineReadingWantedLocked(d Domain) bool
 	// RelayEngineReadingLocked hands d's capacity loop a reading of its
 	// engines that another replica made.

@@ -61,6 +61,12 @@ func ParseEngineKind(v string) (string, enginemetrics.Names, error) {
 // engineFeed reads the engines of the domains this replica reads and hands
 // their new signals to the engine after each pass; a domain whose engines
 // all fail keeps its last signal, which ages into staleness there.
+//
+// Where readings are relayed (membersChanged), this replica reads the
+// domains whose first readers it is among, and relays those; and it reads
+// for a while, without relaying, the domains placement wants readings of
+// and has had none fresh from the relay (starved): their readers are gone,
+// of another version, or the shared state is unreachable.
 type engineFeed struct {
 	reader  *enginemetrics.Reader
 	eng     *admission.Engine
@@ -69,13 +75,22 @@ type engineFeed struct {
 	readers int
 	sigs    []admission.EngineSignal // reused by each pass
 	last    map[string]time.Time     // when each domain's last signal handed over was read
+	starved []string                 // reused by each pass
 
 	mu      sync.Mutex
 	engines map[string][]enginemetrics.Endpoint // every domain's, as the topology names them
 	self    string
-	members []string // the live replicas, where readings are relayed; nil: every domain is read here
-	read    []string // the domains read here, sorted
+	members []string        // the live replicas, where readings are relayed; nil: every domain is read here
+	relayed map[string]bool // the domains read here for all; nil where nothing is relayed
+	// fallback: starved domains read here, and since when.
+	fallback map[string]time.Time
+	read     []string // the domains read here, sorted
 }
+
+// fallbackFor is how long a starved domain is read here before the relay
+// is given another chance: reads that outlast a cause (a shared state back
+// from an outage, a reader upgraded) are stopped within it.
+const fallbackFor = 30 * time.Second
 
 func newEngineFeed(o EngineMetricsOptions, eng *admission.Engine, now func() time.Time, log *slog.Logger) (*engineFeed, error) {
 	r, err := enginemetrics.NewReader(enginemetrics.Options{
@@ -90,7 +105,8 @@ func newEngineFeed(o EngineMetricsOptions, eng *admission.Engine, now func() tim
 	if o.Readers <= 0 {
 		o.Readers = 2
 	}
-	return &engineFeed{reader: r, eng: eng, now: now, log: log, readers: o.Readers, last: make(map[string]time.Time)}, nil
+	return &engineFeed{reader: r, eng: eng, now: now, log: log, readers: o.Readers,
+		last: make(map[string]time.Time), fallback: make(map[string]time.Time)}, nil
 }
 
 // topologyChanged reads the engines the cluster names from now on; a
@@ -113,9 +129,10 @@ func (f *engineFeed) topologyChanged(c topology.Cluster) {
 	}
 }
 
-// membersChanged makes this replica (self) read only the domains whose
-// first readers in rendezvous order of the live members it is among, the
-// shared state relaying the others' readings.
+// membersChanged makes this replica (self) read the domains whose first
+// readers in rendezvous order of the live members it is among, and relay
+// their readings through the shared state. With no more members than
+// readers every member reads every domain, and nothing is relayed.
 func (f *engineFeed) membersChanged(self string, members []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -130,10 +147,13 @@ func (f *engineFeed) membersChanged(self string, members []string) {
 // reads.
 func (f *engineFeed) applyLocked() error {
 	m := f.engines
-	if f.members != nil {
-		m = make(map[string][]enginemetrics.Endpoint)
+	var relayed map[string]bool
+	if len(f.members) > f.readers {
+		m, relayed = make(map[string][]enginemetrics.Endpoint), make(map[string]bool)
 		for id, e := range f.engines {
 			if readsDomain(id, f.self, f.members, f.readers) {
+				m[id], relayed[id] = e, true
+			} else if _, ok := f.fallback[id]; ok {
 				m[id] = e
 			}
 		}
@@ -141,6 +161,7 @@ func (f *engineFeed) applyLocked() error {
 	if err := f.reader.SetDomains(m); err != nil {
 		return err
 	}
+	f.relayed = relayed
 	f.read = slices.Sorted(maps.Keys(m))
 	return nil
 }
@@ -173,21 +194,62 @@ func (f *engineFeed) domainsRead() []string {
 func (f *engineFeed) run(ctx context.Context) { f.reader.Run(ctx, f.pass) }
 
 // pass gives the engine the new signals of the pass just made (a signal
-// kept from an earlier pass is the engine's already, aging there).
+// kept from an earlier pass is the engine's already, aging there), then
+// reads the domains the relay starves.
 func (f *engineFeed) pass() {
 	now := f.now()
+	f.mu.Lock()
+	relayed := f.relayed
+	f.mu.Unlock()
 	f.sigs = f.sigs[:0]
-	for id, s := range f.reader.Signals() {
+	signals := f.reader.Signals()
+	for id, s := range signals {
 		if last, ok := f.last[id]; ok && !s.At.After(last) {
 			continue
 		}
 		f.last[id] = s.At
-		f.sigs = append(f.sigs, admission.EngineSignal{Domain: id, Queue: s.Queue, Running: s.Running, KVUsage: s.KVUsage, Age: now.Sub(s.At)})
+		f.sigs = append(f.sigs, admission.EngineSignal{Domain: id, Queue: s.Queue, Running: s.Running, KVUsage: s.KVUsage, Age: now.Sub(s.At), Relay: relayed[id]})
 	}
-	if len(f.sigs) == 0 {
-		return
+	for id := range f.last {
+		if _, ok := signals[id]; !ok {
+			delete(f.last, id) // no longer read here
+		}
 	}
-	if err := f.eng.ObserveEngines(f.sigs); err != nil {
-		f.log.Debug("engine metrics: signals for domains the engine no longer has", "err", err)
+	if len(f.sigs) > 0 {
+		if err := f.eng.ObserveEngines(f.sigs); err != nil {
+			f.log.Debug("engine metrics: signals for domains the engine no longer has", "err", err)
+		}
+	}
+	if relayed != nil {
+		f.starved = f.eng.StarvedEngineDomains(f.starved[:0])
+		f.readStarved(now, f.starved)
+	}
+}
+
+// readStarved reads the starved domains here from now, and stops reading
+// those read so for fallbackFor.
+func (f *engineFeed) readStarved(now time.Time, starved []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	expired, added := 0, 0
+	for id, since := range f.fallback {
+		if now.Sub(since) >= fallbackFor {
+			delete(f.fallback, id)
+			expired++
+		}
+	}
+	for _, id := range starved {
+		if _, ok := f.fallback[id]; !ok && !f.relayed[id] && f.engines[id] != nil {
+			f.fallback[id] = now
+			added++
+		}
+	}
+	if added > 0 {
+		f.log.Info("engine metrics: no fresh readings relayed; reading those domains' engines here", "domains", added, "for", fallbackFor)
+	}
+	if added+expired > 0 {
+		if err := f.applyLocked(); err != nil {
+			f.log.Error("engine metrics: the domains to read are refused", "err", err)
+		}
 	}
 }

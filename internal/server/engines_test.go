@@ -16,7 +16,9 @@ import (
 	"time"
 
 	"github.com/sluice-sched/sluice/admission/client"
+	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
+	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 	"github.com/sluice-sched/sluice/topology"
@@ -49,17 +51,22 @@ vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-70B-Instruc
 	return e
 }
 
-// engineCluster writes a config and a topology of two domains, d1 and d2,
-// each naming one engine that serves vLLM's metrics; it returns their
-// paths and the engines.
+// engineCluster writes a config (feedback.stale 5s) and a topology of two
+// domains, d1 and d2, each naming one engine that serves vLLM's metrics;
+// it returns their paths and the engines.
 func engineCluster(t *testing.T) (cfgPath, topoPath string, engines map[string]*vllmEngine) {
+	return engineClusterStale(t, "5s")
+}
+
+// engineClusterStale is engineCluster with feedback.stale given.
+func engineClusterStale(t *testing.T, stale string) (cfgPath, topoPath string, engines map[string]*vllmEngine) {
 	dir := t.TempDir()
 	engines = map[string]*vllmEngine{"d1": newVLLMEngine(t), "d2": newVLLMEngine(t)}
 	topo := "domains:\n"
 	for _, id := range []string{"d1", "d2"} {
 		topo += fmt.Sprintf("  - {id: %s, kind: hgx, gpu: H200, gpus_per_node: 8, nodes: 1, engines: [{metrics: %q, kind: vllm}]}\n", id, engines[id].srv.URL+"/metrics")
 	}
-	cfg := "feedback: {stale: 5s, spread_choices: 1}\ntiers:\n  std: {rps: {rate: 1000, burst: 1000}, tokens: {rate: 1e9, burst: 1e9}, weight: 1}\ntenants:\n  acme: {tier: std}\n"
+	cfg := "feedback: {stale: " + stale + ", spread_choices: 1}\ntiers:\n  std: {rps: {rate: 1000, burst: 1000}, tokens: {rate: 1e9, burst: 1e9}, weight: 1}\ntenants:\n  acme: {tier: std}\n"
 	topoPath, cfgPath = filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "sluice.yaml")
 	for path, body := range map[string]string{topoPath: topo, cfgPath: cfg} {
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -179,6 +186,53 @@ func TestEngineReadingsRelayBetweenReplicas(t *testing.T) {
 	eventually(t, func() bool { return placedOn(t, clients[blind]) == first && !saturatedOn(servers[blind], first) })
 	if !reads(reader, first) || reads(blind, first) {
 		t.Errorf("%s read by %s: %v, by %s: %v; want by %s only", first, reader, reads(reader, first), blind, reads(blind, first), reader)
+	}
+}
+
+// A domain whose reader never relays (a member of another version, here a
+// member key with no sluiced behind it) starves the others of readings
+// while placement weighs it: each reads it itself for a while, and its
+// guard acts on what it reads.
+func TestStarvedDomainsAreReadHere(t *testing.T) {
+	cfgPath, topoPath, engines := engineClusterStale(t, "1s")
+	rs, etcd := redistest.Start(t), etcdtest.Start(t)
+	// Ghost members that read both domains before r-b, one reader each.
+	var ghosts []string
+	for i := 0; len(ghosts) == 0; i++ {
+		g := []string{fmt.Sprintf("ghost-%d", i)}
+		members := append([]string{"r-b"}, g...)
+		if !readsDomain("d1", "r-b", members, 1) && !readsDomain("d2", "r-b", members, 1) {
+			ghosts = g
+		}
+	}
+	cli := etcd.Client(t)
+	for _, g := range ghosts {
+		v, err := etcdmembers.Encode(client.Member{ID: g, Addr: g + ":7070"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(context.Background(), etcdmembers.Key(controlplane.DefaultPrefix, g), string(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eo := etcdOpts(etcd.Endpoint())
+	eo.ReplicaID = "r-b"
+	srv, c, _, _ := start(t, Options{ConfigPath: cfgPath, Topology: topoPath, Etcd: eo,
+		Shared:  SharedOptions{RedisURL: rs.URL(), Mode: "batched", Prefix: "starved"},
+		Engines: EngineMetricsOptions{Period: 20 * time.Millisecond, Readers: 1}})
+	reads := func(d string) bool { return slices.Contains(srv.state.feed.domainsRead(), d) }
+	eventually(t, func() bool { return !reads("d1") && !reads("d2") }) // the ghosts are its members
+	first := placedOn(t, c)
+	other := map[string]string{"d1": "d2", "d2": "d1"}[first]
+	engines[first].waiting.Store(12)
+	eventually(t, func() bool { placedOn(t, c); return saturatedOn(srv, first) })
+	if !reads(first) || reads(other) {
+		t.Errorf("reads d1 %v, d2 %v: want only %s, the domain placement weighs", reads("d1"), reads("d2"), first)
+	}
+	for range 10 {
+		if got := placedOn(t, c); got != other {
+			t.Fatalf("%s's engines wait 12 requests (read here for want of a relay): placed on %s, want %s", first, got, other)
+		}
 	}
 }
 

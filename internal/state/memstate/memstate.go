@@ -55,6 +55,7 @@ type holding struct {
 type engineReading struct {
 	admission.EngineReading
 	at time.Time
+	by string // the replica that made it
 }
 
 type hold struct {
@@ -202,7 +203,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 
 // engineReading keeps the reading e publishes where it is the domain's
 // newest (by when it was made, on the store's clock), and returns the
-// newest.
+// newest unless replica made it.
 func (s *Store) engineReading(now time.Time, replica string, e admission.EngineReport) *admission.EngineReading {
 	held := s.engines[e.Key]
 	if e.Reading != nil {
@@ -210,12 +211,12 @@ func (s *Store) engineReading(now time.Time, replica string, e admission.EngineR
 		if held == nil || at.After(held.at) {
 			s.stamps++
 			r := *e.Reading
-			r.By, r.Stamp = replica, s.stamps
-			held = &engineReading{EngineReading: r, at: at}
+			r.Stamp = s.stamps
+			held = &engineReading{EngineReading: r, at: at, by: replica}
 			s.engines[e.Key] = held
 		}
 	}
-	if held == nil {
+	if held == nil || held.by == replica {
 		return nil
 	}
 	r := held.EngineReading

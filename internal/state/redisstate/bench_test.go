@@ -130,7 +130,7 @@ func BenchmarkReconcileReadings(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if c.held && rep.Readings[0] == nil {
+				if c.held && rep.Readings[domains-1] == nil { // the first 3 may be this replica's own
 					b.Fatal("no reading came back with the gauge")
 				}
 			}

@@ -13,12 +13,13 @@
 --   v:r that level.
 -- Gauge hash fields: h:r held, w:r share, u:r valid until (us); the domain's
 --   newest engine reading: eq queue, er running, ek kv usage, ea when it was
---   made (us), eb the replica that made it.
+--   made (us), eb the replica that made it (never answered its own).
 -- Returns per bucket {rate granted in thousandths, level share}, per gauge
 -- the replica's limit, or {limit, reading} where its domain has an engine
 -- reading, per engine entry the domain's reading or 0 where none is held;
--- a reading is {queue, running, kv usage, age_us, by, stamp}, the age an
--- integer, the rest strings (a reply turns a Lua number into an integer);
+-- a reading is {queue, running, kv usage, age_us, stamp (its ea)}: the
+-- numbers as written, the age and stamp integers (a reply turns a Lua
+-- number into an integer);
 -- false (nil) for a key the node could not serve (its slot is elsewhere,
 -- or migrating): the caller sends it again alone.
 
@@ -138,6 +139,14 @@ local function bucket(b, key)
   return {math.floor(g * 1000), math.floor(share)}
 end
 
+-- reading answers a domain's engine reading to the asking replica: 0 where
+-- there is none to answer (none held, its own, or one from the future).
+local function reading(q, r, kv, at, by)
+  at = tonumber(at or '')
+  if not at or by == rid or at > now then return 0 end
+  return {q, r, kv, now - at, at}
+end
+
 local function gauge(b, key)
   local limit, held, share, ttl = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   redis.call('HSET', key, 'h:' .. rid, ARGV[b + 1], 'w:' .. rid, ARGV[b + 2], 'u:' .. rid, num(now + ttl))
@@ -166,25 +175,27 @@ local function gauge(b, key)
   end
   redis.call('PEXPIRE', key, math.ceil(ttl / 1000) + 1000)
   local limit = math.floor(held + mine)
-  if not f['ea'] then return limit end
-  return {limit, {f['eq'], f['er'], f['ek'], now - tonumber(f['ea']), f['eb'], f['ea']}}
+  local r = reading(f['eq'], f['er'], f['ek'], f['ea'], f['eb'])
+  if r == 0 then return limit end
+  return {limit, r}
 end
 
--- A published reading older than the one held is dropped. The hash lives
+-- A published reading older than the one held is dropped; one held from
+-- the future (written on a master whose clock ran ahead of this one's,
+-- before a failover) is replaced, and never answered. The hash lives
 -- at least a few seconds after one: a reading that old is stale to every
 -- replica.
 local function engine(b, key)
   if ARGV[b] == '1' then
     local at = now - tonumber(ARGV[b + 4])
-    local held = redis.call('HGET', key, 'ea')
-    if not held or tonumber(held) < at then
+    local held = tonumber(redis.call('HGET', key, 'ea') or '')
+    if not held or held < at or held > now then
       redis.call('HSET', key, 'eq', ARGV[b + 1], 'er', ARGV[b + 2], 'ek', ARGV[b + 3], 'ea', num(at), 'eb', rid)
       if redis.call('PTTL', key) < 5000 then redis.call('PEXPIRE', key, 5000) end
     end
   end
   local e = redis.call('HMGET', key, 'eq', 'er', 'ek', 'ea', 'eb')
-  if not e[4] then return 0 end
-  return {e[1], e[2], e[3], now - tonumber(e[4]), e[5], e[4]}
+  return reading(e[1], e[2], e[3], e[4], e[5])
 end
 
 -- A key of a slot the node does not serve fails at its first call, before

@@ -257,34 +257,31 @@ func gaugeReply(v any) (int64, *admission.EngineReading, bool) {
 }
 
 // readingReply reads an engine reading as the script answers it: 0 where
-// the domain has none, else {queue, running, kv usage, age_us, by, stamp},
-// the age an integer and the rest strings.
+// the domain has none (or only the asking replica's), else {queue,
+// running, kv usage, age_us, stamp}, the first three strings.
 func readingReply(v any) (*admission.EngineReading, bool) {
 	if n, ok := v.(int64); ok {
 		return nil, n == 0
 	}
 	f, ok := v.([]any)
-	if !ok || len(f) != 6 {
+	if !ok || len(f) != 5 {
 		return nil, false
 	}
 	age, ok := f[3].(int64)
-	by, ok2 := f[4].(string)
+	stamp, ok2 := f[4].(int64)
 	if !ok || !ok2 {
 		return nil, false
 	}
-	var nums [4]float64
-	for i, at := range []int{0, 1, 2, 5} {
-		s, isStr := f[at].(string)
+	var nums [3]float64
+	for i := range nums {
+		s, isStr := f[i].(string)
 		n, err := strconv.ParseFloat(s, 64)
 		if !isStr || err != nil {
 			return nil, false
 		}
 		nums[i] = n
 	}
-	return &admission.EngineReading{
-		Queue: nums[0], Running: nums[1], KVUsage: nums[2],
-		Age: time.Duration(age) * time.Microsecond, By: by, Stamp: int64(nums[3]),
-	}, true
+	return &admission.EngineReading{Queue: nums[0], Running: nums[1], KVUsage: nums[2], Age: time.Duration(age) * time.Microsecond, Stamp: stamp}, true
 }
 
 // isRedirect reports whether err is a Cluster redirection (MOVED, ASK):

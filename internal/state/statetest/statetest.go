@@ -223,8 +223,8 @@ func Run(t *testing.T, newStore Factory) {
 		if r == nil {
 			t.Fatal("no reading after a published one")
 		}
-		if r.Queue != 7 || r.Running != 3 || r.KVUsage != 0.25 || r.By != "a" {
-			t.Errorf("reading = %+v, want queue 7, running 3, kv 0.25 by a", *r)
+		if r.Queue != 7 || r.Running != 3 || r.KVUsage != 0.25 {
+			t.Errorf("reading = %+v, want a's: queue 7, running 3, kv 0.25", *r)
 		}
 		if r.Age < 20*time.Millisecond || r.Age > 5*time.Second {
 			t.Errorf("reading's age = %v, want its age when published (20ms) and what passed since", r.Age)
@@ -234,12 +234,22 @@ func Run(t *testing.T, newStore Factory) {
 		}
 		first := r.Stamp
 		publish("c", 9, time.Second) // made before a's: dropped
-		if _, r = heard(); r.Queue != 7 || r.By != "a" || r.Stamp != first {
+		if _, r = heard(); r.Queue != 7 || r.Stamp != first {
 			t.Errorf("after an older reading, reading = %+v, want a's (queue 7, stamp %d)", *r, first)
 		}
 		publish("a", 2, 0)
 		if _, r = heard(); r.Queue != 2 || r.Stamp == first {
 			t.Errorf("after a newer reading, reading = %+v, want queue 2 with a new stamp (not %d)", *r, first)
+		}
+		// a is not answered its own reading.
+		rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: "a", Replicas: 2, Stale: time.Second,
+			Gauges:  []admission.GaugeReport{{Key: "kv", Limit: 1000, Held: 100, Share: 1, TTL: time.Minute}},
+			Engines: []admission.EngineReport{{Key: "kv"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Readings[0] != nil || rep.Readings[1] != nil {
+			t.Errorf("a's own reading answered to a: %+v, %+v", rep.Readings[0], rep.Readings[1])
 		}
 	})
 	t.Run("an admission returns each bucket's level after the take", func(t *testing.T) {
