@@ -95,29 +95,11 @@ type capacityLoop struct {
 	sig    EngineSignal
 	sigAt  int64
 	hasSig bool
-	// The last signal this replica read itself, for the others (a few
-	// replicas read a domain's engines and relay what they read through
-	// the shared state).
-	own    EngineSignal
-	ownAt  int64
-	hasOwn bool
-	// Placement's interest in the engines' readings, where other
-	// replicas read them: lookedAt is when placement last weighed the
-	// domain (one of a request's spread choices), wantedSince when its
-	// current run of such looks began (none more than Stale apart);
-	// looked is false before the first.
-	lookedAt, wantedSince int64
-	looked                bool
 	// placed counts the requests placed on the domain since the signal
 	// was read: as far as the guard can know, they wait in the engines'
 	// queue (a burst placed between two reads would otherwise pass it).
-	// recent holds the engine times of the last placements (a ring; next
-	// is its next slot), so that a reading made before some of them (one
-	// relayed from another replica, a few hundred milliseconds old) leaves
-	// those counted.
+	// recent (below) holds the engine times of the last placements.
 	placed int
-	recent [recentPlacements]int64
-	next   int
 	// satSince is when the signals' current run past the thresholds began
 	// (the reading time of its first); -1 while the last is within them.
 	// The factor is cut only once the run has lasted CutAfter: a standing
@@ -145,6 +127,28 @@ type capacityLoop struct {
 	ttfts           []time.Duration
 	lastMeasure     float64 // the last window's sustained factor; 0: none yet
 	lastMeasureKind string  // what made that window busy
+
+	// Kept after the fields a decision reads, off their cache lines.
+
+	// recent is a ring of the engine times of the last placements (next
+	// is its next slot), so that a reading made before some of them (one
+	// relayed from another replica, a few hundred milliseconds old) leaves
+	// those counted.
+	recent [recentPlacements]int64
+	next   int
+	// The last signal this replica read itself, for the others (a few
+	// replicas read a domain's engines and relay what they read through
+	// the shared state).
+	own    EngineSignal
+	ownAt  int64
+	hasOwn bool
+	// Placement's interest in the engines' readings, where other
+	// replicas read them: lookedAt is when placement last weighed the
+	// domain (one of a request's spread choices), wantedSince when its
+	// current run of such looks began (none more than Stale apart);
+	// looked is false before the first.
+	lookedAt, wantedSince int64
+	looked                bool
 }
 
 func newCapacityLoop(now int64) capacityLoop {
@@ -215,19 +219,25 @@ func (l *capacityLoop) relay(now int64, r sharing.EngineReading, cfg *FeedbackCo
 // enough for the default queue threshold's burst and more.
 const recentPlacements = 16
 
-// place counts a request placed on the domain at now.
+// place counts a request placed on the domain at now. Its time matters
+// only once the engines have been read (to the first reading every
+// placement is older); a domain without engines never writes the ring.
 func (l *capacityLoop) place(now int64) {
-	l.recent[l.next%recentPlacements] = now
-	l.next++
 	l.placed++
+	if l.hasSig {
+		l.recent[l.next%recentPlacements] = now
+		l.next++
+	}
 }
 
 // placedAfter is how many of the requests placed since the last reading
 // were placed after at. Beyond the ring's reach, older placements count
-// as after it: the guard errs on the side of the engines.
+// as after it: the guard errs on the side of the engines. (Placements
+// before the first reading are not in the ring: that reading is taken
+// to hold them all.)
 func (l *capacityLoop) placedAfter(at int64) int {
-	n := 0
-	for n < min(l.placed, recentPlacements) && l.recent[(l.next-1-n)%recentPlacements] > at {
+	n, inRing := 0, min(l.placed, l.next, recentPlacements)
+	for n < inRing && l.recent[(l.next-1-n)%recentPlacements] > at {
 		n++
 	}
 	if n == recentPlacements {

@@ -38,6 +38,9 @@ type placer struct {
 	recovering []*domainState // domains whose health weight is cut: stepHealth's work
 	rates      ratesCache     // Σ rates of the eligible domains
 	feedbackAt int64          // engine time of the capacity loops' last step
+	// relayed: the shared state relays engine readings between replicas;
+	// find notes the domains it weighs (capacityLoop.look).
+	relayed bool
 
 	// During dispatch: domains reserved for queued heads that do not fit.
 	blocked []*domainState
@@ -277,12 +280,14 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *re
 		if n == 0 {
 			continue
 		}
-		for _, d := range cand[:n] {
-			// Their loads and guards decide first: their engines'
-			// readings matter here (not those of the domains tried past
-			// the choices: a request that fits nowhere would want the
-			// whole fleet's).
-			d.loop.look(now, &p.cfg.Feedback)
+		if p.relayed {
+			for _, d := range cand[:n] {
+				// Their loads and guards decide first: their engines'
+				// readings matter here (not those of the domains tried
+				// past the choices: a request that fits nowhere would
+				// want the whole fleet's).
+				d.loop.look(now, &p.cfg.Feedback)
+			}
 		}
 		p.leastLoadedFirst(cand[:n])
 		for _, d := range cand[:n] {
