@@ -410,9 +410,9 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 // one: to publish the reading this replica made of d's engines since its
 // last report, or to ask for the newest reading of a domain placement
 // weighs lately that this round does not report (due: the reply to its
-// gauge carries its reading). A replica that reads
-// nothing and places nowhere asks for nothing: a round's entries follow
-// what it does, not the size of the fleet.
+// gauge carries its reading). A replica that reads nothing and places
+// nowhere asks for nothing: a round's entries follow what it does, not
+// the size of the fleet.
 func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
 	wanted := s.v.EngineReadingWantedLocked(d) && !due
 	var published *EngineReading

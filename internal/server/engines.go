@@ -123,7 +123,7 @@ func (f *engineFeed) topologyChanged(c topology.Cluster) {
 	defer f.mu.Unlock()
 	old := f.engines
 	f.engines = m
-	if err := f.applyLocked(); err != nil {
+	if err := f.applyLocked(true); err != nil {
 		f.engines = old
 		f.log.Error("engine metrics: the topology's engines are refused; the last set keeps being read", "err", err)
 	}
@@ -137,23 +137,34 @@ func (f *engineFeed) membersChanged(self string, members []string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.self, f.members = self, members
-	if err := f.applyLocked(); err != nil { // the set was accepted before
+	if err := f.applyLocked(true); err != nil { // the set was accepted before
 		f.log.Error("engine metrics: the domains to read are refused", "err", err)
 	}
 	f.log.Info("engine metrics: domains read here", "domains", len(f.read), "of", len(f.engines), "readers", f.readers, "replicas", len(members))
 }
 
 // applyLocked reads, from now on, the engines of the domains this replica
-// reads.
-func (f *engineFeed) applyLocked() error {
+// reads: where readings are relayed, its rendezvous share (chosen again
+// when choose is set: the members or the domains changed) and the
+// starved domains it falls back on; otherwise every domain.
+func (f *engineFeed) applyLocked(choose bool) error {
+	relayed := f.relayed
+	if choose {
+		relayed = nil
+		if len(f.members) > f.readers {
+			relayed = make(map[string]bool)
+			for id := range f.engines {
+				if readsDomain(id, f.self, f.members, f.readers) {
+					relayed[id] = true
+				}
+			}
+		}
+	}
 	m := f.engines
-	var relayed map[string]bool
-	if len(f.members) > f.readers {
-		m, relayed = make(map[string][]enginemetrics.Endpoint), make(map[string]bool)
+	if relayed != nil {
+		m = make(map[string][]enginemetrics.Endpoint)
 		for id, e := range f.engines {
-			if readsDomain(id, f.self, f.members, f.readers) {
-				m[id], relayed[id] = e, true
-			} else if _, ok := f.fallback[id]; ok {
+			if _, ok := f.fallback[id]; ok || relayed[id] {
 				m[id] = e
 			}
 		}
@@ -248,7 +259,7 @@ func (f *engineFeed) readStarved(now time.Time, starved []string) {
 		f.log.Info("engine metrics: no fresh readings relayed; reading those domains' engines here", "domains", added, "for", fallbackFor)
 	}
 	if added+expired > 0 {
-		if err := f.applyLocked(); err != nil {
+		if err := f.applyLocked(false); err != nil {
 			f.log.Error("engine metrics: the domains to read are refused", "err", err)
 		}
 	}
