@@ -59,5 +59,6 @@ time and memory go to stderr. See docs/fleet-simulation.md.`,
 	fs.Float64Var(&seconds, "seconds", d.Duration.Seconds(), "virtual seconds to simulate")
 	fs.Uint64Var(&cfg.Seed, "seed", d.Seed, "the workload's random seed")
 	fs.Float64Var(&cfg.Rate, "rate", d.Rate, "the fleet's offered requests per second")
+	fs.IntVar(&cfg.EngineReaders, "engine-readers", 0, "simulate the engines' readings and their relay, each domain read by this many replicas (0: none)")
 	return c
 }

@@ -71,6 +71,38 @@ func TestFleetTargets(t *testing.T) {
 	}
 }
 
+// With engines simulated, each domain's readers publish each reading once
+// (domains × readers a read period), the replicas that weigh a domain
+// take its readings well within feedback.stale, and the rounds stay one
+// call per shard per replica per interval.
+func TestFleetRelaysEngineReadings(t *testing.T) {
+	cfg := reduced
+	cfg.EngineReaders = 2
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var table bytes.Buffer
+	if err := res.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	var published int64
+	for _, s := range res.Shards {
+		if s.Calls*int64(Interval) > int64(cfg.Replicas)*int64(cfg.Duration) {
+			t.Errorf("%s: %d calls in %v from %d replicas: more than one per replica per %v", s.Name, s.Calls, cfg.Duration, cfg.Replicas, Interval)
+		}
+		published += s.Published
+	}
+	reads := int64(cfg.Domains*cfg.EngineReaders) * int64(cfg.Duration/EngineRead)
+	if published > reads || float64(published) < 0.95*float64(reads) {
+		t.Errorf("%d readings published, want each of the %d reads once (%d domains × %d readers × %d periods)", published, reads, cfg.Domains, cfg.EngineReaders, cfg.Duration/EngineRead)
+	}
+	if res.Relayed == 0 || res.RelayAgeMax >= 2*EngineRead {
+		t.Errorf("%d readings relayed, the oldest %v old: want some, each younger than two read periods (%v)", res.Relayed, res.RelayAgeMax, 2*EngineRead)
+	}
+}
+
 // One seed, one result: two runs print the same tables. (A smaller fleet
 // than reduced's, to keep the test short; the run has the same parts.)
 func TestFleetDeterministic(t *testing.T) {
@@ -176,8 +208,14 @@ func TestRespSize(t *testing.T) {
 			{Key: "d/nvl72-0001/pf", Rate: 1 << 31, Burst: 1 << 32, Cum: 1 << 51, Epoch: 3},
 		},
 		Gauges: []sharing.GaugeReport{{Key: "d/nvl72-0001/kv", Limit: 1 << 40, Held: 1 << 30, Share: 5, TTL: time.Minute}},
+		Engines: []sharing.EngineReport{
+			{Key: "d/nvl72-0002/kv", Reading: &sharing.EngineReading{Queue: 3, Running: 40, KVUsage: 0.61, Age: 50 * time.Millisecond}},
+			{Key: "d/nvl72-0003/kv"},
+		},
 	}
-	rep := &sharing.ReconcileReply{Buckets: []sharing.BucketGrant{{RateMilli: 5_000_000, Level: -3}, {RateMilli: 0, Level: 1 << 40}}, Gauges: []int64{1 << 35}}
+	heard := &sharing.EngineReading{Queue: 2, Running: 7, KVUsage: 0.5, Age: 120 * time.Millisecond, Stamp: 9}
+	rep := &sharing.ReconcileReply{Buckets: []sharing.BucketGrant{{RateMilli: 5_000_000, Level: -3}, {RateMilli: 0, Level: 1 << 40}}, Gauges: []int64{1 << 35},
+		Readings: []*sharing.EngineReading{heard, nil, heard}}
 
 	redisKey := func(k string) string { // redisstate.Store.Key with the default prefix
 		i := len(k) - 1
@@ -189,12 +227,15 @@ func TestRespSize(t *testing.T) {
 	itoa := func(v int64) string { return strconv.FormatInt(v, 10) }
 	us := func(d time.Duration) string { return itoa(d.Microseconds()) }
 	args := []string{"EVALSHA", "0123456789012345678901234567890123456789", "1", redisKey(part.Buckets[0].Key),
-		part.Replica, us(part.Stale), "2", "1000", us(part.Rejoin), "1"}
+		part.Replica, us(part.Stale), "2", "1000", us(part.Rejoin), "1", "2"}
 	for _, b := range part.Buckets {
 		args = append(args, redisKey(b.Key))
 	}
 	for _, g := range part.Gauges {
 		args = append(args, redisKey(g.Key))
+	}
+	for _, e := range part.Engines {
+		args = append(args, redisKey(e.Key))
 	}
 	for _, b := range part.Buckets {
 		resume := "0"
@@ -207,17 +248,22 @@ func TestRespSize(t *testing.T) {
 	for _, g := range part.Gauges {
 		args = append(args, itoa(g.Limit), itoa(g.Held), itoa(g.Share), us(g.TTL))
 	}
+	args = append(args, "1", "3", "40", "0.61", "50000", "0", "0", "0", "0", "0")
 	var wantReq bytes.Buffer
 	fmt.Fprintf(&wantReq, "*%d\r\n", len(args))
 	for _, a := range args {
 		fmt.Fprintf(&wantReq, "$%d\r\n%s\r\n", len(a), a)
 	}
 	var wantRep bytes.Buffer
-	fmt.Fprintf(&wantRep, "*3\r\n")
+	fmt.Fprintf(&wantRep, "*5\r\n")
 	for _, g := range rep.Buckets {
 		fmt.Fprintf(&wantRep, "*2\r\n:%d\r\n:%d\r\n", g.RateMilli, g.Level)
 	}
-	fmt.Fprintf(&wantRep, ":%d\r\n", rep.Gauges[0])
+	// The heard reading as the script answers it: the numbers as the
+	// reader wrote them, the age and a Redis TIME stamp in µs.
+	reading := fmt.Sprintf("*5\r\n$1\r\n2\r\n$1\r\n7\r\n$3\r\n0.5\r\n:120000\r\n:%d\r\n", redisStamp)
+	fmt.Fprintf(&wantRep, "*2\r\n:%d\r\n%s", rep.Gauges[0], reading) // the gauge with its domain's reading
+	fmt.Fprintf(&wantRep, ":0\r\n%s", reading)                          // the published entry (its own: none), the asked one
 
 	gotReq, gotRep := respSize(part, rep)
 	if gotReq != int64(wantReq.Len()) || gotRep != int64(wantRep.Len()) {
@@ -229,7 +275,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := (Config{}).Validate(); err != nil {
 		t.Errorf("the defaults: %v", err)
 	}
-	for _, c := range []Config{{Replicas: 1}, {Tenants: -1}, {Shards: Slots + 1}, {Duration: Interval}, {Rate: -5}} {
+	for _, c := range []Config{{Replicas: 1}, {Tenants: -1}, {Shards: Slots + 1}, {Duration: Interval}, {Rate: -5}, {EngineReaders: -1}, {Replicas: 4, EngineReaders: 4}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: valid, want an error", c)
 		}

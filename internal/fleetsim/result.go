@@ -30,6 +30,14 @@ type Result struct {
 	Tenants      int `json:"tenants"`
 	TenantStates int `json:"tenantStates"`
 
+	// Relayed counts the engine readings the replicas took from the
+	// store (Config.EngineReaders), and RelayAgeP50, RelayAgeP99 and
+	// RelayAgeMax are their ages as taken.
+	Relayed     int64         `json:"relayed,omitempty"`
+	RelayAgeP50 time.Duration `json:"relayAgeP50,omitempty"`
+	RelayAgeP99 time.Duration `json:"relayAgeP99,omitempty"`
+	RelayAgeMax time.Duration `json:"relayAgeMax,omitempty"`
+
 	// Hot is every tenant routed to several replicas, busiest first.
 	Hot []Overshoot `json:"hot"`
 	// Settle is the mid-run changes of a hot tenant's replicas.
@@ -73,6 +81,11 @@ func (s *sim) result() *Result {
 	res := s.res
 	res.Config = s.cfg
 	res.Shards = s.store.stats()
+	if res.Relayed > 0 {
+		res.RelayAgeP50 = time.Duration(s.relayAge.ValueAtQuantile(50)) * time.Microsecond
+		res.RelayAgeP99 = time.Duration(s.relayAge.ValueAtQuantile(99)) * time.Microsecond
+		res.RelayAgeMax = time.Duration(s.relayAge.Max()) * time.Microsecond
+	}
 	for _, w := range s.seen {
 		res.Tenants += bits.OnesCount64(w)
 	}
@@ -142,6 +155,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 		sum.TenantBuckets += s.TenantBuckets
 		sum.DomainBuckets += s.DomainBuckets
 		sum.Gauges += s.Gauges
+		sum.EngineEntries += s.EngineEntries
+		sum.Published += s.Published
 		sum.RequestBytes += s.RequestBytes
 		sum.ReplyBytes += s.ReplyBytes
 		sum.Keys += s.Keys
@@ -167,6 +182,10 @@ func (r *Result) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "\ndomain bucket updates/s, fleet-wide (prefill + decode): %s (%.1f per replica per round; %s rounds)\n",
 		per(sum.DomainBuckets), float64(sum.DomainBuckets)/float64(max(r.Rounds, 1)), thousands(r.Rounds))
+	if c.EngineReaders > 0 {
+		fmt.Fprintf(&b, "engine readings (%d readers a domain): %s published/s, %s asked for apart from a gauge/s, %s relayed/s, their age p50 %v, p99 %v, max %v\n",
+			c.EngineReaders, per(sum.Published), per(sum.EngineEntries-sum.Published), per(r.Relayed), r.RelayAgeP50, r.RelayAgeP99, r.RelayAgeMax)
+	}
 	fmt.Fprintf(&b, "requests: %s offered, %s admitted, %s over quota, %s over capacity, %s store unavailable\n\n",
 		thousands(r.Requests), thousands(r.Admitted), thousands(r.RefusedQuota), thousands(r.RefusedCapacity), thousands(r.RefusedUnavailable))
 

@@ -1,14 +1,19 @@
 package fleetsim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
+	"github.com/sluice-sched/sluice/internal/rendezvous"
 	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
 )
@@ -39,6 +44,12 @@ const (
 	placeTries = 3
 	// settleBand is how close the grants' sum must come to the rate.
 	settleBand = 0.05
+	// EngineRead is how often a reader reads a domain's engines
+	// (sluiced's --engine-metrics-period); EngineStale how long a replica
+	// wants a domain's readings after placement weighed it (its
+	// feedback.stale).
+	EngineRead  = 100 * time.Millisecond
+	EngineStale = 500 * time.Millisecond
 )
 
 // Config is the scale of a run. A zero field takes its default.
@@ -50,6 +61,12 @@ type Config struct {
 	Duration time.Duration `json:"duration"` // virtual, default 4 s
 	Seed     uint64        `json:"seed"`     // default 1
 	Rate     float64       `json:"rate"`     // the fleet's offered requests/s, default 200,000
+	// EngineReaders, when not 0, simulates the engines' readings and
+	// their relay: each domain's engines are read every EngineRead by the
+	// first EngineReaders replicas in its rendezvous order of the
+	// replicas, which publish each reading in their reconcile; a replica
+	// asks for the readings of the domains it weighed within EngineStale.
+	EngineReaders int `json:"engineReaders,omitempty"`
 }
 
 // DefaultConfig is the fleet the simulation is for: a 100k-GPU fleet
@@ -103,6 +120,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fleetsim: duration %v: want %v to 1h", c.Duration, 2*Interval)
 	case !(c.Rate > 0 && c.Rate <= 1e9):
 		return fmt.Errorf("fleetsim: rate %g: want a positive number of requests/s up to 1e9", c.Rate)
+	case c.EngineReaders < 0 || c.EngineReaders >= c.Replicas:
+		return fmt.Errorf("fleetsim: engine readers %d: want 0 (none simulated) to %d, fewer than the replicas", c.EngineReaders, c.Replicas-1)
 	}
 	return nil
 }
@@ -149,6 +168,7 @@ type sim struct {
 	hashSalt  uint64
 	nextReq   int64
 	requestNs float64
+	relayAge  *hdrhistogram.Histogram // the relayed engine readings' ages, µs
 
 	res Result
 }
@@ -177,6 +197,7 @@ func newSim(cfg Config) (*sim, error) {
 		seen:        make([]uint64, (cfg.Tenants+63)/64),
 		hashSalt:    mix(cfg.Seed),
 		requestNs:   1e9 / cfg.Rate,
+		relayAge:    hdrhistogram.New(1, int64(time.Hour/time.Microsecond), 3),
 	}
 	s.clk = clock.NewManual(s.base)
 	s.store = newShardedStore(cfg.Shards, s.clk)
@@ -265,11 +286,13 @@ func (s *sim) buildFleet() error {
 	if s.cost, err = protos[0].Cost(m, PromptTokens, OutputTokens); err != nil {
 		return fmt.Errorf("fleetsim: request cost: %w", err)
 	}
+	readers := s.engineReaders(topos)
 	for i := range s.cfg.Replicas {
-		r := &replica{sim: s, id: fmt.Sprintf("r%05d", i), byRank: make(map[int]*simTenant), domains: make([]simDomain, s.cfg.Domains)}
+		r := &replica{sim: s, id: fmt.Sprintf("r%05d", i), byRank: make(map[int]*simTenant), domains: make([]simDomain, s.cfg.Domains),
+			readPhase: (int64(i)*int64(Interval)/int64(s.cfg.Replicas) + int64(EngineRead)/2) % int64(EngineRead)}
 		r.cursor = int(mix(uint64(i)^s.hashSalt^0xd0) % uint64(s.cfg.Domains))
 		for j := range r.domains {
-			r.domains[j] = simDomain{topo: &topos[j], cap: *protos[j]}
+			r.domains[j] = simDomain{topo: &topos[j], cap: *protos[j], reads: readers[j][r.id]}
 		}
 		r.strat, err = sharing.New(r, s.store, sharing.Options{Mode: sharing.Batched, Replica: r.id, Replicas: s.cfg.Replicas, Interval: Interval})
 		if err != nil {
@@ -283,6 +306,38 @@ func (s *sim) buildFleet() error {
 		s.replicas = append(s.replicas, r)
 	}
 	return nil
+}
+
+// engineReaders is, per domain, the replicas that read its engines: the
+// first EngineReaders in its rendezvous order of the replicas' ids, as
+// sluiced chooses them over the etcd membership (none where engines are
+// not simulated).
+func (s *sim) engineReaders(topos []topology.Domain) []map[string]bool {
+	out := make([]map[string]bool, len(topos))
+	if s.cfg.EngineReaders == 0 {
+		return out
+	}
+	ids := make([]string, s.cfg.Replicas)
+	hashes := make([]uint64, s.cfg.Replicas)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("r%05d", i)
+		hashes[i] = rendezvous.NodeHash(ids[i])
+	}
+	order := make([]int, s.cfg.Replicas)
+	for j := range topos {
+		h := rendezvous.Hash(topos[j].ID)
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(a, b int) int {
+			return cmp.Compare(rendezvous.ScoreHashed(h, hashes[b], 1), rendezvous.ScoreHashed(h, hashes[a], 1))
+		})
+		out[j] = make(map[string]bool, s.cfg.EngineReaders)
+		for _, i := range order[:s.cfg.EngineReaders] {
+			out[j][ids[i]] = true
+		}
+	}
+	return out
 }
 
 // planEvents picks the mid-run changes: a replica joins the busiest
@@ -430,6 +485,7 @@ func (r *replica) placeLocked(now int64, cost pd.Cost) int {
 	r.cursor = (r.cursor + 1) % n
 	for i := range min(placeTries, n) {
 		d := (start + i) % n
+		r.domains[d].lookedAt, r.domains[d].looked = now, true // its engines' readings matter here
 		if r.domains[d].cap.Fits(now, cost, false) {
 			return d
 		}

@@ -23,6 +23,11 @@ type ShardStats struct {
 	TenantBuckets int64 `json:"tenantBuckets"`
 	DomainBuckets int64 `json:"domainBuckets"`
 	Gauges        int64 `json:"gauges"`
+	// EngineEntries counts the engine entries (Config.EngineReaders): a
+	// reading published, or asked for apart from a gauge; Published
+	// counts the first kind.
+	EngineEntries int64 `json:"engineEntries,omitempty"`
+	Published     int64 `json:"published,omitempty"`
 	// RequestBytes and ReplyBytes estimate the traffic (see shardedStore).
 	RequestBytes int64 `json:"requestBytes"`
 	ReplyBytes   int64 `json:"replyBytes"`
@@ -41,10 +46,12 @@ func (s *ShardStats) Buckets() int64 { return s.TenantBuckets + s.DomainBuckets 
 //
 // Bytes are the RESP2 encoding of the EVALSHA call reconcileOn sends for
 // that part and of its reply, from the request's own values: a header of
-// 6 arguments, every key twice (KEYS[1] and the argument list) in its
-// Redis form ("{sluice/t/acme}/rps"), 10 numbers per bucket and 4 per
-// gauge; a reply of a pair of integers per bucket and one per gauge. TCP
-// and IP framing are not counted.
+// 7 arguments, every key once (the first twice: KEYS[1] and the argument
+// list) in its Redis form ("{sluice/t/acme}/rps"), 10 numbers per bucket,
+// 4 per gauge and 5 per engine entry; a reply of a pair of integers per
+// bucket, per gauge an integer or {limit, reading}, per engine entry 0 or
+// a reading (three numbers as written, two integers). TCP and IP framing
+// are not counted.
 type shardedStore struct {
 	shards []*storeShard
 }
@@ -84,6 +91,7 @@ func (s *shardedStore) Reconcile(ctx context.Context, req *sharing.ReconcileRequ
 	n := len(s.shards)
 	bAt := make([][]int, n)
 	gAt := make([][]int, n)
+	eAt := make([][]int, n)
 	for i := range req.Buckets {
 		k := s.shardOf(req.Buckets[i].Key)
 		bAt[k] = append(bAt[k], i)
@@ -92,20 +100,30 @@ func (s *shardedStore) Reconcile(ctx context.Context, req *sharing.ReconcileRequ
 		k := s.shardOf(req.Gauges[i].Key)
 		gAt[k] = append(gAt[k], i)
 	}
-	rep := &sharing.ReconcileReply{Buckets: make([]sharing.BucketGrant, len(req.Buckets)), Gauges: make([]int64, len(req.Gauges))}
+	for i := range req.Engines {
+		k := s.shardOf(req.Engines[i].Key)
+		eAt[k] = append(eAt[k], i)
+	}
+	ng := len(req.Gauges)
+	rep := &sharing.ReconcileReply{Buckets: make([]sharing.BucketGrant, len(req.Buckets)), Gauges: make([]int64, ng),
+		Readings: make([]*sharing.EngineReading, ng+len(req.Engines))}
 	for k, sh := range s.shards {
-		if len(bAt[k]) == 0 && len(gAt[k]) == 0 {
+		if len(bAt[k]) == 0 && len(gAt[k]) == 0 && len(eAt[k]) == 0 {
 			continue
 		}
 		part := req
-		if len(bAt[k]) != len(req.Buckets) || len(gAt[k]) != len(req.Gauges) {
+		if len(bAt[k]) != len(req.Buckets) || len(gAt[k]) != ng || len(eAt[k]) != len(req.Engines) {
 			part = &sharing.ReconcileRequest{Replica: req.Replica, Replicas: req.Replicas, Stale: req.Stale, Rejoin: req.Rejoin,
-				Buckets: make([]sharing.BucketReport, len(bAt[k])), Gauges: make([]sharing.GaugeReport, len(gAt[k]))}
+				Buckets: make([]sharing.BucketReport, len(bAt[k])), Gauges: make([]sharing.GaugeReport, len(gAt[k])),
+				Engines: make([]sharing.EngineReport, len(eAt[k]))}
 			for j, i := range bAt[k] {
 				part.Buckets[j] = req.Buckets[i]
 			}
 			for j, i := range gAt[k] {
 				part.Gauges[j] = req.Gauges[i]
+			}
+			for j, i := range eAt[k] {
+				part.Engines[j] = req.Engines[i]
 			}
 		}
 		got, err := sh.reconcile(ctx, part)
@@ -116,7 +134,10 @@ func (s *shardedStore) Reconcile(ctx context.Context, req *sharing.ReconcileRequ
 			rep.Buckets[i] = got.Buckets[j]
 		}
 		for j, i := range gAt[k] {
-			rep.Gauges[i] = got.Gauges[j]
+			rep.Gauges[i], rep.Readings[i] = got.Gauges[j], got.Readings[j]
+		}
+		for j, i := range eAt[k] {
+			rep.Readings[ng+i] = got.Readings[len(part.Gauges)+j]
 		}
 	}
 	return rep, nil
@@ -137,6 +158,12 @@ func (sh *storeShard) reconcile(ctx context.Context, part *sharing.ReconcileRequ
 	st := &sh.stats
 	st.Calls++
 	st.Gauges += int64(len(part.Gauges))
+	st.EngineEntries += int64(len(part.Engines))
+	for i := range part.Engines {
+		if part.Engines[i].Reading != nil {
+			st.Published++
+		}
+	}
 	st.RequestBytes += reqBytes
 	st.ReplyBytes += repBytes
 	for i := range part.Buckets {
@@ -193,11 +220,11 @@ var evalSHA = bulk(len("EVALSHA")) + bulk(40) + bulk(1)
 // respSize is the RESP2 size of the EVALSHA call redisstate's
 // reconcileOn sends for part, and of the reply it gets.
 func respSize(part *sharing.ReconcileRequest, rep *sharing.ReconcileReply) (req, reply int64) {
-	nb, ng := len(part.Buckets), len(part.Gauges)
-	args := 6 + nb + ng + 10*nb + 4*ng
+	nb, ng, ne := len(part.Buckets), len(part.Gauges), len(part.Engines)
+	args := 7 + nb + ng + ne + 10*nb + 4*ng + 5*ne
 	req = arrayHeader(3+1+args) + evalSHA
 	req += bulk(len(part.Replica)) + bulk(micros(part.Stale)) + bulk(digits(int64(nb))) +
-		bulk(digits(int64(part.Replicas))) + bulk(micros(part.Rejoin)) + bulk(digits(int64(ng)))
+		bulk(digits(int64(part.Replicas))) + bulk(micros(part.Rejoin)) + bulk(digits(int64(ng))) + bulk(digits(int64(ne)))
 	first := true
 	key := func(k string) {
 		n := bulk(len(k) + len("{}") + len(keyPrefix))
@@ -213,6 +240,9 @@ func respSize(part *sharing.ReconcileRequest, rep *sharing.ReconcileReply) (req,
 	for i := range part.Gauges {
 		key(part.Gauges[i].Key)
 	}
+	for i := range part.Engines {
+		key(part.Engines[i].Key)
+	}
 	for i := range part.Buckets {
 		b := &part.Buckets[i]
 		req += bulk(digits(b.Rate)) + bulk(digits(b.Burst)) + bulk(digits(b.Cum)) + bulk(digits(b.Unacked)) +
@@ -223,15 +253,55 @@ func respSize(part *sharing.ReconcileRequest, rep *sharing.ReconcileReply) (req,
 		g := &part.Gauges[i]
 		req += bulk(digits(g.Limit)) + bulk(digits(g.Held)) + bulk(digits(g.Share)) + bulk(micros(g.TTL))
 	}
-	reply = arrayHeader(nb + ng)
+	for i := range part.Engines {
+		if r := part.Engines[i].Reading; r != nil {
+			req += bulk(1) + bulk(len(number(r.Queue))) + bulk(len(number(r.Running))) + bulk(len(number(r.KVUsage))) + bulk(micros(r.Age))
+		} else {
+			req += 5 * bulk(1)
+		}
+	}
+	reply = arrayHeader(nb + ng + ne)
 	for _, g := range rep.Buckets {
 		reply += arrayHeader(2) + integer(g.RateMilli) + integer(g.Level)
 	}
-	for _, v := range rep.Gauges {
-		reply += integer(v)
+	for i, v := range rep.Gauges {
+		if r := reading(rep, i); r != nil {
+			reply += arrayHeader(2) + integer(v) + readingSize(r)
+		} else {
+			reply += integer(v)
+		}
+	}
+	for i := range part.Engines {
+		if r := reading(rep, ng+i); r != nil {
+			reply += readingSize(r)
+		} else {
+			reply += integer(0)
+		}
 	}
 	return req, reply
 }
+
+// reading is the i-th engine reading of a reply, if any.
+func reading(rep *sharing.ReconcileReply, i int) *sharing.EngineReading {
+	if i >= len(rep.Readings) {
+		return nil
+	}
+	return rep.Readings[i]
+}
+
+// readingSize is a reading as the script answers it: queue, running and
+// KV use as the reader wrote them, the age and the stamp as integers (the
+// stamp a Redis time in microseconds, 16 digits, where memstate counts).
+func readingSize(r *sharing.EngineReading) int64 {
+	return arrayHeader(5) + bulk(len(number(r.Queue))) + bulk(len(number(r.Running))) + bulk(len(number(r.KVUsage))) +
+		integer(r.Age.Microseconds()) + integer(redisStamp)
+}
+
+// redisStamp is a Redis TIME in microseconds, as a reading's stamp is.
+var redisStamp = time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC).UnixMicro()
+
+// number is v as redisstate writes it.
+func number(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
 // bulk is the size of a RESP bulk string of n bytes: $n\r\n…\r\n.
 func bulk(n int) int64 { return int64(1 + digits(int64(n)) + 2 + n + 2) }

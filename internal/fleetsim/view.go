@@ -94,6 +94,11 @@ func (t *simTenant) ResetLimits(int64) {
 type simDomain struct {
 	topo *topology.Domain
 	cap  pd.DomainCapacity
+	// reads: this replica reads the domain's engines; lookedAt: when
+	// placement last tried it (looked: ever).
+	reads    bool
+	looked   bool
+	lookedAt int64
 }
 
 var _ sharing.Domain = (*simDomain)(nil)
@@ -130,6 +135,10 @@ type replica struct {
 	cursor  int         // the next domain to place on
 	leases  []lease     // in end order (one lease time for all)
 	nextID  uint64
+	// readPhase is when in each EngineRead this replica reads the engines
+	// it reads: half a read period off its reconciles' phase, so that a
+	// reading waits half a period, on average, to be published.
+	readPhase int64
 }
 
 var _ sharing.View = (*replica)(nil)
@@ -192,17 +201,31 @@ func (r *replica) LeaseLocked(uint64) (sharing.Charge, bool) { return sharing.Ch
 // RevokeLocked implements sharing.View. Only strict mode revokes.
 func (r *replica) RevokeLocked(string, uint64) {}
 
-// OwnEngineReadingLocked implements sharing.View: the simulated fleet
-// reads no serving engines.
-func (r *replica) OwnEngineReadingLocked(sharing.Domain) (sharing.EngineReading, int64, bool) {
-	return sharing.EngineReading{}, 0, false
+// OwnEngineReadingLocked implements sharing.View: a domain this replica
+// reads has a reading every EngineRead, at the replica's phase (the
+// values are placeholders: the simulation measures their relay).
+func (r *replica) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineReading, int64, bool) {
+	if !d.(*simDomain).reads || r.sim.now < r.readPhase {
+		return sharing.EngineReading{}, 0, false
+	}
+	now := r.sim.now
+	at := now - (now-r.readPhase)%int64(EngineRead)
+	return sharing.EngineReading{Queue: 3, Running: 40, KVUsage: 0.61, Age: time.Duration(now - at)}, at, true
 }
 
-// EngineReadingWantedLocked implements sharing.View.
-func (r *replica) EngineReadingWantedLocked(sharing.Domain) bool { return false }
+// EngineReadingWantedLocked implements sharing.View: placement tried the
+// domain within EngineStale.
+func (r *replica) EngineReadingWantedLocked(d sharing.Domain) bool {
+	sd := d.(*simDomain)
+	return sd.looked && r.sim.now-sd.lookedAt <= int64(EngineStale)
+}
 
-// RelayEngineReadingLocked implements sharing.View.
-func (r *replica) RelayEngineReadingLocked(sharing.Domain, sharing.EngineReading) {}
+// RelayEngineReadingLocked implements sharing.View: it counts the
+// reading, and its age.
+func (r *replica) RelayEngineReadingLocked(_ sharing.Domain, e sharing.EngineReading) {
+	r.sim.res.Relayed++
+	_ = r.sim.relayAge.RecordValue(e.Age.Microseconds())
+}
 
 // LeaseTTLLocked implements sharing.View.
 func (r *replica) LeaseTTLLocked() time.Duration { return leaseTTL }
