@@ -263,7 +263,7 @@ func TestRespSize(t *testing.T) {
 	// reader wrote them, the age and a Redis TIME stamp in µs.
 	reading := fmt.Sprintf("*5\r\n$1\r\n2\r\n$1\r\n7\r\n$3\r\n0.5\r\n:120000\r\n:%d\r\n", redisStamp)
 	fmt.Fprintf(&wantRep, "*2\r\n:%d\r\n%s", rep.Gauges[0], reading) // the gauge with its domain's reading
-	fmt.Fprintf(&wantRep, ":0\r\n%s", reading)                          // the published entry (its own: none), the asked one
+	fmt.Fprintf(&wantRep, ":0\r\n%s", reading)                       // the published entry (its own: none), the asked one
 
 	gotReq, gotRep := respSize(part, rep)
 	if gotReq != int64(wantReq.Len()) || gotRep != int64(wantRep.Len()) {
