@@ -283,8 +283,10 @@ func newReader(t *testing.T, opts enginemetrics.Options) (*enginemetrics.Reader,
 	c := &fakeClock{t: t0}
 	opts.Clock = c.now
 	if opts.Period == 0 {
-		// Generous on a loaded machine: a loopback read never nears it.
-		opts.Period, opts.Timeout = time.Second, time.Second
+		// Generous on a loaded machine: a loopback read never nears it
+		// (the 4 MiB oversized body under the race detector took more
+		// than a second with other work on the VM).
+		opts.Period, opts.Timeout = 10*time.Second, 10*time.Second
 	}
 	r, err := enginemetrics.NewReader(opts)
 	if err != nil {
