@@ -50,6 +50,18 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 	return nil
 }
 
+// RelayEngineReadings says whether the shared state relays engine
+// readings between replicas (batched rounds, a few replicas reading each
+// domain's engines for all): placement then notes the domains it weighs
+// among a request's spread choices, whose readings the rounds ask for.
+// Off by default: a replica that reads every domain itself asks for
+// nothing.
+func (e *Engine) RelayEngineReadings(on bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.mu.place.relayed = on
+}
+
 // StarvedEngineDomains appends to dst the domains whose engines' readings
 // placement has wanted for feedback.stale or longer (it weighs them among
 // a request's spread choices) with none fresh: the replicas that read

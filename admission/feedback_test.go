@@ -237,7 +237,7 @@ func TestPlacedAfterAReadingIsCounted(t *testing.T) {
 // placement looking elsewhere, ends it.
 func TestDomainsWithoutFreshReadingsAreStarved(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 1))
-	h.e.mu.place.relayed = true     // as under batched shared state
+	h.e.RelayEngineReadings(true)
 	stale := 500 * time.Millisecond // the default feedback.stale
 	starved := func() []string { return h.e.StarvedEngineDomains(nil) }
 	for range 6 { // placement weighs d1 every 100 ms

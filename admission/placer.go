@@ -38,8 +38,9 @@ type placer struct {
 	recovering []*domainState // domains whose health weight is cut: stepHealth's work
 	rates      ratesCache     // Σ rates of the eligible domains
 	feedbackAt int64          // engine time of the capacity loops' last step
-	// relayed: the shared state relays engine readings between replicas;
-	// find notes the domains it weighs (capacityLoop.look).
+	// relayed: the shared state relays engine readings between replicas
+	// (Engine.RelayEngineReadings); find notes the domains it weighs
+	// (capacityLoop.look).
 	relayed bool
 
 	// During dispatch: domains reserved for queued heads that do not fit.

@@ -678,7 +678,8 @@ func (s *scenario) domain(t *testing.T, d *datadriven.TestData) string {
 
 // observeEngines gives a replica a reading of a domain's engines, as the server's
 // metrics reader does: engines d1 queue=12 kv=0.5 relay on=r1 (relay: the
-// replica reads them for all).
+// replica reads them for all, and every replica's rounds relay readings,
+// as sluiced's do under a membership).
 func (s *scenario) observeEngines(t *testing.T, d *datadriven.TestData) string {
 	sig := admission.EngineSignal{Domain: d.CmdArgs[0].Key}
 	if d.HasArg("queue") {
@@ -687,7 +688,11 @@ func (s *scenario) observeEngines(t *testing.T, d *datadriven.TestData) string {
 	if d.HasArg("kv") {
 		d.ScanArgs(t, "kv", &sig.KVUsage)
 	}
-	sig.Relay = d.HasArg("relay")
+	if sig.Relay = d.HasArg("relay"); sig.Relay {
+		for _, r := range s.engines {
+			r.e.RelayEngineReadings(true)
+		}
+	}
 	if err := s.on(t, d).e.ObserveEngines([]admission.EngineSignal{sig}); err != nil {
 		return "error: " + err.Error()
 	}

@@ -18,9 +18,6 @@ func WithSharedState(store SharedState, o SharedOptions) Option {
 			return
 		}
 		e.shared = s
-		// Batched rounds relay engine readings: placement then notes the
-		// domains it weighs, whose readings the rounds ask for.
-		e.mu.place.relayed = o.Mode != SharedStrict
 	}
 }
 

@@ -217,7 +217,7 @@ func (r *replica) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineReadin
 // domain within EngineStale.
 func (r *replica) EngineReadingWantedLocked(d sharing.Domain) bool {
 	sd := d.(*simDomain)
-	return sd.looked && r.sim.now-sd.lookedAt <= int64(EngineStale)
+	return r.sim.cfg.EngineReaders > 0 && sd.looked && r.sim.now-sd.lookedAt <= int64(EngineStale)
 }
 
 // RelayEngineReadingLocked implements sharing.View: it counts the

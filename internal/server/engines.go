@@ -172,6 +172,9 @@ func (f *engineFeed) applyLocked(choose bool) error {
 	if err := f.reader.SetDomains(m); err != nil {
 		return err
 	}
+	if f.eng != nil && (relayed == nil) != (f.relayed == nil) {
+		f.eng.RelayEngineReadings(relayed != nil)
+	}
 	f.relayed = relayed
 	f.read = slices.Sorted(maps.Keys(m))
 	return nil
