@@ -266,8 +266,8 @@ func (s *batchedState) Run(ctx context.Context) {
 // shard, all at once, each applied as it answers. A shard whose breaker is
 // open is not called until its cool-down lets a probe through
 // (errBreakerOpen); the others go on. Reconcile waits for the calls at
-// most an interval: one slower than that (a master that stopped answering
-// waits out its timeout) goes on alone, and the rounds leave its shard be
+// most Options.Patience (an interval): one slower than that (a master that
+// stopped answering waits out its timeout) goes on alone, and the rounds leave its shard be
 // until it answers, so that it does not hold back the others' rounds.
 func (s *batchedState) Reconcile(ctx context.Context) error {
 	s.reconciles.Lock()
@@ -281,7 +281,7 @@ func (s *batchedState) Reconcile(ctx context.Context) error {
 	for _, sh := range calls {
 		go func() { answers <- s.reconcileOn(ctx, sh) }()
 	}
-	patience := time.NewTimer(s.opts.Interval)
+	patience := time.NewTimer(s.opts.Patience)
 	defer patience.Stop()
 	var errs []error
 	for range calls {

@@ -35,6 +35,11 @@ type Options struct {
 	Replicas int           // N until membership says otherwise; default 1
 	Interval time.Duration // batched reconcile period; default 100ms
 	Timeout  time.Duration // per store call; default 50ms
+	// Patience is how long a batched round waits for its calls before it
+	// goes on without the slow ones (their shards are left be until they
+	// answer); default Interval. A simulation whose store runs on the
+	// caller's goroutine in virtual time waits for them all.
+	Patience time.Duration
 	// The breaker opens after Failures consecutive store errors and probes
 	// again after Cooldown.
 	Failures int           // default 3
@@ -67,6 +72,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 50 * time.Millisecond
+	}
+	if o.Patience <= 0 {
+		o.Patience = o.Interval
 	}
 	if o.Failures <= 0 {
 		o.Failures = 3
