@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/internal/enginemetrics"
 	"github.com/sluice-sched/sluice/internal/rendezvous"
@@ -195,6 +197,27 @@ func readsDomain(id, self string, members []string, readers int) bool {
 		}
 	}
 	return true
+}
+
+// register exports how many domains' engines this replica reads, and how
+// many of them for want of a relay.
+func (f *engineFeed) register(reg *prometheus.Registry) {
+	count := func(starved bool) float64 {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if starved {
+			return float64(len(f.fallback))
+		}
+		return float64(len(f.read))
+	}
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_engine_domains_read",
+			Help: "Domains whose serving engines this replica reads: its rendezvous share where readings are relayed (and the starved ones), else every domain naming engines."},
+			func() float64 { return count(false) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_engine_domains_starved",
+			Help: "Domains read here for want of a relayed reading: their readers do not publish (gone, another version, Redis unreachable)."},
+			func() float64 { return count(true) }),
+	)
 }
 
 // domainsRead returns the domains whose engines this replica reads, sorted.

@@ -229,6 +229,12 @@ func TestStarvedDomainsAreReadHere(t *testing.T) {
 	if !reads(first) || reads(other) {
 		t.Errorf("reads d1 %v, d2 %v: want only %s, the domain placement weighs", reads("d1"), reads("d2"), first)
 	}
+	fams := scrape(t, srv)
+	for name, want := range map[string]float64{"sluice_engine_domains_read": 1, "sluice_engine_domains_starved": 1} {
+		if got := value(t, fams, name, nil); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
 	for range 10 {
 		if got := placedOn(t, c); got != other {
 			t.Fatalf("%s's engines wait 12 requests (read here for want of a relay): placed on %s, want %s", first, got, other)

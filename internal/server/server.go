@@ -180,6 +180,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.registerSharedMetrics(s.metrics.Registry)
+	s.state.feed.register(s.metrics.Registry)
 	registerConnMetrics(s.metrics.Registry, s.sec.grpcConns, s.sec.httpConns)
 	// Parsing a large config (100k tenants) peaks far above what it leaves
 	// behind; give that back now rather than at the next scavenge.
