@@ -39,8 +39,9 @@ func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 			unknown = append(unknown, s.Domain)
 			continue
 		}
+		s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
 		d.loop.observe(now, s, &e.mu.place.cfg.Feedback)
-		if s.Relay {
+		if s.Relay { // as observed: the others get no NaN from a broken engine
 			d.loop.own, d.loop.ownAt, d.loop.hasOwn = s, now-int64(max(s.Age, 0)), true
 		}
 	}
