@@ -259,6 +259,30 @@ func TestDomainsWithoutFreshReadingsAreStarved(t *testing.T) {
 	}
 }
 
+// A reading marked for relay is published as the loop took it: a broken
+// engine's NaN or negative numbers count as 0 for the others too; one not
+// marked is not published.
+func TestRelayedReadingsAreSane(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 2))
+	if err := h.e.ObserveEngines([]EngineSignal{
+		{Domain: "d1", Queue: math.NaN(), Running: -3, KVUsage: 0.5, Relay: true},
+		{Domain: "d2", Queue: 4},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	v := h.e.view()
+	v.Lock()
+	r, _, ok := v.OwnEngineReadingLocked(v.DomainLocked("d1"))
+	_, _, ok2 := v.OwnEngineReadingLocked(v.DomainLocked("d2"))
+	v.Unlock()
+	if !ok || r.Queue != 0 || r.Running != 0 || r.KVUsage != 0.5 {
+		t.Errorf("d1's reading to relay = %+v (%v), want queue 0, running 0, KV 0.5", r, ok)
+	}
+	if ok2 {
+		t.Error("d2's reading, not marked for relay, is to be published")
+	}
+}
+
 // KV use past its threshold saturates as a queue does; Explain names it.
 func TestKVUsageSaturates(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 1))
