@@ -76,8 +76,8 @@ func TestFleetTargets(t *testing.T) {
 // take its readings well within feedback.stale, and the rounds stay one
 // call per shard per replica per interval.
 func TestFleetRelaysEngineReadings(t *testing.T) {
-	cfg := reduced
-	cfg.EngineReaders = 2
+	// TestFleetDeterministic's fleet: the relay's counts need no more.
+	cfg := Config{Replicas: 20, Tenants: 5_000, Domains: 30, Shards: 3, Duration: 2 * time.Second, Seed: 7, Rate: 4_000, EngineReaders: 2}
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
