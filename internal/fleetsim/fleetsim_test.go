@@ -24,24 +24,10 @@ var reduced = Config{Replicas: 50, Tenants: 20_000, Domains: 70, Shards: 3, Dura
 // tenant spread over several replicas admitted at most quota +
 // (N_t−1)·R·W.
 func TestFleetTargets(t *testing.T) {
-	res, err := Run(context.Background(), reduced)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var table bytes.Buffer
-	if err := res.WriteTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("\n%s", table.String())
-
-	c := res.Config
+	res := runLogged(t, reduced)
+	oneCallPerRound(t, res)
 	var buckets, keys int64
 	for _, s := range res.Shards {
-		// calls/s ≤ N × (1 s / Interval): each replica's round calls a
-		// shard at most once, and a replica has Duration/Interval rounds.
-		if s.Calls*int64(Interval) > int64(c.Replicas)*int64(c.Duration) {
-			t.Errorf("%s: %d calls in %v from %d replicas: more than one per replica per %v", s.Name, s.Calls, c.Duration, c.Replicas, Interval)
-		}
 		buckets += s.Buckets()
 		keys += int64(s.Keys)
 	}
@@ -78,6 +64,24 @@ func TestFleetTargets(t *testing.T) {
 func TestFleetRelaysEngineReadings(t *testing.T) {
 	// TestFleetDeterministic's fleet: the relay's counts need no more.
 	cfg := Config{Replicas: 20, Tenants: 5_000, Domains: 30, Shards: 3, Duration: 2 * time.Second, Seed: 7, Rate: 4_000, EngineReaders: 2}
+	res := runLogged(t, cfg)
+	oneCallPerRound(t, res)
+	var published int64
+	for _, s := range res.Shards {
+		published += s.Published
+	}
+	reads := int64(cfg.Domains*cfg.EngineReaders) * int64(cfg.Duration/EngineRead)
+	if published > reads || float64(published) < 0.95*float64(reads) {
+		t.Errorf("%d readings published, want each of the %d reads once (%d domains × %d readers × %d periods)", published, reads, cfg.Domains, cfg.EngineReaders, cfg.Duration/EngineRead)
+	}
+	if res.Relayed == 0 || res.RelayAgeMax >= 2*EngineRead {
+		t.Errorf("%d readings relayed, the oldest %v old: want some, each younger than two read periods (%v)", res.Relayed, res.RelayAgeMax, 2*EngineRead)
+	}
+}
+
+// runLogged runs cfg and logs its tables.
+func runLogged(t *testing.T, cfg Config) *Result {
+	t.Helper()
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -87,19 +91,19 @@ func TestFleetRelaysEngineReadings(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", table.String())
-	var published int64
+	return res
+}
+
+// oneCallPerRound checks calls/s ≤ N × (1 s / Interval) on every shard:
+// each replica's round calls a shard at most once, and a replica has
+// Duration/Interval rounds.
+func oneCallPerRound(t *testing.T, res *Result) {
+	t.Helper()
+	c := res.Config
 	for _, s := range res.Shards {
-		if s.Calls*int64(Interval) > int64(cfg.Replicas)*int64(cfg.Duration) {
-			t.Errorf("%s: %d calls in %v from %d replicas: more than one per replica per %v", s.Name, s.Calls, cfg.Duration, cfg.Replicas, Interval)
+		if s.Calls*int64(Interval) > int64(c.Replicas)*int64(c.Duration) {
+			t.Errorf("%s: %d calls in %v from %d replicas: more than one per replica per %v", s.Name, s.Calls, c.Duration, c.Replicas, Interval)
 		}
-		published += s.Published
-	}
-	reads := int64(cfg.Domains*cfg.EngineReaders) * int64(cfg.Duration/EngineRead)
-	if published > reads || float64(published) < 0.95*float64(reads) {
-		t.Errorf("%d readings published, want each of the %d reads once (%d domains × %d readers × %d periods)", published, reads, cfg.Domains, cfg.EngineReaders, cfg.Duration/EngineRead)
-	}
-	if res.Relayed == 0 || res.RelayAgeMax >= 2*EngineRead {
-		t.Errorf("%d readings relayed, the oldest %v old: want some, each younger than two read periods (%v)", res.Relayed, res.RelayAgeMax, 2*EngineRead)
 	}
 }
 
