@@ -155,7 +155,7 @@ func newReplayCmd(g *globals) *cobra.Command {
 	f := c.Flags()
 	f.StringVar(&o.configPath, "config", "", "config file (YAML or JSON), as sluiced's --config; empty: the embedded default")
 	f.StringVar(&o.topo, "topology", "simulated", `topology, as sluiced's --topology: "simulated" (the built-in cluster), a topology file path, "auto", "auto:<file>" or "nvml"`)
-	f.StringVar(&o.policies, "policy", "sluice,fifo", "policies to compare, comma-separated: sluice, fifo, global-bucket, tenant-buckets, threshold (needs --engine-capacity), or all")
+	f.StringVar(&o.policies, "policy", "sluice,fifo", "policies to compare, comma-separated: sluice, fifo, global-bucket, tenant-buckets, threshold or clairvoyant (each needs --engine-capacity), or all")
 	f.DurationVar(&o.deadline, "deadline", 0, "each request's deadline after its arrival (0: the config's queue.default_wait)")
 	f.BoolVar(&o.downgrade, "downgrade", false, "requests accept their model's lower tiers (sluice degrades; the baselines do not)")
 	f.StringVar(&o.htmlPath, "html", "", "also write the HTML report (inline SVG plots, self-contained) to this file")
@@ -163,6 +163,7 @@ func newReplayCmd(g *globals) *cobra.Command {
 	f.Float64Var(&o.engineCapacity, "engine-capacity", 0, "simulate a serving engine per domain that sustains this many times the model's peak-derived rates (0: no engines, the model's processor-shared service)")
 	f.Var(&o.changes, "engine-change", "DOMAIN@TIME=CAPACITY, e.g. hgx-1@120s=0.5: that domain's engine capacity from that replay time on (repeatable; needs --engine-capacity)")
 	f.BoolVar(&o.openLoop, "open-loop", false, "keep sluice's capacity loop open: no engine signals, releases without measured times")
+	f.DurationVar(&o.budget, "clairvoyant-budget", 0, "the clairvoyant dispatcher sends a request once its prefill, with the work ahead of it on an engine, takes at most this (0: --slo)")
 	f.Float64Var(&tf.deferrable, "deferrable-share", 0, "share of the bursts' requests (each row of a --burst tenant in its window) marked deferrable, drawn by --seed: sluice defers them to its backlog, the baselines treat them as any other")
 	f.DurationVar(&o.deferWithin, "defer-within", 0, "how long a deferrable request may wait in sluice's backlog (0: the config's deferral.default_within); the replay runs until the backlog is empty")
 	ef.register(c)
@@ -179,6 +180,7 @@ type replayOptions struct {
 	engineCapacity             float64
 	changes                    changeFlags
 	openLoop                   bool
+	budget                     time.Duration
 	deferWithin                time.Duration
 }
 
@@ -193,17 +195,20 @@ func runReplay(g *globals, tf *traceFlags, ef *engineFlags, o replayOptions) err
 	if o.deferWithin < 0 {
 		return fmt.Errorf("--defer-within %v: must be ≥ 0", o.deferWithin)
 	}
+	if o.budget < 0 {
+		return fmt.Errorf("--clairvoyant-budget %v: must be ≥ 0", o.budget)
+	}
 	eng, err := ef.options(o.engineCapacity)
 	if err != nil {
 		return err
 	}
-	eng.Changes, eng.OpenLoop = o.changes, o.openLoop
+	eng.Changes, eng.OpenLoop, eng.Budget = o.changes, o.openLoop, o.budget
 	pols, err := replay.ParsePolicies(o.policies)
 	if err != nil {
 		return err
 	}
 	if o.policies == "all" && eng.On() {
-		pols = append(pols, replay.PolicyThreshold)
+		pols = append(pols, replay.PolicyThreshold, replay.PolicyClairvoyant)
 	}
 	rows, err := tf.load()
 	if err != nil {

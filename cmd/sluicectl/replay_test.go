@@ -69,7 +69,8 @@ func TestReplayCommandDefaults(t *testing.T) {
 }
 
 // TestReplayEngines replays with simulated engines: --policy all adds the
-// threshold rule, and every report carries the engines' measures.
+// threshold rule and the clairvoyant dispatcher, and every report carries
+// the engines' measures.
 func TestReplayEngines(t *testing.T) {
 	args := []string{"replay", "--trace", replayTrace, "--mix", replayMix, "--to", "5m", "--speed", "10", "--config", replayConfig,
 		"--topology", replayCluster, "--deadline", "2s", "--policy", "all", "--engine-capacity", "0.6", "--engine-change", "hgx-2@10s=0.3", "-o", "json"}
@@ -81,7 +82,7 @@ func TestReplayEngines(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &c); err != nil {
 		t.Fatalf("-o json is not JSON: %v", err)
 	}
-	if len(c.Reports) != 5 || c.Reports[4].Policy != "threshold" {
+	if len(c.Reports) != 6 || c.Reports[4].Policy != "threshold" || c.Reports[5].Policy != "clairvoyant" {
 		t.Fatalf("%d reports", len(c.Reports))
 	}
 	for _, r := range c.Reports {
@@ -145,7 +146,9 @@ func TestReplayCommandErrors(t *testing.T) {
 		{append([]string{"replay", "--config", "nope.yaml"}, base[:4]...), "nope.yaml"},
 		{append([]string{"replay", "extra"}, base...), `unexpected argument "extra"`},
 		{[]string{"replay", "--trace", "nope.csv", "--mix", replayMix}, "nope.csv"},
-		{append([]string{"replay", "--policy", "threshold"}, base...), "policy threshold reads the engines' signals"},
+		{append([]string{"replay", "--policy", "threshold"}, base...), "policy threshold reads the engines"},
+		{append([]string{"replay", "--policy", "clairvoyant"}, base...), "policy clairvoyant reads the engines"},
+		{append([]string{"replay", "--clairvoyant-budget", "-1s"}, base...), "--clairvoyant-budget -1s"},
 		{append([]string{"replay", "--engine-capacity", "-1"}, base...), "--engine-capacity -1"},
 		{append([]string{"replay", "--engine-capacity", "1", "--engine-batch", "0"}, base...), "--engine-batch 0"},
 		{append([]string{"replay", "--engine-change", "hgx-1@1s"}, base...), `--engine-change "hgx-1@1s"`},

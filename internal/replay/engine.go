@@ -44,6 +44,10 @@ type EngineOptions struct {
 	// SLO is the time-to-first-token objective the report measures
 	// against; default 2s.
 	SLO time.Duration
+	// Budget is the clairvoyant dispatcher's bound on a request's prefill
+	// with the work ahead of it on its engine; default the SLO. The other
+	// policies ignore it.
+	Budget time.Duration
 }
 
 // On reports whether the engines are on.
@@ -69,6 +73,9 @@ func (o EngineOptions) withDefaults() EngineOptions {
 	}
 	if o.SLO <= 0 {
 		o.SLO = DefaultSLO
+	}
+	if o.Budget <= 0 {
+		o.Budget = o.SLO
 	}
 	return o
 }

@@ -324,7 +324,8 @@ func TestEngineOptionErrors(t *testing.T) {
 		opts Options
 		want string
 	}{
-		{Options{Policy: PolicyThreshold}, "policy threshold reads the engines' signals"},
+		{Options{Policy: PolicyThreshold}, "policy threshold reads the engines"},
+		{Options{Policy: PolicyClairvoyant}, "policy clairvoyant reads the engines"},
 		{Options{Policy: PolicySluice, Engine: EngineOptions{Capacity: 1, Changes: []EngineChange{{Domain: "nope", Capacity: 1}}}}, `no domain "nope"`},
 		{Options{Policy: PolicySluice, Engine: EngineOptions{Changes: []EngineChange{{Domain: "hgx-1", Capacity: 1}}}}, "needs --engine-capacity"},
 		{Options{Policy: PolicySluice, Engine: EngineOptions{Capacity: 1e6}}, "--engine-capacity 1e+06"},

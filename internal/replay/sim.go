@@ -24,13 +24,18 @@ const (
 	// least loaded domain whose engines are under the saturation
 	// thresholds, else FIFO; it needs the engines (EngineOptions).
 	PolicyThreshold = "threshold"
+	// PolicyClairvoyant dispatches on each engine's outstanding prefill
+	// work, known exactly from the simulator: a bound on what any policy
+	// gets from the engines within a TTFT objective, not a rule to deploy;
+	// it needs the engines.
+	PolicyClairvoyant = "clairvoyant"
 )
 
 // Policies lists every policy that runs without the engines, in report
 // order; EnginePolicies those that run with them.
 var (
 	Policies       = []string{PolicySluice, PolicyFIFO, PolicyGlobalBucket, PolicyTenantBuckets}
-	EnginePolicies = append(slices.Clone(Policies), PolicyThreshold)
+	EnginePolicies = append(slices.Clone(Policies), PolicyThreshold, PolicyClairvoyant)
 )
 
 // ParsePolicies reads a --policy value: names separated by commas, or
@@ -334,11 +339,15 @@ func newSim(rows []Row, opts Options) (*sim, error) {
 		s.pol, err = newSluicePolicy(s)
 	case PolicyFIFO, PolicyGlobalBucket, PolicyTenantBuckets:
 		s.pol = newBaseline(s, opts.Policy, rows)
-	case PolicyThreshold:
+	case PolicyThreshold, PolicyClairvoyant:
 		if !s.eng.On() {
-			return nil, fmt.Errorf("policy %s reads the engines' signals: it needs --engine-capacity", PolicyThreshold)
+			return nil, fmt.Errorf("policy %s reads the engines: it needs --engine-capacity", opts.Policy)
 		}
-		s.pol = newThreshold(s)
+		if opts.Policy == PolicyThreshold {
+			s.pol = newThreshold(s)
+		} else {
+			s.pol = newClairvoyant(s)
+		}
 	default:
 		err = fmt.Errorf("policy %q: want %s", opts.Policy, strings.Join(EnginePolicies, ", "))
 	}

@@ -1,0 +1,257 @@
+package replay
+
+import (
+	"math"
+
+	"github.com/sluice-sched/sluice/admission"
+)
+
+// clairvoyant is a dispatcher that knows what no admission service can:
+// each engine's prefills to the FLOP, from the simulator itself. It sends
+// a request to a domain only if, foreseeing the engine exactly (its
+// processor-shared prefill, its FIFO waiting queue and its prefill-token
+// budget), the request's prefill and every prefill already there end
+// within Budget of their dispatch; of the domains that allow it, the one
+// with the most room. Any waiting request that fits goes, not only the
+// head. It has no quotas, floors or model.
+//
+// It bounds what policies can do with a trace, not a rule to deploy: with
+// its budget bisected to the largest whose TTFT p99 meets the SLO, the
+// engines' utilization under it is the most a policy is shown to get from
+// them within the SLO (FeedbackTable). What it does not foresee is what
+// the trace here never reaches: a full batch (MaxBatch) or KV cache.
+//
+// Requests wait at most their deadline (refused DEADLINE_UNMEETABLE),
+// beyond queue.max_total are refused QUEUE_FULL, and CAPACITY_EXCEEDED at
+// once when no engine could ever hold their KV. Requests are never
+// degraded.
+type clairvoyant struct {
+	s      *sim
+	queue  []waiting // in arrival order, so by deadline
+	wait   int64
+	max    int
+	budget float64 // seconds
+	// room is, per domain, the most prefill work (FLOP) a request
+	// dispatched now may bring there; stale marks the domains to foresee
+	// again.
+	room  []float64
+	stale []bool
+	// sent counts the requests dispatched; late holds those sent to end
+	// past the budget (lateShare of them at most).
+	sent int
+	late map[*simReq]bool
+	// Scratch for foreseeing an engine.
+	runBuf, waitBuf []prefillJob
+	// onDispatch, when set, sees each dispatch with the room its domain
+	// had (tests).
+	onDispatch func(r *simReq, domain int, work, room float64)
+}
+
+// waiting is a queued request and its prefill FLOP on each domain.
+type waiting struct {
+	r    *simReq
+	work []float64
+}
+
+// prefillJob is a prefill as foreseen: its work left (FLOP), its prompt
+// tokens and how long from now it may take (seconds).
+type prefillJob struct {
+	work   float64
+	tokens int64
+	due    float64
+}
+
+func newClairvoyant(s *sim) *clairvoyant {
+	cfg := &s.opts.Config
+	return &clairvoyant{s: s, wait: int64(cfg.Queue.DefaultWait.Duration), max: cfg.Queue.MaxTotal,
+		budget: s.eng.Budget.Seconds(), room: make([]float64, len(s.domains)), stale: make([]bool, len(s.domains)),
+		late: map[*simReq]bool{}}
+}
+
+func (c *clairvoyant) submit(now int64, r *simReq) error {
+	if r.deadline == 0 {
+		r.deadline = now + c.wait
+	}
+	m, _ := c.s.cat.Get(r.row.Model)
+	w := waiting{r: r, work: make([]float64, len(c.s.domains))}
+	ever := false
+	for i, d := range c.s.domains {
+		w.work[i] = math.Inf(1)
+		if cost, err := d.cap.Cost(m, r.row.Prompt, r.row.Output); err == nil && cost.KVBytes <= d.eng.kvCap {
+			w.work[i], ever = float64(cost.PrefillFLOP), true
+		}
+	}
+	if !ever {
+		return c.s.decided(r, admission.Rejected, admission.ReasonCapacityExceeded, "", "", 0)
+	}
+	if len(c.queue) >= c.max {
+		return c.s.decided(r, admission.Rejected, admission.ReasonQueueFull, "", "", 0)
+	}
+	c.queue = append(c.queue, w)
+	return c.dispatch(now)
+}
+
+// dispatch refuses the requests past their deadline and sends each
+// waiting request that fits a domain to the one with the most room.
+func (c *clairvoyant) dispatch(now int64) error {
+	n := 0
+	for n < len(c.queue) && c.queue[n].r.deadline <= now {
+		if err := c.s.decided(c.queue[n].r, admission.Rejected, admission.ReasonDeadlineUnmeetable, "", "", 0); err != nil {
+			return err
+		}
+		n++
+	}
+	c.queue = c.queue[n:]
+	if len(c.queue) == 0 {
+		return nil
+	}
+	for i := range c.stale {
+		c.stale[i] = true
+	}
+	keep := c.queue[:0]
+	for _, w := range c.queue {
+		best := -1
+		for i, d := range c.s.domains {
+			if c.stale[i] {
+				c.room[i], c.stale[i] = c.roomOn(d, now), false
+			}
+			if w.work[i] <= c.room[i] && (best < 0 || c.room[i]-w.work[i] > c.room[best]-w.work[best]) {
+				best = i
+			}
+		}
+		if best < 0 && float64(len(c.late)+1) <= lateShare*float64(c.sent+1) {
+			best = c.lateOn(w, now)
+		}
+		if best < 0 {
+			keep = append(keep, w)
+			continue
+		}
+		c.sent++
+		if c.onDispatch != nil {
+			c.onDispatch(w.r, best, w.work[best], c.room[best])
+		}
+		c.stale[best] = true
+		if err := c.s.decided(w.r, admission.Admitted, admission.ReasonNone, c.s.domains[best].id, w.r.row.Model, uint64(w.r.id)+1); err != nil {
+			return err
+		}
+	}
+	clear(c.queue[len(keep):])
+	c.queue = keep
+	return nil
+}
+
+// lateShare is the share of the requests it sends that the dispatcher
+// may send to end past the budget: a TTFT p99 within the SLO lets 1% end
+// past it, and a prompt too long to ever end within it would otherwise
+// never go. It sends such a request only where every other prefill still
+// ends within the budget, and only while late ones are under this share
+// of those it sent.
+const lateShare = 0.009
+
+// lateOn sends w to end past the budget on the first domain where every
+// other prefill still ends within it, and returns that domain; -1: none.
+func (c *clairvoyant) lateOn(w waiting, now int64) int {
+	for i, d := range c.s.domains {
+		if !math.IsInf(w.work[i], 1) && c.foresee(d, now, w.work[i], math.Inf(1)) {
+			c.late[w.r] = true
+			return i
+		}
+	}
+	return -1
+}
+
+// roomOn is the most prefill work a request dispatched on d now may
+// bring, so that its prefill and every one already there end within the
+// budget of their dispatch: bisected, as more work only delays them all.
+func (c *clairvoyant) roomOn(d *simDomain, now int64) float64 {
+	rate := d.prefill.rate
+	if rate <= 0 || !c.endsInTime(d, now, 0) {
+		return -1
+	}
+	lo, hi := 0.0, c.budget*rate // alone, it ends within the budget at most
+	if c.endsInTime(d, now, hi) {
+		return hi
+	}
+	for range 20 {
+		if mid := (lo + hi) / 2; c.endsInTime(d, now, mid) {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// endsInTime reports whether, with a request of work FLOP of prefill
+// added to d's engine now (none for 0), every prefill ends within the
+// budget of its dispatch.
+func (c *clairvoyant) endsInTime(d *simDomain, now int64, work float64) bool {
+	return c.foresee(d, now, work, c.budget)
+}
+
+// foresee runs d's engine forward from now with a request of work FLOP of
+// prefill added at the tail of its waiting queue (none for 0), which may
+// take ownDue seconds: whether every prefill ends within its due (the
+// budget from its dispatch; none for the late ones).
+func (c *clairvoyant) foresee(d *simDomain, now int64, work, ownDue float64) bool {
+	d.prefill.advance(now)
+	e := d.eng
+	due := func(r *simReq) float64 {
+		if c.late[r] {
+			return math.Inf(1)
+		}
+		return c.budget - float64(now-r.admitAt)/1e9
+	}
+	run, wait := c.runBuf[:0], c.waitBuf[:0]
+	var inPrefill int64
+	for _, r := range d.prefill.reqs {
+		run = append(run, prefillJob{work: max(r.finish-d.prefill.s, 0), tokens: r.row.Prompt, due: due(r)})
+		inPrefill += r.row.Prompt
+	}
+	for i := e.waiting.head; i < len(e.waiting.items); i++ {
+		r := e.waiting.items[i]
+		wait = append(wait, prefillJob{work: float64(r.cost.PrefillFLOP), tokens: r.row.Prompt, due: due(r)})
+	}
+	if work > 0 {
+		wait = append(wait, prefillJob{work: work, due: ownDue})
+	}
+	c.runBuf, c.waitBuf = run, wait
+	ok, t := true, 0.0
+	for ok && (len(run) > 0 || len(wait) > 0) {
+		for len(wait) > 0 && inPrefill < e.budget { // the engine's fill
+			run = append(run, wait[0])
+			inPrefill += wait[0].tokens
+			wait = wait[1:]
+		}
+		least := run[0].work
+		for _, j := range run[1:] {
+			least = min(least, j.work)
+		}
+		t += least * float64(len(run)) / d.prefill.rate
+		left := run[:0]
+		for _, j := range run {
+			if j.work -= least; j.work > 1e-9*least {
+				left = append(left, j)
+				continue
+			}
+			inPrefill -= j.tokens
+			ok = ok && t <= j.due+1e-9
+		}
+		run = left
+	}
+	return ok
+}
+
+func (c *clairvoyant) tick(now int64) {
+	if err := c.dispatch(now); err != nil {
+		c.s.rec.fail(err)
+	}
+}
+
+func (c *clairvoyant) release(int64, *simReq) error { return nil }
+
+func (c *clairvoyant) observe(now int64, _ []admission.EngineSignal) { c.tick(now) }
+
+func (c *clairvoyant) queued() int { return len(c.queue) }
+
+func (c *clairvoyant) close() {}
