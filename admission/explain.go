@@ -179,7 +179,7 @@ func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor, guar
 	}
 	switch {
 	case !guarded:
-	case d.loop.saturated:
+	case d.loop.saturated || d.loop.placed == 0: // held by the signal itself
 		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting, KV %.0f%% used): the capacity feedback places only floor traffic here until they clear",
 			d.loop.sig.Queue, 100*d.loop.sig.KVUsage)
 	default:

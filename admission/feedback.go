@@ -273,16 +273,17 @@ func (l *capacityLoop) fresh(now int64, cfg *FeedbackConfig) bool {
 }
 
 // guards reports whether the guard keeps the domain to its floors now:
-// its engines were saturated at the last step, or the requests placed
-// since their fresh signal take the queue it reported past the threshold.
+// its engines were saturated at the last step, or their fresh signal is
+// past a threshold with the requests placed since counted as waiting (at
+// once: a reading past it holds the domain before the next step).
 func (l *capacityLoop) guards(now int64, cfg *FeedbackConfig) bool {
 	return l.saturated || l.filled(now, cfg)
 }
 
-// filled reports whether the requests placed since a fresh signal take
-// its queue past the threshold.
+// filled reports whether a fresh signal, with the requests placed since
+// it counted as waiting, is past a threshold.
 func (l *capacityLoop) filled(now int64, cfg *FeedbackConfig) bool {
-	return l.placed > 0 && l.fresh(now, cfg) && l.sig.Queue+float64(l.placed) > cfg.QueueThreshold
+	return l.fresh(now, cfg) && (l.sig.Queue+float64(l.placed) > cfg.QueueThreshold || l.sig.KVUsage > cfg.KVThreshold)
 }
 
 // saturatedBy reports whether s is past a threshold.

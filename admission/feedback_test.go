@@ -154,6 +154,28 @@ func TestRequestsPlacedSinceASignalCountAsWaiting(t *testing.T) {
 	}
 }
 
+// A fresh signal past a threshold holds the domain at once, not from the
+// next control step: the first request after it waits, and Explain names
+// the engines' saturation.
+func TestASignalPastAThresholdHoldsAtOnce(t *testing.T) {
+	for _, sig := range []EngineSignal{{Domain: "d1", Queue: 6}, {Domain: "d1", KVUsage: 0.9}} {
+		h := newHarness(t, testConfig(), hgxCluster(t, 1))
+		if err := h.e.ObserveEngines([]EngineSignal{sig}); err != nil {
+			t.Fatal(err)
+		}
+		if _, named := h.explainsUnfit(req("a", "medium", 1000, 100), "d1", "engines saturated (6 waiting"); sig.Queue > 0 && !named {
+			t.Errorf("%+v: Explain does not name the saturated engines", sig)
+		}
+		d, w := h.submit(req("a", "medium", 1000, 100))
+		if w == nil && d.Outcome == Admitted {
+			t.Errorf("%+v before the next step: admitted on %s, want held", sig, d.Domain)
+		}
+		if w != nil {
+			h.cancel(w)
+		}
+	}
+}
+
 // A reading made before some placements (relayed from another replica,
 // or read a while ago) does not count them as served: they still wait as
 // far as the guard knows. One made after them does.
