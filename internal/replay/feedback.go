@@ -74,7 +74,7 @@ type TargetRow struct {
 	Measured  string `json:"measured"`
 	Target    string `json:"target"`
 	// Met is "met", "NOT MET", or "-" for a figure without a target; a
-	// bound on every policy is "reachable" or "unreachable".
+	// bound shown for every policy is "within reach" or "out of reach".
 	Met string `json:"met"`
 }
 
@@ -311,12 +311,12 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			if err != nil {
 				return nil, err
 			}
-			reach, most := "unreachable", "no budget keeps TTFT p99 within the SLO"
+			reach, most := "out of reach", "no budget keeps TTFT p99 within the SLO"
 			if cv != nil {
 				share := e(cv).Util / math.Max(e(c.t.open).Util, 1e-9)
 				most = fmt.Sprintf("÷ open %.2f (%s, TTFT p99 %s, budget %v)", share, pct(e(cv).Util), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
 				if share >= 0.9 {
-					reach = "reachable"
+					reach = "within reach"
 				}
 			}
 			add(TargetRow{name, fmt.Sprintf("the most utilization with TTFT p99 ≤ %.0f ms: a clairvoyant dispatcher, its budget bisected", slo), "", "", "", most, "≥ 0.9 for both targets", reach})

@@ -44,7 +44,7 @@ func TestFeedbackTable(t *testing.T) {
 	t.Log("\n" + string(text))
 	targets := map[string]bool{}
 	for _, r := range tab.Targets {
-		bound := r.Met == "reachable" || r.Met == "unreachable"
+		bound := r.Met == "within reach" || r.Met == "out of reach"
 		if r.Met != "met" && r.Met != "NOT MET" && r.Met != "-" && !bound || r.Measured == "" || r.Closed == "" && !bound {
 			t.Errorf("row %+v", r)
 		}
