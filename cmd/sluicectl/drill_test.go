@@ -148,7 +148,8 @@ func strayChildren(t *testing.T) []string {
 // and every promise holds; nothing it started outlives it.
 func TestDrillAllSelfContained(t *testing.T) {
 	bins := drillBinaries(t)
-	code, sum, errs := drillJSON(t, append(append([]string{"all", "--self-contained"}, bins...), shortPhases...)...)
+	// The fleet's own warnings go to errs, printed if a promise breaks.
+	code, sum, errs := drillJSON(t, append(append([]string{"all", "--self-contained", "--fleet-log"}, bins...), shortPhases...)...)
 	if left := strayChildren(t); len(left) > 0 {
 		t.Errorf("children left running after the drill: %v", left)
 	}
@@ -158,6 +159,9 @@ func TestDrillAllSelfContained(t *testing.T) {
 				if !p.Held {
 					t.Errorf("drill %s: %s broke: %s", r.Drill, p.Name, p.Detail)
 				}
+			}
+			for _, p := range r.Phases {
+				t.Logf("drill %s, %s: %d sent, %d admitted, refused %v", r.Drill, p.Name, p.Sent, p.Admitted, p.Refusals)
 			}
 		}
 		t.Fatalf("drill all: exit %d, held %v, errors %v\n%s", code, sum.Held, sum.Errors, errs)
