@@ -159,7 +159,7 @@ func (rec *recorder) notTurn(r *pending) {
 
 // tried notes one (tier, domain) find looked at: what the request costs
 // there (err: it cannot be costed) and whether it fits.
-func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor, guarded bool, cost pd.Cost, err error, fits bool) {
+func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor bool, held guardHold, cost pd.Cost, err error, fits bool) {
 	c := PlacementCheck{Model: m.name, Domain: d.ID(), Floor: floor, Fits: fits}
 	if err != nil {
 		c.Detail = err.Error()
@@ -177,12 +177,11 @@ func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor, guar
 	if f := d.loop.factor; f != 1 {
 		c.Detail += fmt.Sprintf("; capacity feedback: %.2f× the model (what its engines sustain)", f)
 	}
-	switch {
-	case !guarded:
-	case d.loop.saturated || d.loop.placed == 0: // held by the signal itself
+	switch held {
+	case holdSaturated:
 		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting, KV %.0f%% used): the capacity feedback places only floor traffic here until they clear",
 			d.loop.sig.Queue, 100*d.loop.sig.KVUsage)
-	default:
+	case holdFilled:
 		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting at their last signal, %d placed since): the capacity feedback places only floor traffic here until they report again",
 			d.loop.sig.Queue, d.loop.placed)
 	}

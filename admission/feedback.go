@@ -272,18 +272,31 @@ func (l *capacityLoop) fresh(now int64, cfg *FeedbackConfig) bool {
 	return l.hasSig && now-l.sigAt <= int64(cfg.Stale.Duration)
 }
 
-// guards reports whether the guard keeps the domain to its floors now:
-// its engines were saturated at the last step, or their fresh signal is
-// past a threshold with the requests placed since counted as waiting (at
-// once: a reading past it holds the domain before the next step).
-func (l *capacityLoop) guards(now int64, cfg *FeedbackConfig) bool {
-	return l.saturated || l.filled(now, cfg)
-}
+// guardHold is why the saturation guard keeps a domain to its floors.
+type guardHold uint8
 
-// filled reports whether a fresh signal, with the requests placed since
-// it counted as waiting, is past a threshold.
-func (l *capacityLoop) filled(now int64, cfg *FeedbackConfig) bool {
-	return l.fresh(now, cfg) && (l.sig.Queue+float64(l.placed) > cfg.QueueThreshold || l.sig.KVUsage > cfg.KVThreshold)
+const (
+	holdNone guardHold = iota
+	// holdSaturated: the engines were saturated at the last step, or
+	// their fresh signal is past a threshold (held from the reading, not
+	// from the next step).
+	holdSaturated
+	// holdFilled: the requests placed since the fresh signal, counted as
+	// waiting, take its queue past the threshold.
+	holdFilled
+)
+
+// hold reports whether, and why, the guard keeps the domain to its
+// floors now.
+func (l *capacityLoop) hold(now int64, cfg *FeedbackConfig) guardHold {
+	fresh := l.fresh(now, cfg)
+	switch {
+	case l.saturated || fresh && saturatedBy(l.sig, cfg):
+		return holdSaturated
+	case fresh && saturatedBy(EngineSignal{Queue: l.sig.Queue + float64(l.placed)}, cfg):
+		return holdFilled
+	}
+	return holdNone
 }
 
 // saturatedBy reports whether s is past a threshold.

@@ -364,10 +364,13 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 	m := r.tierBuf[ti]
 	cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
 	// Engines saturated: the guard keeps the domain to its floors.
-	guarded := !floor && d.loop.guards(now, &p.cfg.Feedback)
-	fits := err == nil && !guarded && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
+	held := holdNone
+	if !floor {
+		held = d.loop.hold(now, &p.cfg.Feedback)
+	}
+	fits := err == nil && held == holdNone && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
 	if rec != nil {
-		rec.tried(now, m, d, floor, guarded, cost, err, fits)
+		rec.tried(now, m, d, floor, held, cost, err, fits)
 	}
 	if !fits {
 		return placement{}, false

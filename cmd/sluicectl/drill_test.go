@@ -148,7 +148,7 @@ func strayChildren(t *testing.T) []string {
 // and every promise holds; nothing it started outlives it.
 func TestDrillAllSelfContained(t *testing.T) {
 	bins := drillBinaries(t)
-	// The fleet's own warnings go to errs, printed if a promise breaks.
+	// The fleet's logs go to errs, printed if a promise breaks.
 	code, sum, errs := drillJSON(t, append(append([]string{"all", "--self-contained", "--fleet-log"}, bins...), shortPhases...)...)
 	if left := strayChildren(t); len(left) > 0 {
 		t.Errorf("children left running after the drill: %v", left)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -209,6 +210,9 @@ func runReplay(g *globals, tf *traceFlags, ef *engineFlags, o replayOptions) err
 	}
 	if o.policies == "all" && eng.On() {
 		pols = append(pols, replay.PolicyThreshold, replay.PolicyClairvoyant)
+	}
+	if o.budget > 0 && !slices.Contains(pols, replay.PolicyClairvoyant) {
+		return fmt.Errorf("--clairvoyant-budget %v: only the clairvoyant policy has a budget", o.budget)
 	}
 	rows, err := tf.load()
 	if err != nil {

@@ -149,6 +149,7 @@ func TestReplayCommandErrors(t *testing.T) {
 		{append([]string{"replay", "--policy", "threshold"}, base...), "policy threshold reads the engines"},
 		{append([]string{"replay", "--policy", "clairvoyant"}, base...), "policy clairvoyant reads the engines"},
 		{append([]string{"replay", "--clairvoyant-budget", "-1s"}, base...), "--clairvoyant-budget -1s"},
+		{append([]string{"replay", "--clairvoyant-budget", "1s"}, base...), "only the clairvoyant policy has a budget"},
 		{append([]string{"replay", "--engine-capacity", "-1"}, base...), "--engine-capacity -1"},
 		{append([]string{"replay", "--engine-capacity", "1", "--engine-batch", "0"}, base...), "--engine-batch 0"},
 		{append([]string{"replay", "--engine-change", "hgx-1@1s"}, base...), `--engine-change "hgx-1@1s"`},

@@ -8,26 +8,27 @@ import (
 
 // clairvoyant is a dispatcher that knows what no admission service can:
 // each engine's prefills to the FLOP, from the simulator itself. It sends
-// a request to a domain only if, foreseeing the engine exactly (its
+// a request to a domain only if, running that engine forward (its
 // processor-shared prefill, its FIFO waiting queue and its prefill-token
 // budget), the request's prefill and every prefill already there end
 // within Budget of their dispatch; of the domains that allow it, the one
 // with the most room. Any waiting request that fits goes, not only the
 // head. It has no quotas, floors or model.
 //
-// It bounds what policies can do with a trace, not a rule to deploy: with
-// its budget bisected to the largest whose TTFT p99 meets the SLO, the
-// engines' utilization under it is the most a policy is shown to get from
-// them within the SLO (FeedbackTable). What it does not foresee is what
-// the trace here never reaches: a full batch (MaxBatch) or KV cache.
+// It is a yardstick, not a rule to deploy: with its budget bisected to
+// the largest whose TTFT p99 meets the SLO, the engines' utilization under
+// it is the most this dispatcher finds within the SLO (FeedbackTable). It
+// is greedy and does not know what arrives next. Where an engine's batch
+// (MaxBatch) or KV cache holds its queue's head, which the traces here do
+// not reach, it does not foresee the engine and sends nothing there; nor
+// does it foresee a change of an engine's capacity.
 //
 // Requests wait at most their deadline (refused DEADLINE_UNMEETABLE),
 // beyond queue.max_total are refused QUEUE_FULL, and CAPACITY_EXCEEDED at
-// once when no engine could ever hold their KV. Requests are never
-// degraded.
+// once when no engine could ever run them. Requests are never degraded.
 type clairvoyant struct {
 	s      *sim
-	queue  []waiting // in arrival order, so by deadline
+	queue  []queuedReq // in arrival order, so by deadline
 	wait   int64
 	max    int
 	budget float64 // seconds
@@ -47,8 +48,9 @@ type clairvoyant struct {
 	onDispatch func(r *simReq, domain int, work, room float64)
 }
 
-// waiting is a queued request and its prefill FLOP on each domain.
-type waiting struct {
+// queuedReq is a queued request and its prefill FLOP on each domain
+// (+Inf where it can never run).
+type queuedReq struct {
 	r    *simReq
 	work []float64
 }
@@ -72,22 +74,14 @@ func (c *clairvoyant) submit(now int64, r *simReq) error {
 	if r.deadline == 0 {
 		r.deadline = now + c.wait
 	}
-	m, _ := c.s.cat.Get(r.row.Model)
-	w := waiting{r: r, work: make([]float64, len(c.s.domains))}
-	ever := false
-	for i, d := range c.s.domains {
-		w.work[i] = math.Inf(1)
-		if cost, err := d.cap.Cost(m, r.row.Prompt, r.row.Output); err == nil && cost.KVBytes <= d.eng.kvCap {
-			w.work[i], ever = float64(cost.PrefillFLOP), true
-		}
-	}
+	work, ever := c.s.prefillWork(r)
 	if !ever {
 		return c.s.decided(r, admission.Rejected, admission.ReasonCapacityExceeded, "", "", 0)
 	}
 	if len(c.queue) >= c.max {
 		return c.s.decided(r, admission.Rejected, admission.ReasonQueueFull, "", "", 0)
 	}
-	c.queue = append(c.queue, w)
+	c.queue = append(c.queue, queuedReq{r: r, work: work})
 	return c.dispatch(now)
 }
 
@@ -109,29 +103,29 @@ func (c *clairvoyant) dispatch(now int64) error {
 		c.stale[i] = true
 	}
 	keep := c.queue[:0]
-	for _, w := range c.queue {
+	for _, q := range c.queue {
 		best := -1
 		for i, d := range c.s.domains {
 			if c.stale[i] {
 				c.room[i], c.stale[i] = c.roomOn(d, now), false
 			}
-			if w.work[i] <= c.room[i] && (best < 0 || c.room[i]-w.work[i] > c.room[best]-w.work[best]) {
+			if q.work[i] <= c.room[i] && (best < 0 || c.room[i]-q.work[i] > c.room[best]-q.work[best]) {
 				best = i
 			}
 		}
-		if best < 0 && float64(len(c.late)+1) <= lateShare*float64(c.sent+1) {
-			best = c.lateOn(w, now)
+		if best < 0 && c.tooLong(q) && float64(len(c.late)+1) <= lateShare*float64(c.sent+1) {
+			best = c.lateOn(q, now)
 		}
 		if best < 0 {
-			keep = append(keep, w)
+			keep = append(keep, q)
 			continue
 		}
 		c.sent++
 		if c.onDispatch != nil {
-			c.onDispatch(w.r, best, w.work[best], c.room[best])
+			c.onDispatch(q.r, best, q.work[best], c.room[best])
 		}
 		c.stale[best] = true
-		if err := c.s.decided(w.r, admission.Admitted, admission.ReasonNone, c.s.domains[best].id, w.r.row.Model, uint64(w.r.id)+1); err != nil {
+		if err := c.s.decided(q.r, admission.Admitted, admission.ReasonNone, c.s.domains[best].id, q.r.row.Model, uint64(q.r.id)+1); err != nil {
 			return err
 		}
 	}
@@ -142,18 +136,29 @@ func (c *clairvoyant) dispatch(now int64) error {
 
 // lateShare is the share of the requests it sends that the dispatcher
 // may send to end past the budget: a TTFT p99 within the SLO lets 1% end
-// past it, and a prompt too long to ever end within it would otherwise
-// never go. It sends such a request only where every other prefill still
-// ends within the budget, and only while late ones are under this share
-// of those it sent.
+// past it, and a prompt too long to end within the budget even alone
+// would otherwise never go. It sends one only where every other prefill
+// still ends within the budget, and only while late ones are under this
+// share of those it sent.
 const lateShare = 0.009
 
-// lateOn sends w to end past the budget on the first domain where every
-// other prefill still ends within it, and returns that domain; -1: none.
-func (c *clairvoyant) lateOn(w waiting, now int64) int {
+// tooLong reports whether q's prefill alone takes longer than the budget
+// on every domain that could run it.
+func (c *clairvoyant) tooLong(q queuedReq) bool {
 	for i, d := range c.s.domains {
-		if !math.IsInf(w.work[i], 1) && c.foresee(d, now, w.work[i], math.Inf(1)) {
-			c.late[w.r] = true
+		if q.work[i] <= c.budget*d.prefill.rate {
+			return false
+		}
+	}
+	return true
+}
+
+// lateOn sends q to end past the budget on the first domain where every
+// other prefill still ends within it, and returns that domain; -1: none.
+func (c *clairvoyant) lateOn(q queuedReq, now int64) int {
+	for i, d := range c.s.domains {
+		if !math.IsInf(q.work[i], 1) && c.foresee(d, now, q.work[i], math.Inf(1)) {
+			c.late[q.r] = true
 			return i
 		}
 	}
@@ -163,17 +168,17 @@ func (c *clairvoyant) lateOn(w waiting, now int64) int {
 // roomOn is the most prefill work a request dispatched on d now may
 // bring, so that its prefill and every one already there end within the
 // budget of their dispatch: bisected, as more work only delays them all.
+// -1: not even none fits (or d's engine cannot be foreseen).
 func (c *clairvoyant) roomOn(d *simDomain, now int64) float64 {
-	rate := d.prefill.rate
-	if rate <= 0 || !c.endsInTime(d, now, 0) {
+	if !c.foresee(d, now, 0, c.budget) {
 		return -1
 	}
-	lo, hi := 0.0, c.budget*rate // alone, it ends within the budget at most
-	if c.endsInTime(d, now, hi) {
+	lo, hi := 0.0, c.budget*d.prefill.rate // alone, it ends within the budget at most
+	if c.foresee(d, now, hi, c.budget) {
 		return hi
 	}
 	for range 20 {
-		if mid := (lo + hi) / 2; c.endsInTime(d, now, mid) {
+		if mid := (lo + hi) / 2; c.foresee(d, now, mid, c.budget) {
 			lo = mid
 		} else {
 			hi = mid
@@ -182,20 +187,18 @@ func (c *clairvoyant) roomOn(d *simDomain, now int64) float64 {
 	return lo
 }
 
-// endsInTime reports whether, with a request of work FLOP of prefill
-// added to d's engine now (none for 0), every prefill ends within the
-// budget of its dispatch.
-func (c *clairvoyant) endsInTime(d *simDomain, now int64, work float64) bool {
-	return c.foresee(d, now, work, c.budget)
-}
-
 // foresee runs d's engine forward from now with a request of work FLOP of
 // prefill added at the tail of its waiting queue (none for 0), which may
 // take ownDue seconds: whether every prefill ends within its due (the
-// budget from its dispatch; none for the late ones).
+// budget from its dispatch; none for the late ones). An engine whose rate
+// is 0, or whose batch or KV cache holds its queue's head, is not
+// foreseen: false.
 func (c *clairvoyant) foresee(d *simDomain, now int64, work, ownDue float64) bool {
+	e, rate := d.eng, d.prefill.rate
+	if rate <= 0 || e.queued() > 0 && e.inPrefill < e.budget {
+		return false
+	}
 	d.prefill.advance(now)
-	e := d.eng
 	due := func(r *simReq) float64 {
 		if c.late[r] {
 			return math.Inf(1)
@@ -208,14 +211,14 @@ func (c *clairvoyant) foresee(d *simDomain, now int64, work, ownDue float64) boo
 		run = append(run, prefillJob{work: max(r.finish-d.prefill.s, 0), tokens: r.row.Prompt, due: due(r)})
 		inPrefill += r.row.Prompt
 	}
-	for i := e.waiting.head; i < len(e.waiting.items); i++ {
-		r := e.waiting.items[i]
+	for _, r := range e.waiting.waiting() {
 		wait = append(wait, prefillJob{work: float64(r.cost.PrefillFLOP), tokens: r.row.Prompt, due: due(r)})
 	}
 	if work > 0 {
+		// Last in the queue: its tokens hold back no one behind it.
 		wait = append(wait, prefillJob{work: work, due: ownDue})
 	}
-	c.runBuf, c.waitBuf = run, wait
+	c.waitBuf = wait[:0]
 	ok, t := true, 0.0
 	for ok && (len(run) > 0 || len(wait) > 0) {
 		for len(wait) > 0 && inPrefill < e.budget { // the engine's fill
@@ -227,7 +230,7 @@ func (c *clairvoyant) foresee(d *simDomain, now int64, work, ownDue float64) boo
 		for _, j := range run[1:] {
 			least = min(least, j.work)
 		}
-		t += least * float64(len(run)) / d.prefill.rate
+		t += least * float64(len(run)) / rate
 		left := run[:0]
 		for _, j := range run {
 			if j.work -= least; j.work > 1e-9*least {
@@ -239,6 +242,7 @@ func (c *clairvoyant) foresee(d *simDomain, now int64, work, ownDue float64) boo
 		}
 		run = left
 	}
+	c.runBuf = run[:0]
 	return ok
 }
 

@@ -212,6 +212,21 @@ func (e *simEngine) sample() {
 	}
 }
 
+// prefillWork is r's prefill FLOP on each domain whose engine could ever
+// run it (its KV fits the engine, its rate is not 0), +Inf on the others;
+// ever is whether any could.
+func (s *sim) prefillWork(r *simReq) (work []float64, ever bool) {
+	m, _ := s.cat.Get(r.row.Model)
+	work = make([]float64, len(s.domains))
+	for i, d := range s.domains {
+		work[i] = math.Inf(1)
+		if c, err := d.cap.Cost(m, r.row.Prompt, r.row.Output); err == nil && c.KVBytes <= d.eng.kvCap && d.prefill.rate > 0 {
+			work[i], ever = float64(c.PrefillFLOP), true
+		}
+	}
+	return work, ever
+}
+
 // enqueue puts an admitted request in the waiting queue.
 func (e *simEngine) enqueue(r *simReq) {
 	e.waiting.push(r)

@@ -192,11 +192,11 @@ func (f *feedbackRunner) equalUtil(label string, capacity, util float64) (*Feedb
 }
 
 // withinSLO replays the clairvoyant dispatcher on engines at capacity
-// with the largest budget whose TTFT p99 is within the SLO: the SLO
-// itself, or bisected below it to within 0.4% (the TTFT histogram rounds
-// a p99 at the budget up by up to 0.1%). Its utilization is the most the trace is
-// shown to allow within the SLO. Nil when not even half the SLO keeps
-// TTFT p99 within it.
+// with the largest budget up to the SLO whose TTFT p99 is within it: the
+// SLO itself, or one bisected between half the SLO and the SLO to within
+// 0.4% (the TTFT histogram rounds a p99 at the budget up by up to 0.1%).
+// Its utilization is the most this dispatcher finds within the SLO. Nil
+// when no budget tried keeps TTFT p99 within the SLO.
 func (f *feedbackRunner) withinSLO(label string, capacity float64) (*FeedbackRun, time.Duration, error) {
 	eng := f.o.Engine
 	eng.Capacity = capacity
@@ -311,7 +311,7 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			if err != nil {
 				return nil, err
 			}
-			reach, most := "out of reach", "no budget keeps TTFT p99 within the SLO"
+			reach, most := "out of reach", "no budget from half the SLO up keeps TTFT p99 within it"
 			if cv != nil {
 				share := e(cv).Util / math.Max(e(c.t.open).Util, 1e-9)
 				most = fmt.Sprintf("÷ open %.2f (%s, TTFT p99 %s, budget %v)", share, pct(e(cv).Util), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))

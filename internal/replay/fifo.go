@@ -8,6 +8,10 @@ type fifo struct {
 	head  int
 }
 
+// waiting returns the queued requests, head first (the queue's own
+// slice: read it, do not keep it).
+func (q *fifo) waiting() []*simReq { return q.items[q.head:] }
+
 // push adds r at the tail.
 func (q *fifo) push(r *simReq) { q.items = append(q.items, r) }
 

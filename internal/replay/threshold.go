@@ -55,15 +55,7 @@ func (b *threshold) submit(now int64, r *simReq) error {
 	if r.deadline == 0 {
 		r.deadline = now + b.wait
 	}
-	m, _ := b.s.cat.Get(r.row.Model)
-	ever := false
-	for _, d := range b.s.domains {
-		if c, err := d.cap.Cost(m, r.row.Prompt, r.row.Output); err == nil && c.KVBytes <= d.eng.kvCap && d.prefill.rate > 0 {
-			ever = true
-			break
-		}
-	}
-	if !ever {
+	if _, ever := b.s.prefillWork(r); !ever {
 		return b.s.decided(r, admission.Rejected, admission.ReasonCapacityExceeded, "", "", 0)
 	}
 	if !b.queue.admit(r, b.max) {
