@@ -73,8 +73,8 @@ type TargetRow struct {
 	Threshold string `json:"threshold"`
 	Measured  string `json:"measured"`
 	Target    string `json:"target"`
-	// Met is "met", "NOT MET", or "-" for a figure without a target; a
-	// bound shown for every policy is "within reach" or "out of reach".
+	// Met is "met", "NOT MET", or "-" for a figure without a target; the
+	// clairvoyant dispatcher's yardstick is "within reach" or "out of reach".
 	Met string `json:"met"`
 }
 
@@ -305,8 +305,8 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			// utilization is the most this demand gives them.
 			busy := e(c.t.closed).Util / math.Max(e(c.t.open).Util, 1e-9)
 			add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", busy), "≥ 0.9", verdict(busy >= 0.9)})
-			// Whether any policy can meet this target and the TTFT SLO
-			// together: a dispatcher that knows each engine's work exactly.
+			// Whether this target and the TTFT SLO hold together for a
+			// dispatcher that foresees each engine's prefills.
 			cv, budget, err := f.withinSLO(name+" clairvoyant within the SLO", c.cap)
 			if err != nil {
 				return nil, err
