@@ -37,6 +37,7 @@ type clairvoyant struct {
 	// again.
 	room  []float64
 	stale []bool
+	least []float64 // per domain, the least work a queued request brings
 	// sent counts the requests dispatched; late holds those sent to end
 	// past the budget (lateShare of them at most).
 	sent int
@@ -67,7 +68,7 @@ func newClairvoyant(s *sim) *clairvoyant {
 	cfg := &s.opts.Config
 	return &clairvoyant{s: s, wait: int64(cfg.Queue.DefaultWait.Duration), max: cfg.Queue.MaxTotal,
 		budget: s.eng.Budget.Seconds(), room: make([]float64, len(s.domains)), stale: make([]bool, len(s.domains)),
-		late: map[*simReq]bool{}}
+		least: make([]float64, len(s.domains)), late: map[*simReq]bool{}}
 }
 
 func (c *clairvoyant) submit(now int64, r *simReq) error {
@@ -100,14 +101,19 @@ func (c *clairvoyant) dispatch(now int64) error {
 		return nil
 	}
 	for i := range c.stale {
-		c.stale[i] = true
+		c.stale[i], c.least[i] = true, math.Inf(1)
+	}
+	for _, q := range c.queue {
+		for i, w := range q.work {
+			c.least[i] = min(c.least[i], w)
+		}
 	}
 	keep := c.queue[:0]
 	for _, q := range c.queue {
 		best := -1
 		for i, d := range c.s.domains {
 			if c.stale[i] {
-				c.room[i], c.stale[i] = c.roomOn(d, now), false
+				c.room[i], c.stale[i] = c.roomOn(d, now, c.least[i]), false
 			}
 			if q.work[i] <= c.room[i] && (best < 0 || c.room[i]-q.work[i] > c.room[best]-q.work[best]) {
 				best = i
@@ -168,16 +174,18 @@ func (c *clairvoyant) lateOn(q queuedReq, now int64) int {
 // roomOn is the most prefill work a request dispatched on d now may
 // bring, so that its prefill and every one already there end within the
 // budget of their dispatch: bisected, as more work only delays them all.
-// -1: not even none fits (or d's engine cannot be foreseen).
-func (c *clairvoyant) roomOn(d *simDomain, now int64) float64 {
-	if !c.foresee(d, now, 0, c.budget) {
+// -1 when not even the least work a queued request brings fits, nothing
+// does, or d's engine cannot be foreseen (the common case while the
+// engines are saturated, found in one or two runs forward).
+func (c *clairvoyant) roomOn(d *simDomain, now int64, least float64) float64 {
+	if math.IsInf(least, 1) || !c.foresee(d, now, least, c.budget) {
 		return -1
 	}
-	lo, hi := 0.0, c.budget*d.prefill.rate // alone, it ends within the budget at most
+	lo, hi := least, c.budget*d.prefill.rate // alone, it ends within the budget at most
 	if c.foresee(d, now, hi, c.budget) {
 		return hi
 	}
-	for range 20 {
+	for range 16 {
 		if mid := (lo + hi) / 2; c.foresee(d, now, mid, c.budget) {
 			lo = mid
 		} else {
