@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -412,37 +413,41 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 
 // localEtcd is an etcd server in this process (embed), on fixed ports and a
 // kept data directory, so that a stop and start is an outage, not a new
-// cluster.
+// cluster. The fleet dials it through a TCP relay (front): a stop closes
+// the relay and every connection through it first, so the fleet sees etcd
+// gone at once and the server's close does not wait for their open
+// watches (its request timeout, 7 s), and the outage is as long as the
+// drill holds it.
 type localEtcd struct {
-	dir          string
-	client, peer url.URL
-	mu           sync.Mutex
-	e            *embed.Etcd
+	dir                   string
+	client, backend, peer url.URL // client: the relay's, which the fleet dials
+	mu                    sync.Mutex
+	e                     *embed.Etcd
+	front                 *relay
 }
 
 func newLocalEtcd(dir string) (*localEtcd, error) {
-	cp, err := freePort()
-	if err != nil {
-		return nil, err
+	var ports [3]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
 	}
-	pp, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	return &localEtcd{dir: dir,
-		client: url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(cp)},
-		peer:   url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(pp)}}, nil
+	at := func(p int) url.URL { return url.URL{Scheme: "http", Host: "127.0.0.1:" + strconv.Itoa(p)} }
+	return &localEtcd{dir: dir, client: at(ports[0]), backend: at(ports[1]), peer: at(ports[2])}, nil
 }
 
 func (s *localEtcd) endpoint() string { return s.client.String() }
 
 // start starts etcd, retrying while its ports are still held by the last
-// run's sockets.
+// run's sockets, then opens the relay to it.
 func (s *localEtcd) start(ctx context.Context) error {
 	var err error
 	for range 100 {
 		if err = s.startOnce(); err == nil {
-			return nil
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -450,14 +455,24 @@ func (s *localEtcd) start(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	front, err := openRelay(s.client.Host, s.backend.Host)
+	if err != nil {
+		return fmt.Errorf("etcd: relay: %w", err)
+	}
+	s.mu.Lock()
+	s.front = front
+	s.mu.Unlock()
+	return nil
 }
 
 func (s *localEtcd) startOnce() error {
 	cfg := embed.NewConfig()
 	cfg.Name = "drill"
 	cfg.Dir = s.dir
-	cfg.ListenClientUrls = []url.URL{s.client}
+	cfg.ListenClientUrls = []url.URL{s.backend}
 	cfg.AdvertiseClientUrls = []url.URL{s.client}
 	cfg.ListenPeerUrls = []url.URL{s.peer}
 	cfg.AdvertisePeerUrls = []url.URL{s.peer}
@@ -483,16 +498,96 @@ func (s *localEtcd) startOnce() error {
 	return nil
 }
 
-// stop closes etcd (its listeners first: clients see it gone at once; the
-// close then waits for open watches, up to etcd's request timeout).
+// stop closes the relay and its connections (the fleet sees etcd gone at
+// once), then etcd.
 func (s *localEtcd) stop() {
 	s.mu.Lock()
-	e := s.e
-	s.e = nil
+	e, front := s.e, s.front
+	s.e, s.front = nil, nil
 	s.mu.Unlock()
+	if front != nil {
+		front.close()
+	}
 	if e != nil {
 		e.Close()
 	}
+}
+
+// relay is a TCP relay from a listening address to another: every
+// connection accepted is piped to a new one to the target, until close
+// ends them all.
+type relay struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// openRelay listens on from and relays to to.
+func openRelay(from, to string) (*relay, error) {
+	ln, err := net.Listen("tcp", from)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", from, err)
+	}
+	r := &relay{ln: ln, conns: map[net.Conn]struct{}{}}
+	r.wg.Go(func() { r.accept(to) })
+	return r, nil
+}
+
+func (r *relay) accept(to string) {
+	for {
+		in, err := r.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		out, err := net.Dial("tcp", to)
+		if err != nil {
+			_ = in.Close()
+			continue
+		}
+		if !r.track(in, out) {
+			return
+		}
+		r.wg.Go(func() { r.pipe(in, out) })
+		r.wg.Go(func() { r.pipe(out, in) })
+	}
+}
+
+// track records a connection pair; false (both closed) once the relay is
+// closed.
+func (r *relay) track(in, out net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.conns == nil {
+		_, _ = in.Close(), out.Close()
+		return false
+	}
+	r.conns[in], r.conns[out] = struct{}{}, struct{}{}
+	return true
+}
+
+// pipe copies src to dst, and closes and forgets both when either side
+// ends.
+func (r *relay) pipe(dst, src net.Conn) {
+	_, _ = io.Copy(dst, src)
+	_, _ = dst.Close(), src.Close()
+	r.mu.Lock()
+	delete(r.conns, dst) // a no-op on the nil map of a closed relay
+	delete(r.conns, src)
+	r.mu.Unlock()
+}
+
+// close stops accepting and ends every connection through the relay, and
+// waits for its goroutines.
+func (r *relay) close() {
+	_ = r.ln.Close()
+	r.mu.Lock()
+	for c := range r.conns {
+		_ = c.Close()
+	}
+	r.conns = nil
+	r.mu.Unlock()
+	r.wg.Wait()
 }
 
 // String describes the fleet for the report.
