@@ -168,10 +168,9 @@ func newCapacityLoop(now int64) capacityLoop {
 	return capacityLoop{factor: 1, winStart: now, stepAt: now, satSince: -1}
 }
 
-// observe records a signal read age ago; a reading that is not a
-// non-negative number counts as 0.
+// observe records a signal read age ago, its numbers made sane by the
+// caller (reading).
 func (l *capacityLoop) observe(now int64, s EngineSignal, cfg *FeedbackConfig) {
-	s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
 	at := now - int64(max(s.Age, 0))
 	if l.hasSig && at < l.sigAt {
 		return // older than the one held (another replica's, relayed late)
@@ -225,7 +224,7 @@ func (l *capacityLoop) starved(now int64, cfg *FeedbackConfig) bool {
 // relay records a signal another replica read, as the shared state
 // relayed it.
 func (l *capacityLoop) relay(now int64, r sharing.EngineReading, cfg *FeedbackConfig) {
-	l.observe(now, EngineSignal{Queue: r.Queue, Running: r.Running, KVUsage: r.KVUsage, Age: r.Age}, cfg)
+	l.observe(now, EngineSignal{Queue: reading(r.Queue), Running: reading(r.Running), KVUsage: reading(r.KVUsage), Age: r.Age}, cfg)
 }
 
 // recentPlacements is how many placement times a domain's loop keeps:

@@ -25,9 +25,9 @@ const (
 	// thresholds, else FIFO; it needs the engines (EngineOptions).
 	PolicyThreshold = "threshold"
 	// PolicyClairvoyant dispatches on each engine's outstanding prefill
-	// work, known exactly from the simulator: a bound on what any policy
-	// gets from the engines within a TTFT objective, not a rule to deploy;
-	// it needs the engines.
+	// work, known exactly from the simulator: a yardstick of what the
+	// engines give within a TTFT objective, not a rule to deploy; it
+	// needs the engines.
 	PolicyClairvoyant = "clairvoyant"
 )
 
