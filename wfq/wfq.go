@@ -454,6 +454,25 @@ func (q *Queue) Dequeue(fits func(*Item) bool, maxScan int) *Item {
 	return nil
 }
 
+// Serve dequeues it as Dequeue would have served it, had fits accepted it
+// alone: the virtual time moves to its tag. It reports false, and changes
+// nothing, unless it is queued here at the head of its flow in its band. It
+// lets an owner choose heads under its lock, decide on them without it, and
+// then serve the one it chose in the place it held (an item stays its
+// flow's head until it leaves: later items queue behind it).
+func (q *Queue) Serve(it *Item) bool {
+	if it.flow == nil || it.flow.q != q {
+		return false
+	}
+	b := bandOf(it)
+	bd, id := &q.bands[b], it.flow.lane[b]
+	if id == noLane || bd.lanes[id].at(0) != it {
+		return false
+	}
+	q.pop(b, int(bd.heap.pos[id]))
+	return true
+}
+
 // pop dequeues the head of the lane at heap index i of band b. The lane
 // holds its next item's key, so re-keying its entry loads no other item.
 func (q *Queue) pop(b, i int) *Item {

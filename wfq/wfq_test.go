@@ -593,3 +593,34 @@ func TestFlowLayout(t *testing.T) {
 		t.Errorf("Item is %d bytes, want 128 (the elements of a slice of Items 64-byte aligned)", s)
 	}
 }
+
+// Serve takes a flow's head as Dequeue would serve it (V moves to its
+// tag, the flow's next item keeps its tag), and refuses an item that is
+// not a head or not queued.
+func TestServe(t *testing.T) {
+	q := New(Config{})
+	a1, b1, c1, b2 := item(fa, 1, 1), item(fb, 2, 1), item(fc, 3, 1), item(fb, 4, 1)
+	mustEnqueue(t, q, a1, b1, c1, b2) // heads: a1(1) b1(2) c1(3); b2(6) behind b1
+	if q.Serve(b2) {
+		t.Fatal("Serve took b2, which is behind b1 in its flow")
+	}
+	if !q.Serve(c1) || q.VirtualTime() != 3*TagUnit || q.Len() != 3 {
+		t.Fatalf("Serve(c1): V %d, len %d; want V 3 and 3 left", q.VirtualTime()/TagUnit, q.Len())
+	}
+	if q.Serve(c1) {
+		t.Fatal("Serve took c1 twice")
+	}
+	if !q.Serve(b1) || q.VirtualTime() != 3*TagUnit {
+		t.Fatalf("Serve(b1) below V: V %d, want it kept at 3", q.VirtualTime()/TagUnit)
+	}
+	// The rest come out in tag order, b2 with the tag it was given.
+	if got := q.Dequeue(nil, 1); got != a1 {
+		t.Fatalf("next %+v, want a1", got)
+	}
+	if got := q.Dequeue(nil, 1); got != b2 || q.VirtualTime() != 6*TagUnit {
+		t.Fatalf("next %+v with V %d, want b2 at 6", got, q.VirtualTime()/TagUnit)
+	}
+	if q.Serve(item(fa, 1, 1)) {
+		t.Fatal("Serve took an item never queued")
+	}
+}
