@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -342,7 +343,7 @@ func TestClip(t *testing.T) {
 // closed by accident; and the table names no method that does not exist.
 func TestEveryMethodHasAnAccessRule(t *testing.T) {
 	known := map[string]bool{reflectionV1: true, reflectionV1Alpha: true}
-	for _, sd := range []grpc.ServiceDesc{admissionv1.Admission_ServiceDesc, admissionv1.Operator_ServiceDesc, healthpb.Health_ServiceDesc, rlsv3.RateLimitService_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{admissionv1.Admission_ServiceDesc, admissionv1.Operator_ServiceDesc, healthpb.Health_ServiceDesc, rlsv3.RateLimitService_ServiceDesc, extprocv3.ExternalProcessor_ServiceDesc} {
 		for _, m := range sd.Methods {
 			known["/"+sd.ServiceName+"/"+m.MethodName] = true
 		}

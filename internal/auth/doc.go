@@ -23,6 +23,7 @@
 //	router    Admission/Admit, Release, Claim, GetTicket and CancelTicket, for its bound tenants only
 //	viewer    the Operator's reads (ListDomains, ListTenants, GetTenant, GetConfigStatus, ExplainAdmit, ListBacklog), the HTTP JSON API
 //	operator  every Operator RPC (drains included) and every viewer right
+//	gateway   Envoy's ext_proc ExternalProcessor/Process, for every tenant (the gateway names it in a trusted header)
 //
 // No credential, or one that names nobody, is UNAUTHENTICATED; a call outside
 // the principal's roles or tenants is PERMISSION_DENIED; the handler does not

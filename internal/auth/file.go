@@ -22,6 +22,10 @@ const (
 	RoleRouter   Role = "router"
 	RoleOperator Role = "operator"
 	RoleViewer   Role = "viewer"
+	// RoleGateway may call Envoy's external processing (ext_proc): a
+	// gateway that authenticates its own callers and names their tenant
+	// in a header Sluice trusts, for every tenant.
+	RoleGateway Role = "gateway"
 )
 
 // AllTenants in a principal's tenants binds it to every tenant.
@@ -66,7 +70,7 @@ func (e *FileError) Error() string {
 type Principal struct {
 	// Name is the principal's name in the auth file; audit lines carry it.
 	Name       string
-	roles      [3]bool // indexed by roleIndex
+	roles      [4]bool // indexed by roleIndex
 	allTenants bool
 	tenants    map[string]struct{}
 }
@@ -80,6 +84,8 @@ func roleIndex(r Role) int {
 		return 1
 	case RoleViewer:
 		return 2
+	case RoleGateway:
+		return 3
 	}
 	return -1
 }
@@ -182,14 +188,14 @@ func Parse(name string, data []byte) (*Policy, error) {
 		case len(fp.MTLSSAN) > maxNameLen:
 			return nil, refuse("mtls_san", "at most %d bytes", maxNameLen)
 		case len(fp.Roles) == 0:
-			return nil, refuse("roles", "at least one of router, operator, viewer")
+			return nil, refuse("roles", "at least one of router, operator, viewer, gateway")
 		}
 		names[fp.Name] = true
 		p := &Principal{Name: fp.Name}
 		for j, r := range fp.Roles {
 			ri := roleIndex(Role(r))
 			if ri < 0 {
-				return nil, refuse("roles["+strconv.Itoa(j)+"]", "unknown role %q (want router, operator or viewer)", r)
+				return nil, refuse("roles["+strconv.Itoa(j)+"]", "unknown role %q (want router, operator, viewer or gateway)", r)
 			}
 			p.roles[ri] = true
 		}

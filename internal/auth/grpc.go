@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
@@ -27,6 +29,7 @@ const (
 	accessRouter                      // the router role, bound to the request's tenant
 	accessViewer                      // the viewer role (or operator)
 	accessOperator                    // the operator role
+	accessGateway                     // the gateway role, trusted with every tenant
 )
 
 // Method names of the services that are not Sluice's.
@@ -48,6 +51,9 @@ var methodAccess = map[string]access{
 	// Envoy's rate-limit protocol decides as Admit does; its tenants are
 	// inside the descriptors, so the handler checks them (CheckTenant).
 	rlsv3.RateLimitService_ShouldRateLimit_FullMethodName: accessRouter,
+	// Envoy's external processing names the tenant in a header the
+	// gateway sets after authenticating its caller: only a gateway may.
+	extprocv3.ExternalProcessor_Process_FullMethodName:    accessGateway,
 	admissionv1.Operator_ListDomains_FullMethodName:       accessViewer,
 	admissionv1.Operator_ListTenants_FullMethodName:       accessViewer,
 	admissionv1.Operator_GetTenant_FullMethodName:         accessViewer,
@@ -153,9 +159,12 @@ func (a *Authenticator) authorize(ctx context.Context, method string, req any) (
 	if acc == accessOpen || a.Open() {
 		return nil, nil // nothing to read from the call: most calls on an open server
 	}
-	p, err := a.Identify(grpcCredentials(ctx))
-	if err != nil {
-		return nil, status.Error(codes.Unauthenticated, err.Error())
+	p, _ := ctx.Value(tappedKey{}).(*Principal)
+	if p == nil {
+		var err error
+		if p, err = a.Identify(grpcCredentials(ctx)); err != nil {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
 	}
 	switch acc {
 	case accessAuthenticated:
@@ -181,8 +190,42 @@ func (a *Authenticator) authorize(ctx context.Context, method string, req any) (
 			return p, denied(p, method, RoleOperator)
 		}
 		return p, nil
+	case accessGateway:
+		if !p.Has(RoleGateway) {
+			return p, denied(p, method, RoleGateway)
+		}
+		return p, nil
 	}
 	return p, status.Errorf(codes.PermissionDenied, "%s is open to no role", method)
+}
+
+// tappedKey keys the principal TapHandle identified in a call's context.
+type tappedKey struct{}
+
+// TapHandle returns the check grpc.InTapHandle runs on a call's headers,
+// before the transport starts the call: a call that needs a principal and
+// presents no credential naming one is refused UNAUTHENTICATED there, at
+// the cost of its HEADERS frame, rather than after its request message
+// arrives (a unary call's interceptors run only then, and a stream that
+// never sends one would hold its goroutine). A refused Operator call is
+// audited, without the target its unread request names. The interceptors
+// decide the role and tenant of every call that passes, with the
+// principal found here.
+func (a *Authenticator) TapHandle() tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if a.Open() || methodAccess[info.FullMethodName] == accessOpen {
+			return ctx, nil
+		}
+		p, err := a.Identify(grpcCredentials(ctx))
+		if err != nil {
+			err = status.Error(codes.Unauthenticated, err.Error())
+			if strings.HasPrefix(info.FullMethodName, operatorService) {
+				a.auditCall(ctx, info.FullMethodName, nil, nil, err)
+			}
+			return ctx, err
+		}
+		return context.WithValue(ctx, tappedKey{}, p), nil
+	}
 }
 
 // denied is the PERMISSION_DENIED answer to p calling method without role.

@@ -14,17 +14,20 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-sched/sluice/internal/clock"
 )
 
 // Connection admission on each listener. Defaults and why:
 const (
-	// defaultEvictIdle: a connection that has sent nothing for this long,
-	// with no request in progress, gives its place to a new one when the
-	// listener (or its peer's share) is full. A router under load sends
-	// every few milliseconds; one that waits longer between calls loses its
+	// defaultEvictIdle: a connection that has ended no call or request for
+	// this long (since it was accepted, for one that has ended none), with
+	// none in progress, gives its place to a new one when the listener (or
+	// its peer's share) is full. A router under load ends a call every few
+	// milliseconds; one that waits longer between calls loses its
 	// connection only while the listener is full, and redials.
 	defaultEvictIdle = time.Second
 	// perPeerShare, minPerPeer: by default one peer address may hold a
@@ -62,17 +65,21 @@ const (
 // connLimiter is a listener that bounds its open connections, in all and
 // per peer address, and keeps room for new clients: when a bound is
 // reached, the new connection takes the place of the least recently active
-// idle one (no byte read and no request in progress for EvictIdle), and it
-// is refused (closed at once) only when every connection is busy. A
+// idle one (no call or request in progress, and none ended for EvictIdle),
+// and it is refused (closed at once) only when every connection is busy. A
 // listener that blocks its Accept instead, as netutil.LimitListener does,
 // lets idle connections lock every new client out: they are established
 // before any credential is checked, and a client that sent only the
 // HTTP/2 preface is established as far as the transport knows.
 //
-// Activity is the bytes a connection reads, and the requests in progress
-// the servers report: the gRPC interceptors (a call waiting in the fair
-// queue sends nothing, yet must not lose its answer) and the HTTP server's
-// ConnState (an event stream sends nothing either).
+// Activity is the calls and requests the servers report, in progress and
+// ended: the gRPC interceptors, from the moment a call passes
+// authentication until its handler returns (a call waiting in the fair
+// queue sends nothing, yet must not lose its answer), and the HTTP
+// server's ConnState, from a request's complete headers until its answer
+// (an event stream sends nothing either). Bytes alone are not activity: a
+// client that sends a WINDOW_UPDATE, a PING or one byte of its preface or
+// headers now and then makes no progress, and must not hold its place.
 type connLimiter struct {
 	net.Listener
 	name      string // "grpc" or "http", for the log and the metrics
@@ -158,10 +165,11 @@ type trackedConn struct {
 	l    *connLimiter
 	addr net.Addr   // RemoteAddr, byAddr's key; nil unless TCP
 	peer netip.Addr // the peer: its IPv4 address, or its IPv6 /64 (peerOf)
-	// last is when it last read a byte or ended a request, in nanoseconds
-	// since l.epoch; busy counts its requests in progress.
-	last atomic.Int64
-	busy atomic.Int32
+	// last is when it was accepted or last ended a call, in nanoseconds
+	// since l.epoch; state counts its calls in progress and ended, and
+	// marks it evicted (connState).
+	last  atomic.Int64
+	state atomic.Uint64
 	// Under l.mu: its positions in the limiter's sets, -1 once removed.
 	iAll, iPeer int
 }
@@ -294,18 +302,46 @@ func (l *connLimiter) admit(c net.Conn) *trackedConn {
 	return tc
 }
 
-// victimLocked chooses the connection of s to evict: the least recently
-// active of those idle for evictIdle with no request in progress, among all
-// of s or a sample of it; nil when none is.
+// victimLocked chooses the connection of s to evict and claims it (no
+// call begins on it after): the least recently active of those idle for
+// evictIdle with no call in progress, among all of s or a sample of it;
+// nil when none is. A call that begins or ends between the choice and the
+// claim keeps its connection: the claim fails and the choice is made
+// again, evictClaimTries times at most.
 func (l *connLimiter) victimLocked(s *connSet, now int64) *trackedConn {
+	for range evictClaimTries {
+		c, seen := l.leastRecentLocked(s, now)
+		if c == nil {
+			return nil
+		}
+		if c.claim(seen) {
+			return c
+		}
+	}
+	return nil
+}
+
+// evictClaimTries bounds the choices an admission makes when calls keep
+// beginning on the connections it chooses: past it the new connection is
+// refused, as when every connection is busy.
+const evictClaimTries = 4
+
+// leastRecentLocked returns the least recently active connection of s (or
+// of a sample of it) idle for evictIdle with no call in progress, and the
+// state it was seen idle in; nil when none is.
+func (l *connLimiter) leastRecentLocked(s *connSet, now int64) (*trackedConn, uint64) {
 	var best *trackedConn
-	bestLast := int64(0)
+	var bestLast int64
+	var bestState uint64
 	consider := func(c *trackedConn) {
-		if c.busy.Load() > 0 {
+		st := c.state.Load()
+		if st&(connCalls|connEvicted) != 0 {
 			return
 		}
+		// Read after the state: an end stores last before it counts, so a
+		// state with the call ended comes with its time.
 		if last := c.last.Load(); now-last >= int64(l.evictIdle) && (best == nil || last < bestLast) {
-			best, bestLast = c, last
+			best, bestLast, bestState = c, last, st
 		}
 	}
 	if n := len(s.conns); n <= evictSample {
@@ -317,7 +353,7 @@ func (l *connLimiter) victimLocked(s *connSet, now int64) *trackedConn {
 			consider(s.conns[rand.IntN(n)])
 		}
 	}
-	return best
+	return best, bestState
 }
 
 // removeLocked forgets c; a second call does nothing.
@@ -355,15 +391,6 @@ func (c *trackedConn) touch() {
 	}
 }
 
-// Read reads from the connection and records the activity.
-func (c *trackedConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	if n > 0 {
-		c.touch()
-	}
-	return n, err
-}
-
 // Close closes the connection and frees its place.
 func (c *trackedConn) Close() error {
 	c.l.mu.Lock()
@@ -372,13 +399,40 @@ func (c *trackedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// begin records a request in progress; end its end.
-func (c *trackedConn) begin() { c.busy.Add(1) }
+// A connection's state word: its calls in progress in the low 31 bits,
+// the evicted mark above them, and its ended calls (a count that wraps) in
+// the high 32 bits. An evictor claims a connection by setting the mark on
+// the very word it saw idle, so that the claim fails if any call began or
+// ended since; a call that begins after the claim sees the mark.
+const (
+	connCalls   = 1<<31 - 1
+	connEvicted = 1 << 31
+	connEnded   = 1 << 32
+)
 
+// begin records a call in progress; false when the connection is evicted
+// (it is closing, and the call must not run: its answer would be lost).
+// Each begin that returns true is followed by one end.
+func (c *trackedConn) begin() bool { return c.state.Add(1)&connEvicted == 0 }
+
+// end records a call's end: the connection's latest activity.
 func (c *trackedConn) end() {
 	c.touch() // first: an evictor that sees it idle sees it recent
-	c.busy.Add(-1)
+	c.state.Add(connEnded - 1)
 }
+
+// claim marks the connection evicted if its state is still seen, the
+// state it was chosen in: no call began or ended since.
+func (c *trackedConn) claim(seen uint64) bool {
+	return c.state.CompareAndSwap(seen, seen|connEvicted)
+}
+
+// calls returns the calls in progress.
+func (c *trackedConn) calls() int { return int(c.state.Load() & connCalls) }
+
+// errEvicted answers a call that begins on a connection closing to make
+// room for a new one.
+var errEvicted = status.Error(codes.Unavailable, "the connection is closing to make room for a new one: retry on a new connection")
 
 // connOf returns the tracked connection an RPC came in on, or nil.
 func (l *connLimiter) connOf(ctx context.Context) *trackedConn {
@@ -392,22 +446,29 @@ func (l *connLimiter) connOf(ctx context.Context) *trackedConn {
 	return nil
 }
 
-// UnaryServerInterceptor marks the call's connection busy while it runs.
+// UnaryServerInterceptor marks the call's connection busy while it runs;
+// it goes after authentication, so that only a call allowed to run holds
+// its connection.
 func (l *connLimiter) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if c := l.connOf(ctx); c != nil {
-			c.begin()
+			if !c.begin() {
+				return nil, errEvicted
+			}
 			defer c.end()
 		}
 		return handler(ctx, req)
 	}
 }
 
-// StreamServerInterceptor marks the stream's connection busy while it runs.
+// StreamServerInterceptor marks the stream's connection busy while it
+// runs, after authentication as UnaryServerInterceptor does.
 func (l *connLimiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if c := l.connOf(ss.Context()); c != nil {
-			c.begin()
+			if !c.begin() {
+				return errEvicted
+			}
 			defer c.end()
 		}
 		return handler(srv, ss)
@@ -415,7 +476,10 @@ func (l *connLimiter) StreamServerInterceptor() grpc.StreamServerInterceptor {
 }
 
 // ConnState is the HTTP server's hook: a connection serving a request is
-// busy, one between requests idle.
+// busy, one between requests idle. The server reports a connection active
+// once a request's headers are complete (HTTP/1) or a stream is open
+// (HTTP/2): a client trickling its headers is idle. Its calls for one
+// connection come one at a time.
 func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
 	if t, ok := nc.(*tls.Conn); ok {
 		nc = t.NetConn()
@@ -426,11 +490,11 @@ func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
 	}
 	switch st {
 	case http.StateActive:
-		if c.busy.Load() == 0 {
-			c.begin()
+		if c.calls() == 0 {
+			_ = c.begin() // false: evicted, and closing under the request
 		}
 	case http.StateIdle, http.StateHijacked, http.StateClosed:
-		if c.busy.Load() > 0 {
+		if st := c.state.Load(); st&connCalls > 0 && st&connEvicted == 0 {
 			c.end()
 		}
 	}

@@ -16,9 +16,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/grpctest"
@@ -99,17 +102,6 @@ func (f *limiterFixture) evicted(c net.Conn) bool {
 	return !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// write sends a byte on c and waits until the server has read it; the
-// clock must have moved since tc's last activity.
-func (f *limiterFixture) write(c net.Conn, tc *trackedConn) {
-	f.t.Helper()
-	before := tc.last.Load()
-	if _, err := c.Write([]byte{1}); err != nil {
-		f.t.Fatal(err)
-	}
-	testwait.Until(f.t, 5*time.Second, "the server reading the byte", func() bool { return tc.last.Load() != before })
-}
-
 // waitOpen waits until the limiter holds n connections.
 func (f *limiterFixture) waitOpen(n int) {
 	f.t.Helper()
@@ -117,9 +109,10 @@ func (f *limiterFixture) waitOpen(n int) {
 }
 
 // At the listener's bound a new connection takes the place of the least
-// recently active idle one; one with a request in progress, or active
-// within EvictIdle, is never evicted; when none may go the new one is
-// refused, at once rather than left waiting for room.
+// recently active idle one; one with a call in progress, or one that ended
+// a call within EvictIdle, is never evicted, and bytes alone are not
+// activity; when none may go the new one is refused, at once rather than
+// left waiting for room.
 func TestConnLimiterEvictsTheLeastRecentlyActive(t *testing.T) {
 	f := newLimiterFixture(t, connLimits{Limit: 3, PerPeer: 3, EvictIdle: time.Second})
 	a, ta := f.dial("127.0.0.2")
@@ -138,10 +131,16 @@ func TestConnLimiterEvictsTheLeastRecentlyActive(t *testing.T) {
 		t.Fatalf("refused %d, open %d", f.l.refusedFull.Load(), f.l.Open())
 	}
 	// a is the oldest, but busy (a call waiting in the queue sends
-	// nothing); b read a byte later than c was accepted: c goes.
+	// nothing); b ended a call later than c was accepted, while c only
+	// sent bytes: c goes.
 	f.clk.Advance(2 * time.Second)
 	ta.begin()
-	f.write(b, tb)
+	tb.begin()
+	tb.end()
+	f.clk.Advance(100 * time.Millisecond)
+	if _, err := c.Write([]byte("PRI * HTTP/2.0")); err != nil {
+		t.Fatal(err)
+	}
 	f.clk.Advance(2 * time.Second)
 	d, td := f.dial("127.0.0.5")
 	if td == nil || !f.evicted(c) {
@@ -213,30 +212,30 @@ func TestConnLimiterHTTPConnState(t *testing.T) {
 	f := newLimiterFixture(t, connLimits{Limit: 2, EvictIdle: time.Second})
 	_, tc := f.dial("127.0.0.2")
 	f.l.ConnState(tc, http.StateNew)
-	if tc.busy.Load() != 0 {
+	if tc.calls() != 0 {
 		t.Fatal("a new connection is busy")
 	}
 	f.l.ConnState(tc, http.StateActive)
 	f.l.ConnState(tc, http.StateActive) // HTTP/2 may report it again
-	if tc.busy.Load() != 1 {
-		t.Fatalf("active: busy %d", tc.busy.Load())
+	if tc.calls() != 1 {
+		t.Fatalf("active: busy %d", tc.calls())
 	}
 	f.clk.Advance(time.Minute)
 	f.l.ConnState(tc, http.StateIdle)
-	if tc.busy.Load() != 0 || tc.last.Load() != f.l.now() {
-		t.Fatalf("idle: busy %d, last %d, now %d", tc.busy.Load(), tc.last.Load(), f.l.now())
+	if tc.calls() != 0 || tc.last.Load() != f.l.now() {
+		t.Fatalf("idle: busy %d, last %d, now %d", tc.calls(), tc.last.Load(), f.l.now())
 	}
 	f.l.ConnState(tc, http.StateClosed)
-	if tc.busy.Load() != 0 {
+	if tc.calls() != 0 {
 		t.Fatal("closed: busy")
 	}
 	over := tls.Server(tc, &tls.Config{})
 	f.l.ConnState(over, http.StateActive)
-	if tc.busy.Load() != 1 {
+	if tc.calls() != 1 {
 		t.Fatal("a TLS connection serving a request is not busy")
 	}
 	f.l.ConnState(over, http.StateIdle)
-	if tc.busy.Load() != 0 {
+	if tc.calls() != 0 {
 		t.Fatal("a TLS connection between requests is busy")
 	}
 }
@@ -400,6 +399,78 @@ func TestIdleConnectionsDoNotLockHTTPClientsOut(t *testing.T) {
 		t.Errorf("the event stream's connection: %d open, want 1 (it was evicted)", n)
 	}
 }
+
+// An eviction and a call that begins on its victim at the same instant
+// never both happen: a call that begins between the evictor's choice and
+// its claim keeps the connection, and a call that begins after the claim
+// is answered UNAVAILABLE without running, since its answer would be lost
+// with the connection.
+func TestEvictionClaimsItsVictimAgainstABeginningCall(t *testing.T) {
+	f := newLimiterFixture(t, connLimits{Limit: 2, EvictIdle: time.Second})
+	_, ta := f.dial("127.0.0.2")
+	_, tb := f.dial("127.0.0.3")
+	f.clk.Advance(2 * time.Second)
+	choose := func() (*trackedConn, uint64) {
+		f.l.mu.Lock()
+		defer f.l.mu.Unlock()
+		return f.l.leastRecentLocked(&f.l.mu.all, f.l.now())
+	}
+	// A call begins on the chosen connection, or begins and ends, before
+	// the claim: the claim fails.
+	c, seen := choose()
+	if c == nil {
+		t.Fatal("no idle connection chosen")
+	}
+	if !c.begin() {
+		t.Fatal("a call could not begin on a connection not yet claimed")
+	}
+	if c.claim(seen) {
+		t.Fatal("claimed a connection with a call in progress")
+	}
+	c.end()
+	f.clk.Advance(2 * time.Second)
+	c, seen = choose()
+	c.begin()
+	c.end()
+	if c.claim(seen) {
+		t.Fatal("claimed a connection whose call began and ended since it was chosen")
+	}
+	// A call whose connection is claimed before it begins is refused, and
+	// its handler never runs.
+	f.clk.Advance(2 * time.Second)
+	f.l.mu.Lock()
+	victim := f.l.victimLocked(&f.l.mu.all, f.l.now())
+	f.l.mu.Unlock()
+	if victim != ta && victim != tb {
+		t.Fatalf("victim %v, want one of the two idle connections", victim)
+	}
+	ran := false
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: victim.RemoteAddr()})
+	_, err := f.l.UnaryServerInterceptor()(ctx, nil, nil, func(context.Context, any) (any, error) { ran = true; return nil, nil })
+	if status.Code(err) != codes.Unavailable || ran {
+		t.Fatalf("a call on a claimed connection: %v, handler ran %v; want UNAVAILABLE and no run", err, ran)
+	}
+	stream := f.l.StreamServerInterceptor()
+	if err := stream(nil, fakeServerStream{ctx}, nil, func(any, grpc.ServerStream) error { ran = true; return nil }); status.Code(err) != codes.Unavailable || ran {
+		t.Fatalf("a stream on a claimed connection: %v, handler ran %v; want UNAVAILABLE and no run", err, ran)
+	}
+	// The HTTP server's hook neither counts nor ends a request on it.
+	f.l.ConnState(victim, http.StateActive)
+	f.l.ConnState(victim, http.StateClosed)
+	if victim.state.Load()&connEvicted == 0 {
+		t.Fatal("the claim was undone")
+	}
+}
+
+// fakeServerStream is a server stream with a context and nothing else.
+type fakeServerStream struct{ ctx context.Context }
+
+func (s fakeServerStream) Context() context.Context   { return s.ctx }
+func (fakeServerStream) SetHeader(metadata.MD) error  { return nil }
+func (fakeServerStream) SendHeader(metadata.MD) error { return nil }
+func (fakeServerStream) SetTrailer(metadata.MD)       {}
+func (fakeServerStream) SendMsg(any) error            { return nil }
+func (fakeServerStream) RecvMsg(any) error            { return nil }
 
 // BenchmarkConnBusyMark is what the gRPC interceptor adds to each call:
 // finding the call's connection and marking it busy, from every CPU at

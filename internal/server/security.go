@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -38,6 +39,11 @@ type SecurityOptions struct {
 	// one peer address (--max-connections-per-peer); 0: a quarter of
 	// MaxConnections, at least 8 (a browser opens 6).
 	MaxConnectionsPerPeer int
+	// MaxConcurrentStreams bounds the calls (HTTP/2 streams) open at once
+	// on one connection, on both listeners (--max-concurrent-streams); 0:
+	// defaultMaxConcurrentStreams. A client past it waits for a stream to
+	// end (grpc-go, Envoy) or opens another connection.
+	MaxConcurrentStreams int
 	// HTTPAllowedHosts are the names the HTTP listener answers for beside
 	// its IP addresses and localhost (--http-allowed-hosts; see hostGuard):
 	// "name", ".domain" (and the names under it) or "*" (any). Without
@@ -55,6 +61,14 @@ const (
 	loopbackHost        = "127.0.0.1"
 	defaultReloadPeriod = 2 * time.Second
 )
+
+// defaultMaxConcurrentStreams is each connection's bound on open calls: a
+// router keeps hundreds of Admits in flight on one connection while the
+// fair queue holds them, and an open call costs about 12 KB (its
+// goroutine, its stream and its buffers), so that one connection cannot
+// hold more than about 12 MB. HTTP/2 asks for no fewer than 100; grpc-go
+// sets no bound of its own, Go's HTTP/2 server 250.
+const defaultMaxConcurrentStreams = 1000
 
 // HTTP server timeouts: a client cannot hold a connection open by sending
 // its headers or body slowly, nor by reading its answer slowly.
@@ -75,6 +89,8 @@ type security struct {
 	// The listeners' connection bounds; each serves once listen sets its
 	// Listener.
 	grpcConns, httpConns *connLimiter
+	// maxStreams bounds the calls open at once on one connection.
+	maxStreams uint32
 }
 
 // defaultAddrs fills the listen addresses the user left empty: loopback
@@ -112,6 +128,14 @@ func (s *Server) setupSecurity() error {
 	if so.MaxConnections < 0 || so.MaxConnectionsPerPeer < 0 {
 		return fmt.Errorf("--max-connections %d, --max-connections-per-peer %d: want 0 (the default) or more", so.MaxConnections, so.MaxConnectionsPerPeer)
 	}
+	switch n := so.MaxConcurrentStreams; {
+	case n < 0 || int64(n) > math.MaxInt32:
+		return fmt.Errorf("--max-concurrent-streams %d: want 0 (the default, %d) to %d", n, defaultMaxConcurrentStreams, math.MaxInt32)
+	case n == 0:
+		s.sec.maxStreams = defaultMaxConcurrentStreams
+	default:
+		s.sec.maxStreams = uint32(n)
+	}
 	lims := connLimits{Limit: so.MaxConnections, PerPeer: so.MaxConnectionsPerPeer, Clock: s.opts.Clock}
 	if lims.Limit == 0 {
 		lims.Limit = defaultMaxConnections()
@@ -132,13 +156,18 @@ func (s *Server) setupSecurity() error {
 }
 
 // grpcServerOptions are the gRPC server's credentials, transport limits
-// and interceptors: the connection's busy mark outermost (it only counts),
-// then recovery (a panic in any later interceptor is caught), then auth.
+// and interceptors. A call without a credential that names a principal is
+// refused at its headers (the tap), before it costs a goroutine; then the
+// metrics (they count every call that starts), recovery (a panic in any
+// later interceptor is caught), auth, and last the connection's busy mark,
+// so that only a call allowed to run holds its connection.
 func (s *Server) grpcServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(append(s.grpcMetrics.unary(), s.sec.grpcConns.UnaryServerInterceptor(), grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor())...),
-		grpc.ChainStreamInterceptor(s.grpcMetrics.stream(), s.sec.grpcConns.StreamServerInterceptor(), s.sec.auth.StreamServerInterceptor()),
+		grpc.InTapHandle(s.sec.auth.TapHandle()),
+		grpc.ChainUnaryInterceptor(append(s.grpcMetrics.unary(), grpcserver.RecoveryUnaryInterceptor(s.log), s.sec.auth.UnaryServerInterceptor(), s.sec.grpcConns.UnaryServerInterceptor())...),
+		grpc.ChainStreamInterceptor(s.grpcMetrics.stream(), s.sec.auth.StreamServerInterceptor(), s.sec.grpcConns.StreamServerInterceptor()),
 		grpc.NumStreamWorkers(streamWorkers()),
+		grpc.MaxConcurrentStreams(s.sec.maxStreams),
 		grpc.ConnectionTimeout(grpcHandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxIdle, Time: grpcPingAfter, Timeout: grpcPingTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcMinClientPing, PermitWithoutStream: true}),
@@ -176,8 +205,8 @@ func (s *Server) httpHandler(metricsHandler http.Handler) http.Handler {
 	return mux
 }
 
-// newHTTPServer returns the HTTP server, with timeouts and, with TLS, the
-// reloading certificate.
+// newHTTPServer returns the HTTP server, with timeouts, the bound on each
+// HTTP/2 connection's streams and, with TLS, the reloading certificate.
 func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 	hs := &http.Server{
 		Handler:           h,
@@ -186,6 +215,7 @@ func (s *Server) newHTTPServer(h http.Handler) *http.Server {
 		WriteTimeout:      httpWriteTimeout,
 		IdleTimeout:       httpIdleTimeout,
 		ConnState:         s.sec.httpConns.ConnState,
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: int(s.sec.maxStreams)},
 		// Accept errors, failed handshakes and handler panics go to the
 		// server's log rather than the process's stderr.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),

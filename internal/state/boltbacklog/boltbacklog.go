@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,9 +56,17 @@ type Options struct {
 	// MaxBatchSize starts a group commit at once when it holds that many
 	// writes (bolt's DB.MaxBatchSize; default bolt's, 1000).
 	MaxBatchSize int
-	// Now is the clock of Close's last sweep (default time.Now). Sweep
-	// itself takes the time as an argument.
+	// Now is the clock of Close's last sweep and of the name a damaged
+	// file is moved aside to (default time.Now). Sweep itself takes the
+	// time as an argument.
 	Now func() time.Time
+	// MoveAsideDamaged renames a damaged file to
+	// <path>.damaged-<UTC time> and starts an empty backlog, logging the
+	// damage at error level; without it Open refuses a damaged file.
+	MoveAsideDamaged bool
+	// Logger takes the warnings of an empty file and of one moved aside
+	// (default slog.Default()).
+	Logger *slog.Logger
 }
 
 func (o Options) withDefaults() Options {
@@ -68,6 +78,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	return o
 }
@@ -99,15 +112,95 @@ var _ deferral.Store = (*Store)(nil)
 
 // Open opens (creating it if need be) the backlog file at path, e.g.
 // <data-dir>/deferred.db. It fails, naming path, when another process
-// holds the file for longer than opts.LockTimeout.
+// holds the file for longer than opts.LockTimeout, and with a
+// *DamagedError when the file is damaged (see the package doc), unless
+// opts.MoveAsideDamaged. An empty (0-byte) file starts an empty backlog,
+// with a warning.
 func Open(path string, opts Options) (*Store, error) {
 	opts = opts.withDefaults()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("boltbacklog: %s is locked by another process (is a second sluiced running on this data dir?); gave up after %v: %w", path, opts.LockTimeout, err)
+	s, err := openVerified(path, opts)
+	var moved *movedAsideError
+	if errors.As(err, &moved) {
+		opts.Logger.Error("deferred backlog file is damaged: moved it aside and starting with an empty backlog; the tickets it held are lost",
+			"path", path, "moved_to", moved.to, "damage", moved.damage.Err.Error())
+		s, err = openVerified(path, opts)
 	}
+	return s, err
+}
+
+// movedAsideError is openVerified's answer when it moved a damaged file aside.
+type movedAsideError struct {
+	damage *DamagedError
+	to     string
+}
+
+func (e *movedAsideError) Error() string {
+	return fmt.Sprintf("%v; moved to %s", e.damage, e.to)
+}
+
+var errLockTimeout = errors.New("timed out waiting for the file lock")
+
+// openVerified verifies the file under its lock, then opens it with bbolt.
+func openVerified(path string, opts Options) (*Store, error) {
+	_, statErr := os.Stat(path)
+	existed := statErr == nil
+	f, err := openLocked(path, opts.LockTimeout)
 	if err != nil {
+		return nil, err
+	}
+	info, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
 		return nil, fmt.Errorf("boltbacklog: open %s: %w", path, err)
+	}
+	// damaged answers a damage found while the lock is held, so that a
+	// file moved aside is one no other process is using.
+	damaged := func(problem error) error {
+		d := &DamagedError{Path: path, Err: problem}
+		if !opts.MoveAsideDamaged {
+			return d
+		}
+		to, err := asidePath(path, opts.Now())
+		if err == nil {
+			err = os.Rename(path, to)
+		}
+		if err != nil {
+			return fmt.Errorf("%w; moving it aside failed: %w", d, err)
+		}
+		return &movedAsideError{damage: d, to: to}
+	}
+	if info.Size() == 0 {
+		if existed {
+			opts.Logger.Warn("deferred backlog file is empty (0 bytes): starting with an empty backlog", "path", path)
+		}
+	} else if err := verifyFile(f, info.Size()); err != nil {
+		err = damaged(err)
+		_ = f.Close()
+		return nil, err
+	}
+	var db *bolt.DB
+	err = guarded(func() (err error) {
+		db, err = bolt.Open(path, 0o600, &bolt.Options{
+			Timeout:  opts.LockTimeout,
+			OpenFile: func(string, int, os.FileMode) (*os.File, error) { return f, nil },
+		})
+		return err
+	})
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("boltbacklog: %s is locked by another process (is a second sluiced running on this data dir?); gave up after %v: %w", path, opts.LockTimeout, err)
+	case errors.Is(err, errPanicked):
+		err = damaged(err)
+		_ = f.Close()
+		return nil, err
+	case err != nil:
+		_ = f.Close()
+		return nil, fmt.Errorf("boltbacklog: open %s: %w", path, err)
+	}
+	if err := guarded(func() error { return db.View(checkRecords) }); err != nil {
+		err = damaged(err)
+		_ = db.Close()
+		return nil, err
 	}
 	if opts.MaxBatchDelay > 0 {
 		db.MaxBatchDelay = opts.MaxBatchDelay
@@ -130,6 +223,51 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("boltbacklog: open %s: %w", path, err)
 	}
 	return s, nil
+}
+
+// openLocked opens (creating it if need be) the file at path and takes
+// its lock. A file moved aside while this one waited for the lock is no
+// longer the backlog: it opens the one now at path.
+func openLocked(path string, timeout time.Duration) (*os.File, error) {
+	for range 3 {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("boltbacklog: open %s: %w", path, err)
+		}
+		if err := lockFile(f, timeout); err != nil {
+			_ = f.Close()
+			if errors.Is(err, errLockTimeout) {
+				return nil, fmt.Errorf("boltbacklog: %s is locked by another process (is a second sluiced running on this data dir?); gave up after %v: %w", path, timeout, berrors.ErrTimeout)
+			}
+			return nil, fmt.Errorf("boltbacklog: lock %s: %w", path, err)
+		}
+		held, err := f.Stat()
+		if err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("boltbacklog: open %s: %w", path, err)
+		}
+		if now, err := os.Stat(path); err == nil && os.SameFile(held, now) {
+			return f, nil
+		}
+		_ = f.Close()
+	}
+	return nil, fmt.Errorf("boltbacklog: open %s: the file kept being replaced while its lock was awaited", path)
+}
+
+// asidePath names where a damaged file goes: beside it, with the time
+// (UTC) in its name, and a number after when that name is taken.
+func asidePath(path string, now time.Time) (string, error) {
+	base := path + ".damaged-" + now.UTC().Format("20060102T150405Z")
+	for i := 1; i < 100; i++ {
+		to := base
+		if i > 1 {
+			to = fmt.Sprintf("%s-%d", base, i)
+		}
+		if _, err := os.Lstat(to); errors.Is(err, os.ErrNotExist) {
+			return to, nil
+		}
+	}
+	return "", fmt.Errorf("no free name beside %s", base)
 }
 
 // Path returns the file's path.

@@ -27,6 +27,30 @@
 // scratch and reports "not found" through them, never as an error that
 // would fail its neighbours' batch.
 //
+// # Verification at open
+//
+// bbolt maps the file into memory and follows its page ids and offsets
+// as written: on a damaged file (truncated, pages overwritten) it faults,
+// panics or allocates without bound, at open or at whichever later read
+// first meets the damage. Open therefore checks the file, under its lock,
+// before bbolt reads it. With plain reads it takes the meta page bbolt
+// would use, checks the file's length against the pages that meta counts,
+// the freelist (each id in range, listed once), and every page of every
+// bucket's tree: each page names itself, is a branch or leaf page, is
+// reached once and is not also free, keeps its elements, keys and values
+// within its bytes, and keeps its keys in order within its parent's
+// range; every page is in use or free. Then, through bbolt, it reads
+// every record: each decodes under its own id, each unfinished one is in
+// open under its Seq, each final one in finished, and the indexes hold
+// nothing else. bbolt's own calls at open and during this read run with
+// memory faults turned into panics and panics into errors. A file that
+// fails is refused with a *DamagedError naming it and what is wrong, and
+// left as it is; with Options.MoveAsideDamaged it is renamed to
+// <path>.damaged-<UTC time> and the backlog starts empty. A 0-byte file
+// starts an empty backlog, with a warning. The check reads the whole
+// file and decodes every record: about 7 µs a ticket on 2 cores (11 ms
+// for 1,500; some 7 s at deferral.max_total's million).
+//
 // # Adopt
 //
 // The Seq counter at Open divides the tickets: those at or below it were
