@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -24,31 +25,46 @@ type EngineSignal struct {
 	Relay bool
 }
 
+// ErrInvalidEngineSignal is returned by ObserveEngines for a signal whose
+// queue, running count or KV use is not a finite number ≥ 0.
+var ErrInvalidEngineSignal = errors.New("engine signal is not a reading")
+
 // ObserveEngines records the engines' latest signals, one per domain;
-// domains the engine does not have are skipped and named in the error
-// (the others are recorded). The capacity loop acts on them at its next
-// step (Config.Feedback).
+// domains the engine does not have, and signals that are no readings (a
+// queue, running count or KV use that is negative, NaN or infinite), are
+// skipped and named in the error (the others are recorded). A skipped
+// signal changes nothing: the domain's last reading stands and ages, as
+// it would had its engines not answered, where a bad number read as 0
+// would say that they are clear. The capacity loop acts on them at its
+// next step (Config.Feedback).
 func (e *Engine) ObserveEngines(signals []EngineSignal) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.nowLocked()
-	var unknown []string
+	var unknown, invalid []string
 	for _, s := range signals {
 		d, ok := e.mu.place.byID[s.Domain]
 		if !ok || d.removed {
 			unknown = append(unknown, s.Domain)
 			continue
 		}
-		s.Queue, s.Running, s.KVUsage = reading(s.Queue), reading(s.Running), reading(s.KVUsage)
+		if !saneReading(s.Queue, s.Running, s.KVUsage) {
+			invalid = append(invalid, s.Domain)
+			continue
+		}
 		d.loop.observe(now, s, &e.mu.place.cfg.Feedback)
-		if s.Relay { // as observed: the others get no NaN from a broken engine
+		if s.Relay {
 			d.loop.own, d.loop.ownAt, d.loop.hasOwn = s, now-int64(max(s.Age, 0)), true
 		}
 	}
+	var errs []error
 	if len(unknown) > 0 {
-		return fmt.Errorf("engine signals for %d unknown domains (%v): %w", len(unknown), unknown[:min(len(unknown), 5)], ErrUnknownDomain)
+		errs = append(errs, fmt.Errorf("engine signals for %d unknown domains (%v): %w", len(unknown), unknown[:min(len(unknown), 5)], ErrUnknownDomain))
 	}
-	return nil
+	if len(invalid) > 0 {
+		errs = append(errs, fmt.Errorf("engine signals for %d domains (%v) skipped: %w", len(invalid), invalid[:min(len(invalid), 5)], ErrInvalidEngineSignal))
+	}
+	return errors.Join(errs...)
 }
 
 // RelayEngineReadings says whether the shared state relays engine
@@ -91,15 +107,25 @@ func (e *Engine) StarvedEngineDomains(dst []string) []string {
 //     factor shrinks by Decrease each period. Between two signals, the
 //     requests this replica placed since the last one count as waiting,
 //     so that a burst stops at the threshold rather than at the next read.
-//     Once the signals have been clear for ClearPeriods, the factor grows
-//     by Increase each period the domain's buckets are in demand (most of
-//     a period's refill taken), up to MaxFactor: the loop finds an engine
-//     faster than the model as well as a slower one.
+//     Once the signals have been clear for ClearPeriods, a factor the
+//     guard cut below its calibrated value (the last calibration's, 1
+//     before any) recovers: each period divides it by Decrease, undoing
+//     one cut, up to that value, whether or not the domain is in demand.
+//     A cut with no calibration behind it says only that the engines
+//     were saturated, and they are no longer: were it kept, a false
+//     reading would shrink an idle domain for good. At or above its
+//     calibrated value the factor grows by Increase each period the
+//     domain's buckets are in demand (most of a period's refill taken),
+//     up to MaxFactor: the loop finds an engine faster than the model as
+//     well as a slower one.
 //   - Calibration: over each Window in which the engines were busy (a
 //     waiting queue in nine in ten of their signals, or without fresh
 //     signals a median reported time to first token past BusyTTFT), what
 //     the domain served is what it sustains; the factor moves toward soft_fraction of that,
-//     by at most CalibrationStep and not by less than Deadband.
+//     by at most CalibrationStep and not by less than Deadband, and
+//     where the window leaves it is its calibrated value. A window that
+//     ends with the factor cut by the guard moves the calibrated value
+//     alone (calibrate).
 //
 // Signals older than Stale are not acted on: the factor holds, the guard
 // is off, and DomainInfo says the metrics are stale.
@@ -140,6 +166,9 @@ type capacityLoop struct {
 	ttfts           []time.Duration
 	lastMeasure     float64 // the last window's sustained factor; 0: none yet
 	lastMeasureKind string  // what made that window busy
+	// calibrated is the factor as the calibrating windows leave it (1,
+	// the model, before any): a guard's cut below it recovers to it.
+	calibrated float64
 
 	// Kept after the fields a decision reads, off their cache lines.
 
@@ -165,11 +194,11 @@ type capacityLoop struct {
 }
 
 func newCapacityLoop(now int64) capacityLoop {
-	return capacityLoop{factor: 1, winStart: now, stepAt: now, satSince: -1}
+	return capacityLoop{factor: 1, calibrated: 1, winStart: now, stepAt: now, satSince: -1}
 }
 
-// observe records a signal read age ago, its numbers made sane by the
-// caller (reading).
+// observe records a signal read age ago, its numbers checked sane by the
+// caller (saneReading).
 func (l *capacityLoop) observe(now int64, s EngineSignal, cfg *FeedbackConfig) {
 	at := now - int64(max(s.Age, 0))
 	if l.hasSig && at < l.sigAt {
@@ -222,9 +251,13 @@ func (l *capacityLoop) starved(now int64, cfg *FeedbackConfig) bool {
 }
 
 // relay records a signal another replica read, as the shared state
-// relayed it.
+// relayed it; one that is no reading is dropped, as ObserveEngines skips
+// it.
 func (l *capacityLoop) relay(now int64, r sharing.EngineReading, cfg *FeedbackConfig) {
-	l.observe(now, EngineSignal{Queue: reading(r.Queue), Running: reading(r.Running), KVUsage: reading(r.KVUsage), Age: r.Age}, cfg)
+	if !saneReading(r.Queue, r.Running, r.KVUsage) {
+		return
+	}
+	l.observe(now, EngineSignal{Queue: r.Queue, Running: r.Running, KVUsage: r.KVUsage, Age: r.Age}, cfg)
 }
 
 // recentPlacements is how many placement times a domain's loop keeps:
@@ -258,12 +291,17 @@ func (l *capacityLoop) placedAfter(at int64) int {
 	return n
 }
 
-// reading is v where it is a finite number ≥ 0, else 0.
-func reading(v float64) float64 {
-	if !(v >= 0) || math.IsInf(v, 0) {
-		return 0
+// saneReading reports whether each of vs is a finite number ≥ 0. The
+// engine reader checks each engine's values before it sums a domain's
+// (internal/enginemetrics); this is the loop's own check of what reaches
+// it, from any caller or another replica.
+func saneReading(vs ...float64) bool {
+	for _, v := range vs {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return false
+		}
 	}
-	return v
+	return true
 }
 
 // fresh reports whether the last signal is young enough to act on.
@@ -349,8 +387,11 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 			if l.clearSince == 0 {
 				l.clearSince = now
 			}
-			clearFor := int64(cfg.ClearPeriods) * int64(cfg.Period.Duration)
-			if demand && now-l.clearSince >= clearFor {
+			switch clearFor := int64(cfg.ClearPeriods) * int64(cfg.Period.Duration); {
+			case now-l.clearSince < clearFor:
+			case l.factor < l.calibrated: // the guard's cut alone: undo one a period
+				l.factor = min(l.factor/cfg.Decrease, l.calibrated)
+			case demand:
 				l.factor += cfg.Increase
 			}
 		}
@@ -361,7 +402,7 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	if now-l.winStart >= int64(cfg.Window.Duration) {
 		l.calibrate(now, cfg, c, soft)
 	}
-	l.factor = min(max(l.factor, cfg.MinFactor), cfg.MaxFactor)
+	l.factor = bounded(l.factor, cfg)
 	if l.factor != factor {
 		c.SetFactor(now, int64(math.Round(l.factor*pd.FactorFull)))
 	}
@@ -381,10 +422,21 @@ func used(taken, rate, elapsed int64) float64 {
 // demand: the domain's buckets, not its traffic, bound what it runs.
 const demandShare = 0.8
 
+// bounded is f within [MinFactor, MaxFactor].
+func bounded(f float64, cfg *FeedbackConfig) float64 {
+	return min(max(f, cfg.MinFactor), cfg.MaxFactor)
+}
+
 // calibrate closes the window: if the engines were busy throughout it,
 // what the domain served is what it sustains, and the factor moves toward
 // soft · sustained / the model's rate (the phase nearer its limit
-// decides: the other served only what was asked of it).
+// decides: the other served only what was asked of it), which is then
+// its calibrated value. Where the guard has cut the factor below its
+// calibrated value, the window moves that value instead, and the factor
+// no higher than it: the cut stays the guard's, to recover from, and one
+// window moves what the factor recovers to by calibration_step at most
+// (a window the guard held to its floors, on readings that lied, moves
+// it that much, not down to the cut).
 func (l *capacityLoop) calibrate(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity, soft float64) {
 	secs := float64(now-l.winStart) / float64(time.Second)
 	busy := ""
@@ -398,12 +450,25 @@ func (l *capacityLoop) calibrate(now int64, cfg *FeedbackConfig, c *pd.DomainCap
 		peakP, peakD := float64(priorP)/soft, float64(priorD)/soft
 		measured := max(l.servedP/secs/peakP, l.servedD/secs/peakD)
 		l.lastMeasure, l.lastMeasureKind = measured, busy
-		if diff := measured - l.factor; math.Abs(diff) >= cfg.Deadband {
-			l.factor += max(min(diff, cfg.CalibrationStep), -cfg.CalibrationStep)
+		if l.factor < l.calibrated {
+			l.calibrated = bounded(toward(l.calibrated, measured, cfg), cfg)
+			l.factor = min(l.factor, l.calibrated)
+		} else {
+			l.factor = bounded(toward(l.factor, measured, cfg), cfg)
+			l.calibrated = l.factor
 		}
 	}
 	l.winStart, l.servedP, l.servedD, l.signals, l.queued = now, 0, 0, 0, 0
 	l.ttfts = l.ttfts[:0]
+}
+
+// toward is f moved toward measured by calibration_step at most, or f
+// where they are within the deadband.
+func toward(f, measured float64, cfg *FeedbackConfig) float64 {
+	if diff := measured - f; math.Abs(diff) >= cfg.Deadband {
+		return f + max(min(diff, cfg.CalibrationStep), -cfg.CalibrationStep)
+	}
+	return f
 }
 
 // busyShare is the share of a window's signals that must show a waiting

@@ -286,24 +286,28 @@ func TestDomainsWithoutFreshReadingsAreStarved(t *testing.T) {
 	}
 }
 
-// A reading marked for relay is published as the loop took it: a broken
-// engine's NaN or negative numbers count as 0 for the others too; one not
-// marked is not published.
+// A reading marked for relay is published as the loop took it; one that
+// is no reading (a NaN or negative number) is neither taken nor
+// published, so the last sane one stays the one to relay; one not marked
+// is not published.
 func TestRelayedReadingsAreSane(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 2))
 	if err := h.e.ObserveEngines([]EngineSignal{
-		{Domain: "d1", Queue: math.NaN(), Running: -3, KVUsage: 0.5, Relay: true},
+		{Domain: "d1", Queue: 2, Running: 3, KVUsage: 0.5, Relay: true},
 		{Domain: "d2", Queue: 4},
 	}); err != nil {
 		t.Fatal(err)
+	}
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: math.NaN(), Running: -3, KVUsage: 0.5, Relay: true}}); !errors.Is(err, ErrInvalidEngineSignal) {
+		t.Errorf("a NaN and a negative reading: %v, want ErrInvalidEngineSignal", err)
 	}
 	v := h.e.view()
 	v.Lock()
 	r, _, ok := v.OwnEngineReadingLocked(v.DomainLocked("d1"))
 	_, _, ok2 := v.OwnEngineReadingLocked(v.DomainLocked("d2"))
 	v.Unlock()
-	if !ok || r.Queue != 0 || r.Running != 0 || r.KVUsage != 0.5 {
-		t.Errorf("d1's reading to relay = %+v (%v), want queue 0, running 0, KV 0.5", r, ok)
+	if !ok || r.Queue != 2 || r.Running != 3 || r.KVUsage != 0.5 {
+		t.Errorf("d1's reading to relay = %+v (%v), want the last sane one: queue 2, running 3, KV 0.5", r, ok)
 	}
 	if ok2 {
 		t.Error("d2's reading, not marked for relay, is to be published")
@@ -666,19 +670,20 @@ func BenchmarkCapacityLoop(b *testing.B) {
 	b.ReportMetric(fs/ds, "step-fleet/default")
 }
 
-// Readings that are not numbers ≥ 0 count as 0: they neither saturate a
-// domain nor make its load unreadable.
-func TestBadEngineReadingsCountAsZero(t *testing.T) {
+// Readings that are not numbers ≥ 0 are not taken: ObserveEngines names
+// their domains, a domain with no reading before has none, and the
+// domains neither saturate nor lose their placement.
+func TestBadEngineReadingsAreNotTaken(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 2))
 	for _, d := range []string{"d1", "d2"} {
-		if err := h.e.ObserveEngines([]EngineSignal{{Domain: d, Queue: math.NaN(), KVUsage: math.Inf(1), Running: -3}}); err != nil {
-			t.Fatal(err)
+		if err := h.e.ObserveEngines([]EngineSignal{{Domain: d, Queue: math.NaN(), KVUsage: math.Inf(1), Running: -3}}); !errors.Is(err, ErrInvalidEngineSignal) || !strings.Contains(err.Error(), d) {
+			t.Errorf("NaN, +Inf and negative readings for %s: %v, want ErrInvalidEngineSignal naming it", d, err)
 		}
 	}
 	h.advance(period)
 	for _, d := range []string{"d1", "d2"} {
-		if info := h.domain(d); info.EngineSaturated || info.EngineQueue != 0 || info.EngineKVUsage != 0 {
-			t.Errorf("%s after NaN, +Inf and negative readings: %+v", d, info)
+		if info := h.domain(d); info.EngineSaturated || info.EngineQueue != 0 || info.EngineKVUsage != 0 || info.EngineMetricsAge != 0 {
+			t.Errorf("%s after NaN, +Inf and negative readings: %+v, want no reading", d, info)
 		}
 	}
 	if got := firstDomain(h, "a"); got == "" {

@@ -22,13 +22,22 @@
 // per data-parallel engine, per rank). The queue and running gauges are
 // summed over series and over a domain's endpoints, since a request waiting
 // anywhere in the domain is waiting; the KV-cache use is the maximum, since
-// the fullest engine is the one that refuses the next request.
+// the fullest engine is the one that refuses the next request. Each value is
+// checked where it is read, before any sum: an endpoint with a series that
+// is negative, NaN, infinite or past its bound (MaxRequests, MaxKVUsage)
+// gives no reading at all (an InvalidReadingError, whose Reason a caller
+// may count), so a domain is described by its sane endpoints alone and one
+// broken engine neither hides the others' saturation nor invents some.
 //
 // A Reader polls every endpoint once a pass (every Options.Period, 100 ms by
 // default, about the Inference Extension's 50 ms scrape), all endpoints at
 // once with bounded concurrency, each read bounded by Options.Timeout and
-// its body by 4 MiB. A failed read (transport error, non-200 status,
-// unparsable or oversized body, neither signal present) counts in
+// its body by 4 MiB. A read follows a redirect only to the endpoint's own
+// scheme, host and port (a metrics app mounted under /metrics redirects to
+// /metrics/); a redirect anywhere else fails the read, since another
+// server's queue is not this domain's. A failed read (transport error,
+// non-200 status, a redirect elsewhere, unparsable or oversized body,
+// neither signal present, a value that is no reading) counts in
 // Signal.Failed. A domain with some endpoints read is described by those
 // alone; a domain whose every endpoint failed keeps its last values and its
 // last Signal.At, so its age grows. This package never decides that a

@@ -172,10 +172,9 @@ func TestParse(t *testing.T) {
 		{name: "queue only reads kv 0", kind: "vllm",
 			body: "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n",
 			want: enginemetrics.Sample{Queue: 2}},
-		{name: "NaN series is no reading", kind: "sglang",
-			body: "# TYPE sglang:token_usage gauge\nsglang:token_usage{dp_rank=\"0\"} NaN\nsglang:token_usage{dp_rank=\"1\"} 0.25\n" +
-				"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{dp_rank=\"0\"} NaN\nsglang:num_queue_reqs{dp_rank=\"1\"} 1\n",
-			want: enginemetrics.Sample{Queue: 1, KVUsage: 0.25}},
+		{name: "KV a little past 1 reads as full", kind: "vllm",
+			body: "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 1.0001\n",
+			want: enginemetrics.Sample{KVUsage: 1.0001}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -80,12 +80,56 @@ type Sample struct {
 	KVUsage float64
 }
 
+// The bounds of a sane reading. A value past them is not an engine's
+// state but a broken exporter's (or a gauge in other units), and two of
+// them summed may overflow to +Inf.
+const (
+	// MaxRequests bounds one series of a queue or running gauge: more
+	// requests than any engine holds.
+	MaxRequests = 1 << 24
+	// MaxKVUsage bounds one series of a KV-usage gauge, a fraction: a
+	// little past 1 is an engine's rounding and reads as full; a
+	// percentage (85 for 85%) is past it.
+	MaxKVUsage = 1.5
+)
+
+// The reasons a value is not a reading, as InvalidReadingError.Reason
+// gives them.
+const (
+	ReasonNegative = "negative"
+	ReasonNaN      = "nan"
+	ReasonInfinite = "infinite"
+	ReasonTooLarge = "too_large"
+)
+
+// InvalidReadingError says that a series of a metric read holds a value
+// that is no reading: negative, NaN, infinite or past its bound
+// (MaxRequests, MaxKVUsage). The endpoint's whole reading is then
+// invalid: an engine that reports one number wrong may report the others
+// wrong too, and a sum that took it in would hide the other engines'
+// saturation or invent some.
+type InvalidReadingError struct {
+	// Metric is the metric's name.
+	Metric string
+	// Value is the value read.
+	Value float64
+	// Reason is ReasonNegative, ReasonNaN, ReasonInfinite or
+	// ReasonTooLarge.
+	Reason string
+}
+
+func (e *InvalidReadingError) Error() string {
+	return fmt.Sprintf("%s is %g, not a reading (%s)", e.Metric, e.Value, e.Reason)
+}
+
 // Parse reads one endpoint's exposition, in the Prometheus text format, for
 // the metrics in names. Families it does not name (histograms, counters,
 // info gauges) are parsed and ignored. It fails when the exposition does not
 // parse, or when it holds neither the queue nor the KV-usage metric, since
 // then the endpoint is not the engine it was said to be (or not yet up); the
 // error names the metrics looked for. Only one of the two missing reads as 0.
+// It fails with an *InvalidReadingError when a series of a metric it reads
+// is negative, NaN, infinite or past its bound.
 func Parse(r io.Reader, names Names) (Sample, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	families, err := p.TextToMetricFamilies(r)
@@ -93,16 +137,26 @@ func Parse(r io.Reader, names Names) (Sample, error) {
 		return Sample{}, fmt.Errorf("parse exposition: %w", err)
 	}
 	var s Sample
-	queue, qok := sum(families[names.Queue])
-	kv, kok := maxValue(families[names.KVUsage])
+	queue, qok, err := sum(families[names.Queue], MaxRequests)
+	if err != nil {
+		return Sample{}, err
+	}
+	kv, kok, err := maxValue(families[names.KVUsage])
+	if err != nil {
+		return Sample{}, err
+	}
 	if !kok && names.KVUsageFallback != "" {
-		kv, kok = maxValue(families[names.KVUsageFallback])
+		if kv, kok, err = maxValue(families[names.KVUsageFallback]); err != nil {
+			return Sample{}, err
+		}
 	}
 	if !qok && !kok {
 		return Sample{}, fmt.Errorf("exposition has none of %s", names.looked())
 	}
 	s.Queue, s.KVUsage = queue, kv
-	s.Running, _ = sum(families[names.Running])
+	if s.Running, _, err = sum(families[names.Running], MaxRequests); err != nil {
+		return Sample{}, err
+	}
 	return s, nil
 }
 
@@ -117,45 +171,70 @@ func (n Names) looked() string {
 	return strings.Join(l, ", ")
 }
 
-// sum adds up a family's series; ok is false when it has none usable.
-func sum(mf *dto.MetricFamily) (v float64, ok bool) {
+// sum adds up a family's series, each at most bound; ok is false when it
+// has none usable.
+func sum(mf *dto.MetricFamily, bound float64) (v float64, ok bool, err error) {
 	for _, m := range mf.GetMetric() {
-		if x, good := value(mf.GetType(), m); good {
-			v += x
-			ok = true
+		x, good := value(mf.GetType(), m)
+		if !good {
+			continue
 		}
+		if err := check(mf.GetName(), x, bound); err != nil {
+			return 0, false, err
+		}
+		v += x
+		ok = true
 	}
-	return v, ok
+	return v, ok, nil
 }
 
-// maxValue is the largest of a family's series; ok is false when it has none
-// usable.
-func maxValue(mf *dto.MetricFamily) (v float64, ok bool) {
+// maxValue is the largest of a KV-usage family's series; ok is false when
+// it has none usable.
+func maxValue(mf *dto.MetricFamily) (v float64, ok bool, err error) {
 	for _, m := range mf.GetMetric() {
-		if x, good := value(mf.GetType(), m); good && (!ok || x > v) {
+		x, good := value(mf.GetType(), m)
+		if !good {
+			continue
+		}
+		if err := check(mf.GetName(), x, MaxKVUsage); err != nil {
+			return 0, false, err
+		}
+		if !ok || x > v {
 			v, ok = x, true
 		}
 	}
-	return v, ok
+	return v, ok, nil
 }
 
-// value reads one series of a scalar family. A histogram or summary under a
-// gauge's name, or a NaN or infinite value (an engine that has not measured
-// yet), is no reading rather than a number that would poison a sum.
+// check says why x, a series of metric, is no reading (bound is the
+// largest sane), or nil.
+func check(metric string, x, bound float64) error {
+	reason := ""
+	switch {
+	case math.IsNaN(x):
+		reason = ReasonNaN
+	case math.IsInf(x, 0):
+		reason = ReasonInfinite
+	case x < 0:
+		reason = ReasonNegative
+	case x > bound:
+		reason = ReasonTooLarge
+	default:
+		return nil
+	}
+	return &InvalidReadingError{Metric: metric, Value: x, Reason: reason}
+}
+
+// value reads one series of a scalar family; a histogram or summary under
+// a gauge's name is no series of it.
 func value(t dto.MetricType, m *dto.Metric) (float64, bool) {
-	var v float64
 	switch t {
 	case dto.MetricType_GAUGE:
-		v = m.GetGauge().GetValue()
+		return m.GetGauge().GetValue(), true
 	case dto.MetricType_UNTYPED:
-		v = m.GetUntyped().GetValue()
+		return m.GetUntyped().GetValue(), true
 	case dto.MetricType_COUNTER:
-		v = m.GetCounter().GetValue()
-	default:
-		return 0, false
+		return m.GetCounter().GetValue(), true
 	}
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, false
-	}
-	return v, true
+	return 0, false
 }

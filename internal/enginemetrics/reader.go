@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -74,7 +76,9 @@ type Options struct {
 	// Client makes the requests; nil means a client of its own with
 	// Timeout and an idle pool large enough to keep every endpoint's
 	// connection alive between passes. Each read is bounded by Timeout
-	// whatever the client.
+	// whatever the client, and follows a redirect only to the
+	// endpoint's own scheme, host and port (the Reader uses a copy of
+	// Client with its own CheckRedirect).
 	Client *http.Client
 	// Clock gives Signal.At; nil means time.Now. Tests pass a fake.
 	Clock func() time.Time
@@ -116,7 +120,24 @@ type Reader struct {
 		sync.Mutex
 		domains map[string]*domain
 		signals map[string]Signal
+		samples map[string]endpointSample // each endpoint's last read, by URL
 	}
+}
+
+// endpointSample is one endpoint's last good read.
+type endpointSample struct {
+	s  Sample
+	at time.Time
+}
+
+// EndpointSample returns the last good read of the endpoint whose metrics
+// URL is url, and when it was made; false if it was never read, or is no
+// longer an endpoint of a domain.
+func (r *Reader) EndpointSample(url string) (Sample, time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.mu.samples[url]
+	return e.s, e.at, ok
 }
 
 // NewReader returns a Reader with no domains, or an error naming the option
@@ -167,6 +188,9 @@ func NewReader(opts Options) (*Reader, error) {
 		t.MaxIdleConns = 0 // no limit: one kept-alive connection per endpoint
 		r.client = &http.Client{Timeout: r.timeout, Transport: t}
 	}
+	c := *r.client // a copy: the caller's client keeps its own policy
+	c.CheckRedirect = sameOrigin
+	r.client = &c
 	if r.now == nil {
 		r.now = time.Now
 	}
@@ -214,6 +238,17 @@ func (r *Reader) SetDomains(m map[string][]Endpoint) error {
 	for name := range r.mu.signals {
 		if _, ok := domains[name]; !ok {
 			delete(r.mu.signals, name)
+		}
+	}
+	urls := make(map[string]bool)
+	for _, es := range m {
+		for _, e := range es {
+			urls[e.URL] = true
+		}
+	}
+	for url := range r.mu.samples {
+		if !urls[url] {
+			delete(r.mu.samples, url)
 		}
 	}
 	r.mu.domains = domains
@@ -292,6 +327,14 @@ func (r *Reader) Poll(ctx context.Context) {
 		if r.mu.domains[name] != d {
 			continue // reloaded during the pass: this pass read the old endpoints
 		}
+		if r.mu.samples == nil {
+			r.mu.samples = make(map[string]endpointSample)
+		}
+		for j, res := range rs {
+			if res.err == nil {
+				r.mu.samples[d.targets[j].URL] = endpointSample{res.s, res.at}
+			}
+		}
 		r.updateLocked(name, n, rs)
 	}
 }
@@ -324,6 +367,37 @@ func (r *Reader) updateLocked(name string, n int, rs []result) {
 		return
 	}
 	r.mu.signals[name] = s
+}
+
+// maxRedirects bounds the redirects one read follows: a metrics app
+// mounted under /metrics redirects to /metrics/ once.
+const maxRedirects = 3
+
+// sameOrigin is the Reader's redirect policy: a redirect is followed only
+// to the scheme, host and port of the endpoint's URL. Anywhere else is
+// another server, whose queue would be taken for this domain's.
+func sameOrigin(req *http.Request, via []*http.Request) error {
+	if len(via) > maxRedirects {
+		return fmt.Errorf("stopped after %d redirects", maxRedirects)
+	}
+	if to, from := origin(req.URL), origin(via[0].URL); to != from {
+		return fmt.Errorf("redirected to %s: engine metrics are read only from %s, the endpoint's own host and port", req.URL.Redacted(), from)
+	}
+	return nil
+}
+
+// origin is u's scheme, host and port, the port made explicit.
+func origin(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		switch u.Scheme {
+		case "http":
+			port = "80"
+		case "https":
+			port = "443"
+		}
+	}
+	return strings.ToLower(u.Scheme) + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
 }
 
 // read fetches and parses one endpoint within r.timeout.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -71,6 +72,7 @@ func ParseEngineKind(v string) (string, enginemetrics.Names, error) {
 // of another version, or the shared state is unreachable.
 type engineFeed struct {
 	reader  *enginemetrics.Reader
+	invalid *prometheus.CounterVec // reads whose values are no readings, by reason
 	eng     *admission.Engine
 	now     func() time.Time
 	log     *slog.Logger
@@ -95,9 +97,18 @@ type engineFeed struct {
 const fallbackFor = 30 * time.Second
 
 func newEngineFeed(o EngineMetricsOptions, eng *admission.Engine, now func() time.Time, log *slog.Logger) (*engineFeed, error) {
+	invalid := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sluice_engine_readings_invalid_total",
+		Help: "Engine metrics reads refused for a value that is no reading (reason: negative, nan, infinite, too_large); the engine counts for nothing in its domain's signal that pass."},
+		[]string{"reason"})
+	for _, reason := range []string{enginemetrics.ReasonNegative, enginemetrics.ReasonNaN, enginemetrics.ReasonInfinite, enginemetrics.ReasonTooLarge} {
+		invalid.WithLabelValues(reason) // every reason exported from the start, at 0
+	}
 	r, err := enginemetrics.NewReader(enginemetrics.Options{
 		Period: o.Period, Kinds: o.Kinds, Clock: now,
 		OnError: func(domain string, e enginemetrics.Endpoint, err error) {
+			if inv := (*enginemetrics.InvalidReadingError)(nil); errors.As(err, &inv) {
+				invalid.WithLabelValues(inv.Reason).Inc()
+			}
 			log.Debug("engine metrics: read failed", "domain", domain, "url", e.URL, "err", err)
 		},
 	})
@@ -107,7 +118,7 @@ func newEngineFeed(o EngineMetricsOptions, eng *admission.Engine, now func() tim
 	if o.Readers <= 0 {
 		o.Readers = 2
 	}
-	return &engineFeed{reader: r, eng: eng, now: now, log: log, readers: o.Readers,
+	return &engineFeed{reader: r, invalid: invalid, eng: eng, now: now, log: log, readers: o.Readers,
 		last: make(map[string]time.Time), fallback: make(map[string]time.Time)}, nil
 }
 
@@ -199,8 +210,9 @@ func readsDomain(id, self string, members []string, readers int) bool {
 	return true
 }
 
-// register exports how many domains' engines this replica reads, and how
-// many of them for want of a relay.
+// register exports how many domains' engines this replica reads, how
+// many of them for want of a relay, and the reads refused for values
+// that are no readings.
 func (f *engineFeed) register(reg *prometheus.Registry) {
 	count := func(starved bool) float64 {
 		f.mu.Lock()
@@ -217,6 +229,7 @@ func (f *engineFeed) register(reg *prometheus.Registry) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sluice_engine_domains_starved",
 			Help: "Domains read here for want of a relayed reading: their readers do not publish (gone, another version, Redis unreachable)."},
 			func() float64 { return count(true) }),
+		f.invalid,
 	)
 }
 
@@ -254,7 +267,7 @@ func (f *engineFeed) pass() {
 	}
 	if len(f.sigs) > 0 {
 		if err := f.eng.ObserveEngines(f.sigs); err != nil {
-			f.log.Debug("engine metrics: signals for domains the engine no longer has", "err", err)
+			f.log.Debug("engine metrics: signals not taken (domains the engine no longer has, or no readings)", "err", err)
 		}
 	}
 	if relayed != nil {
