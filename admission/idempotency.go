@@ -2,6 +2,7 @@ package admission
 
 import (
 	"hash/maphash"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -103,6 +104,21 @@ func (m *idempotency) bodyHash(r *Request) uint32 {
 		h.WriteString(name)
 	}
 	return uint32(h.Sum64())
+}
+
+// CheckRepeat returns the engine's error for a request id reused with a
+// different request (INVALID_ARGUMENT on request_id) when again does not
+// repeat what first asked, the fields bodyHash covers; nil when it does.
+// The deferral backlog checks a repeated request id against its ticket
+// with it, so that both paths refuse the same reuse, whatever became of
+// the first request.
+func CheckRepeat(first, again *Request) error {
+	if first.Model != again.Model || first.PromptTokens != again.PromptTokens ||
+		first.MaxOutputTokens != again.MaxOutputTokens || first.Priority != again.Priority ||
+		!slices.Equal(first.AcceptDowngrade, again.AcceptDowngrade) {
+		return errReusedID
+	}
+	return nil
 }
 
 // lookup returns the live record of key at now.

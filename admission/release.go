@@ -13,8 +13,12 @@ import (
 // tenant's token bucket and budget are settled to the actual tokens, and the
 // outcome feeds the domain's health. Counts past
 // limits.release_overrun_multiple times what the lease admitted are charged
-// at that bound (ReleaseResult.OverrunClamped). Releasing twice returns
-// ErrLeaseNotFound and changes nothing.
+// at that bound (ReleaseResult.OverrunClamped). What the router measured
+// feeds the capacity loop's calibration, so it is refused, not clamped,
+// when it cannot be true (InvalidArgumentError, nothing changes): cached
+// prompt tokens above the prompt tokens or above limits.max_prompt_tokens,
+// and a time to first token or duration above maxMeasuredDuration.
+// Releasing twice returns ErrLeaseNotFound and changes nothing.
 func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error) {
 	if err := validateRelease(&rel); err != nil {
 		return ReleaseResult{}, err
@@ -30,6 +34,10 @@ func (e *Engine) Release(ctx context.Context, rel Release) (ReleaseResult, error
 			e.mu.Unlock()
 			return ReleaseResult{}, fmt.Errorf("%w: %w", ErrNotYourLease, err)
 		}
+	}
+	if err := validateCached(&rel, &e.mu.leases.slot(slot).lease, &e.mu.cfg.Limits); err != nil {
+		e.mu.Unlock()
+		return ReleaseResult{}, err
 	}
 	l := e.mu.leases.take(slot)
 	clamped := l.boundOverrun(&rel, &e.mu.cfg.Limits)
@@ -64,7 +72,35 @@ func (l *lease) boundOverrun(rel *Release, lim *RequestLimits) (clamped bool) {
 	}
 	bound(&rel.PromptTokens, l.prompt, lim.MaxPromptTokens)
 	bound(&rel.OutputTokens, l.output, lim.MaxOutputTokens)
+	if rel.PromptTokens > 0 {
+		// Within the prompt it was checked against, and so within the
+		// prompt as bounded.
+		rel.CachedPromptTokens = min(rel.CachedPromptTokens, rel.PromptTokens)
+	}
 	return clamped
+}
+
+// maxMeasuredDuration bounds a Release's time to first token and duration:
+// no lease lives that long at any sane leases.ttl, and a larger value (a
+// protobuf Duration reaches 10,000 years) would only skew the capacity
+// loop's calibration.
+const maxMeasuredDuration = 24 * time.Hour
+
+// validateCached checks the cached prompt tokens against the prompt they
+// are part of (the lease's admitted prompt when the Release reports none)
+// and against the largest prompt Admit accepts.
+func validateCached(rel *Release, l *lease, lim *RequestLimits) error {
+	prompt := rel.PromptTokens
+	if prompt == 0 {
+		prompt = l.prompt
+	}
+	switch {
+	case rel.CachedPromptTokens > prompt:
+		return &InvalidArgumentError{Field: "cached_prompt_tokens", Reason: fmt.Sprintf("must not exceed the prompt tokens %d, got %d", prompt, rel.CachedPromptTokens)}
+	case rel.CachedPromptTokens > lim.MaxPromptTokens:
+		return &InvalidArgumentError{Field: "cached_prompt_tokens", Reason: fmt.Sprintf("%d exceeds the limit of %d", rel.CachedPromptTokens, lim.MaxPromptTokens), Limit: lim.MaxPromptTokens}
+	}
+	return nil
 }
 
 func validateRelease(rel *Release) error {
@@ -77,10 +113,12 @@ func validateRelease(rel *Release) error {
 		return &InvalidArgumentError{Field: "output_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.OutputTokens)}
 	case rel.CachedPromptTokens < 0:
 		return &InvalidArgumentError{Field: "cached_prompt_tokens", Reason: fmt.Sprintf("must be ≥ 0, got %d", rel.CachedPromptTokens)}
-	case rel.TTFT < 0:
-		return &InvalidArgumentError{Field: "time_to_first_token", Reason: fmt.Sprintf("must be ≥ 0, got %v", rel.TTFT)}
-	case rel.Duration < 0 || (rel.Duration > 0 && rel.Duration < rel.TTFT):
-		return &InvalidArgumentError{Field: "duration", Reason: fmt.Sprintf("must be ≥ 0 and not shorter than time_to_first_token, got %v", rel.Duration)}
+	case rel.PromptTokens > 0 && rel.CachedPromptTokens > rel.PromptTokens:
+		return &InvalidArgumentError{Field: "cached_prompt_tokens", Reason: fmt.Sprintf("must not exceed prompt_tokens %d, got %d", rel.PromptTokens, rel.CachedPromptTokens)}
+	case rel.TTFT < 0 || rel.TTFT > maxMeasuredDuration:
+		return &InvalidArgumentError{Field: "time_to_first_token", Reason: fmt.Sprintf("must be in [0, %v], got %v", maxMeasuredDuration, rel.TTFT)}
+	case rel.Duration < 0 || rel.Duration > maxMeasuredDuration || (rel.Duration > 0 && rel.Duration < rel.TTFT):
+		return &InvalidArgumentError{Field: "duration", Reason: fmt.Sprintf("must be in [0, %v] and not shorter than time_to_first_token, got %v", maxMeasuredDuration, rel.Duration)}
 	case rel.Outcome != 0 && rel.Outcome != ReleaseOK && rel.Outcome != ReleaseError && rel.Outcome != ReleaseUnobserved:
 		return &InvalidArgumentError{Field: "outcome", Reason: fmt.Sprintf("unknown outcome %d", rel.Outcome)}
 	}

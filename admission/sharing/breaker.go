@@ -58,8 +58,21 @@ func (b *storeBreaker) failure(now time.Time) bool {
 	return true
 }
 
-// success counts a successful call and reports whether the breaker just closed.
-func (b *storeBreaker) success(now time.Time) bool {
+// success counts a successful ordinary call. While the breaker is open it
+// changes nothing: a call let through before it opened may still answer
+// after, and only a call that may close it (recovered) does.
+func (b *storeBreaker) success() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.open {
+		b.fails = 0
+	}
+}
+
+// recovered counts a successful call that closes an open breaker — a
+// strict probe, which sent the resume report first, or a batched
+// reconcile, which carries its own — and reports whether it just closed.
+func (b *storeBreaker) recovered(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.fails = 0

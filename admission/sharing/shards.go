@@ -123,11 +123,12 @@ func (s *batchedState) shardFailedLocked(sh *shard) {
 	}
 }
 
-// shardOKLocked counts a successful call to sh; its open breaker closes.
+// shardOKLocked counts a successful call to sh; its open breaker closes
+// (a reconcile carries its own resume report).
 func (s *batchedState) shardOKLocked(sh *shard) {
 	wall := s.v.Wall()
 	s.lastOK.Store(wall.UnixNano())
-	if sh.br.success(wall) {
+	if sh.br.recovered(wall) {
 		s.shardDownLocked(sh, false)
 	}
 }

@@ -7,8 +7,7 @@ import (
 
 // Store is the port to state that several sluiced replicas share
 // (internal/state/redisstate implements it on Redis, internal/state/memstate
-// in memory for one process and for tests; package admission names it
-// SharedState). Every amount is in the bucket's units scaled to stay below
+// in memory for one process and for tests). Every amount is in the bucket's units scaled to stay below
 // CumModulus; the strategies do the scaling.
 //
 // Batched mode calls only Reconcile; strict mode calls Commit and Settle.
@@ -17,7 +16,8 @@ type Store interface {
 	// started and what it would take, and returns its grants.
 	Reconcile(ctx context.Context, req *ReconcileRequest) (*ReconcileReply, error)
 	// Commit checks and takes every amount of one decision atomically:
-	// all or nothing.
+	// all or nothing. A lease whose KV hold the store holds already takes
+	// nothing again, and renews its replica's liveness (KVHold.Alive).
 	Commit(ctx context.Context, c *StrictCharge) (StrictVerdict, error)
 	// Settle gives back (or takes, for an overrun) what a finished lease
 	// was charged beyond its use, and frees its KV hold.
@@ -183,10 +183,18 @@ type StrictTake struct {
 // settled or its TTL passes.
 type KVHold struct {
 	Key   string
-	Lease string
+	Lease string // Replica + "/" + a lease id unique within the replica
 	Limit int64
 	Bytes int64
 	TTL   time.Duration
+	// Replica is the committing replica. Alive, when positive, is how
+	// long all its holds of the gauge outlive its silence: every Commit to
+	// the gauge (a hold already held included, which takes nothing again)
+	// renews it, and once it lapses the next commit frees every hold of
+	// the replica, as batched mode lets a silent replica's holding go.
+	// Zero: its holds lapse only at their TTL.
+	Replica string
+	Alive   time.Duration
 }
 
 // StrictVerdict is the answer to a Commit.

@@ -28,7 +28,11 @@ type strictState struct {
 	committed map[uint64]struct{}       // leases the store may hold a charge for
 	lastPrune int64
 	known     map[string]knownLevel // per store key, its level after this replica's last commit
-	downAt    int64                 // when the breaker last opened
+	// alive is, per KV gauge this replica holds leases in, the engine time
+	// the store last heard from it there: its holds there outlive its
+	// silence by KVHold.Alive, and Reconcile renews them when due.
+	alive  map[string]int64
+	downAt int64 // when the breaker last opened
 	// unsure are the charges of fail-open admissions kept although their
 	// commit failed, while the breaker was still closed: decided on the
 	// whole local buckets, they are taken from the slices when the breaker
@@ -54,6 +58,7 @@ func newStrictState(link *storeLink) *strictState {
 		committed: make(map[uint64]struct{}),
 		sliced:    make(map[uint64]struct{}),
 		known:     make(map[string]knownLevel),
+		alive:     make(map[string]int64),
 	}
 	link.onDown = s.fallbackLocked
 	return s
@@ -188,8 +193,92 @@ func (s *strictState) QuotaRefusedLocked(_ Tenant, retry time.Duration) time.Dur
 	return clampRetry(retry)
 }
 
-// Reconcile implements Strategy: strict has nothing to reconcile.
-func (s *strictState) Reconcile(context.Context) error { return nil }
+// Reconcile implements Strategy: it renews this replica's liveness on
+// each KV gauge it holds leases in and has not committed to for
+// refreshEvery, by committing again the hold of one of its leases there
+// (which takes nothing again). A replica that dies stops renewing, and
+// the others reclaim its holds once its membership lapses (holdFor), as
+// batched mode reclaims a dead replica's holding, not at the lease TTL.
+func (s *strictState) Reconcile(ctx context.Context) error {
+	if s.br.isOpen() {
+		return nil // the probe comes first
+	}
+	s.v.Lock()
+	renewals := s.renewalsLocked()
+	s.v.Unlock()
+	var errs []error
+	for _, r := range renewals {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.Timeout)
+		_, err := s.store.Commit(cctx, &StrictCharge{KV: r.kv})
+		cancel()
+		s.calls.Add(1)
+		s.v.Lock()
+		if err != nil {
+			s.failedLocked()
+			errs = append(errs, fmt.Errorf("shared state: renew KV holds of %s: %w", r.kv.Key, err))
+		} else {
+			s.okLocked()
+			s.alive[r.kv.Key] = max(s.alive[r.kv.Key], r.at)
+		}
+		delete(s.commits, r.id)
+		s.v.Unlock()
+		close(r.pending.done)
+	}
+	return errors.Join(errs...)
+}
+
+// renewal is one KV gauge's liveness renewal: the hold of lease id,
+// committed again.
+type renewal struct {
+	id      uint64
+	kv      KVHold
+	at      int64
+	pending *pendingCommit
+}
+
+// renewalsLocked lists the renewals due. Each is registered as its
+// lease's commit in flight, so that a Release of the lease settles only
+// after it (a settle overtaken by the renewal would leave a hold behind).
+func (s *strictState) renewalsLocked() []renewal {
+	now := s.v.NowLocked()
+	alive := s.holdFor(s.v.LeaseTTLLocked())
+	every := int64(s.refreshEvery(alive))
+	due := make(map[string]bool)
+	for key, at := range s.alive {
+		if now-at >= every {
+			due[key] = false
+		}
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	var out []renewal
+	for id := range s.committed {
+		if _, inFlight := s.commits[id]; inFlight {
+			continue
+		}
+		l, ok := s.v.LeaseLocked(id)
+		if !ok || l.Domain == nil {
+			continue
+		}
+		key := kvKey(l.Domain.ID())
+		if found, ok := due[key]; !ok || found {
+			continue
+		}
+		due[key] = true
+		kv := s.kvHoldLocked(&l, id)
+		kv.TTL = time.Duration(max(l.Expires-now, 0))
+		p := &pendingCommit{done: make(chan struct{})}
+		s.commits[id] = p
+		out = append(out, renewal{id: id, kv: kv, at: now, pending: p})
+	}
+	for key, found := range due {
+		if !found {
+			delete(s.alive, key) // no lease of this replica holds KV there
+		}
+	}
+	return out
+}
 
 // Run probes the store while the breaker is open: fail-closed tiers are
 // refused before any store call, so their traffic alone would never find
@@ -200,8 +289,9 @@ func (s *strictState) Run(ctx context.Context) {
 		s.pruneCommitted()
 		now := s.v.Wall()
 		if open, _ := s.br.status(now); open && s.br.allow(now) {
-			s.answered(s.probe(ctx))
+			s.probed(s.probe(ctx))
 		}
+		_ = s.Reconcile(ctx) // a failure counts against the breaker
 	})
 }
 
@@ -350,6 +440,7 @@ func (s *strictState) conclude(requestID string, leaseID uint64, v StrictVerdict
 				s.known[t.Key] = knownLevel{level: v.Levels[i], rate: t.Rate, burst: t.Burst, at: now}
 			}
 		}
+		s.alive[c.KV.Key] = max(s.alive[c.KV.Key], now)
 	}
 	if why.Refused() {
 		delete(s.committed, leaseID)
@@ -495,16 +586,24 @@ func (s *strictState) chargeLocked(l *Charge, id uint64) (*StrictCharge, int) {
 	}
 	tenantTakes := len(c.Takes)
 	id0, cp := l.Domain.ID(), l.Domain.Capacity()
-	pr, dr, kvLimit := cp.FullLimits()
+	pr, dr, _ := cp.FullLimits()
 	pb, db := cp.FullBursts()
 	add(domainKey(id0, KindPrefill), pr, pb, l.Cost.PrefillFLOP, 0)
 	add(domainKey(id0, KindDecode), dr, db, l.Cost.DecodeBytes, 0)
-	sc := scaleFor(kvLimit, kvLimit)
-	c.KV = KVHold{
-		Key: kvKey(id0), Lease: replicaLease(s.opts.Replica, id),
-		Limit: kvLimit / sc, Bytes: ceilDiv(l.Cost.KVBytes, sc), TTL: time.Duration(l.Expires - l.Granted),
-	}
+	c.KV = s.kvHoldLocked(l, id)
 	return c, tenantTakes
+}
+
+// kvHoldLocked is the KV hold of lease id: for the lease's life, and
+// renewed with this replica's liveness on the gauge (see Reconcile).
+func (s *strictState) kvHoldLocked(l *Charge, id uint64) KVHold {
+	_, _, kvLimit := l.Domain.Capacity().FullLimits()
+	sc := scaleFor(kvLimit, kvLimit)
+	return KVHold{
+		Key: kvKey(l.Domain.ID()), Lease: replicaLease(s.opts.Replica, id),
+		Limit: kvLimit / sc, Bytes: ceilDiv(l.Cost.KVBytes, sc), TTL: time.Duration(l.Expires - l.Granted),
+		Replica: s.opts.Replica, Alive: s.holdFor(s.v.LeaseTTLLocked()),
+	}
 }
 
 // ReleasedLocked lists what a released lease gives back to the store —
@@ -558,7 +657,8 @@ func (s *strictState) ReleasedLocked(id uint64, l Charge, actualWeighted int64, 
 // the lock, once the lease's commit (pending, if still in flight) has
 // answered. A failure leaves the lease charged in full there (never
 // charged twice: Settle refunds only while the store holds the lease) and
-// its KV hold to expire with the lease TTL.
+// its KV hold to lapse with the lease TTL, or sooner with this replica's
+// liveness (see Reconcile).
 func (s *strictState) settler(st *StrictSettle, pending <-chan struct{}) func(context.Context) {
 	return func(ctx context.Context) {
 		if pending != nil {

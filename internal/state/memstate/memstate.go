@@ -1,4 +1,4 @@
-// Package memstate implements admission.SharedState in memory: the
+// Package memstate implements sharing.Store in memory: the
 // semantics of internal/state, for a single process and as the reference
 // the conformance suite holds the Redis adapter to.
 package memstate
@@ -7,10 +7,11 @@ import (
 	"context"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
 )
 
@@ -20,10 +21,11 @@ type Store struct {
 
 	mu      sync.Mutex
 	buckets map[string]*bucket
-	gauges  map[string]map[string]*holding // key → replica → holding
-	engines map[string]*engineReading      // gauge key → the newest reading published
-	stamps  int64                          // the last reading's stamp
-	kv      map[string]map[string]*hold    // key → lease → hold (strict)
+	gauges  map[string]map[string]*holding  // key → replica → holding
+	engines map[string]*engineReading       // gauge key → the newest reading published
+	stamps  int64                           // the last reading's stamp
+	kv      map[string]map[string]*hold     // key → lease → hold (strict)
+	alive   map[string]map[string]time.Time // key → replica → until its holds there lapse (strict)
 }
 
 type bucket struct {
@@ -53,7 +55,7 @@ type holding struct {
 
 // engineReading is a published reading, with the store time it was made.
 type engineReading struct {
-	admission.EngineReading
+	sharing.EngineReading
 	at time.Time
 	by string // the replica that made it
 }
@@ -74,6 +76,7 @@ func New(clk clock.Clock) *Store {
 		gauges:  make(map[string]map[string]*holding),
 		engines: make(map[string]*engineReading),
 		kv:      make(map[string]map[string]*hold),
+		alive:   make(map[string]map[string]time.Time),
 	}
 }
 
@@ -91,18 +94,18 @@ func (s *Store) refill(key string, rate, burst int64, now time.Time) *bucket {
 	return b
 }
 
-// Reconcile implements admission.SharedState.
-func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+// Reconcile implements sharing.Store.
+func (s *Store) Reconcile(ctx context.Context, req *sharing.ReconcileRequest) (*sharing.ReconcileReply, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
-	rep := &admission.ReconcileReply{
-		Buckets:  make([]admission.BucketGrant, len(req.Buckets)),
+	rep := &sharing.ReconcileReply{
+		Buckets:  make([]sharing.BucketGrant, len(req.Buckets)),
 		Gauges:   make([]int64, len(req.Gauges)),
-		Readings: make([]*admission.EngineReading, len(req.Gauges)+len(req.Engines)),
+		Readings: make([]*sharing.EngineReading, len(req.Gauges)+len(req.Engines)),
 	}
 	for i, r := range req.Buckets {
 		prev := s.buckets[r.Key]
@@ -112,7 +115,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		if prev != nil && prev.replicas[req.Replica] != nil {
 			mine, brought = prev.replicas[req.Replica].rebuilt, prev.replicas[req.Replica].held
 		}
-		// Back from an outage (admission.BucketReport.Resume): the replicas'
+		// Back from an outage (sharing.BucketReport.Resume): the replicas'
 		// levels, refilled at their grants while the store could not, are
 		// the truth; the store's own refill, capped at the burst, is not.
 		switch {
@@ -165,7 +168,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		if live := len(demands); now.Sub(b.born) <= req.Stale && live < req.Replicas {
 			share = share * float64(live) / float64(req.Replicas) // replicas yet to report hold their slices
 		}
-		rep.Buckets[i] = admission.BucketGrant{RateMilli: int64(math.Floor(g * 1000)), Level: int64(math.Floor(share))}
+		rep.Buckets[i] = sharing.BucketGrant{RateMilli: int64(math.Floor(g * 1000)), Level: int64(math.Floor(share))}
 	}
 	for i, g := range req.Gauges {
 		hs := s.gauges[g.Key]
@@ -193,7 +196,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 			mine = free * (float64(g.Share) + least) / (float64(shares) + float64(len(hs))*least)
 		}
 		rep.Gauges[i] = g.Held + int64(math.Floor(mine))
-		rep.Readings[i] = s.engineReading(now, req.Replica, admission.EngineReport{Key: g.Key})
+		rep.Readings[i] = s.engineReading(now, req.Replica, sharing.EngineReport{Key: g.Key})
 	}
 	for i, e := range req.Engines {
 		rep.Readings[len(req.Gauges)+i] = s.engineReading(now, req.Replica, e)
@@ -204,7 +207,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 // engineReading keeps the reading e publishes where it is the domain's
 // newest (by when it was made, on the store's clock), and returns the
 // newest unless replica made it.
-func (s *Store) engineReading(now time.Time, replica string, e admission.EngineReport) *admission.EngineReading {
+func (s *Store) engineReading(now time.Time, replica string, e sharing.EngineReport) *sharing.EngineReading {
 	held := s.engines[e.Key]
 	if e.Reading != nil {
 		at := now.Add(-max(e.Reading.Age, 0))
@@ -224,27 +227,43 @@ func (s *Store) engineReading(now time.Time, replica string, e admission.EngineR
 	return &r
 }
 
-// Commit implements admission.SharedState.
-func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+// Commit implements sharing.Store.
+func (s *Store) Commit(ctx context.Context, c *sharing.StrictCharge) (sharing.StrictVerdict, error) {
 	if err := ctx.Err(); err != nil {
-		return admission.StrictVerdict{}, err
+		return sharing.StrictVerdict{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clk.Now()
+	if c.KV.Alive > 0 {
+		if s.alive[c.KV.Key] == nil {
+			s.alive[c.KV.Key] = make(map[string]time.Time)
+		}
+		s.alive[c.KV.Key][c.KV.Replica] = now.Add(c.KV.Alive)
+	}
 	if h, ok := s.kv[c.KV.Key][c.KV.Lease]; ok && h.until.After(now) {
-		return admission.StrictVerdict{Admitted: true}, nil // committed by an earlier call
+		return sharing.StrictVerdict{Admitted: true}, nil // committed by an earlier call
 	}
 	for i, t := range c.Takes {
 		b := s.refill(t.Key, t.Rate, t.Burst, now)
 		if b.level-float64(t.Amount) < float64(t.Min) {
-			return admission.StrictVerdict{Refused: i, RetryAfter: RetryAfter(b.level, t)}, nil
+			return sharing.StrictVerdict{Refused: i, RetryAfter: RetryAfter(b.level, t)}, nil
 		}
 	}
 	holds := s.kv[c.KV.Key] // (Redis keeps these under KV.Key+":holds")
 	if holds == nil {
 		holds = make(map[string]*hold)
 		s.kv[c.KV.Key] = holds
+	}
+	for replica, until := range s.alive[c.KV.Key] {
+		if !until.After(now) { // a replica silent past its liveness: its holds go
+			for lease := range holds {
+				if strings.HasPrefix(lease, replica+"/") {
+					delete(holds, lease)
+				}
+			}
+			delete(s.alive[c.KV.Key], replica)
+		}
 	}
 	var sum int64
 	for lease, h := range holds {
@@ -255,7 +274,7 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 		sum += h.bytes
 	}
 	if sum+c.KV.Bytes > c.KV.Limit {
-		return admission.StrictVerdict{Refused: len(c.Takes)}, nil
+		return sharing.StrictVerdict{Refused: len(c.Takes)}, nil
 	}
 	levels := make([]int64, len(c.Takes))
 	for i, t := range c.Takes {
@@ -264,11 +283,11 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 		levels[i] = int64(math.Floor(b.level))
 	}
 	holds[c.KV.Lease] = &hold{bytes: c.KV.Bytes, until: now.Add(c.KV.TTL)}
-	return admission.StrictVerdict{Admitted: true, Levels: levels}, nil
+	return sharing.StrictVerdict{Admitted: true, Levels: levels}, nil
 }
 
-// Settle implements admission.SharedState.
-func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
+// Settle implements sharing.Store.
+func (s *Store) Settle(ctx context.Context, st *sharing.StrictSettle) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -290,7 +309,7 @@ func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
 	return nil
 }
 
-// Ping implements admission.SharedState: memory always answers.
+// Ping implements sharing.Store: memory always answers.
 func (s *Store) Ping(ctx context.Context) error { return ctx.Err() }
 
 // Level returns a bucket's level at now, for tests and tools.
@@ -305,9 +324,9 @@ func (s *Store) Level(key string) (float64, bool) {
 }
 
 // CumDelta is the difference of two cumulative counters modulo
-// admission.CumModulus, negative when the newer is behind (net refunds).
+// sharing.CumModulus, negative when the newer is behind (net refunds).
 func CumDelta(cum, prev int64) int64 {
-	const m = admission.CumModulus
+	const m = sharing.CumModulus
 	d := ((cum-prev)%m + m) % m
 	if d > m/2 {
 		d -= m
@@ -317,7 +336,7 @@ func CumDelta(cum, prev int64) int64 {
 
 // RetryAfter is how long a bucket at level, refilling at t.Rate, needs
 // before t.Amount can be taken leaving t.Min; 0 when it never refills.
-func RetryAfter(level float64, t admission.StrictTake) time.Duration {
+func RetryAfter(level float64, t sharing.StrictTake) time.Duration {
 	if t.Rate <= 0 {
 		return 0
 	}

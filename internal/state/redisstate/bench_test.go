@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
@@ -43,11 +44,11 @@ func BenchmarkDecision(b *testing.B) {
 		}
 		report(b, h, 0, 0)
 	})
-	for _, mode := range []admission.SharedMode{0, admission.SharedBatched, admission.SharedStrict} {
+	for _, mode := range []sharing.Mode{0, sharing.Batched, sharing.Strict} {
 		b.Run(mode.String(), func(b *testing.B) {
 			opts := []admission.Option{}
 			if mode != 0 {
-				opts = append(opts, admission.WithSharedState(redisstate.New(rdb, fmt.Sprintf("bench-%s-%d", mode, b.N)), admission.SharedOptions{
+				opts = append(opts, admission.WithSharedState(redisstate.New(rdb, fmt.Sprintf("bench-%s-%d", mode, b.N)), sharing.Options{
 					Mode: mode, Replica: "bench", Replicas: 1, Timeout: 100 * time.Millisecond,
 				}))
 			}
@@ -111,19 +112,19 @@ func BenchmarkReconcileReadings(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			st := redisstate.New(rdb, "bench-"+c.name)
 			bs, gs := domainReports(domains)
-			req := &admission.ReconcileRequest{Replica: "r0", Replicas: 1000, Stale: 300 * time.Millisecond, Rejoin: 3 * time.Second, Buckets: bs, Gauges: gs}
+			req := &sharing.ReconcileRequest{Replica: "r0", Replicas: 1000, Stale: 300 * time.Millisecond, Rejoin: 3 * time.Second, Buckets: bs, Gauges: gs}
 			if c.held { // another replica read every domain
-				var pub []admission.EngineReport
+				var pub []sharing.EngineReport
 				for _, g := range gs {
-					pub = append(pub, admission.EngineReport{Key: g.Key, Reading: &admission.EngineReading{Queue: 3, Running: 40, KVUsage: 0.61}})
+					pub = append(pub, sharing.EngineReport{Key: g.Key, Reading: &sharing.EngineReading{Queue: 3, Running: 40, KVUsage: 0.61}})
 				}
-				if _, err := st.Reconcile(ctx, &admission.ReconcileRequest{Replica: "reader", Replicas: 1000, Stale: time.Second, Engines: pub}); err != nil {
+				if _, err := st.Reconcile(ctx, &sharing.ReconcileRequest{Replica: "reader", Replicas: 1000, Stale: time.Second, Engines: pub}); err != nil {
 					b.Fatal(err)
 				}
 			}
 			if c.published {
 				for _, g := range gs[:3] {
-					req.Engines = append(req.Engines, admission.EngineReport{Key: g.Key, Reading: &admission.EngineReading{Queue: 1, Running: 20, KVUsage: 0.4}})
+					req.Engines = append(req.Engines, sharing.EngineReport{Key: g.Key, Reading: &sharing.EngineReading{Queue: 1, Running: 20, KVUsage: 0.4}})
 				}
 			}
 			calls0, usec0 := scriptStats(b, rdb)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 	"github.com/sluice-sched/sluice/internal/testwait"
@@ -36,10 +36,10 @@ func shardedStore(t *testing.T, masters, replicas int) (*redistest.Cluster, *red
 // than the rate: the store grants it the whole rate, and a bucket's level
 // share is its burst less what it took since (its Unacked at the first
 // report, no more than the burst after).
-func tenantReports(from, to int) []admission.BucketReport {
-	var out []admission.BucketReport
+func tenantReports(from, to int) []sharing.BucketReport {
+	var out []sharing.BucketReport
 	for i := from; i < to; i++ {
-		out = append(out, admission.BucketReport{
+		out = append(out, sharing.BucketReport{
 			Key: fmt.Sprintf("t/tenant-%d/rps", i), Rate: int64(1000 + i), Burst: int64(10000 + i),
 			Cum: int64(i % 7), Unacked: int64(i % 7), Epoch: 1, Demand: 1 << 40,
 		})
@@ -49,28 +49,28 @@ func tenantReports(from, to int) []admission.BucketReport {
 
 // domainReports returns n domains' buckets (pf and dc) and KV gauges;
 // each gauge's limit is distinct, and the only replica's limit is all of it.
-func domainReports(n int) ([]admission.BucketReport, []admission.GaugeReport) {
-	var bs []admission.BucketReport
-	var gs []admission.GaugeReport
+func domainReports(n int) ([]sharing.BucketReport, []sharing.GaugeReport) {
+	var bs []sharing.BucketReport
+	var gs []sharing.GaugeReport
 	for i := range n {
 		for _, kind := range []string{"pf", "dc"} {
-			bs = append(bs, admission.BucketReport{
+			bs = append(bs, sharing.BucketReport{
 				Key: fmt.Sprintf("d/dom-%d/%s", i, kind), Rate: int64(500 + i), Burst: int64(5000 + i), Epoch: 1, Demand: 1 << 40,
 			})
 		}
-		gs = append(gs, admission.GaugeReport{Key: fmt.Sprintf("d/dom-%d/kv", i), Limit: int64(1<<20 + i), Held: int64(i), Share: 1, TTL: time.Minute})
+		gs = append(gs, sharing.GaugeReport{Key: fmt.Sprintf("d/dom-%d/kv", i), Limit: int64(1<<20 + i), Held: int64(i), Share: 1, TTL: time.Minute})
 	}
 	return bs, gs
 }
 
 // reconcileRequest reports buckets and gauges, and for each gauge's domain
 // publishes an engine reading whose queue is the gauge's index.
-func reconcileRequest(buckets []admission.BucketReport, gauges []admission.GaugeReport) *admission.ReconcileRequest {
-	var engines []admission.EngineReport
+func reconcileRequest(buckets []sharing.BucketReport, gauges []sharing.GaugeReport) *sharing.ReconcileRequest {
+	var engines []sharing.EngineReport
 	for i, g := range gauges {
-		engines = append(engines, admission.EngineReport{Key: g.Key, Reading: &admission.EngineReading{Queue: float64(i), KVUsage: 0.5}})
+		engines = append(engines, sharing.EngineReport{Key: g.Key, Reading: &sharing.EngineReading{Queue: float64(i), KVUsage: 0.5}})
 	}
-	return &admission.ReconcileRequest{
+	return &sharing.ReconcileRequest{
 		Replica: "r0", Replicas: 1, Stale: 10 * time.Second, Rejoin: time.Second,
 		Buckets: buckets, Gauges: gauges, Engines: engines,
 	}
@@ -90,7 +90,7 @@ type reconcileLoop struct {
 	failures []string
 }
 
-func startReconcileLoop(ctx context.Context, st *redisstate.Store, next func(i int) *admission.ReconcileRequest) *reconcileLoop {
+func startReconcileLoop(ctx context.Context, st *redisstate.Store, next func(i int) *sharing.ReconcileRequest) *reconcileLoop {
 	l := &reconcileLoop{stop: make(chan struct{})}
 	l.wg.Go(func() {
 		for i := 0; ; i++ {
@@ -119,7 +119,7 @@ func (l *reconcileLoop) end() (rounds int64, failures []string) {
 
 // reconcileOnce sends req and says what is wrong with the answer ("" if
 // nothing is).
-func reconcileOnce(ctx context.Context, st *redisstate.Store, req *admission.ReconcileRequest) string {
+func reconcileOnce(ctx context.Context, st *redisstate.Store, req *sharing.ReconcileRequest) string {
 	rep, err := st.Reconcile(ctx, req)
 	if err != nil {
 		return err.Error()
@@ -127,7 +127,7 @@ func reconcileOnce(ctx context.Context, st *redisstate.Store, req *admission.Rec
 	return checkReply(req, rep)
 }
 
-func checkReply(req *admission.ReconcileRequest, rep *admission.ReconcileReply) string {
+func checkReply(req *sharing.ReconcileRequest, rep *sharing.ReconcileReply) string {
 	if len(rep.Buckets) != len(req.Buckets) || len(rep.Gauges) != len(req.Gauges) {
 		return fmt.Sprintf("%d grants and %d gauges for %d buckets and %d gauges", len(rep.Buckets), len(rep.Gauges), len(req.Buckets), len(req.Gauges))
 	}
@@ -171,9 +171,9 @@ func TestClusterReconcileOneCallPerMaster(t *testing.T) {
 	evalsha, eval := c.CallsPerMaster("evalsha"), c.CallsPerMaster("eval")
 	// Another replica asking for the five domains' engine readings gets
 	// r0's, each from its own master.
-	ask := &admission.ReconcileRequest{Replica: "r1", Replicas: 2, Stale: 10 * time.Second, Rejoin: time.Second}
+	ask := &sharing.ReconcileRequest{Replica: "r1", Replicas: 2, Stale: 10 * time.Second, Rejoin: time.Second}
 	for _, g := range dg {
-		ask.Engines = append(ask.Engines, admission.EngineReport{Key: g.Key})
+		ask.Engines = append(ask.Engines, sharing.EngineReport{Key: g.Key})
 	}
 	heard, err := st.Reconcile(ctx, ask)
 	if err != nil {
@@ -255,7 +255,7 @@ func TestClusterReconcileDuringReshard(t *testing.T) {
 		before[b.Key] = c.MasterOf(st.Key(b.Key))
 	}
 
-	loop := startReconcileLoop(ctx, st, func(i int) *admission.ReconcileRequest {
+	loop := startReconcileLoop(ctx, st, func(i int) *sharing.ReconcileRequest {
 		at := (i * 37) % len(all)
 		return reconcileRequest(append(slices.Clone(all[at:]), all[:at]...), nil)
 	})
@@ -264,7 +264,7 @@ func TestClusterReconcileDuringReshard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var moved, stayed []admission.BucketReport
+	var moved, stayed []sharing.BucketReport
 	for _, b := range all {
 		if before[b.Key] == from && c.MasterOf(st.Key(b.Key)) == to {
 			moved = append(moved, b)
@@ -349,8 +349,8 @@ func strictCase(t *testing.T, c *redistest.Cluster, st *redisstate.Store, rdb *r
 	tok, pf, kv := "t/"+tenant+"/tok", "d/"+domain+"/pf", "d/"+domain+"/kv"
 	holds := st.Key(kv) + ":holds"
 	// Rate 0: no refill, so that every level is exact.
-	takes := func(tokens, prefill int64) []admission.StrictTake {
-		return []admission.StrictTake{
+	takes := func(tokens, prefill int64) []sharing.StrictTake {
+		return []sharing.StrictTake{
 			{Key: tok, Rate: 0, Burst: 100_000, Amount: tokens},
 			{Key: pf, Rate: 0, Burst: 50_000, Amount: prefill},
 		}
@@ -369,7 +369,7 @@ func strictCase(t *testing.T, c *redistest.Cluster, st *redisstate.Store, rdb *r
 	}
 
 	c.ResetStats()
-	v, err := st.Commit(ctx, &admission.StrictCharge{Takes: takes(700, 300), KV: admission.KVHold{Key: kv, Lease: "L1", Limit: 1000, Bytes: 600, TTL: time.Minute}})
+	v, err := st.Commit(ctx, &sharing.StrictCharge{Takes: takes(700, 300), KV: sharing.KVHold{Key: kv, Lease: "L1", Limit: 1000, Bytes: 600, TTL: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,7 +389,7 @@ func strictCase(t *testing.T, c *redistest.Cluster, st *redisstate.Store, rdb *r
 	// The KV cannot hold 600 more: refused by the domain's node, and the
 	// tenant's part, taken first where it is elsewhere, given back.
 	c.ResetStats()
-	v, err = st.Commit(ctx, &admission.StrictCharge{Takes: takes(900, 100), KV: admission.KVHold{Key: kv, Lease: "L2", Limit: 1000, Bytes: 600, TTL: time.Minute}})
+	v, err = st.Commit(ctx, &sharing.StrictCharge{Takes: takes(900, 100), KV: sharing.KVHold{Key: kv, Lease: "L2", Limit: 1000, Bytes: 600, TTL: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +407,7 @@ func strictCase(t *testing.T, c *redistest.Cluster, st *redisstate.Store, rdb *r
 	}
 
 	// Settled twice: refunded once.
-	settle := &admission.StrictSettle{Refunds: takes(500, 200), KVKey: kv, Lease: "L1"}
+	settle := &sharing.StrictSettle{Refunds: takes(500, 200), KVKey: kv, Lease: "L1"}
 	for i := range 2 {
 		c.ResetStats()
 		if err := st.Settle(ctx, settle); err != nil {
@@ -442,7 +442,7 @@ func TestClusterReconcileDuringFailover(t *testing.T) {
 	if victim == "" || victim != c.MasterOf(st.Key(all[0].Key)) {
 		t.Fatalf("Shard(%s) = %q, the cluster serves it on %s", all[0].Key, victim, c.MasterOf(st.Key(all[0].Key)))
 	}
-	var others []admission.BucketReport
+	var others []sharing.BucketReport
 	for _, b := range all {
 		if st.Shard(b.Key) != victim {
 			others = append(others, b)
@@ -452,7 +452,7 @@ func TestClusterReconcileDuringFailover(t *testing.T) {
 		t.Fatalf("%d of %d tenants off the victim %s", len(others), len(all), victim)
 	}
 
-	loop := startReconcileLoop(ctx, st, func(int) *admission.ReconcileRequest { return reconcileRequest(others, nil) })
+	loop := startReconcileLoop(ctx, st, func(int) *sharing.ReconcileRequest { return reconcileRequest(others, nil) })
 	killed := time.Now()
 	c.Kill(victim)
 	promoted := c.WaitFailover(victim, 15*time.Second)

@@ -3,8 +3,11 @@
 -- KEYS: one key, which routes the call to the node that owns it.
 -- ARGV: ntakes, the bucket hashes, the KV holds hash and expiry zset, then
 -- per take: rate, burst, amount, min; then lease, kv limit, kv bytes,
--- ttl_us. An empty lease (and KV keys) takes the buckets alone: the part
--- of a decision on another node than its KV's.
+-- ttl_us, then the committing replica, alive_us and the KV liveness hash
+-- (replica: until, in µs). An empty lease (and KV keys) takes the buckets
+-- alone: the part of a decision on another node than its KV's.
+-- A positive alive_us renews the replica's liveness on the KV; a replica
+-- whose liveness has lapsed loses all its holds (leases "replica/…").
 -- Returns {1, level after the take per bucket...} admitted, or {0, refused
 -- index (ntakes: KV), retry_us}.
 -- A lease already held was committed by an earlier call: {1}, nothing taken.
@@ -19,6 +22,11 @@ local n = tonumber(ARGV[1])
 local hk, zk = ARGV[n + 2], ARGV[n + 3]
 local b = 4 + n * 5
 local lease, limit, bytes, ttl = ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+local replica, alive, ak = ARGV[b + 4], tonumber(ARGV[b + 5]), ARGV[b + 6]
+if lease ~= '' and alive > 0 then
+  redis.call('HSET', ak, replica, num(now + alive))
+  redis.call('PEXPIRE', ak, math.ceil(alive / 1000) + 60000)
+end
 if lease ~= '' and redis.call('HEXISTS', hk, lease) == 1 then return {1} end
 local levels = {}
 for i = 1, n do
@@ -36,7 +44,22 @@ for i = 1, n do
   levels[i] = level - amount
 end
 if lease ~= '' then
-  -- Holds past their lease TTL (a vanished replica's) are freed first.
+  -- The holds of a replica silent past its liveness are freed first...
+  local al = redis.call('HGETALL', ak)
+  for i = 1, #al, 2 do
+    if tonumber(al[i + 1]) <= now then
+      local prefix = al[i] .. '/'
+      for _, l in ipairs(redis.call('HKEYS', hk)) do
+        if string.sub(l, 1, #prefix) == prefix then
+          redis.call('HINCRBY', hk, '_sum', int(-tonumber(redis.call('HGET', hk, l))))
+          redis.call('HDEL', hk, l)
+          redis.call('ZREM', zk, l)
+        end
+      end
+      redis.call('HDEL', ak, al[i])
+    end
+  end
+  -- ...and holds past their lease TTL (a vanished replica's).
   for _, l in ipairs(redis.call('ZRANGEBYSCORE', zk, '-inf', num(now))) do
     local held = redis.call('HGET', hk, l)
     if held then

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 	"github.com/sluice-sched/sluice/internal/state/statetest"
@@ -15,7 +15,7 @@ func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	n := 0
-	statetest.Run(t, func(*testing.T) admission.SharedState {
+	statetest.Run(t, func(*testing.T) sharing.Store {
 		n++ // a prefix per subtest: a fresh, empty store on the same server
 		return redisstate.New(rdb, "conf"+string(rune('a'+n)))
 	})
@@ -32,9 +32,9 @@ func TestScriptsReloadAfterFlush(t *testing.T) {
 	}
 	commit := func(lease string) {
 		t.Helper()
-		v, err := s.Commit(ctx, &admission.StrictCharge{
-			Takes: []admission.StrictTake{{Key: "k", Rate: 1, Burst: 10, Amount: 1}},
-			KV:    admission.KVHold{Key: "kv", Lease: lease, Limit: 10, Bytes: 1, TTL: time.Minute},
+		v, err := s.Commit(ctx, &sharing.StrictCharge{
+			Takes: []sharing.StrictTake{{Key: "k", Rate: 1, Burst: 10, Amount: 1}},
+			KV:    sharing.KVHold{Key: "kv", Lease: lease, Limit: 10, Bytes: 1, TTL: time.Minute},
 		})
 		if err != nil || !v.Admitted {
 			t.Fatalf("commit: %+v %v", v, err)

@@ -8,7 +8,7 @@ import (
 
 	"pgregory.net/rapid"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
@@ -37,13 +37,13 @@ func TestScriptsMatchMemory(t *testing.T) {
 				k := rapid.SampledFrom(keys).Draw(t, "key")
 				took := rapid.Int64Range(-50, 500).Draw(t, "took")
 				cums[r+k] += took
-				req := &admission.ReconcileRequest{Replica: r, Replicas: 3, Stale: time.Minute, Buckets: []admission.BucketReport{{
+				req := &sharing.ReconcileRequest{Replica: r, Replicas: 3, Stale: time.Minute, Buckets: []sharing.BucketReport{{
 					Key: k, Rate: 1, Burst: 10_000,
 					Epoch:   uint64(rapid.IntRange(1, 2).Draw(t, "epoch")),
-					Cum:     ((cums[r+k] % admission.CumModulus) + admission.CumModulus) % admission.CumModulus,
+					Cum:     ((cums[r+k] % sharing.CumModulus) + sharing.CumModulus) % sharing.CumModulus,
 					Unacked: rapid.Int64Range(0, 500).Draw(t, "unacked"),
 					Demand:  rapid.Int64Range(0, 100).Draw(t, "demand"),
-				}}, Gauges: []admission.GaugeReport{{
+				}}, Gauges: []sharing.GaugeReport{{
 					Key: "kv", Limit: 1000, Held: rapid.Int64Range(0, 600).Draw(t, "held"),
 					Share: rapid.Int64Range(0, 10).Draw(t, "share"), TTL: time.Minute,
 				}}}
@@ -58,13 +58,13 @@ func TestScriptsMatchMemory(t *testing.T) {
 				}
 			case 1:
 				leases++
-				c := &admission.StrictCharge{KV: admission.KVHold{
+				c := &sharing.StrictCharge{KV: sharing.KVHold{
 					Key: "skv", Lease: fmt.Sprint(leases), Limit: 1000,
 					Bytes: rapid.Int64Range(1, 400).Draw(t, "bytes"), TTL: time.Minute,
 				}}
 				for _, k := range keys {
 					if rapid.Bool().Draw(t, "takes "+k) {
-						c.Takes = append(c.Takes, admission.StrictTake{Key: "s" + k, Rate: 1, Burst: 1000,
+						c.Takes = append(c.Takes, sharing.StrictTake{Key: "s" + k, Rate: 1, Burst: 1000,
 							Amount: rapid.Int64Range(0, 600).Draw(t, "amount"), Min: -rapid.Int64Range(0, 100).Draw(t, "credit")})
 					}
 				}
@@ -80,9 +80,9 @@ func TestScriptsMatchMemory(t *testing.T) {
 				if leases == 0 {
 					continue
 				}
-				st := &admission.StrictSettle{KVKey: "skv", Lease: fmt.Sprint(rapid.IntRange(1, leases).Draw(t, "lease"))}
+				st := &sharing.StrictSettle{KVKey: "skv", Lease: fmt.Sprint(rapid.IntRange(1, leases).Draw(t, "lease"))}
 				for _, k := range keys {
-					st.Refunds = append(st.Refunds, admission.StrictTake{Key: "s" + k, Rate: 1, Burst: 1000, Amount: rapid.Int64Range(-300, 300).Draw(t, "refund")})
+					st.Refunds = append(st.Refunds, sharing.StrictTake{Key: "s" + k, Rate: 1, Burst: 1000, Amount: rapid.Int64Range(-300, 300).Draw(t, "refund")})
 				}
 				if err1, err2 := lua.Settle(ctx, st), mem.Settle(ctx, st); err1 != nil || err2 != nil {
 					t.Fatalf("settle: %v / %v", err1, err2)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
@@ -60,13 +61,13 @@ tenants:
   b1: {tier: bench}
 `
 
-func replica(t *testing.T, rdb redis.UniversalClient, mode admission.SharedMode, id string, n int, tweak ...func(*admission.SharedOptions)) *admission.Engine {
+func replica(t *testing.T, rdb redis.UniversalClient, mode sharing.Mode, id string, n int, tweak ...func(*sharing.Options)) *admission.Engine {
 	t.Helper()
 	cfg, err := config.Parse("test.yaml", []byte(testConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := admission.SharedOptions{
+	o := sharing.Options{
 		Mode: mode, Replica: id, Replicas: n, Timeout: 100 * time.Millisecond, Failures: 2, Cooldown: 200 * time.Millisecond,
 	}
 	for _, f := range tweak {
@@ -105,9 +106,9 @@ func TestStrictAtomicity(t *testing.T) {
 	// Generous store timeouts: 150 callers on two shared cores can hold a
 	// script call past 100 ms, and a timeout would open the breaker and let
 	// fail-open admit from local slices, which is not what this tests.
-	patient := func(o *admission.SharedOptions) { o.Timeout, o.Failures = 10*time.Second, 1000 }
+	patient := func(o *sharing.Options) { o.Timeout, o.Failures = 10*time.Second, 1000 }
 	for i := range 3 {
-		engines = append(engines, replica(t, rdb, admission.SharedStrict, fmt.Sprintf("r%d", i), 3, patient))
+		engines = append(engines, replica(t, rdb, sharing.Strict, fmt.Sprintf("r%d", i), 3, patient))
 	}
 	start := time.Now()
 	var n atomic.Int64
@@ -170,7 +171,7 @@ func TestBatchedAccuracy(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	var engines []*admission.Engine
 	for i := range 3 {
-		engines = append(engines, replica(t, rdb, admission.SharedBatched, fmt.Sprintf("r%d", i), 3))
+		engines = append(engines, replica(t, rdb, sharing.Batched, fmt.Sprintf("r%d", i), 3))
 	}
 	run(t, engines...)
 	var sum atomic.Int64
@@ -205,7 +206,7 @@ func TestBatchedOneReplicaGetsTheQuota(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	var engines []*admission.Engine
 	for i := range 3 {
-		e := replica(t, rdb, admission.SharedBatched, fmt.Sprintf("r%d", i), 3)
+		e := replica(t, rdb, sharing.Batched, fmt.Sprintf("r%d", i), 3)
 		engines = append(engines, e)
 		if i > 0 { // the others know the tenant but see none of its load
 			if _, err := e.Admit(context.Background(), request("t1")); err != nil {
@@ -243,7 +244,7 @@ func TestRedisKilledMidLoad(t *testing.T) {
 	rdb := srv.Client()
 	var engines []*admission.Engine
 	for i := range 3 {
-		engines = append(engines, replica(t, rdb, admission.SharedBatched, fmt.Sprintf("r%d", i), 3))
+		engines = append(engines, replica(t, rdb, sharing.Batched, fmt.Sprintf("r%d", i), 3))
 	}
 	run(t, engines...)
 
@@ -360,8 +361,8 @@ func TestKeysFollowTheirOwner(t *testing.T) {
 	srv := redistest.StartCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{srv.Addr()}})
 	t.Cleanup(func() { rdb.Close() })
-	b := replica(t, rdb, admission.SharedBatched, "b", 2)
-	s := replica(t, rdb, admission.SharedStrict, "s", 2)
+	b := replica(t, rdb, sharing.Batched, "b", 2)
+	s := replica(t, rdb, sharing.Strict, "s", 2)
 	ctx := context.Background()
 	for _, e := range []*admission.Engine{b, s} {
 		for _, tenant := range []string{"t1", "s1"} {
@@ -466,7 +467,7 @@ func eventually(t *testing.T, within time.Duration, cond func() bool, what strin
 func TestStrictRedisKilled(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
-	e := replica(t, rdb, admission.SharedStrict, "r0", 2)
+	e := replica(t, rdb, sharing.Strict, "r0", 2)
 	run(t, e) // its prober closes the breaker once Redis answers
 	ctx := context.Background()
 	admit := func(tenant string) admission.Decision {

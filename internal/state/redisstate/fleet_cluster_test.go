@@ -10,13 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/topology"
-	"golang.org/x/time/rate"
 )
 
 // clusterTenants is how many tenants the cluster fleet keeps active
@@ -74,8 +76,8 @@ tenants:
 	}
 	f.store = redisstate.New(c.Client(), "")
 	for i := range 2 {
-		e, err := admission.New(cfg, topology.Simulated(), admission.WithSharedState(f.store, admission.SharedOptions{
-			Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: 2,
+		e, err := admission.New(cfg, topology.Simulated(), admission.WithSharedState(f.store, sharing.Options{
+			Mode: sharing.Batched, Replica: fmt.Sprintf("r%d", i), Replicas: 2,
 			// On a loaded 2-core machine a call can take past the default
 			// 50 ms.
 			Timeout: 150 * time.Millisecond, Failures: 3, Cooldown: 200 * time.Millisecond,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
@@ -29,7 +30,7 @@ func TestDeadReplicaCapacityReclaimed(t *testing.T) {
 		f := startReclaimFleet(t, nil)
 		f.load(t)
 		killed := f.kill(t)
-		hold := admission.SilentHoldRounds * interval
+		hold := sharing.SilentHoldRounds * interval
 		back := f.reclaimed(t, killed, hold+time.Second)
 		t.Logf("a held %d of %d bytes (%.0f%%) on %s; b's limit was %d; whole %.2fs after the kill (hold %v)",
 			f.held, f.full, 100*float64(f.held)/float64(f.full), f.dom, f.before, back.Sub(killed).Seconds(), hold)
@@ -109,7 +110,7 @@ func TestDeadReplicaCapacityReclaimed(t *testing.T) {
 		// intervals, on a round's tick, so its limit follows within that
 		// and a round, plus two intervals of slack for the call on a
 		// loaded machine.
-		if late, most := back.Sub(expiry), (admission.SilentHoldRounds/2+3)*interval; late > most {
+		if late, most := back.Sub(expiry), (sharing.SilentHoldRounds/2+3)*interval; late > most {
 			t.Errorf("b whole %v after a's member lease expired, want within %v (a few reconcile intervals)", late, most)
 		}
 		f.comesBack(t)
@@ -132,8 +133,8 @@ func startReclaimFleet(t *testing.T, memberExpiry func() time.Time, withA ...fun
 	srv := redistest.Start(t)
 	rdb := srv.Client()
 	f := &reclaimFleet{srv: srv}
-	f.a = replica(t, rdb, admission.SharedBatched, "a", 2, func(o *admission.SharedOptions) { o.MemberExpiry = memberExpiry })
-	f.b = replica(t, rdb, admission.SharedBatched, "b", 2)
+	f.a = replica(t, rdb, sharing.Batched, "a", 2, func(o *sharing.Options) { o.MemberExpiry = memberExpiry })
+	f.b = replica(t, rdb, sharing.Batched, "b", 2)
 	for _, fn := range withA {
 		fn(f.a)
 	}
@@ -222,7 +223,7 @@ func (f *reclaimFleet) comesBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, admission.SilentHoldRounds*interval, func() bool {
+	eventually(t, sharing.SilentHoldRounds*interval, func() bool {
 		_, lb := kvOn(f.b, f.dom)
 		return lb <= f.full-f.held
 	}, "b's limit leaves out a's holding again")

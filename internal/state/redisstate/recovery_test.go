@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
 )
 
@@ -80,7 +81,7 @@ var outages = []struct {
 }
 
 func TestOutageRecovery(t *testing.T) {
-	for _, mode := range []admission.SharedMode{admission.SharedBatched, admission.SharedStrict} {
+	for _, mode := range []sharing.Mode{sharing.Batched, sharing.Strict} {
 		for _, o := range outages {
 			t.Run(mode.String()+"/"+o.name, func(t *testing.T) { outageRecovery(t, mode, o.take, o.redial) })
 		}
@@ -159,7 +160,7 @@ func (c *closings) first(from time.Time) []time.Time {
 	return out
 }
 
-func outageRecovery(t *testing.T, mode admission.SharedMode, take outage, redial time.Duration) {
+func outageRecovery(t *testing.T, mode sharing.Mode, take outage, redial time.Duration) {
 	const n = 2
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -167,7 +168,7 @@ func outageRecovery(t *testing.T, mode admission.SharedMode, take outage, redial
 	var engines []*admission.Engine
 	for i := range n {
 		// Only noted: OnBreaker runs under the engine's lock.
-		note := func(o *admission.SharedOptions) {
+		note := func(o *sharing.Options) {
 			o.OnBreaker = func(open bool) {
 				if !open {
 					closed.mu.Lock()

@@ -1,4 +1,4 @@
-// Package redisstate implements admission.SharedState on Redis (go-redis
+// Package redisstate implements sharing.Store on Redis (go-redis
 // UniversalClient: standalone, Sentinel or Cluster; Redis 7 or later).
 //
 // Every key is under the hash tag of what it belongs to — a tenant's
@@ -24,7 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 )
 
 var (
@@ -72,7 +72,7 @@ func (s *Store) Key(k string) string {
 	return "{" + s.prefix + "/" + k[:i] + "}" + k[i:]
 }
 
-// Shard implements admission.ShardedState: the address of the master
+// Shard implements sharing.Sharded: the address of the master
 // that serves the key now, or "" when Redis is not a Cluster.
 func (s *Store) Shard(k string) string {
 	if s.cluster == nil {
@@ -163,11 +163,11 @@ func (s *Store) groups(ctx context.Context, keys []string) ([]group, error) {
 	return out, nil
 }
 
-// Reconcile implements admission.SharedState: one script call per node,
+// Reconcile implements sharing.Store: one script call per node,
 // in parallel; a key whose node has changed since the slot map was read
 // (a failover, a slot migration) is sent again on its own, through the
 // client, which follows MOVED and ASK.
-func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+func (s *Store) Reconcile(ctx context.Context, req *sharing.ReconcileRequest) (*sharing.ReconcileReply, error) {
 	nb, ng := len(req.Buckets), len(req.Gauges)
 	keys := make([]string, 0, nb+ng+len(req.Engines))
 	for _, b := range req.Buckets {
@@ -183,7 +183,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		if err := s.pingShard(ctx, req.Shard); err != nil {
 			return nil, fmt.Errorf("redis: reconcile: %w", err)
 		}
-		return &admission.ReconcileReply{}, nil
+		return &sharing.ReconcileReply{}, nil
 	}
 	groups, err := s.groups(ctx, keys)
 	if err != nil {
@@ -209,10 +209,10 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 	if err := s.resend(ctx, req, keys, res); err != nil {
 		return nil, fmt.Errorf("redis: reconcile: %w", err)
 	}
-	rep := &admission.ReconcileReply{
-		Buckets:  make([]admission.BucketGrant, nb),
+	rep := &sharing.ReconcileReply{
+		Buckets:  make([]sharing.BucketGrant, nb),
 		Gauges:   make([]int64, ng),
-		Readings: make([]*admission.EngineReading, ng+len(req.Engines)),
+		Readings: make([]*sharing.EngineReading, ng+len(req.Engines)),
 	}
 	for i := range req.Buckets {
 		pair, ok := res[i].([]any)
@@ -224,7 +224,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("redis: reconcile: bucket %s: malformed reply %v", req.Buckets[i].Key, pair)
 		}
-		rep.Buckets[i] = admission.BucketGrant{RateMilli: rate, Level: level}
+		rep.Buckets[i] = sharing.BucketGrant{RateMilli: rate, Level: level}
 	}
 	for i := range req.Gauges {
 		var ok bool
@@ -243,7 +243,7 @@ func (s *Store) Reconcile(ctx context.Context, req *admission.ReconcileRequest) 
 
 // gaugeReply reads the script's answer for a gauge: the replica's limit,
 // alone or with its domain's engine reading ({limit, reading}).
-func gaugeReply(v any) (int64, *admission.EngineReading, bool) {
+func gaugeReply(v any) (int64, *sharing.EngineReading, bool) {
 	if limit, ok := v.(int64); ok {
 		return limit, nil, true
 	}
@@ -259,7 +259,7 @@ func gaugeReply(v any) (int64, *admission.EngineReading, bool) {
 // readingReply reads an engine reading as the script answers it: 0 where
 // the domain has none (or only the asking replica's), else {queue,
 // running, kv usage, age_us, stamp}, the first three strings.
-func readingReply(v any) (*admission.EngineReading, bool) {
+func readingReply(v any) (*sharing.EngineReading, bool) {
 	if n, ok := v.(int64); ok {
 		return nil, n == 0
 	}
@@ -281,7 +281,7 @@ func readingReply(v any) (*admission.EngineReading, bool) {
 		}
 		nums[i] = n
 	}
-	return &admission.EngineReading{Queue: nums[0], Running: nums[1], KVUsage: nums[2], Age: time.Duration(age) * time.Microsecond, Stamp: stamp}, true
+	return &sharing.EngineReading{Queue: nums[0], Running: nums[1], KVUsage: nums[2], Age: time.Duration(age) * time.Microsecond, Stamp: stamp}, true
 }
 
 // isRedirect reports whether err is a Cluster redirection (MOVED, ASK):
@@ -298,7 +298,7 @@ func isRedirect(err error) bool {
 // slot map was read) through the client, which follows MOVED and ASK: one
 // call for all of them, routed by the first, again for those its node did
 // not serve either, while each call answers some.
-func (s *Store) resend(ctx context.Context, req *admission.ReconcileRequest, keys []string, res []any) error {
+func (s *Store) resend(ctx context.Context, req *sharing.ReconcileRequest, keys []string, res []any) error {
 	var pending []int
 	for i := range res {
 		if res[i] == nil {
@@ -330,7 +330,7 @@ func (s *Store) resend(ctx context.Context, req *admission.ReconcileRequest, key
 // keys at the indices at (ascending: buckets first, then gauges, then
 // engine readings), storing each
 // answer at its index in res (nil where the node did not serve the key).
-func (s *Store) reconcileOn(ctx context.Context, node redis.Scripter, req *admission.ReconcileRequest, keys []string, at []int, res []any) error {
+func (s *Store) reconcileOn(ctx context.Context, node redis.Scripter, req *sharing.ReconcileRequest, keys []string, at []int, res []any) error {
 	nb, ng := len(req.Buckets), len(req.Gauges)
 	var buckets, gauges, engines []int
 	for _, i := range at {
@@ -383,14 +383,18 @@ func (s *Store) kvKeys(k string) (string, string) {
 	return key + ":holds", key + ":expiry"
 }
 
-// Commit implements admission.SharedState. Where the decision's buckets
+// kvAliveKey returns the hash of the replicas' liveness on a gauge key's
+// holds (see sharing.KVHold.Alive).
+func (s *Store) kvAliveKey(k string) string { return s.Key(k) + ":alive" }
+
+// Commit implements sharing.Store. Where the decision's buckets
 // and its KV are on one node (always, but on a Cluster whose tenant and
 // domain slots fall on two masters), one script takes them all or none.
 // Otherwise the buckets on other nodes than the KV's are taken first, one
 // call per node, and the KV's node decides last; a refusal there gives
 // back what the first calls took. Each node's part is atomic on its own:
 // no bucket ever goes below its minimum.
-func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+func (s *Store) Commit(ctx context.Context, c *sharing.StrictCharge) (sharing.StrictVerdict, error) {
 	hk, zk := s.kvKeys(c.KV.Key)
 	keys := make([]string, 0, len(c.Takes)+1)
 	for _, t := range c.Takes {
@@ -399,7 +403,7 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 	keys = append(keys, hk)
 	groups, err := s.groups(ctx, keys)
 	if err != nil {
-		return admission.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
+		return sharing.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
 	}
 	levels := make([]int64, len(c.Takes))
 	var taken []group // committed parts on other nodes than the KV's
@@ -409,29 +413,29 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 		if withKV {
 			takes = g.at[:len(g.at)-1]
 		}
-		args := make([]any, 0, 1+len(takes)+2+4*len(takes)+4)
+		args := make([]any, 0, 1+len(takes)+2+4*len(takes)+7)
 		args = append(args, len(takes))
 		for _, i := range takes {
 			args = append(args, keys[i])
 		}
-		lease, h, z := "", "", ""
+		lease, h, z, a := "", "", "", ""
 		if withKV {
-			lease, h, z = c.KV.Lease, hk, zk
+			lease, h, z, a = c.KV.Lease, hk, zk, s.kvAliveKey(c.KV.Key)
 		}
 		args = append(args, h, z)
 		for _, i := range takes {
 			t := &c.Takes[i]
 			args = append(args, itoa(t.Rate), itoa(t.Burst), itoa(t.Amount), itoa(t.Min))
 		}
-		args = append(args, lease, itoa(c.KV.Limit), itoa(c.KV.Bytes), micros(c.KV.TTL))
+		args = append(args, lease, itoa(c.KV.Limit), itoa(c.KV.Bytes), micros(c.KV.TTL), c.KV.Replica, micros(max(c.KV.Alive, 0)), a)
 		res, err := commitScript.Run(ctx, g.node, keys[g.at[0]:g.at[0]+1], args...).Int64Slice()
 		if err != nil {
 			s.reloadSlots()
-			return admission.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
+			return sharing.StrictVerdict{}, fmt.Errorf("redis: commit: %w", err)
 		}
 		switch {
 		case len(res) == 1 && res[0] == 1 && withKV: // committed by an earlier call
-			return admission.StrictVerdict{Admitted: true}, nil
+			return sharing.StrictVerdict{Admitted: true}, nil
 		case len(res) == 1+len(takes) && res[0] == 1:
 			for j, i := range takes {
 				levels[i] = res[1+j]
@@ -445,12 +449,12 @@ func (s *Store) Commit(ctx context.Context, c *admission.StrictCharge) (admissio
 				refused = takes[res[1]]
 			}
 			s.giveBack(ctx, c, keys, taken)
-			return admission.StrictVerdict{Refused: refused, RetryAfter: time.Duration(res[2]) * time.Microsecond}, nil
+			return sharing.StrictVerdict{Refused: refused, RetryAfter: time.Duration(res[2]) * time.Microsecond}, nil
 		default:
-			return admission.StrictVerdict{}, fmt.Errorf("redis: commit: malformed reply %v", res)
+			return sharing.StrictVerdict{}, fmt.Errorf("redis: commit: malformed reply %v", res)
 		}
 	}
-	return admission.StrictVerdict{Admitted: true, Levels: levels}, nil
+	return sharing.StrictVerdict{Admitted: true, Levels: levels}, nil
 }
 
 // kvLast orders the groups so that the one holding key kv comes last.
@@ -467,7 +471,7 @@ func kvLast(groups []group, kv int) []group {
 // giveBack returns what the parts of a refused commit already took on
 // their nodes. A failure leaves it taken there: the decision is refused,
 // and the bucket refills at its rate.
-func (s *Store) giveBack(ctx context.Context, c *admission.StrictCharge, keys []string, taken []group) {
+func (s *Store) giveBack(ctx context.Context, c *sharing.StrictCharge, keys []string, taken []group) {
 	for _, g := range taken {
 		_ = s.settleOn(ctx, g.node, keys, g.at, c.Takes, "", "", "")
 	}
@@ -486,7 +490,7 @@ func (s *Store) pingShard(ctx context.Context, addr string) error {
 	return s.Ping(ctx)
 }
 
-// Ping implements admission.SharedState.
+// Ping implements sharing.Store.
 func (s *Store) Ping(ctx context.Context) error {
 	if s.cluster != nil {
 		if err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() }); err != nil {
@@ -500,10 +504,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Settle implements admission.SharedState: the KV's node settles the
+// Settle implements sharing.Store: the KV's node settles the
 // lease first, and only if it held it are the buckets on other nodes
 // given back, so that a lease is settled once wherever its parts are.
-func (s *Store) Settle(ctx context.Context, st *admission.StrictSettle) error {
+func (s *Store) Settle(ctx context.Context, st *sharing.StrictSettle) error {
 	hk, zk := s.kvKeys(st.KVKey)
 	keys := make([]string, 0, len(st.Refunds)+1)
 	for _, r := range st.Refunds {
@@ -535,7 +539,7 @@ var errNotHeld = errors.New("lease not held")
 
 // settleOn runs the settle script on one node for the refunds at the
 // indices at, with the lease and its KV keys (all empty: unchecked).
-func (s *Store) settleOn(ctx context.Context, node redis.Scripter, keys []string, at []int, refunds []admission.StrictTake, lease, hk, zk string) error {
+func (s *Store) settleOn(ctx context.Context, node redis.Scripter, keys []string, at []int, refunds []sharing.StrictTake, lease, hk, zk string) error {
 	args := make([]any, 0, 1+len(at)+2+3*len(at)+1)
 	args = append(args, len(at))
 	for _, i := range at {
@@ -562,4 +566,4 @@ func (s *Store) settleOn(ctx context.Context, node redis.Scripter, keys []string
 	return nil
 }
 
-var _ admission.ShardedState = (*Store)(nil)
+var _ sharing.Sharded = (*Store)(nil)
