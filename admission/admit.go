@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sluice-sched/sluice/internal/tokenbucket"
+	"github.com/sluice-sched/sluice/pd"
 )
 
 // maxLowerTiers bounds accept_downgrade; catalogs are a few tiers deep.
@@ -183,38 +184,44 @@ func (e *Engine) admit(ctx context.Context, req *Request) (Decision, *waiter, er
 	// A request id seen before gets its answer even while shutting down: a
 	// retry after a lost answer must find its lease, not be sent elsewhere.
 	if req.RequestID != "" {
-		if d, w, err, seen := e.repeatLocked(now, req, &r, nil); seen {
+		if d, w, err, seen := e.repeatLocked(now, req, &r); seen {
+			if w != nil {
+				w.refs++ // one more caller waits on it
+			}
 			e.mu.Unlock()
 			return d, w, err
 		}
 	}
+	v := e.decideLocked(ctx, now, wall, req, &r, admitting())
 	var d Decision
-	w := e.decideLocked(ctx, now, wall, req, &r, &d, nil)
 	var answered []*waiter
-	if w != nil {
+	switch {
+	case v.placed:
+		r.chargeGates(now, r.tenant, r.weighted, r.price, r.critical)
+		e.grantLocked(now, &r, v.pl, 0, &d)
+	case v.w != nil:
 		answered = e.dispatchLocked(now, nil)
+	default:
+		v.refusal(&d, &r, now)
 	}
 	e.mu.Unlock()
 	finish(answered)
-	return d, w, nil
+	return d, v.w, nil
 }
 
 // repeatLocked notes req's request id in r and answers it if it was seen
 // before (seen true): the queued request it joins, or the live lease it
 // was admitted with, rebuilt as an answer. An id reused with another body
 // is invalid; one whose lease has ended is ErrLeaseEnded, never a dead
-// lease for free. With a recorder (Explain) the queued request does not
-// count one more caller.
-func (e *Engine) repeatLocked(now int64, req *Request, r *pending, rec *recorder) (d Decision, w *waiter, err error, seen bool) {
+// lease for free. It counts no caller on the queued request: joining it is
+// the caller's to do.
+func (e *Engine) repeatLocked(now int64, req *Request, r *pending) (d Decision, w *waiter, err error, seen bool) {
 	idem := &e.mu.room.idem
 	r.hasID, r.idem, r.idemBody = true, idem.key(req.Tenant, req.RequestID), idem.bodyHash(req)
 	body := r.idemBody
 	if w := idem.queued[r.idem]; w != nil {
 		if w.p.idemBody != body {
 			return Decision{}, nil, errReusedID, true
-		}
-		if rec == nil {
-			w.refs++
 		}
 		return Decision{}, w, nil, true
 	}
@@ -235,96 +242,86 @@ func (e *Engine) repeatLocked(now int64, req *Request, r *pending, rec *recorder
 
 var errReusedID = &InvalidArgumentError{Field: "request_id", Reason: "already used with a different request"}
 
+// verdict is what decideLocked decided: a placement to charge and grant
+// (placed), a waiter queued in the waiting room (w), or else a refusal
+// (why; Deferred when deferred).
+type verdict struct {
+	placed   bool
+	pl       placement
+	w        *waiter
+	why      refusal
+	deferred bool
+	wait     time.Duration // the wait the queue predicted, for a refusal at the queue
+}
+
+// refuse is the verdict REJECTED for why.
+func refuse(why refusal) verdict { return verdict{why: why} }
+
+// deferred is the verdict DEFERRED for why: the backlog tries again.
+func deferred(why refusal) verdict { return verdict{why: why, deferred: true} }
+
+// refusal writes the answer of a refused verdict to d: REJECTED, or
+// DEFERRED, with what r's tenant's gates held if it got that far.
+func (v *verdict) refusal(d *Decision, r *pending, now int64) {
+	*d = rejected(v.why.reason, v.why.retry)
+	if v.deferred {
+		d.Outcome = Deferred
+	}
+	if r.tenant != nil {
+		tenantTrace(&d.Trace, r, now)
+	}
+	d.Trace.EstimatedWait = v.wait
+}
+
 // decideLocked runs a new request through the tenant gates and placement:
 // within the floor (reserved capacity, no queue), on shared capacity, or
-// into the waiting room. The answer goes to d (an out parameter: a
-// Decision is large, and this is the hot path) unless it is queued.
-//
-// With a recorder (Explain) it notes each gate and domain it tries and
-// charges nothing: it screens a copy of the tenant's state, marks no tier
-// full, only checks the queue's bounds (the waiter it returns is not
-// queued), and where it would charge and grant it keeps the placement in
-// the recorder and returns. (Asking whose turn it is at a tier tidies that
-// tier's ledger; Explain holds the ledgers and puts them back.)
-func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, d *Decision, rec *recorder) *waiter {
+// into the waiting room. m says whether the decision is Admit's or only
+// explained (decisionMode); granting a placement is the caller's.
+func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, m decisionMode) verdict {
 	if e.mu.closed {
-		*d = rejected(ReasonShuttingDown, time.Second)
-		return nil
+		return refuse(refusal{ReasonShuttingDown, time.Second})
 	}
-	var t *tenantState
-	fresh := false
-	if rec == nil {
-		t, fresh = e.mu.gates.lookupLocked(req.Tenant, now, e.mu.place.modelList)
-	} else {
-		// A copy: screening moves the breaker and the budget period to
-		// now, which no Cancel undoes.
-		t = e.mu.gates.scratchLocked(req.Tenant, now, e.mu.place.modelList)
-	}
+	t := m.tenantLocked(e, req.Tenant, now)
 	if t == nil {
-		*d = rejected(ReasonUnknownTenant, 0)
-		return nil
-	}
-	if fresh {
-		e.shared.TenantReadyLocked(t, now, false)
+		return refuse(refusal{ReasonUnknownTenant, 0})
 	}
 	r.tenant = t
 	r.weighted = r.prompt + e.mu.cfg.OutputTokenWeight*r.output
 	r.price = e.mu.place.cat.PriceMicros(r.tierBuf[0].model, r.prompt, r.output)
 	if req.Deferrable {
 		r.ticketed = req.Ticketed
-		e.decideDeferrableLocked(now, wall, r, d, rec)
-		return nil
+		return e.decideDeferrableLocked(now, wall, r, m)
 	}
-
-	critical, why := t.screen(now, wall, r.weighted, r.price, req.Priority == PriorityCritical, refusalOf(e.shared.GateLocked(t)), e.mu.gates.frozenLocked(now), rec)
-	if why.reason == ReasonQuotaExceeded && rec == nil { // the strategy notes the demand
-		why.retry = e.shared.QuotaRefusedLocked(t, why.retry)
+	s := m.screenLocked(e, now, wall, r, req.Priority == PriorityCritical, e.mu.gates.frozenLocked(now))
+	if s.why.refused() {
+		return refuse(s.why)
 	}
-	if why.refused() {
-		rec.screenRefused()
-		*d = rejectWithTrace(why, r, now)
-		return nil
-	}
-	r.critical = critical
+	r.critical = s.critical
 	place := &e.mu.place
-	pl, ok := placement{}, false
-	var o outlook // placement's outlook for a request that fits nowhere: O(domains), so taken once
-	looked := false
-	if !critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
-		pl, ok = place.find(now, r, true, 0, r.ntiers, rec)
-	}
-	if !ok {
-		from, upto, notTurn := e.sharedTiersLocked(ctx, now, wall, req, r)
-		if notTurn {
-			if rec != nil {
-				rec.notTurn(r)
-			} else {
-				e.notTurnLocked(now, r)
-			}
-		}
-		pl, ok = place.find(now, r, false, from, upto, rec)
-		if rec == nil && from == 0 && upto > 0 && (!ok || pl.tier > 0) {
-			o, looked = place.outlook(now, r), true
-			if o.own {
-				e.mu.room.tiers.full(now, r.tierBuf[0].name) // its own tier, tried, did not fit
-			}
+	if !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
+		if pl, ok := place.find(now, r, true, allTiers(r), m); ok {
+			return verdict{placed: true, pl: pl}
 		}
 	}
-	if !ok {
-		if !looked {
-			o = place.outlook(now, r)
-		}
-		var w *waiter
-		*d, w = e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue, rec)
-		return w
+	plan := e.sharedTiersLocked(ctx, now, wall, req, r)
+	if plan.notTurn {
+		m.notTurnLocked(e, now, r)
 	}
-	if rec != nil {
-		rec.placed, rec.pl = true, pl
-		return nil
+	pl, ok := place.find(now, r, false, plan, m)
+	if ok && (pl.tier == 0 || !plan.triesOwn()) {
+		return verdict{placed: true, pl: pl}
 	}
-	r.chargeGates(now, t, r.weighted, r.price, critical)
-	e.grantLocked(now, r, pl, 0, d)
-	return nil
+	// Degraded from its own tier, or fits nowhere: the outlook, O(domains),
+	// says whether some domain could hold its own tier (then that tier is
+	// full for it), and how long a queued request waits.
+	o := place.outlook(now, r)
+	if plan.triesOwn() && o.own {
+		m.tierFullLocked(e, now, r.tierBuf[0].name)
+	}
+	if ok {
+		return verdict{placed: true, pl: pl}
+	}
+	return e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue, m)
 }
 
 // decideDeferrableLocked decides a deferrable request, which never waits
@@ -338,56 +335,51 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 // instead); the normal band only. It is refused only for what waiting
 // cannot mend: an unknown tenant, a request too large for any quota or
 // any domain.
-func (e *Engine) decideDeferrableLocked(now int64, wall time.Time, r *pending, d *Decision, rec *recorder) {
-	t := r.tenant
+func (e *Engine) decideDeferrableLocked(now int64, wall time.Time, r *pending, m decisionMode) verdict {
 	frozen := max(e.mu.gates.frozenLocked(now), 1) // no credit lent
-	_, why := t.screen(now, wall, r.weighted, r.price, false, refusalOf(e.shared.GateLocked(t)), frozen, rec)
-	if why.reason == ReasonQuotaExceeded && rec == nil {
-		why.retry = e.shared.QuotaRefusedLocked(t, why.retry)
-	}
+	why := m.screenLocked(e, now, wall, r, false, frozen).why
 	if why.reason == ReasonBurstCreditFrozen && e.mu.gates.frozenLocked(now) <= 0 {
 		why.reason = ReasonQuotaExceeded // no freeze: only its own quota holds it
 	}
-	if why.refused() {
-		rec.screenRefused()
-		*d = rejectWithTrace(why, r, now)
-		if why.reason != ReasonRequestTooLarge {
-			d.Outcome = Deferred
-		}
-		return
-	}
-	if e.mu.room.queue.Len() > 0 {
-		*d = rejectWithTrace(refusal{ReasonInteractiveFirst, tickBusy}, r, now)
-		d.Outcome = Deferred
-		return
+	switch {
+	case why.reason == ReasonRequestTooLarge:
+		return refuse(why)
+	case why.refused():
+		return deferred(why)
+	case e.mu.room.queue.Len() > 0:
+		return deferred(refusal{ReasonInteractiveFirst, tickBusy})
 	}
 	r.deferred = true
 	place := &e.mu.place
-	pl, ok := place.find(now, r, false, 0, r.ntiers, rec)
-	if !ok {
-		o := place.outlook(now, r)
-		switch {
-		case o.drainingOnly: // the drain ends, and so may the wait
-			*d = rejectWithTrace(refusal{ReasonDomainDraining, 0}, r, now)
-			d.Outcome = Deferred
-		case !o.ever:
-			*d = rejectWithTrace(refusal{ReasonCapacityExceeded, 0}, r, now)
-		default:
-			*d = rejectWithTrace(refusal{ReasonCapacityExceeded, o.wait}, r, now)
-			d.Outcome = Deferred
-		}
-		return
+	if pl, ok := place.find(now, r, false, allTiers(r), m); ok {
+		return verdict{placed: true, pl: pl}
 	}
-	if rec != nil {
-		rec.placed, rec.pl = true, pl
-		return
+	o := place.outlook(now, r)
+	switch {
+	case o.drainingOnly: // the drain ends, and so may the wait
+		return deferred(refusal{ReasonDomainDraining, 0})
+	case !o.ever:
+		return refuse(refusal{ReasonCapacityExceeded, 0})
 	}
-	r.chargeGates(now, t, r.weighted, r.price, false)
-	e.grantLocked(now, r, pl, 0, d)
+	return deferred(refusal{ReasonCapacityExceeded, o.wait})
 }
 
-// sharedTiersLocked says which of r's tiers may take shared capacity now,
-// from the from-th up to before the upto-th (none when upto ≤ from).
+// tierPlan is the run of a request's tiers placement may try: from the
+// from-th up to before the upto-th (none when upto ≤ from).
+type tierPlan struct {
+	from, upto int
+	// notTurn: the requested tier is held back because it is not the
+	// tenant's turn there (the caller notes it: notTurnLocked).
+	notTurn bool
+}
+
+// allTiers is every tier r accepts, the requested one first.
+func allTiers(r *pending) tierPlan { return tierPlan{from: 0, upto: r.ntiers} }
+
+// triesOwn reports whether the plan tries the requested tier.
+func (p tierPlan) triesOwn() bool { return p.from == 0 && p.upto > 0 }
+
+// sharedTiersLocked plans which of r's tiers may take shared capacity now.
 //
 // None while others in the same band are already waiting for it: then the
 // request takes its place in the fair order, and the dispatcher gives the
@@ -400,33 +392,30 @@ func (e *Engine) decideDeferrableLocked(now int64, wall time.Time, r *pending, d
 // nearer than degrade_after: a caller that must be answered now) — and
 // then, with others waiting, only the lower tiers: the requested one is
 // theirs first.
-//
-// notTurn says the requested tier was held back because it is not the
-// tenant's turn there (the caller notes it: notTurnLocked).
-func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) (from, upto int, notTurn bool) {
+func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) tierPlan {
 	waiting := e.mu.room.queue.Len()
 	if r.critical {
 		waiting = e.mu.room.queue.CriticalLen()
 	}
 	if r.ntiers == 1 { // nothing to degrade to: the requested tier, if nobody waits
 		if waiting == 0 {
-			return 0, 1, false
+			return tierPlan{from: 0, upto: 1}
 		}
-		return 0, 0, false
+		return tierPlan{}
 	}
 	q := &e.mu.cfg.Queue
 	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
 	turn := waiting == 0 && e.mu.room.tiers.turn(now, r.tierBuf[0].name, r.tenant.name)
-	notTurn = waiting == 0 && !turn
+	notTurn := waiting == 0 && !turn
 	switch {
 	case turn && degradeNow:
-		return 0, r.ntiers, false
+		return allTiers(r)
 	case turn:
-		return 0, 1, false
+		return tierPlan{from: 0, upto: 1}
 	case degradeNow:
-		return 1, r.ntiers, notTurn
+		return tierPlan{from: 1, upto: r.ntiers, notTurn: notTurn}
 	}
-	return 0, 0, notTurn
+	return tierPlan{notTurn: notTurn}
 }
 
 // notTurnLocked notes a request kept from its own tier because it is not
@@ -441,13 +430,110 @@ func (e *Engine) notTurnLocked(now int64, r *pending) {
 		tiers.full(now, model) // kept for a tenant that is waiting for it
 		return
 	}
-	if _, fits := place.find(now, r, false, 0, 1, nil); !fits && place.outlook(now, r).own {
+	if _, fits := place.find(now, r, false, tierPlan{from: 0, upto: 1}, admitting()); !fits && place.outlook(now, r).own {
 		tiers.full(now, model)
 	}
 }
 
+// decisionMode is where Admit's decision and Explain's part ways, chosen
+// once at the top (admitting, explaining): the steps of decideLocked are
+// the same, and hand the mode what they would change. Admitting, it
+// changes the engine: the live tenant, the queue and a queued request's
+// charge, the tier shares. Explaining, it records each step in rec and
+// changes nothing: a copy of the tenant's state, no tier marked full, the
+// queue's bounds only checked (the waiter is not queued). (Asking whose
+// turn it is at a tier tidies that tier's ledger; Explain holds the
+// ledgers and puts them back.)
+type decisionMode struct {
+	rec *recorder // nil: admitting
+}
+
+// admitting is Admit's mode.
+func admitting() decisionMode { return decisionMode{} }
+
+// explaining is Explain's mode, recording in rec.
+func explaining(rec *recorder) decisionMode { return decisionMode{rec: rec} }
+
+// tenantLocked returns the state to screen the tenant with, nil if it is
+// not configured: the live state (built on first use), or a copy, since
+// screening moves the breaker and the budget period to now, which no
+// Cancel undoes.
+func (m decisionMode) tenantLocked(e *Engine, name string, now int64) *tenantState {
+	if m.rec != nil {
+		return e.mu.gates.scratchLocked(name, now, e.mu.place.modelList)
+	}
+	t, fresh := e.mu.gates.lookupLocked(name, now, e.mu.place.modelList)
+	if fresh {
+		e.shared.TenantReadyLocked(t, now, false)
+	}
+	return t
+}
+
+// screenLocked runs r's tenant gates (tenantState.screen) with the shared
+// strategy's store gate. Admit lets the strategy note a quota refusal's
+// demand (which may lengthen its Retry-After); Explain records the gates
+// reached.
+func (m decisionMode) screenLocked(e *Engine, now int64, wall time.Time, r *pending, wantCritical bool, frozen time.Duration) screening {
+	t := r.tenant
+	s := t.screen(now, wall, r.weighted, r.price, wantCritical, refusalOf(e.shared.GateLocked(t)), frozen)
+	if m.rec != nil {
+		m.rec.screened, m.rec.screen = true, s
+		return s
+	}
+	if s.why.reason == ReasonQuotaExceeded {
+		s.why.retry = e.shared.QuotaRefusedLocked(t, s.why.retry)
+	}
+	return s
+}
+
+// tried takes one (tier, domain) find looked at (recorder.tried).
+func (m decisionMode) tried(now int64, ms *modelState, d *domainState, floor bool, held guardHold, cost pd.Cost, err error, fits bool) {
+	if m.rec != nil {
+		m.rec.tried(now, ms, d, floor, held, cost, err, fits)
+	}
+}
+
+// notTurnLocked takes a request kept from its requested tier because it is
+// not its tenant's turn there (Engine.notTurnLocked).
+func (m decisionMode) notTurnLocked(e *Engine, now int64, r *pending) {
+	if m.rec != nil {
+		m.rec.notTurn(r)
+		return
+	}
+	e.notTurnLocked(now, r)
+}
+
+// tierFullLocked takes a model tier that a request whose turn it was tried
+// and did not fit, though some domain could hold it: Admit marks it full
+// (tierShares.full).
+func (m decisionMode) tierFullLocked(e *Engine, now int64, model string) {
+	if m.rec == nil {
+		e.mu.room.tiers.full(now, model)
+	}
+}
+
+// queueLocked puts w, a request that fits nowhere now, into the waiting
+// room and charges its gates; it fails when the queue's bounds are
+// reached. Explain only checks the bounds.
+func (m decisionMode) queueLocked(room *waitingRoom, now int64, w *waiter) error {
+	if m.rec != nil {
+		return room.queue.Check(&w.item)
+	}
+	if err := room.enter(w); err != nil {
+		return err
+	}
+	r := &w.p
+	r.chargeGates(now, r.tenant, r.weighted, r.price, r.critical)
+	if r.hasID {
+		room.idem.queued[r.idem] = w
+	}
+	return nil
+}
+
 // grantLocked places a request whose gates are charged, opens its lease and
-// builds the answer in d (and remembers it under the request id).
+// builds the answer in d, the caller's answer or the waiter's, in place (a
+// Decision is large, and this is the hot path); it remembers the answer
+// under the request id.
 func (e *Engine) grantLocked(now int64, r *pending, pl placement, queued time.Duration, d *Decision) {
 	tiers := &e.mu.room.tiers
 	if pl.tier > 0 { // degraded: budget at the granted model's price; it wanted more
@@ -515,20 +601,9 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		return answered
 	}
 	defer func() { place.blocked = place.blocked[:0] }()
-	// A head whose turn it is not takes a lower tier or waits without
-	// holding a domain. (If the tenant whose turn it is lies further back
-	// than dispatchScanLimit heads, the tier waits for it until its tag
-	// comes up, or until the turns lapse with the contention.)
 	fits := func(w *waiter) bool {
-		model := w.p.tierBuf[0].name
-		turn := w.p.ntiers == 1 || room.tiers.turn(now, model, w.p.tenant.name)
-		ok := place.fitsQueued(now, w, turn)
-		switch {
-		case turn && w.contends && (!ok || w.pl.tier > 0):
-			room.tiers.full(now, model) // its turn, and its own tier did not fit
-		case !turn && w.contends:
-			e.notTurnLocked(now, &w.p)
-		}
+		var ok bool
+		w.pl, ok = e.placeQueuedLocked(now, w)
 		return ok
 	}
 	for {
@@ -542,6 +617,26 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		w.decision.Trace.EstimatedWait = w.wait
 		answered = append(answered, w)
 	}
+}
+
+// placeQueuedLocked places a queued head for the dispatcher
+// (placer.fitsQueued), on its requested tier only on its tenant's turn
+// there, and notes in the tier shares what the try says of that tier. A
+// head whose turn it is not takes a lower tier or waits without holding a
+// domain. (If the tenant whose turn it is lies further back than
+// dispatchScanLimit heads, the tier waits for it until its tag comes up,
+// or until the turns lapse with the contention.)
+func (e *Engine) placeQueuedLocked(now int64, w *waiter) (placement, bool) {
+	tiers, model := &e.mu.room.tiers, w.p.tierBuf[0].name
+	turn := w.p.ntiers == 1 || tiers.turn(now, model, w.p.tenant.name)
+	pl, ok := e.mu.place.fitsQueued(now, w, turn)
+	switch {
+	case turn && w.contends && (!ok || pl.tier > 0):
+		tiers.full(now, model) // its turn, and its own tier did not fit
+	case !turn && w.contends:
+		e.notTurnLocked(now, &w.p)
+	}
+	return pl, ok
 }
 
 // wait blocks until the waiter is answered or ctx ends. A caller that gives

@@ -155,7 +155,7 @@
 // # Shared state
 //
 // With several replicas, quotas and domain capacity are shared through the
-// SharedState port (internal/state/redisstate on Redis). The engine uses it
+// sharing.Store port (internal/state/redisstate on Redis). The engine uses it
 // through a strategy (package sharing) with three implementations, called
 // at a few named hooks — a tenant's state built or re-limited, a domain's capacity
 // rebuilt, the store's gate in the screen, a quota refusal, every answer
@@ -181,8 +181,10 @@
 //
 // The strategies see the engine only through a narrow view (sharing.View,
 // implemented in engine.go): its lock and clock, the tenants' buckets, the
-// domains' capacities, the leases' charges and a revoke; what they keep
-// of their own is theirs. Both share the store's circuit breaker (open after
+// domains' capacities, the leases' charges and a revoke; the capacity
+// loop's engine-reading relay has its own port beside it (sharing.Readings:
+// the readings this replica made, the domains placement wants read, and
+// where a relayed reading goes). What they keep of their own is theirs. Both share the store's circuit breaker (open after
 // consecutive failures, probed every reconcile interval, or cool-down if
 // shorter). While it is open, fail-closed tiers are refused with
 // STATE_UNAVAILABLE and fail-open tiers keep deciding locally: batched from

@@ -146,12 +146,12 @@ func (e *Engine) background(fn func()) {
 }
 
 // engineView is the engine as the shared-state strategies see it
-// (sharing.View): its lock, clock, tenants, domains and leases, and
-// nothing else. It is the one thing outside the engine that reaches into
+// (sharing.View: its lock, clock, tenants, domains and leases, and
+// nothing else; sharing.Readings: its domains' capacity loops). It is the one thing outside the engine that reaches into
 // the engine's rooms, so that it lives here, beside them.
 type engineView struct{ e *Engine }
 
-func (e *Engine) view() sharing.View { return engineView{e} }
+func (e *Engine) view() engineView { return engineView{e} }
 
 func (v engineView) Lock()            { v.e.mu.Lock() }
 func (v engineView) Unlock()          { v.e.mu.Unlock() }
@@ -203,6 +203,9 @@ func (v engineView) LeaseLocked(id uint64) (sharing.Charge, bool) {
 func (v engineView) RevokeLocked(requestID string, id uint64) { v.e.revokeLocked(requestID, id) }
 func (v engineView) LeaseTTLLocked() time.Duration            { return v.e.mu.cfg.Leases.TTL.Duration }
 func (v engineView) Background(fn func())                     { v.e.background(fn) }
+
+// The engine-reading relay's port (sharing.Readings): the domains'
+// capacity loops.
 
 func (v engineView) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineReading, int64, bool) {
 	return d.(*domainState).loop.ownReading(v.e.nowLocked())

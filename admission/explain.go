@@ -44,13 +44,13 @@ type PlacementCheck struct {
 }
 
 // Explain answers what Admit would do with req now, changing nothing. It
-// runs Admit's own decision (repeatLocked, decideLocked: the gates, find,
-// the waiting room's enqueue) with a recorder that notes each gate and
-// (tier, domain) it tries. With a recorder the decision screens a copy of
-// the tenant's state, only reads placement, asks the fair queue's bounds
-// without entering it, and stops where Admit would charge, grant or queue:
-// no lease, idempotency record, tier share, queue position or observer
-// sees it. Invalid requests return the error Admit would.
+// runs Admit's own decision (repeatLocked, decideLocked) in the explaining
+// decisionMode, which records each gate and (tier, domain) tried: the
+// decision screens a copy of the tenant's state, only reads placement,
+// asks the fair queue's bounds without entering it, and stops where Admit
+// would charge, grant or queue: no lease, idempotency record, tier share,
+// queue position or observer sees it. Invalid requests return the error
+// Admit would.
 //
 // What it cannot foresee is the shared store, whose hooks it does not
 // call: a strict-mode commit that refuses; in batched mode, the 1/N slice
@@ -71,27 +71,28 @@ func (e *Engine) Explain(ctx context.Context, req Request) (Explanation, error) 
 	rec := &recorder{}
 	held := e.mu.room.tiers.hold(r.tiers()) // asking whose turn it is tidies the tiers' ledgers
 	defer held.Cancel()
-	var d Decision
 	if req.RequestID != "" {
-		if seenD, seenW, err, seen := e.repeatLocked(now, &req, &r, rec); seen {
+		if seenD, seenW, err, seen := e.repeatLocked(now, &req, &r); seen {
 			if err != nil {
 				return Explanation{}, err
 			}
 			return e.repeatedLocked(seenD, seenW), nil
 		}
 	}
-	w := e.decideLocked(ctx, now, wall, &req, &r, &d, rec)
+	v := e.decideLocked(ctx, now, wall, &req, &r, explaining(rec))
 	x := Explanation{Placement: rec.placement}
 	switch {
-	case w != nil:
-		x.Outcome, x.EstimatedWait = "QUEUED", w.wait
-	case rec.placed:
-		pl := &rec.pl
+	case v.w != nil:
+		x.Outcome, x.EstimatedWait = "QUEUED", v.w.wait
+	case v.placed:
+		pl := &v.pl
 		x.Outcome, x.Domain, x.Model, x.Floor = pl.outcome().String(), pl.dom.ID(), pl.model.name, pl.floor
 	default:
+		var d Decision
+		v.refusal(&d, &r, now)
 		x.Outcome, x.Reason, x.RetryAfter, x.EstimatedWait = d.Outcome.String(), d.Reason, d.RetryAfter, d.Trace.EstimatedWait
 	}
-	if r.tenant != nil && rec.reached[gateBreaker] {
+	if rec.screened {
 		x.Gates = rec.gateChecks(now, &r, e.mu.gates.frozenLocked(now))
 	}
 	return x, nil
@@ -109,45 +110,13 @@ func (e *Engine) repeatedLocked(d Decision, w *waiter) Explanation {
 	return Explanation{Outcome: d.Outcome.String(), Domain: d.Domain, Model: d.Model, Floor: d.Trace.Floor, Gates: []GateCheck{g}}
 }
 
-// recorder notes what a decision tries, for Explain: the tenant gates
-// screen reaches and the (tier, domain) pairs find looks at. Admit passes
-// a nil recorder: every note is then one nil check, and the decision
-// changes state as usual. With one, the decision changes nothing (see
-// Explain); where Admit would charge and grant, the recorder keeps the
-// placement instead.
+// recorder notes what a decision tries, for Explain (decisionMode's
+// explaining): the gates screen reached, and the (tier, domain) pairs find
+// looks at.
 type recorder struct {
-	reached   [numGates]bool
-	refused   bool // screen refused, at the last gate reached
+	screened  bool      // screen ran: screen
+	screen    screening // its verdict
 	placement []PlacementCheck
-	placed    bool      // a placement was found: pl
-	pl        placement // where it would run
-}
-
-// gate is one of screen's gates, in the order screen tries them.
-type gate uint8
-
-const (
-	gateBreaker gate = iota
-	gateStore
-	gateBudget
-	gateRPS
-	gateTokens // or the critical bucket, for a request in the critical band
-	gateConcurrency
-	numGates
-)
-
-// reach notes that screen came to gate g.
-func (rec *recorder) reach(g gate) {
-	if rec != nil {
-		rec.reached[g] = true
-	}
-}
-
-// screenRefused notes that screen refused, at the last gate it reached.
-func (rec *recorder) screenRefused() {
-	if rec != nil {
-		rec.refused = true
-	}
 }
 
 // notTurn notes that r was kept from its requested tier because it is not
@@ -194,15 +163,10 @@ func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor bool,
 // then those not reached. frozen is what is left of a credit freeze.
 func (rec *recorder) gateChecks(now int64, r *pending, frozen time.Duration) []GateCheck {
 	t := r.tenant
-	last := gateBreaker
-	for g := range numGates {
-		if rec.reached[g] {
-			last = g
-		}
-	}
+	last, refused := rec.screen.reached, rec.screen.why.refused()
 	out := make([]GateCheck, 0, numGates)
 	for g := range numGates {
-		c := GateCheck{Reached: rec.reached[g], Passed: rec.reached[g] && !(rec.refused && g == last)}
+		c := GateCheck{Reached: g <= last, Passed: g < last || (g == last && !refused)}
 		switch g {
 		case gateBreaker:
 			c.Gate = "breaker"

@@ -263,9 +263,8 @@ func (p *placer) rebuildTree() {
 }
 
 // find returns the first domain, in rendezvous order, whose prefill bucket,
-// decode bucket and KV gauge all fit the request, trying its tiers from the
-// from-th up to before the upto-th (0, 1: the requested model only; 0,
-// r.ntiers: every accepted lower tier too; floor: from the floor reserve).
+// decode bucket and KV gauge all fit the request, trying the tiers of plan
+// (floor: from the floor reserve).
 // Of the order's first feedback.spread_choices (the power of two choices
 // by default), the least loaded goes first once the first's load passes
 // it by feedback.spread_margin, so that a tenant's prefixes stay on a few
@@ -273,11 +272,11 @@ func (p *placer) rebuildTree() {
 // (tenant, model); more are walked for each request (choices).
 // A request that accepts lower tiers must leave headroom on its requested
 // tier, more for low-weight tenants, so that low-weight tenants degrade
-// first. rec, if not nil, notes each (tier, domain) looked at (Explain).
-func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *recorder) (placement, bool) {
-	for ti := from; ti < min(upto, r.ntiers); ti++ {
-		m := r.tierBuf[ti]
-		cand, n, walked := p.choices(r.tenant, m)
+// first. m sees each (tier, domain) looked at.
+func (p *placer) find(now int64, r *pending, floor bool, plan tierPlan, m decisionMode) (placement, bool) {
+	for ti := plan.from; ti < min(plan.upto, r.ntiers); ti++ {
+		ms := r.tierBuf[ti]
+		cand, n, walked := p.choices(r.tenant, ms)
 		if n == 0 {
 			continue
 		}
@@ -292,18 +291,18 @@ func (p *placer) find(now int64, r *pending, floor bool, from, upto int, rec *re
 		}
 		p.leastLoadedFirst(cand[:n])
 		for _, d := range cand[:n] {
-			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
+			if pl, ok := p.try(now, r, floor, ti, d, m); ok {
 				return pl, true
 			}
 		}
 		if !walked {
-			p.walk(r.tenant, m)
+			p.walk(r.tenant, ms)
 			for range n {
 				p.next() // the choices, tried
 			}
 		}
 		for d := p.next(); d != nil; d = p.next() {
-			if pl, ok := p.try(now, r, floor, ti, d, rec); ok {
+			if pl, ok := p.try(now, r, floor, ti, d, m); ok {
 				return pl, true
 			}
 		}
@@ -356,26 +355,25 @@ func (p *placer) leastLoadedFirst(cand []*domainState) {
 	}
 }
 
-// try reports whether r's ti-th tier fits d now, and where.
-func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, rec *recorder) (placement, bool) {
+// try reports whether r's ti-th tier fits d now, and where; m sees the
+// try.
+func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, m decisionMode) (placement, bool) {
 	if p.isBlocked(d) {
 		return placement{}, false
 	}
-	m := r.tierBuf[ti]
-	cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
+	ms := r.tierBuf[ti]
+	cost, err := d.cap.CostCached(ms.model, r.prompt, r.cached, r.output)
 	// Engines saturated: the guard keeps the domain to its floors.
 	held := holdNone
 	if !floor {
 		held = d.loop.hold(now, &p.cfg.Feedback)
 	}
 	fits := err == nil && held == holdNone && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
-	if rec != nil {
-		rec.tried(now, m, d, floor, held, cost, err, fits)
-	}
+	m.tried(now, ms, d, floor, held, cost, err, fits)
 	if !fits {
 		return placement{}, false
 	}
-	return placement{dom: d, model: m, cost: cost, tier: ti, floor: floor}, true
+	return placement{dom: d, model: ms, cost: cost, tier: ti, floor: floor}, true
 }
 
 // withHeadroom is what r's ti-th tier needs of d to be placed there: its
@@ -455,34 +453,34 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 // requests would take every refill and starve a large one at the head;
 // with it, one domain serves strictly in tag order and several domains
 // backfill around the waiting head (EASY backfilling).
-//
-// A queued request that accepts lower tiers is offered them only from its
-// degradeAt on: until then it waits in the fair order for its requested
-// tier. And it is offered its requested tier only when it is its tenant's
-// turn there (turn, from tierShares); when it is not, it holds no domain
-// for it: the tier is kept for the tenant whose turn it is.
-func (p *placer) fitsQueued(now int64, w *waiter, turn bool) bool {
-	from, upto := 0, 1
+func (p *placer) fitsQueued(now int64, w *waiter, turn bool) (placement, bool) {
+	plan := queuedTiers(now, w, turn)
+	if plan.from >= plan.upto {
+		return placement{}, false
+	}
+	pl, ok := p.find(now, &w.p, false, plan, admitting())
+	if !ok && turn {
+		if d := p.reservedFor(now, w); d != nil {
+			p.blocked = append(p.blocked, d)
+		}
+	}
+	return pl, ok
+}
+
+// queuedTiers plans the tiers a queued request may try: its lower tiers
+// only from its degradeAt on (until then it waits in the fair order for
+// its requested tier), and its requested tier only on its tenant's turn
+// there (turn, from tierShares); when it is not, it holds no domain for
+// it: the tier is kept for the tenant whose turn it is.
+func queuedTiers(now int64, w *waiter, turn bool) tierPlan {
+	plan := tierPlan{from: 0, upto: 1}
 	if now >= w.degradeAt {
-		upto = w.p.ntiers
+		plan.upto = w.p.ntiers
 	}
 	if !turn {
-		from = 1
+		plan.from = 1
 	}
-	if from >= upto {
-		return false
-	}
-	pl, ok := p.find(now, &w.p, false, from, upto, nil)
-	if !ok {
-		if turn {
-			if d := p.reservedFor(now, w); d != nil {
-				p.blocked = append(p.blocked, d)
-			}
-		}
-		return false
-	}
-	w.pl = pl
-	return true
+	return plan
 }
 
 // reservedFor is the domain a queued request that does not fit waits for:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/admissiontest"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
 	"github.com/sluice-sched/sluice/topology"
@@ -251,15 +252,15 @@ func (s *scenario) init(t *testing.T, d *datadriven.TestData) string {
 		return "config: " + err.Error()
 	}
 	s.clk = clock.NewManual(admission.Epoch)
-	engines, replicas, mode := 1, 1, admission.SharedMode(0)
+	engines, replicas, mode := 1, 1, sharing.Mode(0)
 	if d.HasArg("shared") {
 		var m string
 		d.ScanArgs(t, "shared", &m)
 		switch m {
 		case "batched":
-			mode = admission.SharedBatched
+			mode = sharing.Batched
 		case "strict":
-			mode = admission.SharedStrict
+			mode = sharing.Strict
 		default:
 			t.Fatalf("shared=%s: want batched or strict", m)
 		}
@@ -278,7 +279,7 @@ func (s *scenario) init(t *testing.T, d *datadriven.TestData) string {
 		name := fmt.Sprintf("r%d", i)
 		opts := []admission.Option{admission.WithClock(s.clk)}
 		if mode != 0 {
-			opts = append(opts, admission.WithSharedState(s.flaky, admission.SharedOptions{
+			opts = append(opts, admission.WithSharedState(s.flaky, sharing.Options{
 				Mode: mode, Replica: name, Replicas: replicas, Failures: 2, Cooldown: time.Second,
 				OnBreaker: func(open bool) { s.noteBreaker(name, open) },
 			}))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/admissiontest"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
@@ -28,7 +29,7 @@ type shardedFleet struct {
 
 var shardNames = []string{"s0", "s1", "s2"}
 
-func newShardedFleet(t *testing.T, n, domains int, tune ...func(*admission.SharedOptions)) *shardedFleet {
+func newShardedFleet(t *testing.T, n, domains int, tune ...func(*sharing.Options)) *shardedFleet {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString(`
@@ -47,12 +48,12 @@ tenants:
 		t.Fatal(err)
 	}
 	f := &shardedFleet{clk: clock.NewManual(admission.Epoch), counting: make(map[string]*admissiontest.Counting)}
-	f.store = admissiontest.NewSharded(shardNames, func(name string) admission.SharedState {
+	f.store = admissiontest.NewSharded(shardNames, func(name string) sharing.Store {
 		f.counting[name] = admissiontest.NewCounting(memstate.New(f.clk))
 		return f.counting[name]
 	})
 	for i := range n {
-		opts := admission.SharedOptions{Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2}
+		opts := sharing.Options{Mode: sharing.Batched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2}
 		for _, f := range tune {
 			f(&opts)
 		}
@@ -181,7 +182,7 @@ func TestOneShardDownStaysOnItsShard(t *testing.T) {
 // called every round, while the silent one has one call out and no
 // other until it answers. Once it does, its rounds come back.
 func TestSilentShardDoesNotHoldRoundsBack(t *testing.T) {
-	f := newShardedFleet(t, 1, 3, func(o *admission.SharedOptions) {
+	f := newShardedFleet(t, 1, 3, func(o *sharing.Options) {
 		o.Interval = 20 * time.Millisecond // Reconcile's patience, in real time
 		o.Timeout = time.Hour
 	})
@@ -232,13 +233,13 @@ func TestUnusedDomainsAreReportedEveryHalfHold(t *testing.T) {
 		return buckets
 	}
 	before := counted()
-	const rounds = 4 * admission.SilentHoldRounds
+	const rounds = 4 * sharing.SilentHoldRounds
 	for range rounds {
 		f.round()
 	}
-	got, want := counted()-before, 2*domains*rounds/(admission.SilentHoldRounds/2)
+	got, want := counted()-before, 2*domains*rounds/(sharing.SilentHoldRounds/2)
 	if got != want {
-		t.Errorf("%d domain bucket reports over %d idle rounds, want %d (each domain's two buckets every %d rounds)", got, rounds, want, admission.SilentHoldRounds/2)
+		t.Errorf("%d domain bucket reports over %d idle rounds, want %d (each domain's two buckets every %d rounds)", got, rounds, want, sharing.SilentHoldRounds/2)
 	}
 	// Used again, a domain is reported at the next round.
 	e := f.engines[0]

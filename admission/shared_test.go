@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/admissiontest"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
@@ -34,7 +35,7 @@ tenants:
 
 func TestSharedOptionsAreChecked(t *testing.T) {
 	cfg, _ := config.Default()
-	for _, o := range []admission.SharedOptions{{Mode: admission.SharedBatched}, {Replica: "r"}} {
+	for _, o := range []sharing.Options{{Mode: sharing.Batched}, {Replica: "r"}} {
 		if _, err := admission.New(cfg, topology.Simulated(), admission.WithSharedState(memstate.New(nil), o)); err == nil {
 			t.Errorf("New accepted %+v", o)
 		}
@@ -59,7 +60,7 @@ func strictDuplicate(t *testing.T, admit bool) {
 	counted := admissiontest.NewCounting(memstate.New(nil))
 	store := admissiontest.NewGated(counted, 2)
 	e, err := admission.New(cfg, topology.Simulated(),
-		admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedStrict, Replica: "r", Timeout: time.Minute}))
+		admission.WithSharedState(store, sharing.Options{Mode: sharing.Strict, Replica: "r", Timeout: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func strictDuplicate(t *testing.T, admit bool) {
 	case <-time.After(50 * time.Millisecond): // a wait for absence: nothing may arrive
 	}
 	if !admit {
-		store.Refuse(admission.StrictVerdict{Refused: 1, RetryAfter: time.Second})
+		store.Refuse(sharing.StrictVerdict{Refused: 1, RetryAfter: time.Second})
 		for range 2 {
 			if d := <-answers; d.Outcome != admission.Rejected || d.Reason != admission.ReasonQuotaExceeded {
 				t.Errorf("answer %v %v, want both callers refused by the store", d.Outcome, d.Reason)
@@ -134,7 +135,7 @@ tenants:
 	var engines []*admission.Engine
 	for i := range n {
 		e, err := admission.New(cfg, topologytest.HGX(t, 1), admission.WithClock(clk),
-			admission.WithSharedState(store, admission.SharedOptions{Mode: admission.SharedBatched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2, Cooldown: time.Second}))
+			admission.WithSharedState(store, sharing.Options{Mode: sharing.Batched, Replica: fmt.Sprintf("r%d", i), Replicas: n, Failures: 2, Cooldown: time.Second}))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -223,8 +224,8 @@ func TestStrictInFlightCommitsCountAgainstTheSlice(t *testing.T) {
 	mem := memstate.New(clk)
 	flaky := admissiontest.NewFlaky(mem)
 	gated := admissiontest.NewGated(flaky, 8)
-	opts := admission.SharedOptions{Mode: admission.SharedStrict, Replicas: 2, Failures: 3, Cooldown: time.Minute, Timeout: time.Minute}
-	newEngine := func(id string, store admission.SharedState) *admission.Engine {
+	opts := sharing.Options{Mode: sharing.Strict, Replicas: 2, Failures: 3, Cooldown: time.Minute, Timeout: time.Minute}
+	newEngine := func(id string, store sharing.Store) *admission.Engine {
 		o := opts
 		o.Replica = id
 		e, err := admission.New(cfg, topologytest.HGX(t, 1), admission.WithClock(clk), admission.WithSharedState(store, o))

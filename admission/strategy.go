@@ -10,9 +10,10 @@ import (
 
 // WithSharedState makes the engine one of several replicas sharing quotas
 // and domain capacity through store. New fails on invalid options.
-func WithSharedState(store SharedState, o SharedOptions) Option {
+func WithSharedState(store sharing.Store, o sharing.Options) Option {
 	return func(e *Engine) {
-		s, err := sharing.New(e.view(), store, o)
+		v := e.view()
+		s, err := sharing.New(v, v, store, o)
 		if err != nil {
 			e.optErr = err
 			return
@@ -39,7 +40,7 @@ func (embedded) ReleasedLocked(uint64, sharing.Charge, int64, pd.Cost) func(cont
 func (embedded) Run(context.Context)                          {}
 func (embedded) Reconcile(context.Context) error              { return nil }
 func (embedded) SetReplicasLocked(int)                        {}
-func (embedded) Status() (SharedStatus, bool)                 { return SharedStatus{}, false }
+func (embedded) Status() (sharing.Status, bool)               { return sharing.Status{}, false }
 func (embedded) OverageByKind() (out [sharing.NumKinds]int64) { return out }
 
 var (
@@ -85,10 +86,10 @@ func (e *Engine) SetReplicas(n int) {
 
 // SharedStatus describes the shared-state link; ok is false when the engine
 // runs embedded.
-func (e *Engine) SharedStatus() (st SharedStatus, ok bool) { return e.shared.Status() }
+func (e *Engine) SharedStatus() (st sharing.Status, ok bool) { return e.shared.Status() }
 
 // SharedOverage returns the units given up to overages, per bucket kind
-// (in KindNames order).
+// (in sharing.KindNames order).
 func (e *Engine) SharedOverage() [sharing.NumKinds]int64 { return e.shared.OverageByKind() }
 
 // Reconcile runs one batched reconcile now: it reports what this replica

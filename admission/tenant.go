@@ -145,42 +145,57 @@ func (t *tenantState) idle(now int64) bool {
 // tokens with credit, concurrency — and charges nothing. It does move the
 // breaker and the budget period to now. frozen is what is left of an
 // operator's credit freeze (0: none): while it lasts the token bucket lends
-// nothing. On a pass it reports whether the request goes to the critical
-// band. rec, if not nil, notes each gate reached (Explain).
-func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, wantCritical bool, store refusal, frozen time.Duration, rec *recorder) (critical bool, r refusal) {
-	rec.reach(gateBreaker)
+// nothing.
+func (t *tenantState) screen(now int64, wall time.Time, weighted, price int64, wantCritical bool, store refusal, frozen time.Duration) screening {
 	if wait := t.credit.advance(now, &t.tokens, &t.policy); wait > 0 {
-		return false, refusal{ReasonBurstCreditExhausted, wait}
+		return screening{why: refusal{ReasonBurstCreditExhausted, wait}, reached: gateBreaker}
 	}
-	rec.reach(gateStore)
 	if store.refused() {
-		return false, store
+		return screening{why: store, reached: gateStore}
 	}
-	rec.reach(gateBudget)
 	t.budget.roll(wall)
 	if wait := t.budget.wait(wall, price); wait > 0 {
-		return false, refusal{ReasonBudgetExhausted, wait}
+		return screening{why: refusal{ReasonBudgetExhausted, wait}, reached: gateBudget}
 	}
-	rec.reach(gateRPS)
 	if !t.rps.Fits(now, rpsUnit, 0) {
-		return false, refusal{ReasonQuotaExceeded, t.rps.RetryAfter(now, rpsUnit, 0)}
+		return screening{why: refusal{ReasonQuotaExceeded, t.rps.RetryAfter(now, rpsUnit, 0)}, reached: gateRPS}
 	}
-	rec.reach(gateTokens)
-	critical = wantCritical && t.critical.Fits(now, weighted, 0)
+	critical := wantCritical && t.critical.Fits(now, weighted, 0)
 	if !critical {
 		if t.tooLarge(weighted, wantCritical) {
-			return false, refusal{ReasonRequestTooLarge, 0}
+			return screening{why: refusal{ReasonRequestTooLarge, 0}, reached: gateTokens}
 		}
 		if why := t.tokenGate(now, weighted, frozen); why.refused() {
-			return false, why
+			return screening{why: why, reached: gateTokens}
 		}
 	}
-	rec.reach(gateConcurrency)
 	if t.policy.MaxConcurrency > 0 && t.inFlight+t.queued >= t.policy.MaxConcurrency {
-		return false, refusal{ReasonConcurrencyExceeded, time.Second}
+		return screening{why: refusal{ReasonConcurrencyExceeded, time.Second}, reached: gateConcurrency}
 	}
-	return critical, refusal{}
+	return screening{reached: gateConcurrency, critical: critical}
 }
+
+// screening is screen's verdict: its refusal (none: passed), the gate it
+// stopped at (the one that refused; the last on a pass), and on a pass
+// whether the request goes to the critical band.
+type screening struct {
+	why      refusal
+	reached  gate
+	critical bool
+}
+
+// gate is one of screen's gates, in the order screen tries them.
+type gate uint8
+
+const (
+	gateBreaker gate = iota
+	gateStore
+	gateBudget
+	gateRPS
+	gateTokens // or the critical bucket, for a request in the critical band
+	gateConcurrency
+	numGates
+)
 
 // tooLarge reports whether a request of weighted tokens can never pass the
 // token gate: it is above the bucket's burst plus the credit the policy

@@ -55,13 +55,8 @@ func (w *waiter) Less(v *waiter) bool { return w.deadline < v.deadline }
 // HeapIndex is w's place in the deadlines heap (indexheap.Element).
 func (w *waiter) HeapIndex() *int { return &w.heapIdx }
 
-// enter queues w; it fails when the queue's bounds are reached. With
-// checkOnly it only answers whether it would queue w, changing nothing
-// (Explain).
-func (r *waitingRoom) enter(w *waiter, checkOnly bool) error {
-	if checkOnly {
-		return r.queue.Check(&w.item)
-	}
+// enter queues w; it fails when the queue's bounds are reached.
+func (r *waitingRoom) enter(w *waiter) error {
 	if err := r.queue.Enqueue(&w.item); err != nil {
 		return err
 	}
@@ -123,16 +118,16 @@ func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
 // enqueue puts a request that fits nowhere now into the waiting room, or
 // rejects it at once when it never could fit (o, placement's outlook),
 // when its deadline cannot be met or when the queue is full. rates are the
-// eligible domains' combined rates, which the queued work drains at. With
-// a recorder (Explain) the waiter it returns is not queued, charged or
-// found by its request id.
-func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig, rec *recorder) (Decision, *waiter) {
+// eligible domains' combined rates, which the queued work drains at. Its
+// verdict is the queued waiter or the refusal; m queues it
+// (decisionMode.queueLocked).
+func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig, m decisionMode) verdict {
 	t := r.tenant
 	if !o.ever {
 		if o.drainingOnly {
-			return rejectWithTrace(refusal{ReasonDomainDraining, 0}, r, now), nil
+			return refuse(refusal{ReasonDomainDraining, 0})
 		}
-		return rejectWithTrace(refusal{ReasonCapacityExceeded, 0}, r, now), nil
+		return refuse(refusal{ReasonCapacityExceeded, 0})
 	}
 	// Its wait: the queued work the fair queue serves before it, at the
 	// eligible domains' rates, then its own refill time.
@@ -140,9 +135,7 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	estimate := addSat(room.workWait(ahead, rates), o.wait)
 	deadline := now + int64(waitBudget(ctx, wall, req, q))
 	if estimate > time.Duration(deadline-now) {
-		d := rejectWithTrace(refusal{ReasonDeadlineUnmeetable, estimate}, r, now)
-		d.Trace.EstimatedWait = estimate
-		return d, nil
+		return verdict{why: refusal{ReasonDeadlineUnmeetable, estimate}, wait: estimate}
 	}
 	w := &waiter{p: *r, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
 	w.degradeAt = min(now+int64(q.DegradeAfter.Duration), deadline)
@@ -156,19 +149,10 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	w.estimate = [2]int64{o.first.PrefillFLOP, o.first.DecodeBytes}
 	w.contends = o.own
 	w.wait = estimate
-	if err := room.enter(w, rec != nil); err != nil {
-		d := rejectWithTrace(refusal{ReasonQueueFull, estimate}, r, now)
-		d.Trace.EstimatedWait = estimate
-		return d, nil
+	if err := m.queueLocked(room, now, w); err != nil {
+		return verdict{why: refusal{ReasonQueueFull, estimate}, wait: estimate}
 	}
-	if rec != nil {
-		return Decision{}, w
-	}
-	w.p.chargeGates(now, t, r.weighted, r.price, r.critical)
-	if r.hasID {
-		room.idem.queued[r.idem] = w
-	}
-	return Decision{}, w
+	return verdict{w: w}
 }
 
 // waitBudget is how long a request may wait: until the earliest of the

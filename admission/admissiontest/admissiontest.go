@@ -1,7 +1,7 @@
-// Package admissiontest holds fakes of admission.SharedState for tests:
+// Package admissiontest holds fakes of sharing.Store for tests:
 // a store that can be taken down (Flaky), one that holds commits until the
 // test lets them through (Gated), and one that counts the calls and
-// reports that reach it (Counting). Each wraps another SharedState (in
+// reports that reach it (Counting). Each wraps another sharing.Store (in
 // tests, usually internal/state/memstate) and stacks with the others.
 package admissiontest
 
@@ -12,7 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 )
 
 // ErrDown is what a Flaky store's calls fail with while it is down.
@@ -22,7 +22,7 @@ var ErrDown = errors.New("admissiontest: store down")
 // fails with ErrDown without reaching the store it wraps; once up again
 // calls pass through. It is safe for concurrent use.
 type Flaky struct {
-	admission.SharedState
+	sharing.Store
 	down atomic.Bool
 
 	mu     sync.Mutex
@@ -31,7 +31,7 @@ type Flaky struct {
 }
 
 // NewFlaky returns an up store in front of s.
-func NewFlaky(s admission.SharedState) *Flaky { return &Flaky{SharedState: s} }
+func NewFlaky(s sharing.Store) *Flaky { return &Flaky{Store: s} }
 
 // SetDown takes the store down (true) or brings it back up (false).
 func (f *Flaky) SetDown(down bool) { f.down.Store(down) }
@@ -72,39 +72,39 @@ func (f *Flaky) waitHang(ctx context.Context) error {
 	}
 }
 
-// Reconcile implements admission.SharedState.
-func (f *Flaky) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+// Reconcile implements sharing.Store.
+func (f *Flaky) Reconcile(ctx context.Context, r *sharing.ReconcileRequest) (*sharing.ReconcileReply, error) {
 	if err := f.waitHang(ctx); err != nil {
 		return nil, err
 	}
 	if f.Down() {
 		return nil, ErrDown
 	}
-	return f.SharedState.Reconcile(ctx, r)
+	return f.Store.Reconcile(ctx, r)
 }
 
-// Commit implements admission.SharedState.
-func (f *Flaky) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+// Commit implements sharing.Store.
+func (f *Flaky) Commit(ctx context.Context, c *sharing.StrictCharge) (sharing.StrictVerdict, error) {
 	if f.Down() {
-		return admission.StrictVerdict{}, ErrDown
+		return sharing.StrictVerdict{}, ErrDown
 	}
-	return f.SharedState.Commit(ctx, c)
+	return f.Store.Commit(ctx, c)
 }
 
-// Settle implements admission.SharedState.
-func (f *Flaky) Settle(ctx context.Context, s *admission.StrictSettle) error {
+// Settle implements sharing.Store.
+func (f *Flaky) Settle(ctx context.Context, s *sharing.StrictSettle) error {
 	if f.Down() {
 		return ErrDown
 	}
-	return f.SharedState.Settle(ctx, s)
+	return f.Store.Settle(ctx, s)
 }
 
-// Ping implements admission.SharedState.
+// Ping implements sharing.Store.
 func (f *Flaky) Ping(ctx context.Context) error {
 	if f.Down() {
 		return ErrDown
 	}
-	return f.SharedState.Ping(ctx)
+	return f.Store.Ping(ctx)
 }
 
 // Gated holds every Commit until the test decides it: each arriving
@@ -112,18 +112,18 @@ func (f *Flaky) Ping(ctx context.Context) error {
 // store decides it) or Refuse (refused without reaching the store), or
 // for its context to end. Reconcile, Settle and Ping pass through.
 type Gated struct {
-	admission.SharedState
+	sharing.Store
 	entered chan struct{}
-	gate    chan func(context.Context, *admission.StrictCharge) (admission.StrictVerdict, error)
+	gate    chan func(context.Context, *sharing.StrictCharge) (sharing.StrictVerdict, error)
 }
 
 // NewGated returns a gate in front of s. Up to buffer commits may be
 // announced on Entered before anyone receives them.
-func NewGated(s admission.SharedState, buffer int) *Gated {
+func NewGated(s sharing.Store, buffer int) *Gated {
 	return &Gated{
-		SharedState: s,
-		entered:     make(chan struct{}, buffer),
-		gate:        make(chan func(context.Context, *admission.StrictCharge) (admission.StrictVerdict, error)),
+		Store:   s,
+		entered: make(chan struct{}, buffer),
+		gate:    make(chan func(context.Context, *sharing.StrictCharge) (sharing.StrictVerdict, error)),
 	}
 }
 
@@ -133,26 +133,26 @@ func (g *Gated) Entered() <-chan struct{} { return g.entered }
 // Pass lets one held commit through to the wrapped store; it blocks
 // until a commit takes it.
 func (g *Gated) Pass() {
-	g.gate <- g.SharedState.Commit
+	g.gate <- g.Store.Commit
 }
 
 // Refuse answers one held commit with v, a refusal (v.Admitted is
 // ignored): v.Refused is the index of the refusing take, len(Takes) for
 // the KV gauge. It blocks until a commit takes it.
-func (g *Gated) Refuse(v admission.StrictVerdict) {
+func (g *Gated) Refuse(v sharing.StrictVerdict) {
 	v.Admitted = false
-	g.gate <- func(context.Context, *admission.StrictCharge) (admission.StrictVerdict, error) { return v, nil }
+	g.gate <- func(context.Context, *sharing.StrictCharge) (sharing.StrictVerdict, error) { return v, nil }
 }
 
-// Commit implements admission.SharedState: it announces itself and waits
+// Commit implements sharing.Store: it announces itself and waits
 // for the test's decision.
-func (g *Gated) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+func (g *Gated) Commit(ctx context.Context, c *sharing.StrictCharge) (sharing.StrictVerdict, error) {
 	g.entered <- struct{}{}
 	select {
 	case decide := <-g.gate:
 		return decide(ctx, c)
 	case <-ctx.Done():
-		return admission.StrictVerdict{}, ctx.Err()
+		return sharing.StrictVerdict{}, ctx.Err()
 	}
 }
 
@@ -167,7 +167,7 @@ type Report struct {
 // reports, then passes them to the store it wraps. It is safe for
 // concurrent use.
 type Counting struct {
-	admission.SharedState
+	sharing.Store
 	mu      sync.Mutex
 	reports []Report
 	commits int
@@ -175,10 +175,10 @@ type Counting struct {
 }
 
 // NewCounting returns a counter in front of s.
-func NewCounting(s admission.SharedState) *Counting { return &Counting{SharedState: s} }
+func NewCounting(s sharing.Store) *Counting { return &Counting{Store: s} }
 
-// Reconcile implements admission.SharedState.
-func (c *Counting) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+// Reconcile implements sharing.Store.
+func (c *Counting) Reconcile(ctx context.Context, r *sharing.ReconcileRequest) (*sharing.ReconcileReply, error) {
 	var rep Report
 	for _, b := range r.Buckets {
 		switch {
@@ -192,23 +192,23 @@ func (c *Counting) Reconcile(ctx context.Context, r *admission.ReconcileRequest)
 	c.mu.Lock()
 	c.reports = append(c.reports, rep)
 	c.mu.Unlock()
-	return c.SharedState.Reconcile(ctx, r)
+	return c.Store.Reconcile(ctx, r)
 }
 
-// Commit implements admission.SharedState.
-func (c *Counting) Commit(ctx context.Context, ch *admission.StrictCharge) (admission.StrictVerdict, error) {
+// Commit implements sharing.Store.
+func (c *Counting) Commit(ctx context.Context, ch *sharing.StrictCharge) (sharing.StrictVerdict, error) {
 	c.mu.Lock()
 	c.commits++
 	c.mu.Unlock()
-	return c.SharedState.Commit(ctx, ch)
+	return c.Store.Commit(ctx, ch)
 }
 
-// Settle implements admission.SharedState.
-func (c *Counting) Settle(ctx context.Context, s *admission.StrictSettle) error {
+// Settle implements sharing.Store.
+func (c *Counting) Settle(ctx context.Context, s *sharing.StrictSettle) error {
 	c.mu.Lock()
 	c.settles++
 	c.mu.Unlock()
-	return c.SharedState.Settle(ctx, s)
+	return c.Store.Settle(ctx, s)
 }
 
 // Reports returns what every reconcile so far reported, in call order.
@@ -236,7 +236,7 @@ func (c *Counting) Settles() int {
 // them over its masters: a key's shard follows its owner (everything up
 // to its last slash: "t/acme" of "t/acme/rps"), by a hash. Each shard is
 // a Flaky in front of its own store, so a test takes one shard down. It
-// implements admission.ShardedState; Commit and Settle must stay on one
+// implements sharing.Sharded; Commit and Settle must stay on one
 // shard (strict mode's split across shards is redisstate's, tested
 // there).
 type Sharded struct {
@@ -246,7 +246,7 @@ type Sharded struct {
 
 // NewSharded returns a store over the named shards, each in front of the
 // store new makes for it.
-func NewSharded(names []string, new func(name string) admission.SharedState) *Sharded {
+func NewSharded(names []string, new func(name string) sharing.Store) *Sharded {
 	s := &Sharded{names: names, shards: make(map[string]*Flaky, len(names))}
 	for _, n := range names {
 		s.shards[n] = NewFlaky(new(n))
@@ -257,7 +257,7 @@ func NewSharded(names []string, new func(name string) admission.SharedState) *Sh
 // Of returns the named shard, to take down or bring up.
 func (s *Sharded) Of(name string) *Flaky { return s.shards[name] }
 
-// Shard implements admission.ShardedState.
+// Shard implements sharing.Sharded.
 func (s *Sharded) Shard(key string) string {
 	owner := key
 	if i := strings.LastIndexByte(key, '/'); i >= 0 {
@@ -270,22 +270,22 @@ func (s *Sharded) Shard(key string) string {
 	return s.names[h%uint32(len(s.names))]
 }
 
-// Reconcile implements admission.SharedState: one call per shard the
+// Reconcile implements sharing.Store: one call per shard the
 // request's keys are on (an empty request checks its Shard).
-func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) (*admission.ReconcileReply, error) {
+func (s *Sharded) Reconcile(ctx context.Context, r *sharing.ReconcileRequest) (*sharing.ReconcileReply, error) {
 	if len(r.Buckets) == 0 && len(r.Gauges) == 0 && len(r.Engines) == 0 {
 		if sh := s.shards[r.Shard]; sh != nil {
 			return sh.Reconcile(ctx, r)
 		}
-		return &admission.ReconcileReply{}, s.Ping(ctx)
+		return &sharing.ReconcileReply{}, s.Ping(ctx)
 	}
-	parts := make(map[string]*admission.ReconcileRequest)
+	parts := make(map[string]*sharing.ReconcileRequest)
 	type at struct {
 		shard string
 		i     int
 	}
 	var buckets, gauges, engines []at
-	part := func(key string) (string, *admission.ReconcileRequest) {
+	part := func(key string) (string, *sharing.ReconcileRequest) {
 		name := s.Shard(key)
 		p := parts[name]
 		if p == nil {
@@ -311,7 +311,7 @@ func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) 
 		engines = append(engines, at{name, len(p.Engines)})
 		p.Engines = append(p.Engines, e)
 	}
-	replies := make(map[string]*admission.ReconcileReply, len(parts))
+	replies := make(map[string]*sharing.ReconcileReply, len(parts))
 	for name, p := range parts {
 		rep, err := s.shards[name].Reconcile(ctx, p)
 		if err != nil {
@@ -319,7 +319,7 @@ func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) 
 		}
 		replies[name] = rep
 	}
-	out := &admission.ReconcileReply{}
+	out := &sharing.ReconcileReply{}
 	for _, a := range buckets {
 		out.Buckets = append(out.Buckets, replies[a.shard].Buckets[a.i])
 	}
@@ -336,7 +336,7 @@ func (s *Sharded) Reconcile(ctx context.Context, r *admission.ReconcileRequest) 
 
 // reading is the i-th engine reading of a shard's reply (nil from a store
 // that relays none).
-func reading(rep *admission.ReconcileReply, i int) *admission.EngineReading {
+func reading(rep *sharing.ReconcileReply, i int) *sharing.EngineReading {
 	if rep.Readings == nil {
 		return nil
 	}
@@ -357,21 +357,21 @@ func (s *Sharded) one(keys ...string) (*Flaky, error) {
 	return s.shards[name], nil
 }
 
-// Commit implements admission.SharedState (on one shard).
-func (s *Sharded) Commit(ctx context.Context, c *admission.StrictCharge) (admission.StrictVerdict, error) {
+// Commit implements sharing.Store (on one shard).
+func (s *Sharded) Commit(ctx context.Context, c *sharing.StrictCharge) (sharing.StrictVerdict, error) {
 	keys := []string{c.KV.Key}
 	for _, t := range c.Takes {
 		keys = append(keys, t.Key)
 	}
 	sh, err := s.one(keys...)
 	if err != nil {
-		return admission.StrictVerdict{}, err
+		return sharing.StrictVerdict{}, err
 	}
 	return sh.Commit(ctx, c)
 }
 
-// Settle implements admission.SharedState (on one shard).
-func (s *Sharded) Settle(ctx context.Context, st *admission.StrictSettle) error {
+// Settle implements sharing.Store (on one shard).
+func (s *Sharded) Settle(ctx context.Context, st *sharing.StrictSettle) error {
 	keys := []string{st.KVKey}
 	for _, t := range st.Refunds {
 		keys = append(keys, t.Key)
@@ -383,7 +383,7 @@ func (s *Sharded) Settle(ctx context.Context, st *admission.StrictSettle) error 
 	return sh.Settle(ctx, st)
 }
 
-// Ping implements admission.SharedState: every shard answers.
+// Ping implements sharing.Store: every shard answers.
 func (s *Sharded) Ping(ctx context.Context) error {
 	for _, n := range s.names {
 		if err := s.shards[n].Ping(ctx); err != nil {
@@ -393,4 +393,4 @@ func (s *Sharded) Ping(ctx context.Context) error {
 	return nil
 }
 
-var _ admission.ShardedState = (*Sharded)(nil)
+var _ sharing.Sharded = (*Sharded)(nil)

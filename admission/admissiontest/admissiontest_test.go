@@ -6,15 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/admissiontest"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/state/memstate"
 )
 
-func charge() *admission.StrictCharge {
-	return &admission.StrictCharge{
-		Takes: []admission.StrictTake{{Key: "t/a/tok", Rate: 10, Burst: 100, Amount: 60}},
-		KV:    admission.KVHold{Key: "d/d1/kv", Lease: "r/1", Limit: 1000, Bytes: 1, TTL: time.Minute},
+func charge() *sharing.StrictCharge {
+	return &sharing.StrictCharge{
+		Takes: []sharing.StrictTake{{Key: "t/a/tok", Rate: 10, Burst: 100, Amount: 60}},
+		KV:    sharing.KVHold{Key: "d/d1/kv", Lease: "r/1", Limit: 1000, Bytes: 1, TTL: time.Minute},
 	}
 }
 
@@ -31,10 +31,10 @@ func TestFlaky(t *testing.T) {
 	if _, err := f.Commit(ctx, charge()); !errors.Is(err, admissiontest.ErrDown) {
 		t.Errorf("Commit while down: %v", err)
 	}
-	if _, err := f.Reconcile(ctx, &admission.ReconcileRequest{Replica: "r", Replicas: 1}); !errors.Is(err, admissiontest.ErrDown) {
+	if _, err := f.Reconcile(ctx, &sharing.ReconcileRequest{Replica: "r", Replicas: 1}); !errors.Is(err, admissiontest.ErrDown) {
 		t.Errorf("Reconcile while down: %v", err)
 	}
-	if err := f.Settle(ctx, &admission.StrictSettle{}); !errors.Is(err, admissiontest.ErrDown) {
+	if err := f.Settle(ctx, &sharing.StrictSettle{}); !errors.Is(err, admissiontest.ErrDown) {
 		t.Errorf("Settle while down: %v", err)
 	}
 	if err := f.Ping(ctx); !errors.Is(err, admissiontest.ErrDown) {
@@ -55,14 +55,14 @@ func TestFlaky(t *testing.T) {
 // Counting counts the tenant and domain buckets and gauges of each report.
 func TestCounting(t *testing.T) {
 	c := admissiontest.NewCounting(memstate.New(nil))
-	_, err := c.Reconcile(context.Background(), &admission.ReconcileRequest{
+	_, err := c.Reconcile(context.Background(), &sharing.ReconcileRequest{
 		Replica: "r", Replicas: 1, Stale: time.Second,
-		Buckets: []admission.BucketReport{
+		Buckets: []sharing.BucketReport{
 			{Key: "t/a/rps", Rate: 1, Burst: 1, Epoch: 1},
 			{Key: "t/a/tok", Rate: 1, Burst: 1, Epoch: 1},
 			{Key: "d/d1/pf", Rate: 1, Burst: 1, Epoch: 1},
 		},
-		Gauges: []admission.GaugeReport{{Key: "d/d1/kv", Limit: 10, TTL: time.Minute}},
+		Gauges: []sharing.GaugeReport{{Key: "d/d1/kv", Limit: 10, TTL: time.Minute}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestGated(t *testing.T) {
 	counted := admissiontest.NewCounting(memstate.New(nil))
 	g := admissiontest.NewGated(counted, 1)
 	type answer struct {
-		v   admission.StrictVerdict
+		v   sharing.StrictVerdict
 		err error
 	}
 	commit := func(ctx context.Context) <-chan answer {
@@ -93,7 +93,7 @@ func TestGated(t *testing.T) {
 		return out
 	}
 	got := commit(ctx)
-	g.Refuse(admission.StrictVerdict{Admitted: true, Refused: 0, RetryAfter: time.Second})
+	g.Refuse(sharing.StrictVerdict{Admitted: true, Refused: 0, RetryAfter: time.Second})
 	if a := <-got; a.err != nil || a.v.Admitted || a.v.RetryAfter != time.Second || counted.Commits() != 0 {
 		t.Errorf("refused: %+v, %d commits reached the store; want a refusal without the store", a, counted.Commits())
 	}

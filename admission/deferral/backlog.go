@@ -115,6 +115,8 @@ type Backlog struct {
 	quitOnce sync.Once
 	stop     context.CancelFunc
 	stopped  chan struct{}
+	// granting serialises grant passes, which decide without mu.
+	granting sync.Mutex
 
 	mu struct {
 		sync.Mutex
@@ -367,8 +369,16 @@ func (b *Backlog) holding(key requestKey) *ticket {
 }
 
 // repeat answers a repeated request id with its ticket, once the ticket's
-// first write has returned: DEFERRED only for a ticket in the store.
+// first write has returned: DEFERRED only for a ticket in the store. An
+// id reused with a different request is the engine's INVALID_ARGUMENT,
+// whatever the ticket's state.
 func (b *Backlog) repeat(ctx context.Context, tk *ticket, req admission.Request) (Answer, error) {
+	b.mu.Lock()
+	first := tk.request()
+	b.mu.Unlock()
+	if err := admission.CheckRepeat(&first, &req); err != nil {
+		return Answer{}, fmt.Errorf("deferral: request id %q: %w", req.RequestID, err)
+	}
 	if tk.stored != nil {
 		select {
 		case <-tk.stored:
@@ -473,77 +483,148 @@ func (b *Backlog) weightOf(tenant string) int64 {
 	return 1
 }
 
+// grantRec is a ticket a grant pass took from the fair order: admitted
+// for claimer c with decision d, or (c nil) ended with its reason.
+type grantRec struct {
+	tk *ticket
+	c  *claimer
+	d  admission.Decision
+}
+
+// tried is what the engine answered one head of the fair order.
+type tried struct {
+	tk *ticket
+	// take: the head leaves the order (admitted, or ended: ended says
+	// why). Otherwise why is the reason it waits, and holdsOthers whether
+	// the heads behind it wait too.
+	take        bool
+	ended       string
+	d           admission.Decision
+	why         admission.Reason
+	holdsOthers bool
+}
+
+// try asks the engine about one head, without the backlog's lock.
+func (b *Backlog) try(ctx context.Context, tk *ticket) tried {
+	d, err := b.engine.Admit(ctx, tk.request())
+	switch {
+	case err != nil:
+		// Invalid now (its model left the catalog): it expires with
+		// the reason.
+		return tried{tk: tk, take: true, ended: err.Error()}
+	case d.Outcome == admission.Deferred:
+		// A head held back by capacity holds the capacity it waits
+		// for: the heads behind it in fair order are not tried (else
+		// smaller tickets take every refill and a large one waits
+		// forever, and shares drift from the weights). One held back by
+		// its own tenant's limits (quota, concurrency, budget) is passed
+		// over.
+		return tried{tk: tk, why: d.Reason, holdsOthers: d.Reason == admission.ReasonCapacityExceeded || d.Reason == admission.ReasonInteractiveFirst}
+	case d.Outcome == admission.Rejected && !everRefused(d.Reason):
+		// What passes (an engine shutting down, shared state out of
+		// reach or over the tenant's quota there): the ticket waits,
+		// and so, for what holds every ticket, do the heads behind it.
+		return tried{tk: tk, why: d.Reason, holdsOthers: d.Reason != admission.ReasonQuotaExceeded}
+	case d.Outcome == admission.Rejected:
+		return tried{tk: tk, take: true, ended: "refused: " + d.Reason.String()}
+	}
+	return tried{tk: tk, take: true, d: d}
+}
+
+// grantOne takes one ticket from the fair order: it picks the heads a
+// worker would take (at most scanLimit a band) under the lock, asks the
+// engine about them in order without it until one is taken or holds the
+// rest, and serves that one under the lock again. more is false when no
+// head was taken; g is empty when the head taken had left the order
+// meanwhile, or its worker had (then the next heads may be tried).
+func (b *Backlog) grantOne(ctx context.Context) (g grantRec, more bool) {
+	b.mu.Lock()
+	var heads []*ticket
+	if b.freeClaimersLocked() {
+		b.mu.queue.Dequeue(func(it *wfq.Item) bool {
+			if tk := it.Value.(*ticket); b.claimerForLocked(&tk.rec.Work) != nil {
+				heads = append(heads, tk)
+			}
+			return false // only looking: nothing leaves the order here
+		}, scanLimit)
+	}
+	b.mu.Unlock()
+	var passed []tried
+	var took tried
+	for _, tk := range heads {
+		t := b.try(ctx, tk)
+		if t.take {
+			took = t
+			break
+		}
+		passed = append(passed, t)
+		if t.holdsOthers {
+			break
+		}
+	}
+
+	b.mu.Lock()
+	for _, t := range passed {
+		t.tk.why = t.why
+	}
+	tk := took.tk
+	var c *claimer
+	if tk != nil && took.ended == "" {
+		c = b.claimerForLocked(&tk.rec.Work)
+	}
+	// A worker gone meanwhile leaves the ticket in its place; one that
+	// left the order meanwhile (cancelled, expired) is not served.
+	if tk == nil {
+		b.mu.Unlock()
+		return grantRec{}, false
+	}
+	if (took.ended == "" && c == nil) || !b.mu.queue.Serve(&tk.item) {
+		b.mu.Unlock()
+		if took.ended == "" {
+			b.engine.RevokeLease("", took.d.LeaseID)
+		}
+		return grantRec{}, true
+	}
+	b.mu.deadlines.Remove(tk)
+	b.unpendLocked(tk)
+	if took.ended != "" {
+		tk.rec.Reason = took.ended
+		b.mu.Unlock()
+		return grantRec{tk: tk}, true
+	}
+	b.lineLocked(tk.rec.Work.Tenant).claimed++
+	c.free--
+	tk.claimer = c
+	b.mu.byLease[took.d.LeaseID] = tk
+	b.mu.Unlock()
+	return grantRec{tk: tk, c: c, d: took.d}, true
+}
+
 // grant admits up to grantBatch pending tickets in fair order for the
 // workers that have room, writes their claims and hands them over. It
 // reports whether any ticket moved on (handed over, or ended): then the
 // caller tries again; a pass whose every claim write failed waits for the
 // next drain instead.
+//
+// The engine is asked without the backlog's lock (in strict mode each
+// Admit is a round trip to Redis, and Admit, Claim, Get and Cancel must
+// not wait behind a batch of them): the heads to try are chosen under the
+// lock, decided without it, and the one granted is served under it again
+// in the place it held (wfq.Queue.Serve), unless it left the queue
+// meanwhile (cancelled, expired), when its admission is revoked.
 func (b *Backlog) grant(ctx context.Context) bool {
-	type grantRec struct {
-		tk *ticket
-		c  *claimer
-		d  admission.Decision
-	}
+	b.granting.Lock() // one pass at a time: a head is tried by one pass
+	defer b.granting.Unlock()
 	var grants []grantRec
-	b.mu.Lock()
-	for len(grants) < grantBatch && b.mu.queue.Len() > 0 && b.freeClaimersLocked() {
-		var g grantRec
-		// A head held back by capacity holds the capacity it waits for:
-		// the heads behind it in fair order are not tried (else smaller
-		// tickets take every refill and a large one waits forever, and
-		// shares drift from the weights). One held back by its own
-		// tenant's limits (quota, concurrency, budget) is passed over.
-		capacityHeld := false
-		it := b.mu.queue.Dequeue(func(it *wfq.Item) bool {
-			tk := it.Value.(*ticket)
-			c := b.claimerForLocked(&tk.rec.Work)
-			if c == nil || capacityHeld {
-				return false
-			}
-			d, err := b.engine.Admit(ctx, tk.request())
-			if err != nil {
-				// Invalid now (its model left the catalog): it expires
-				// with the reason below.
-				g = grantRec{tk: tk}
-				tk.rec.Reason = err.Error()
-				return true
-			}
-			if d.Outcome == admission.Deferred {
-				tk.why = d.Reason
-				capacityHeld = d.Reason == admission.ReasonCapacityExceeded || d.Reason == admission.ReasonInteractiveFirst
-				return false
-			}
-			if d.Outcome == admission.Rejected {
-				if !everRefused(d.Reason) {
-					// What passes (an engine shutting down, shared
-					// state out of reach or over the tenant's quota
-					// there): the ticket waits, and so, for what
-					// holds every ticket, do the heads behind it.
-					tk.why = d.Reason
-					capacityHeld = d.Reason != admission.ReasonQuotaExceeded
-					return false
-				}
-				g = grantRec{tk: tk}
-				tk.rec.Reason = "refused: " + d.Reason.String()
-				return true
-			}
-			g = grantRec{tk: tk, c: c, d: d}
-			return true
-		}, scanLimit)
-		if it == nil {
+	for len(grants) < grantBatch {
+		g, more := b.grantOne(ctx)
+		if !more {
 			break
 		}
-		b.mu.deadlines.Remove(g.tk)
-		b.unpendLocked(g.tk)
-		if g.c != nil {
-			b.lineLocked(g.tk.rec.Work.Tenant).claimed++
-			g.c.free--
-			g.tk.claimer = g.c
-			b.mu.byLease[g.d.LeaseID] = g.tk
+		if g.tk != nil {
+			grants = append(grants, g)
 		}
-		grants = append(grants, g)
 	}
-	b.mu.Unlock()
 	if len(grants) == 0 {
 		return false
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 )
 
@@ -27,7 +28,7 @@ type ConfigStatus struct {
 	ControlPlaneConnected bool
 	// SharedShards are the shared state's shards and which are down
 	// (empty where the store is not sharded).
-	SharedShards []admission.SharedShard
+	SharedShards []sharing.ShardStatus
 }
 
 // The control planes GetConfigStatus names.

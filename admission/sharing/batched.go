@@ -414,9 +414,12 @@ func (s *batchedState) reportLocked(now int64) (calls []*shard, held bool) {
 // nowhere asks for nothing: a round's entries follow what it does, not
 // the size of the fleet.
 func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
-	wanted := s.v.EngineReadingWantedLocked(d) && !due
+	if s.readings == nil {
+		return
+	}
+	wanted := s.readings.EngineReadingWantedLocked(d) && !due
 	var published *EngineReading
-	if r, at, ok := s.v.OwnEngineReadingLocked(d); ok {
+	if r, at, ok := s.readings.OwnEngineReadingLocked(d); ok {
 		if rel := s.relayOf(d.ID()); at > rel.sentAt {
 			rel.sentAt, published = at, &r
 		}
@@ -431,12 +434,12 @@ func (s *batchedState) enginesLocked(sh *shard, d Domain, due bool) {
 // heardLocked hands d's capacity loop the engine reading the store relayed
 // (another replica's), unless it has taken it already.
 func (s *batchedState) heardLocked(d Domain, r *EngineReading) {
-	if r == nil {
+	if r == nil || s.readings == nil {
 		return
 	}
 	if rel := s.relayOf(d.ID()); r.Stamp != rel.heard {
 		rel.heard = r.Stamp
-		s.v.RelayEngineReadingLocked(d, *r)
+		s.readings.RelayEngineReadingLocked(d, *r)
 	}
 }
 
@@ -496,34 +499,6 @@ func (s *batchedState) domainDueLocked(now int64, d Domain, c *pd.DomainCapacity
 		a.paused = true
 	}
 	return false
-}
-
-// refreshEvery is how often a domain this replica does not use is
-// reported: every half hold, so that its KV holding never lapses, and at
-// least every SilentHoldRounds/2 intervals, so that the KV a dead replica
-// held, which the store lets go of when its membership lapses, comes back
-// to a replica that does not use the domain within a few intervals of the
-// lapse (a restarted replica keeps its member key, so the membership may
-// never shrink).
-func (s *batchedState) refreshEvery(hold time.Duration) time.Duration {
-	return min(hold/2, SilentHoldRounds*s.opts.Interval/2)
-}
-
-// holdFor is how long this round's holdings outlive this replica's
-// silence: until its membership lapses (its member lease's expiry, were
-// it renewed no more), so that the others reclaim what a dead replica's
-// leases held once the membership says it is gone; SilentHoldRounds
-// intervals where there is no membership, or it has lapsed (etcd
-// unreachable: the reports alone say the replica lives); never past the
-// lease TTL, when its leases would have expired anyway.
-func (s *batchedState) holdFor(leaseTTL time.Duration) time.Duration {
-	hold := SilentHoldRounds * s.opts.Interval
-	if f := s.opts.MemberExpiry; f != nil {
-		if until := f(); !until.IsZero() {
-			hold = max(hold, until.Sub(s.v.Wall()))
-		}
-	}
-	return min(hold, leaseTTL)
 }
 
 // report reads one bucket into its entry and returns the bucket's report;

@@ -10,10 +10,11 @@ import (
 // storeLink is what the batched and strict strategies share: the store,
 // its breaker, N, the fallback state, and the counters metrics read.
 type storeLink struct {
-	v     View
-	store Store
-	opts  Options
-	br    storeBreaker
+	v        View
+	readings Readings // nil: no engine readings relayed
+	store    Store
+	opts     Options
+	br       storeBreaker
 
 	// Under the engine's lock.
 	replicas int
@@ -25,9 +26,9 @@ type storeLink struct {
 	overage                    [NumKinds]atomic.Int64
 }
 
-func newStoreLink(v View, store Store, o Options) *storeLink {
+func newStoreLink(v View, r Readings, store Store, o Options) *storeLink {
 	return &storeLink{
-		v: v, store: store, opts: o,
+		v: v, readings: r, store: store, opts: o,
 		br:       storeBreaker{limit: o.Failures, cooldown: probeEvery(o) / 2},
 		replicas: o.Replicas,
 	}
@@ -53,6 +54,22 @@ func (s *storeLink) answered(err error) {
 	}
 }
 
+// probed counts the outcome of a probe of the open breaker: a success
+// closes it.
+func (s *storeLink) probed(err error) {
+	s.v.Lock()
+	defer s.v.Unlock()
+	if err != nil {
+		s.failedLocked()
+		return
+	}
+	wall := s.v.Wall()
+	s.lastOK.Store(wall.UnixNano())
+	if s.br.recovered(wall) {
+		s.setDownLocked(false)
+	}
+}
+
 // failedLocked counts a failed store call; the breaker may open.
 func (s *storeLink) failedLocked() {
 	s.failures.Add(1)
@@ -61,13 +78,13 @@ func (s *storeLink) failedLocked() {
 	}
 }
 
-// okLocked counts a successful store call; an open breaker closes.
+// okLocked counts a successful store call. An open breaker stays open:
+// only the prober closes it (probed), once the store has its resume
+// report, so that no call that was in flight when it opened closes it
+// before the store has heard what the replica took in fallback.
 func (s *storeLink) okLocked() {
-	wall := s.v.Wall()
-	s.lastOK.Store(wall.UnixNano())
-	if s.br.success(wall) {
-		s.setDownLocked(false)
-	}
+	s.lastOK.Store(s.v.Wall().UnixNano())
+	s.br.success()
 }
 
 // setDownLocked enters or leaves fallback.
@@ -82,6 +99,34 @@ func (s *storeLink) setDownLocked(down bool) {
 	if s.onDown != nil {
 		s.onDown(s.v.NowLocked(), down)
 	}
+}
+
+// refreshEvery is how often a domain this replica does not use is
+// reported: every half hold, so that its KV holding never lapses, and at
+// least every SilentHoldRounds/2 intervals, so that the KV a dead replica
+// held, which the store lets go of when its membership lapses, comes back
+// to a replica that does not use the domain within a few intervals of the
+// lapse (a restarted replica keeps its member key, so the membership may
+// never shrink).
+func (s *storeLink) refreshEvery(hold time.Duration) time.Duration {
+	return min(hold/2, SilentHoldRounds*s.opts.Interval/2)
+}
+
+// holdFor is how long this replica's holdings (batched: a round's;
+// strict: its KV holds') outlive its silence: until its membership lapses (its member lease's expiry, were
+// it renewed no more), so that the others reclaim what a dead replica's
+// leases held once the membership says it is gone; SilentHoldRounds
+// intervals where there is no membership, or it has lapsed (etcd
+// unreachable: the reports alone say the replica lives); never past the
+// lease TTL, when its leases would have expired anyway.
+func (s *storeLink) holdFor(leaseTTL time.Duration) time.Duration {
+	hold := SilentHoldRounds * s.opts.Interval
+	if f := s.opts.MemberExpiry; f != nil {
+		if until := f(); !until.IsZero() {
+			hold = max(hold, until.Sub(s.v.Wall()))
+		}
+	}
+	return min(hold, leaseTTL)
 }
 
 // gateLocked refuses a fail-closed tier while the store is unreachable.

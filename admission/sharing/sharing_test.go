@@ -183,7 +183,7 @@ var (
 
 func newStrategy(t *testing.T, v *fakeView, store sharing.Store, o sharing.Options) sharing.Strategy {
 	t.Helper()
-	s, err := sharing.New(v, store, o)
+	s, err := sharing.New(v, v, store, o)
 	if err != nil {
 		t.Fatal(err)
 	}

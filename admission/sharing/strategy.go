@@ -35,7 +35,9 @@ type Strategy interface {
 	// Run is the background work (reconciling, probing an open breaker)
 	// until ctx ends.
 	Run(ctx context.Context)
-	// Reconcile runs one batched reconcile now.
+	// Reconcile runs one round of store upkeep now: batched, a reconcile;
+	// strict, renewing this replica's liveness on the KV gauges it holds
+	// leases in, where due.
 	Reconcile(ctx context.Context) error
 	// SetReplicasLocked sets N, the live replicas sharing the quotas.
 	SetReplicasLocked(n int)
@@ -46,13 +48,13 @@ type Strategy interface {
 }
 
 // New returns the strategy of o.Mode (batched or strict) sharing state
-// through store, for the engine seen through v. It fails on invalid
-// options.
-func New(v View, store Store, o Options) (Strategy, error) {
+// through store, for the engine seen through v, relaying its engine
+// readings through r (nil: none relayed). It fails on invalid options.
+func New(v View, r Readings, store Store, o Options) (Strategy, error) {
 	if err := o.setDefaults(); err != nil {
 		return nil, err
 	}
-	link := newStoreLink(v, store, o)
+	link := newStoreLink(v, r, store, o)
 	if o.Mode == Strict {
 		return newStrictState(link), nil
 	}

@@ -35,6 +35,21 @@ type View interface {
 	// RevokeLocked takes back a lease the store refused: its charge is
 	// cancelled and its request id forgotten.
 	RevokeLocked(requestID string, id uint64)
+	// LeaseTTLLocked is the configured lease TTL.
+	LeaseTTLLocked() time.Duration
+	// Background runs fn in a goroutine the engine's Close waits for. It
+	// takes the lock: never call it with the lock held.
+	Background(fn func())
+}
+
+// Readings is the port of the capacity loop's engine-reading relay, beside
+// View: the readings of its domains' serving engines this replica made,
+// the domains whose readings placement wants, and where a reading another
+// replica made goes. Batched mode relays them in its reconcile round (one
+// round trip carries the quotas and the readings: the Store's
+// ReconcileRequest.Engines and ReconcileReply.Readings); strict mode relays
+// none. The engine implements it. Methods expect the engine's lock held.
+type Readings interface {
 	// OwnEngineReadingLocked is the newest reading of d's serving engines
 	// that this replica made itself (none relayed from another), with the
 	// engine time it was made at; false when it has none.
@@ -46,11 +61,6 @@ type View interface {
 	// RelayEngineReadingLocked hands d's capacity loop a reading of its
 	// engines that another replica made.
 	RelayEngineReadingLocked(d Domain, r EngineReading)
-	// LeaseTTLLocked is the configured lease TTL.
-	LeaseTTLLocked() time.Duration
-	// Background runs fn in a goroutine the engine's Close waits for. It
-	// takes the lock: never call it with the lock held.
-	Background(fn func())
 }
 
 // Tenant is one tenant's state as the strategies see it. Its buckets are

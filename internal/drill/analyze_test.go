@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/load"
 )
@@ -197,7 +197,7 @@ func TestReclaimBound(t *testing.T) {
 		want time.Duration
 	}{
 		{&Fleet{Interval: w, MemberTTL: 5 * time.Second, Etcd: &clientv3.Client{}}, 5*time.Second + 10*w},
-		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, admission.SilentHoldRounds*w + 10*w},
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, sharing.SilentHoldRounds*w + 10*w},
 	} {
 		if got, _ := tc.f.reclaimBound(); got != tc.want {
 			t.Errorf("etcd %v: bound %v, want %v", tc.f.Etcd != nil, got, tc.want)

@@ -41,7 +41,7 @@
 //   - for kill-replica, the dead replica's capacity: from the kill until
 //     the replicas' KV limits, summed per domain, are back to 95% of
 //     their sum before it, within the member TTL (with etcd: its member
-//     lease's expiry; without, admission.SilentHoldRounds reconcile
+//     lease's expiry; without, sharing.SilentHoldRounds reconcile
 //     intervals of silence) and ten intervals more.
 //
 // The drills are drain-domain (a drain mark in etcd, or the Operator API

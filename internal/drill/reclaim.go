@@ -8,11 +8,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluice-sched/sluice/admission"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // reclaimShare is the share of a domain's KV limit, as the replicas
@@ -31,8 +32,8 @@ const reclaimSlack = 10
 // or SilentHoldRounds reconcile intervals (without), and reclaimSlack
 // intervals more.
 func (f *Fleet) reclaimBound() (time.Duration, string) {
-	hold := admission.SilentHoldRounds * f.Interval
-	what := fmt.Sprintf("%d reconcile intervals", admission.SilentHoldRounds)
+	hold := sharing.SilentHoldRounds * f.Interval
+	what := fmt.Sprintf("%d reconcile intervals", sharing.SilentHoldRounds)
 	if f.Etcd != nil && f.MemberTTL > 0 {
 		hold, what = max(hold, f.MemberTTL), "the member TTL"
 	}

@@ -295,7 +295,7 @@ func (s *sim) buildFleet() error {
 			r.domains[j] = simDomain{topo: &topos[j], cap: *protos[j], reads: readers[j][r.id]}
 		}
 		// Patience: a call runs in virtual time, however long it takes.
-		r.strat, err = sharing.New(r, s.store, sharing.Options{Mode: sharing.Batched, Replica: r.id, Replicas: s.cfg.Replicas, Interval: Interval, Patience: time.Hour})
+		r.strat, err = sharing.New(r, r, s.store, sharing.Options{Mode: sharing.Batched, Replica: r.id, Replicas: s.cfg.Replicas, Interval: Interval, Patience: time.Hour})
 		if err != nil {
 			return fmt.Errorf("fleetsim: replica %s: %w", r.id, err)
 		}

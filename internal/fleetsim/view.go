@@ -141,7 +141,10 @@ type replica struct {
 	readPhase int64
 }
 
-var _ sharing.View = (*replica)(nil)
+var (
+	_ sharing.View     = (*replica)(nil)
+	_ sharing.Readings = (*replica)(nil)
+)
 
 // Lock implements sharing.View.
 func (r *replica) Lock() { r.mu.Lock() }
@@ -201,7 +204,7 @@ func (r *replica) LeaseLocked(uint64) (sharing.Charge, bool) { return sharing.Ch
 // RevokeLocked implements sharing.View. Only strict mode revokes.
 func (r *replica) RevokeLocked(string, uint64) {}
 
-// OwnEngineReadingLocked implements sharing.View: a domain this replica
+// OwnEngineReadingLocked implements sharing.Readings: a domain this replica
 // reads has a reading every EngineRead, at the replica's phase (the
 // values are placeholders: the simulation measures their relay).
 func (r *replica) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineReading, int64, bool) {
@@ -213,14 +216,14 @@ func (r *replica) OwnEngineReadingLocked(d sharing.Domain) (sharing.EngineReadin
 	return sharing.EngineReading{Queue: 3, Running: 40, KVUsage: 0.61, Age: time.Duration(now - at)}, at, true
 }
 
-// EngineReadingWantedLocked implements sharing.View: placement tried the
+// EngineReadingWantedLocked implements sharing.Readings: placement tried the
 // domain within EngineStale.
 func (r *replica) EngineReadingWantedLocked(d sharing.Domain) bool {
 	sd := d.(*simDomain)
 	return r.sim.cfg.EngineReaders > 0 && sd.looked && r.sim.now-sd.lookedAt <= int64(EngineStale)
 }
 
-// RelayEngineReadingLocked implements sharing.View: it counts the
+// RelayEngineReadingLocked implements sharing.Readings: it counts the
 // reading, and its age.
 func (r *replica) RelayEngineReadingLocked(_ sharing.Domain, e sharing.EngineReading) {
 	r.sim.res.Relayed++

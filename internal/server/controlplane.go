@@ -12,9 +12,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/grpcserver"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 )
@@ -65,7 +65,7 @@ type controlPlane struct {
 type statusSource struct {
 	st     *controlplane.Status
 	etcd   bool // the server uses etcd (--etcd)
-	shared func() (admission.SharedStatus, bool)
+	shared func() (sharing.Status, bool)
 }
 
 // ConfigStatus implements grpcserver.ConfigStatusSource. Without etcd there

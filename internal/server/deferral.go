@@ -3,6 +3,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -22,6 +23,10 @@ type DeferralOptions struct {
 	// DataDir holds the embedded backlog's file (deferred.db). Empty,
 	// and without Redis, tickets live in memory and a restart loses them.
 	DataDir string
+	// ResetDamaged moves a damaged deferred.db aside (to
+	// deferred.db.damaged-<UTC time>) and starts an empty backlog; without
+	// it a damaged file stops the start with an error naming it.
+	ResetDamaged bool
 }
 
 // openBacklog builds the backlog of deferrable work on its store: Redis
@@ -35,18 +40,28 @@ func (s *Server) openBacklog() error {
 		consumer := cmp.Or(s.opts.Etcd.ReplicaID, s.hostname())
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		rs, err := redisbacklog.Open(ctx, s.redis, redisbacklog.Options{Consumer: consumer, Prefix: s.opts.Shared.Prefix, Logger: s.log})
+		// Its own client: the decisions' has millisecond timeouts.
+		rdb, err := redisClient(s.opts.Shared, cmp.Or(s.opts.Shared.BacklogTimeout, defaultBacklogRedisTimeout))
 		if err != nil {
 			return fmt.Errorf("deferred backlog on redis: %w", err)
 		}
-		store = rs
+		rs, err := redisbacklog.Open(ctx, rdb, redisbacklog.Options{Consumer: consumer, Prefix: s.opts.Shared.Prefix, Logger: s.log})
+		if err != nil {
+			_ = rdb.Close()
+			return fmt.Errorf("deferred backlog on redis: %w", err)
+		}
+		store, s.backlogRedis = rs, rdb
 		s.log.Info("deferred backlog on redis streams", "consumer", consumer)
 	case s.opts.Deferral.DataDir != "":
 		if err := os.MkdirAll(s.opts.Deferral.DataDir, 0o750); err != nil {
 			return fmt.Errorf("--data-dir: %w", err)
 		}
 		path := filepath.Join(s.opts.Deferral.DataDir, "deferred.db")
-		bs, err := boltbacklog.Open(path, boltbacklog.Options{})
+		bs, err := boltbacklog.Open(path, boltbacklog.Options{MoveAsideDamaged: s.opts.Deferral.ResetDamaged, Logger: s.log})
+		var damaged *boltbacklog.DamagedError
+		if errors.As(err, &damaged) {
+			return fmt.Errorf("--data-dir: %w; sluiced does not start on a damaged backlog: restore the file from a copy, or move it aside and start with an empty backlog (its tickets are lost) with --deferral-reset-damaged (docs/deferral.md)", err)
+		}
 		if err != nil {
 			return fmt.Errorf("--data-dir: %w", err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	"github.com/sluice-sched/sluice/internal/state/redisstate"
 )
 
@@ -32,7 +33,14 @@ type SharedOptions struct {
 	Interval  time.Duration // batched reconcile period; default 100ms
 	Timeout   time.Duration // per Redis call; default 50ms
 	Prefix    string        // key prefix and hash tag; default "sluice"
+	// BacklogTimeout is a call's timeout on the deferred backlog's own
+	// client (default 2 s): its writes are durable records, not decisions,
+	// and a Stream write that takes longer than a decision may not fail.
+	BacklogTimeout time.Duration
 }
+
+// defaultBacklogRedisTimeout is SharedOptions.BacklogTimeout's default.
+const defaultBacklogRedisTimeout = 2 * time.Second
 
 // sharedStateOption connects to Redis and returns the engine option, or nil
 // when running embedded.
@@ -41,15 +49,15 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	if o.RedisURL == "" {
 		return nil, nil
 	}
-	mode := admission.SharedStrict
+	mode := sharing.Strict
 	switch o.Mode {
 	case "":
 		// Several replicas (or a membership that will say how many): batched.
 		if o.Replicas > 1 || s.opts.Etcd.Endpoints != "" {
-			mode = admission.SharedBatched
+			mode = sharing.Batched
 		}
 	case "batched":
-		mode = admission.SharedBatched
+		mode = sharing.Batched
 	case "strict":
 	default:
 		return nil, fmt.Errorf("--redis-mode: want batched or strict, got %q", o.Mode)
@@ -57,7 +65,7 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = 50 * time.Millisecond
 	}
-	rdb, err := redisClient(o)
+	rdb, err := redisClient(o, o.Timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +83,7 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 	o.ReplicaID = incarnation(o.ReplicaID)
 	s.redis = rdb
 	s.replica = o.ReplicaID
-	s.relaysEngines = mode == admission.SharedBatched
+	s.relaysEngines = mode == sharing.Batched
 	s.log.Info("shared state on redis", "mode", mode, "replica", o.ReplicaID, "replicas", max(o.Replicas, 1))
 	log := s.log
 	var memberExpiry func() time.Time
@@ -89,7 +97,7 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 			return time.Time{}
 		}
 	}
-	return admission.WithSharedState(store, admission.SharedOptions{
+	return admission.WithSharedState(store, sharing.Options{
 		Mode: mode, Replica: o.ReplicaID, Replicas: o.Replicas, Interval: o.Interval, Timeout: o.Timeout,
 		MemberExpiry: memberExpiry,
 		OnBreaker: func(open bool) {
@@ -103,9 +111,10 @@ func (s *Server) sharedStateOption() (admission.Option, error) {
 }
 
 // redisClient builds a UniversalClient: standalone, Cluster (several
-// addresses) or Sentinel (a master name), with millisecond timeouts and no
-// retries (the engine's breaker decides).
-func redisClient(o SharedOptions) (redis.UniversalClient, error) {
+// addresses) or Sentinel (a master name), with timeout for each call (a
+// decision's are milliseconds) and no retries (the engine's breaker, and
+// the backlog's own write retries, decide).
+func redisClient(o SharedOptions, timeout time.Duration) (redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(o.RedisURL, "://")
 	if !ok {
 		return nil, fmt.Errorf("--redis %q: want redis://host:port", o.RedisURL)
@@ -134,7 +143,7 @@ func redisClient(o SharedOptions) (redis.UniversalClient, error) {
 	return redis.NewUniversalClient(&redis.UniversalOptions{
 		Addrs: addrs, MasterName: o.SentinelMaster, DB: base.DB,
 		Username: base.Username, Password: base.Password, TLSConfig: base.TLSConfig,
-		DialTimeout: 4 * o.Timeout, ReadTimeout: o.Timeout, WriteTimeout: o.Timeout,
+		DialTimeout: 4 * timeout, ReadTimeout: timeout, WriteTimeout: timeout,
 		MaxRetries: -1,
 	}), nil
 }
@@ -160,9 +169,9 @@ func (s *Server) setReplicaCount(n int) {
 
 // sharedStatus is the engine's shared-state status (ok false without
 // shared state, or before the engine is built).
-func (s *Server) sharedStatus() (admission.SharedStatus, bool) {
+func (s *Server) sharedStatus() (sharing.Status, bool) {
 	if s.eng == nil {
-		return admission.SharedStatus{}, false
+		return sharing.Status{}, false
 	}
 	return s.eng.SharedStatus()
 }
@@ -170,7 +179,7 @@ func (s *Server) sharedStatus() (admission.SharedStatus, bool) {
 // shardCollector exports sluice_shared_shard_up per shard of a sharded
 // store: the shards come and go with the cluster's masters.
 type shardCollector struct {
-	status func() admission.SharedStatus
+	status func() sharing.Status
 	desc   *prometheus.Desc
 }
 
@@ -195,7 +204,7 @@ func (s *Server) registerSharedMetrics(reg *prometheus.Registry) {
 	if _, ok := eng.SharedStatus(); !ok {
 		return
 	}
-	status := func() admission.SharedStatus { st, _ := eng.SharedStatus(); return st }
+	status := func() sharing.Status { st, _ := eng.SharedStatus(); return st }
 	reg.MustRegister(
 		shardCollector{status: status, desc: prometheus.NewDesc("sluice_shared_shard_up",
 			"Per shard of a sharded store (a Redis Cluster master): 0 while its breaker is open (its tenants and domains decide on their fail modes), 1 otherwise.",
@@ -228,7 +237,7 @@ func (s *Server) registerSharedMetrics(reg *prometheus.Registry) {
 				return float64(st.Calls) / float64(st.Decisions)
 			}),
 	)
-	for k, name := range admission.KindNames {
+	for k, name := range sharing.KindNames {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "sluice_shared_overage_applied_total", Help: "Units this replica gave up to global overages (backpressure), per bucket.",
 			ConstLabels: prometheus.Labels{"bucket": name},

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/state/redistest"
@@ -74,7 +74,7 @@ func TestRedisFlagsAreChecked(t *testing.T) {
 // lasts in Redis until its member lease would expire (a dead replica's
 // capacity comes back to the others when the membership says it is gone),
 // not the lease TTL (10 minutes by default) nor, as without a membership,
-// admission.SilentHoldRounds intervals; without etcd, those intervals.
+// sharing.SilentHoldRounds intervals; without etcd, those intervals.
 func TestKVHoldingFollowsTheMemberLease(t *testing.T) {
 	rs := redistest.Start(t)
 	rdb := rs.Client()
@@ -115,7 +115,7 @@ func TestKVHoldingFollowsTheMemberLease(t *testing.T) {
 	eo := etcdOpts(etcd.Endpoint())
 	eo.MemberTTL = 6 * time.Second
 	start(t, Options{Topology: "simulated", Etcd: eo, Shared: SharedOptions{RedisURL: rs.URL(), Mode: "batched", Prefix: "member"}})
-	hold := admission.SilentHoldRounds * 100 * time.Millisecond
+	hold := sharing.SilentHoldRounds * 100 * time.Millisecond
 	for _, d := range heldFor("member") {
 		// At least 2/3 of the TTL ahead (keepalives every third of it),
 		// at most the TTL.

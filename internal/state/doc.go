@@ -1,4 +1,4 @@
-// Package state holds the adapters of the admission.SharedState port:
+// Package state holds the adapters of the sharing.Store port:
 // memstate (in memory: one process, and the reference the conformance
 // suite checks Redis against) and redisstate (Redis: several replicas).
 // statetest is the conformance suite both pass; redistest starts a real

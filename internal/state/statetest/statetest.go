@@ -1,4 +1,4 @@
-// Package statetest is the conformance suite of the admission.SharedState
+// Package statetest is the conformance suite of the sharing.Store
 // port: Run holds an implementation to the semantics of package
 // internal/state. Both the memory and the Redis adapter pass it.
 //
@@ -16,11 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/admission/sharing"
 )
 
 // Factory returns a fresh, empty store for one subtest.
-type Factory func(t *testing.T) admission.SharedState
+type Factory func(t *testing.T) sharing.Store
 
 const (
 	rate  = 1
@@ -55,7 +55,7 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("cumulative counters wrap modulo CumModulus", func(t *testing.T) {
 		s := newStore(t)
-		reconcile(t, s, "a", bucket("k", 1, admission.CumModulus-10, 0, 10))
+		reconcile(t, s, "a", bucket("k", 1, sharing.CumModulus-10, 0, 10))
 		g := reconcile(t, s, "a", bucket("k", 1, 30, 40, 10))
 		near(t, "level", g.Level, burst-40)
 	})
@@ -67,9 +67,9 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("a replica out of the shares keeps its counter", func(t *testing.T) {
 		s := newStore(t)
-		rep := func(id string, cum, unacked int64) admission.BucketGrant {
-			r, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
-				Buckets: []admission.BucketReport{{Key: "k", Rate: rate, Burst: burst, Epoch: 1, Cum: cum, Unacked: unacked, Demand: 1_000_000}}})
+		rep := func(id string, cum, unacked int64) sharing.BucketGrant {
+			r, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
+				Buckets: []sharing.BucketReport{{Key: "k", Rate: rate, Burst: burst, Epoch: 1, Cum: cum, Unacked: unacked, Demand: 1_000_000}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,31 +87,31 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("small rates are not rounded away", func(t *testing.T) {
 		s := newStore(t)
 		for _, id := range []string{"a", "b", "c"} {
-			reconcile(t, s, id, admission.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
+			reconcile(t, s, id, sharing.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
 		}
-		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
+		g := reconcile(t, s, "a", sharing.BucketReport{Key: "k", Rate: 1, Burst: burst, Epoch: 1, Demand: 1})
 		within(t, "a third of 1 unit/s, in thousandths", g.RateMilli, 333, 1)
 	})
 	t.Run("a new bucket is credited for the reporter's age, up to the burst", func(t *testing.T) {
 		s := newStore(t)
-		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: 100, Burst: 1000, Epoch: 1, Cum: 800, Unacked: 800, Demand: 10, Age: 5 * time.Second})
+		g := reconcile(t, s, "a", sharing.BucketReport{Key: "k", Rate: 100, Burst: 1000, Epoch: 1, Cum: 800, Unacked: 800, Demand: 10, Age: 5 * time.Second})
 		// Full at 1000 five seconds ago, refilling 100/s while 800 went:
 		// min(1000 + 500 − 800, 1000) = 700 (not 200).
 		within(t, "level", g.Level, 700, 3)
 		// An hour's refill covers the 100 taken: the level is the burst (no more).
-		g = reconcile(t, s, "b", admission.BucketReport{Key: "k2", Rate: 100, Burst: 1000, Epoch: 1, Cum: 100, Unacked: 100, Demand: 10, Age: time.Hour})
+		g = reconcile(t, s, "b", sharing.BucketReport{Key: "k2", Rate: 100, Burst: 1000, Epoch: 1, Cum: 100, Unacked: 100, Demand: 10, Age: time.Hour})
 		within(t, "level capped at the burst", g.Level, 1000, 0)
 	})
 	t.Run("an overage comes back as a negative share", func(t *testing.T) {
 		s := newStore(t)
-		g := reconcile(t, s, "a", admission.BucketReport{Key: "k", Rate: rate, Burst: 1000, Epoch: 1, Cum: 1500, Unacked: 1500, Demand: 10})
+		g := reconcile(t, s, "a", sharing.BucketReport{Key: "k", Rate: rate, Burst: 1000, Epoch: 1, Cum: 1500, Unacked: 1500, Demand: 10})
 		near(t, "level", g.Level, -500)
 	})
 	t.Run("the rate is shared by demand, max-min fair", func(t *testing.T) {
 		s := newStore(t)
 		const r = 100_000
-		rep := func(id string, demand int64) admission.BucketGrant {
-			return reconcile(t, s, id, admission.BucketReport{Key: "k", Rate: r, Burst: burst, Demand: demand, Epoch: 1})
+		rep := func(id string, demand int64) sharing.BucketGrant {
+			return reconcile(t, s, id, sharing.BucketReport{Key: "k", Rate: r, Burst: burst, Demand: demand, Epoch: 1})
 		}
 		rep("busy", 1_000_000)
 		idle := rep("idle", 0)
@@ -131,8 +131,8 @@ func Run(t *testing.T, newStore Factory) {
 		for _, demand := range []int64{1_000_000, 10} {
 			s := s
 			key := fmt.Sprintf("k%d", demand)
-			rep := func(id string) admission.BucketGrant {
-				return reconcile(t, s, id, admission.BucketReport{Key: key, Rate: r, Burst: burst, Demand: demand, Epoch: 1})
+			rep := func(id string) sharing.BucketGrant {
+				return reconcile(t, s, id, sharing.BucketReport{Key: key, Rate: r, Burst: burst, Demand: demand, Epoch: 1})
 			}
 			rep("a")
 			b := rep("b")
@@ -143,9 +143,9 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("a replica not heard from within Stale leaves the shares", func(t *testing.T) {
 		s := newStore(t)
-		req := func(id string) admission.BucketGrant {
-			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
-				Buckets: []admission.BucketReport{{Key: "k", Rate: 100_000, Burst: burst, Demand: 1_000_000, Epoch: 1}}})
+		req := func(id string) sharing.BucketGrant {
+			rep, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Microsecond,
+				Buckets: []sharing.BucketReport{{Key: "k", Rate: 100_000, Burst: burst, Demand: 1_000_000, Epoch: 1}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,8 +160,8 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("a gauge gives what is held plus a share of the free part", func(t *testing.T) {
 		s := newStore(t)
 		gauge := func(id string, held, share int64, ttl time.Duration) int64 {
-			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Second,
-				Gauges: []admission.GaugeReport{{Key: "kv", Limit: 1000, Held: held, Share: share, TTL: ttl}}})
+			rep, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Second,
+				Gauges: []sharing.GaugeReport{{Key: "kv", Limit: 1000, Held: held, Share: share, TTL: ttl}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,15 +197,15 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("engine readings reach the domain's other replicas", func(t *testing.T) {
 		s := newStore(t)
 		publish := func(id string, queue float64, age time.Duration) {
-			if _, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Second,
-				Engines: []admission.EngineReport{{Key: "kv", Reading: &admission.EngineReading{Queue: queue, Running: 3, KVUsage: 0.25, Age: age}}}}); err != nil {
+			if _, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: id, Replicas: 2, Stale: time.Second,
+				Engines: []sharing.EngineReport{{Key: "kv", Reading: &sharing.EngineReading{Queue: queue, Running: 3, KVUsage: 0.25, Age: age}}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		heard := func() (int64, *admission.EngineReading) {
-			rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: "b", Replicas: 2, Stale: time.Second,
-				Gauges:  []admission.GaugeReport{{Key: "kv", Limit: 1000, Held: 100, Share: 1, TTL: time.Minute}},
-				Engines: []admission.EngineReport{{Key: "kv"}}})
+		heard := func() (int64, *sharing.EngineReading) {
+			rep, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: "b", Replicas: 2, Stale: time.Second,
+				Gauges:  []sharing.GaugeReport{{Key: "kv", Limit: 1000, Held: 100, Share: 1, TTL: time.Minute}},
+				Engines: []sharing.EngineReport{{Key: "kv"}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -242,9 +242,9 @@ func Run(t *testing.T, newStore Factory) {
 			t.Errorf("after a newer reading, reading = %+v, want queue 2 with a new stamp (not %d)", *r, first)
 		}
 		// a is not answered its own reading.
-		rep, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: "a", Replicas: 2, Stale: time.Second,
-			Gauges:  []admission.GaugeReport{{Key: "kv", Limit: 1000, Held: 100, Share: 1, TTL: time.Minute}},
-			Engines: []admission.EngineReport{{Key: "kv"}}})
+		rep, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: "a", Replicas: 2, Stale: time.Second,
+			Gauges:  []sharing.GaugeReport{{Key: "kv", Limit: 1000, Held: 100, Share: 1, TTL: time.Minute}},
+			Engines: []sharing.EngineReport{{Key: "kv"}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +254,7 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("an admission returns each bucket's level after the take", func(t *testing.T) {
 		s := newStore(t)
-		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		kv := sharing.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
 		v := commit(t, s, kv, take("k1", 100, 10, 0), take("k2", 1000, 300, 0))
 		if !v.Admitted || len(v.Levels) != 2 {
 			t.Fatalf("verdict %+v, want admitted with two levels", v)
@@ -265,10 +265,10 @@ func Run(t *testing.T, newStore Factory) {
 	// Back from an outage (BucketReport.Resume): the store rebuilds a lost
 	// or silent bucket from the replicas' levels, each replica's once, and
 	// charges every other report as usual.
-	resume := func(t *testing.T, s admission.SharedState, id string, stale time.Duration, b admission.BucketReport) admission.BucketGrant {
+	resume := func(t *testing.T, s sharing.Store, id string, stale time.Duration, b sharing.BucketReport) sharing.BucketGrant {
 		t.Helper()
 		b.Key, b.Rate, b.Burst, b.Epoch, b.Demand = "k", rate, burst, 1, 10
-		r, err := s.Reconcile(ctx, &admission.ReconcileRequest{Replica: id, Replicas: 1, Stale: stale, Rejoin: time.Minute, Buckets: []admission.BucketReport{b}})
+		r, err := s.Reconcile(ctx, &sharing.ReconcileRequest{Replica: id, Replicas: 1, Stale: stale, Rejoin: time.Minute, Buckets: []sharing.BucketReport{b}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,42 +278,42 @@ func Run(t *testing.T, newStore Factory) {
 		s := newStore(t)
 		// a's takes (5000) were netted in its level by its own refill: the
 		// level is what a holds, not the burst less the takes.
-		g := resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 5000, Unacked: 5000, Resume: true, Held: 300, Span: 10 * time.Second})
+		g := resume(t, s, "a", time.Minute, sharing.BucketReport{Cum: 5000, Unacked: 5000, Resume: true, Held: 300, Span: 10 * time.Second})
 		near(t, "a's share after the rebuild", g.Level, 300)
 		// b was away through the same outage: its level is added, once.
-		g = resume(t, s, "b", time.Minute, admission.BucketReport{Cum: 7000, Unacked: 7000, Resume: true, Held: 200, Span: 10 * time.Second})
+		g = resume(t, s, "b", time.Minute, sharing.BucketReport{Cum: 7000, Unacked: 7000, Resume: true, Held: 200, Span: 10 * time.Second})
 		near(t, "b's half of 300 + 200", g.Level, 250)
 		// b did not get the answer (or that report had run late, after a
 		// pause): its newer level replaces the one it brought, and its
 		// takes are not charged.
-		g = resume(t, s, "b", time.Minute, admission.BucketReport{Cum: 7100, Unacked: 7100, Resume: true, Held: 150, Span: 10 * time.Second})
+		g = resume(t, s, "b", time.Minute, sharing.BucketReport{Cum: 7100, Unacked: 7100, Resume: true, Held: 150, Span: 10 * time.Second})
 		near(t, "b's half of 300 + 150", g.Level, 225)
 		// Reports after the rebuild are charged as usual.
-		g = resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 5100, Unacked: 100, Resume: true, Held: 200, Span: 100 * time.Millisecond})
+		g = resume(t, s, "a", time.Minute, sharing.BucketReport{Cum: 5100, Unacked: 100, Resume: true, Held: 200, Span: 100 * time.Millisecond})
 		near(t, "a's half after 100 more", g.Level, 175)
 	})
 	t.Run("a bucket nobody reported past Stale is rebuilt; a live one is charged", func(t *testing.T) {
 		s := newStore(t)
 		const stale = 50 * time.Millisecond
-		g := resume(t, s, "a", stale, admission.BucketReport{Cum: 100, Unacked: 100})
+		g := resume(t, s, "a", stale, sharing.BucketReport{Cum: 100, Unacked: 100})
 		near(t, "level", g.Level, burst-100)
 		// Live (reported within Stale): a resume is charged its takes.
-		g = resume(t, s, "a", stale, admission.BucketReport{Cum: 150, Unacked: 50, Resume: true, Held: 7, Span: time.Millisecond})
+		g = resume(t, s, "a", stale, sharing.BucketReport{Cum: 150, Unacked: 50, Resume: true, Held: 7, Span: time.Millisecond})
 		near(t, "level after 50 more", g.Level, burst-150)
 		waitPast(2 * stale)
-		g = resume(t, s, "a", stale, admission.BucketReport{Cum: 900, Unacked: 750, Resume: true, Held: 42, Span: 2 * stale})
+		g = resume(t, s, "a", stale, sharing.BucketReport{Cum: 900, Unacked: 750, Resume: true, Held: 42, Span: 2 * stale})
 		near(t, "level rebuilt from a's", g.Level, 42)
 	})
 	t.Run("a frozen replica's report is charged against the store's refill", func(t *testing.T) {
 		s := newStore(t)
-		g := resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 100, Unacked: 100})
+		g := resume(t, s, "a", time.Minute, sharing.BucketReport{Cum: 100, Unacked: 100})
 		near(t, "level", g.Level, burst-100)
-		g = resume(t, s, "a", time.Minute, admission.BucketReport{Cum: 400, Unacked: 300, Held: 5, Span: time.Hour})
+		g = resume(t, s, "a", time.Minute, sharing.BucketReport{Cum: 400, Unacked: 300, Held: 5, Span: time.Hour})
 		near(t, "level", g.Level, burst-400)
 	})
 	t.Run("commit takes everything or nothing", func(t *testing.T) {
 		s := newStore(t)
-		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		kv := sharing.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
 		v := commit(t, s, kv, take("k1", 100, 10, 0), take("k2", 100, 200, 0))
 		if v.Admitted || v.Refused != 1 {
 			t.Fatalf("verdict %+v, want refused by take 1", v)
@@ -333,7 +333,7 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("commit lends credit down to Min", func(t *testing.T) {
 		s := newStore(t)
-		kv := admission.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		kv := sharing.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
 		if v := commit(t, s, kv, take("k", 100, 140, -50)); !v.Admitted {
 			t.Fatalf("140 of 100 with credit 50 refused: %+v", v)
 		}
@@ -344,8 +344,8 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("KV holds: limit, settle frees, TTL lapses", func(t *testing.T) {
 		s := newStore(t)
-		hold := func(lease string, bytes int64, ttl time.Duration) admission.StrictVerdict {
-			return commit(t, s, admission.KVHold{Key: "kv", Lease: lease, Limit: 100, Bytes: bytes, TTL: ttl}, take("k", burst, 1, 0))
+		hold := func(lease string, bytes int64, ttl time.Duration) sharing.StrictVerdict {
+			return commit(t, s, sharing.KVHold{Key: "kv", Lease: lease, Limit: 100, Bytes: bytes, TTL: ttl}, take("k", burst, 1, 0))
 		}
 		if v := hold("a", 60, time.Minute); !v.Admitted {
 			t.Fatalf("60 of 100 refused: %+v", v)
@@ -353,7 +353,7 @@ func Run(t *testing.T, newStore Factory) {
 		if v := hold("b", 50, time.Minute); v.Admitted || v.Refused != 1 {
 			t.Fatalf("50 more: %+v, want refused by KV (index 1)", v)
 		}
-		if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: "a"}); err != nil {
+		if err := s.Settle(ctx, &sharing.StrictSettle{KVKey: "kv", Lease: "a"}); err != nil {
 			t.Fatal(err)
 		}
 		if v := hold("b", 50, time.Microsecond); !v.Admitted {
@@ -366,12 +366,12 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("settle gives back up to the burst and takes overruns", func(t *testing.T) {
 		s := newStore(t)
-		kv := func(lease string) admission.KVHold {
-			return admission.KVHold{Key: "kv", Lease: lease, Limit: 1000, Bytes: 1, TTL: time.Minute}
+		kv := func(lease string) sharing.KVHold {
+			return sharing.KVHold{Key: "kv", Lease: lease, Limit: 1000, Bytes: 1, TTL: time.Minute}
 		}
 		settle := func(lease string, amount int64) {
 			t.Helper()
-			if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: lease, Refunds: []admission.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: amount}}}); err != nil {
+			if err := s.Settle(ctx, &sharing.StrictSettle{KVKey: "kv", Lease: lease, Refunds: []sharing.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: amount}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -392,12 +392,12 @@ func Run(t *testing.T, newStore Factory) {
 	})
 	t.Run("a repeated commit takes nothing; a settle without a commit gives nothing", func(t *testing.T) {
 		s := newStore(t)
-		kv := admission.KVHold{Key: "kv", Lease: "l", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		kv := sharing.KVHold{Key: "kv", Lease: "l", Limit: 1000, Bytes: 1, TTL: time.Minute}
 		commit(t, s, kv, take("k", 1000, 600, 0))
 		if v := commit(t, s, kv, take("k", 1000, 600, 0)); !v.Admitted {
 			t.Fatalf("a repeated commit (its answer was lost) refused: %+v", v)
 		}
-		if err := s.Settle(ctx, &admission.StrictSettle{KVKey: "kv", Lease: "never", Refunds: []admission.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: 600}}}); err != nil {
+		if err := s.Settle(ctx, &sharing.StrictSettle{KVKey: "kv", Lease: "never", Refunds: []sharing.StrictTake{{Key: "k", Rate: rate, Burst: 1000, Amount: 600}}}); err != nil {
 			t.Fatal(err)
 		}
 		kv.Lease = "l2"
@@ -418,8 +418,8 @@ func Run(t *testing.T, newStore Factory) {
 			go func() {
 				defer wg.Done()
 				for i := range 4 {
-					kv := admission.KVHold{Key: "kv", Lease: fmt.Sprintf("%d/%d", g, i), Limit: burst, Bytes: 1, TTL: time.Minute}
-					v, err := s.Commit(ctx, &admission.StrictCharge{Takes: []admission.StrictTake{take("k", 100, 1, 0)}, KV: kv})
+					kv := sharing.KVHold{Key: "kv", Lease: fmt.Sprintf("%d/%d", g, i), Limit: burst, Bytes: 1, TTL: time.Minute}
+					v, err := s.Commit(ctx, &sharing.StrictCharge{Takes: []sharing.StrictTake{take("k", 100, 1, 0)}, KV: kv})
 					if err != nil {
 						t.Error(err)
 						return
@@ -438,17 +438,17 @@ func Run(t *testing.T, newStore Factory) {
 	})
 }
 
-func bucket(key string, epoch uint64, cum, unacked, demand int64) admission.BucketReport {
-	return admission.BucketReport{Key: key, Rate: rate, Burst: burst, Epoch: epoch, Cum: cum, Unacked: unacked, Demand: demand}
+func bucket(key string, epoch uint64, cum, unacked, demand int64) sharing.BucketReport {
+	return sharing.BucketReport{Key: key, Rate: rate, Burst: burst, Epoch: epoch, Cum: cum, Unacked: unacked, Demand: demand}
 }
 
-func take(key string, b, amount, floor int64) admission.StrictTake {
-	return admission.StrictTake{Key: key, Rate: rate, Burst: b, Amount: amount, Min: floor}
+func take(key string, b, amount, floor int64) sharing.StrictTake {
+	return sharing.StrictTake{Key: key, Rate: rate, Burst: b, Amount: amount, Min: floor}
 }
 
-func reconcile(t *testing.T, s admission.SharedState, replica string, b admission.BucketReport) admission.BucketGrant {
+func reconcile(t *testing.T, s sharing.Store, replica string, b sharing.BucketReport) sharing.BucketGrant {
 	t.Helper()
-	rep, err := s.Reconcile(context.Background(), &admission.ReconcileRequest{Replica: replica, Replicas: 1, Stale: time.Minute, Buckets: []admission.BucketReport{b}})
+	rep, err := s.Reconcile(context.Background(), &sharing.ReconcileRequest{Replica: replica, Replicas: 1, Stale: time.Minute, Buckets: []sharing.BucketReport{b}})
 	if err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}
@@ -458,9 +458,9 @@ func reconcile(t *testing.T, s admission.SharedState, replica string, b admissio
 	return rep.Buckets[0]
 }
 
-func commit(t *testing.T, s admission.SharedState, kv admission.KVHold, takes ...admission.StrictTake) admission.StrictVerdict {
+func commit(t *testing.T, s sharing.Store, kv sharing.KVHold, takes ...sharing.StrictTake) sharing.StrictVerdict {
 	t.Helper()
-	v, err := s.Commit(context.Background(), &admission.StrictCharge{Takes: takes, KV: kv})
+	v, err := s.Commit(context.Background(), &sharing.StrictCharge{Takes: takes, KV: kv})
 	if err != nil {
 		t.Fatalf("commit: %v", err)
 	}
