@@ -107,8 +107,10 @@ func (a *answer) fillStatus(i int, d *admission.Decision, pol *policy) {
 }
 
 // headers adds the headers of the deciding decision d (pol: its tenant's
-// limit, nil when unknown).
-func (a *answer) headers(d *admission.Decision, pol *policy) {
+// limit, nil when unknown); placed: d is an admission, whose domain and
+// model the upstream request carries (a check or a settlement places
+// nothing).
+func (a *answer) headers(d *admission.Decision, pol *policy, placed bool) {
 	n := 0
 	add := func(k, v string) {
 		h := &a.hdrs[n]
@@ -117,7 +119,7 @@ func (a *answer) headers(d *admission.Decision, pol *policy) {
 		n++
 	}
 	over := d.Outcome == admission.Rejected
-	if !over {
+	if !over && placed {
 		add(HeaderDomain, d.Domain)
 		add(HeaderModel, d.Model)
 		// The model server behind Envoy learns where the request was
@@ -127,7 +129,7 @@ func (a *answer) headers(d *admission.Decision, pol *policy) {
 		if len(d.DowngradePath) > 0 {
 			add(HeaderDowngrade, strings.Join(d.DowngradePath, ">"))
 		}
-	} else {
+	} else if over {
 		add(HeaderReason, d.Reason.String())
 		if d.RetryAfter > 0 {
 			add(HeaderRetryAfter, strconv.FormatInt(ceilSeconds(d.RetryAfter), 10))

@@ -17,6 +17,23 @@
 //     their entries (the model entry may be left out when a default model is
 //     configured), accepted lower tiers from "accept_downgrade" (a comma
 //     separated list), and its cost from the tokens below.
+//   - A descriptor whose own hits_addend is set to 0 is a check: Explain's
+//     answer for that request (the cheapest one, without token entries),
+//     with nothing charged and no placement named. It never waits: a
+//     request that would queue is DEADLINE_UNMEETABLE with the estimated
+//     wait. (The request-level hits_addend is 0 whenever Envoy leaves it
+//     unset, so only the descriptor's asks for a check.)
+//   - A descriptor with a usage entry (key "usage" by default) settles
+//     tokens already used: its hits_addend (the descriptor's, else the
+//     request's; 0 charges nothing) counts prompt tokens when the entry's
+//     value is "prompt", output tokens when it is "output", and
+//     Engine.ChargeUsage takes them, weighted, from the tenant's token
+//     bucket and budget, into debt if need be: the request ran, so the
+//     settlement is never refused (OK; OVER_LIMIT only for an unknown
+//     tenant). This is Envoy AI Gateway's pattern: a check with
+//     hits_addend 0 on the request path, and a rate limit applied on stream
+//     done whose hits_addend is the usage AI Gateway wrote to dynamic
+//     metadata (deploy/envoy/envoy-ai-gateway.yaml).
 //
 // The cost. Envoy's unit is the hit; Sluice's is the weighted token
 // (prompt + w·output, w = output_token_weight, 4 by default). A descriptor
@@ -43,8 +60,10 @@
 //
 // # Settlement
 //
-// RLS has no Release: Envoy never says when the request ends or what it
-// cost. An admission is therefore released at once, at its admitted cost
+// RLS has no Release: Envoy never says when the request ends, and says
+// what it cost only through a usage descriptor, which settles against the
+// tenant alone (the domain's capacity is not charged after the fact). An
+// admission is therefore released at once, at its admitted cost
 // (prompt and output as charged), in the same call: the tenant's token
 // bucket, budget and the domain's prefill and decode buckets keep exactly
 // the admitted charge (charged once), while the lease, its KV bytes and its

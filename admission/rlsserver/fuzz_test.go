@@ -24,6 +24,9 @@ func FuzzShouldRateLimit(f *testing.F) {
 	f.Add("sluice", "tenant", "acme", "max_output_tokens", "3", "accept_downgrade", "medium,,small", uint32(40), uint64(7), true, false)
 	f.Add("sluice", "tenant", "nobody", "model", "large", "prompt_tokens", "99999999999999", uint32(1), uint64(1<<63), true, true)
 	f.Add("x", "path", "/", "tenant", "", "model", "\xff", uint32(4_000_000_000), uint64(0), false, false)
+	f.Add("sluice", "tenant", "acme", "usage", "output", "model", "small", uint32(0), uint64(1<<40), true, false)
+	f.Add("sluice", "tenant", "acme", "usage", "prompt", "model", "huge", uint32(7), uint64(0), false, false)
+	f.Add("sluice", "tenant", "acme", "prompt_tokens", "99999", "model", "large", uint32(0), uint64(0), true, false)
 	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2, k3, v3 string, hits uint32, dhits uint64, setDHits, negative bool) {
 		cfg := admission.Config{
 			Tiers:   map[string]admission.TierPolicy{"t": {RPS: big, Tokens: admission.Limit{Rate: 1000, Burst: 10000}, Weight: 1}},

@@ -36,6 +36,10 @@ type Engine interface {
 	// Tenant describes a tenant (its token limit, for the RateLimit-Policy
 	// header); false if it is not configured.
 	Tenant(name string) (admission.TenantInfo, bool)
+	// Explain answers what Admit would do, charging nothing: a check.
+	Explain(ctx context.Context, req admission.Request) (admission.Explanation, error)
+	// ChargeUsage charges tokens already used to a tenant, never refused.
+	ChargeUsage(u admission.Usage) (admission.UsageResult, error)
 }
 
 // TenantGuard decides whether the caller in ctx may act for tenant: nil to
@@ -52,9 +56,11 @@ type Options struct {
 	Domain string
 	// Descriptor entry keys: tenant (default "tenant"), model ("model"),
 	// prompt tokens ("prompt_tokens"), max output tokens
-	// ("max_output_tokens") and accepted lower tiers ("accept_downgrade",
-	// comma separated).
-	TenantKey, ModelKey, PromptKey, OutputKey, DowngradeKey string
+	// ("max_output_tokens"), accepted lower tiers ("accept_downgrade",
+	// comma separated) and usage ("usage": its value, "prompt" or
+	// "output", marks a descriptor that settles tokens used, counted by
+	// hits_addend; see doc.go).
+	TenantKey, ModelKey, PromptKey, OutputKey, DowngradeKey, UsageKey string
 	// DefaultModel is the model of a descriptor without a model entry;
 	// empty makes such a descriptor INVALID_ARGUMENT.
 	DefaultModel string
@@ -80,6 +86,13 @@ const (
 	DefaultPromptKey    = "prompt_tokens"
 	DefaultOutputKey    = "max_output_tokens"
 	DefaultDowngradeKey = "accept_downgrade"
+	DefaultUsageKey     = "usage"
+)
+
+// Values of the usage entry: what its descriptor's hits_addend counts.
+const (
+	UsagePrompt = "prompt"
+	UsageOutput = "output"
 )
 
 const (
@@ -115,13 +128,13 @@ func New(eng Engine, opts Options) (*Server, error) {
 		def string
 	}{
 		{&opts.TenantKey, DefaultTenantKey}, {&opts.ModelKey, DefaultModelKey}, {&opts.PromptKey, DefaultPromptKey},
-		{&opts.OutputKey, DefaultOutputKey}, {&opts.DowngradeKey, DefaultDowngradeKey},
+		{&opts.OutputKey, DefaultOutputKey}, {&opts.DowngradeKey, DefaultDowngradeKey}, {&opts.UsageKey, DefaultUsageKey},
 	} {
 		if *k.p == "" {
 			*k.p = k.def
 		}
 	}
-	keys := []string{opts.TenantKey, opts.ModelKey, opts.PromptKey, opts.OutputKey, opts.DowngradeKey}
+	keys := []string{opts.TenantKey, opts.ModelKey, opts.PromptKey, opts.OutputKey, opts.DowngradeKey, opts.UsageKey}
 	for i, a := range keys {
 		for _, b := range keys[i+1:] {
 			if a == b {
@@ -159,11 +172,29 @@ func Register(s grpc.ServiceRegistrar, eng Engine, opts Options) (*Server, error
 // item is one descriptor turned into an admission request.
 type item struct {
 	req       admission.Request
+	kind      itemKind
 	hasTenant bool
 	fromHits  bool   // the prompt count came from hits_addend (errors name it)
 	hits      uint64 // hits_addend as sent, when fromHits
 	weight    int64  // the output weight the prompt count was derived with, when fromHits
+	used      int64  // settling: the tokens used, prompt or output by usedOutput
+	// usedOutput: settling, the tokens used are output tokens.
+	usedOutput bool
 }
+
+// itemKind is what a descriptor asks (doc.go).
+type itemKind uint8
+
+const (
+	// deciding: an Admit, settled at once at its admitted cost.
+	deciding itemKind = iota
+	// checking: a descriptor whose own hits_addend is 0: what Admit would
+	// answer, with nothing charged.
+	checking
+	// settling: a descriptor with the usage entry: tokens already used,
+	// charged to the tenant and never refused.
+	settling
+)
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer: every descriptor
 // with a tenant is decided by the engine and settled at once (doc.go).
@@ -210,7 +241,8 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 
 // decideAll decides every item into a: the statuses, the overall code and
 // the headers of the deciding descriptor (the first OVER_LIMIT one, else the
-// first with a tenant).
+// first with a tenant). Checks and settlements place nothing, so their
+// answers name no domain.
 func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 	now := s.opts.Clock.Now()
 	deadline := now.Add(s.opts.MaxWait)
@@ -219,6 +251,7 @@ func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 	}
 	decider := -1
 	var decidedPolicy *policy
+	decidedPlaced := false
 	d := &a.cur
 	for i := range items {
 		it := &items[i]
@@ -227,13 +260,21 @@ func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 			st.Code = rlsv3.RateLimitResponse_UNKNOWN
 			continue
 		}
-		if it.req.Tenant == "" { // an empty header names nobody
+		var err error
+		switch {
+		case it.req.Tenant == "": // an empty header names nobody
 			*d = admission.Decision{Outcome: admission.Rejected, Reason: admission.ReasonUnknownTenant}
-		} else {
+		case it.kind == settling:
+			err = s.settleUsage(it, d)
+		case it.kind == checking:
+			it.req.Deadline = now // nothing is held for a check to wait for
+			err = s.check(ctx, it, d)
+		default:
 			it.req.Deadline = deadline
-			if err := s.decide(ctx, it, d); err != nil {
-				return s.statusFromError(i, it, err)
-			}
+			err = s.decide(ctx, it, d)
+		}
+		if err != nil {
+			return s.statusFromError(i, it, err)
 		}
 		var pol *policy
 		if d.Reason != admission.ReasonUnknownTenant {
@@ -242,7 +283,7 @@ func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 		a.fillStatus(i, d, pol)
 		over := st.Code == rlsv3.RateLimitResponse_OVER_LIMIT
 		if decider < 0 || (over && a.resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT) {
-			decider, decidedPolicy = i, pol
+			decider, decidedPolicy, decidedPlaced = i, pol, it.kind == deciding
 			if len(items) > 1 {
 				if a.decided == nil {
 					a.decided = new(admission.Decision)
@@ -261,7 +302,7 @@ func (s *Server) decideAll(ctx context.Context, a *answer, items []item) error {
 		if len(items) > 1 {
 			d = a.decided
 		}
-		a.headers(d, decidedPolicy)
+		a.headers(d, decidedPolicy, decidedPlaced)
 	}
 	return nil
 }
@@ -273,8 +314,8 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 	if len(entries) > maxEntries {
 		return invalidArgument(fmt.Sprintf("descriptors[%d].entries", i), fmt.Sprintf("at most %d", maxEntries))
 	}
-	var prompt, output, accept string
-	var havePrompt, haveOutput, haveModel bool
+	var prompt, output, accept, usage string
+	var havePrompt, haveOutput, haveModel, haveUsage bool
 	o := &s.opts
 	// The first entry of each key counts, as the most general level of
 	// Envoy's hierarchical descriptors comes first.
@@ -290,6 +331,8 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 			haveOutput, output = true, e.GetValue()
 		case k == o.DowngradeKey && accept == "":
 			accept = e.GetValue()
+		case k == o.UsageKey && !haveUsage:
+			haveUsage, usage = true, e.GetValue()
 		}
 	}
 	if !it.hasTenant {
@@ -298,9 +341,23 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 	if d.GetIsNegativeHits() {
 		return invalidArgument(fmt.Sprintf("descriptors[%d].is_negative_hits", i), "refunds are not supported: an RLS admission is settled when it is answered")
 	}
+	if !haveModel {
+		if o.DefaultModel == "" {
+			return invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, o.ModelKey), "no entry, and no default model is configured")
+		}
+		it.req.Model = o.DefaultModel
+	}
 	sent := uint64(reqHits)
 	if h := d.GetHitsAddend(); h != nil {
 		sent = h.GetValue()
+	}
+	if haveUsage {
+		return s.parseUsage(i, usage, sent, it)
+	}
+	if h := d.GetHitsAddend(); h != nil && h.GetValue() == 0 {
+		// Envoy's request-level hits_addend is 0 when unset; only the
+		// descriptor's own, set to 0, asks to charge nothing.
+		it.kind = checking
 	}
 	hits := min(max(sent, 1), maxTokens)
 	it.req.MaxOutputTokens = 1
@@ -321,18 +378,28 @@ func (s *Server) parse(i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32
 		it.fromHits, it.hits, it.weight = true, sent, w
 		it.req.PromptTokens = max(1, int64(hits)-w*it.req.MaxOutputTokens)
 	}
-	if !haveModel {
-		if o.DefaultModel == "" {
-			return invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, o.ModelKey), "no entry, and no default model is configured")
-		}
-		it.req.Model = o.DefaultModel
-	}
 	if accept != "" {
 		it.req.AcceptDowngrade = strings.Split(accept, ",")
 		for j, m := range it.req.AcceptDowngrade {
 			it.req.AcceptDowngrade[j] = strings.TrimSpace(m)
 		}
 	}
+	return nil
+}
+
+// parseUsage reads a settling descriptor i: value is its usage entry's
+// (what the hits count), hits its hits_addend (the descriptor's, else the
+// request's; 0 charges nothing).
+func (s *Server) parseUsage(i int, value string, hits uint64, it *item) error {
+	switch value {
+	case UsagePrompt:
+	case UsageOutput:
+		it.usedOutput = true
+	default:
+		return invalidArgument(fmt.Sprintf("descriptors[%d].%s", i, s.opts.UsageKey),
+			fmt.Sprintf("must be %q or %q (what hits_addend counts), got %q", UsagePrompt, UsageOutput, clip(value)))
+	}
+	it.kind, it.used = settling, int64(min(hits, maxTokens))
 	return nil
 }
 
@@ -357,6 +424,59 @@ func (s *Server) decide(ctx context.Context, it *item, d *admission.Decision) er
 		return nil
 	}
 	s.settle(ctx, it, d.LeaseID)
+	return nil
+}
+
+// check answers a checking item into d from Explain: what Admit would
+// answer now, with nothing charged; a request that would wait is
+// DEADLINE_UNMEETABLE with the wait Explain estimates, as Admit answers
+// a request without time to wait. The quota shown is the tenant's as it
+// stands.
+func (s *Server) check(ctx context.Context, it *item, d *admission.Decision) error {
+	x, err := s.eng.Explain(ctx, it.req)
+	if err != nil {
+		return err
+	}
+	*d = admission.Decision{Domain: x.Domain, Model: x.Model}
+	switch x.Outcome {
+	case admission.Admitted.String():
+		d.Outcome = admission.Admitted
+	case admission.Degraded.String():
+		d.Outcome = admission.Degraded
+	case "QUEUED":
+		d.Outcome, d.Reason, d.RetryAfter = admission.Rejected, admission.ReasonDeadlineUnmeetable, x.EstimatedWait
+	default:
+		d.Outcome, d.Reason, d.RetryAfter = admission.Rejected, x.Reason, x.RetryAfter
+	}
+	for _, g := range x.Gates {
+		if g.Gate == "tokens" && g.Reached {
+			d.Trace.QuotaAfter = g.Before
+		}
+	}
+	return nil
+}
+
+// settleUsage charges a settling item's tokens to its tenant and answers
+// OK with what remains: the request ran, so nothing is refused. Only a
+// tenant that is not configured is OVER_LIMIT (UNKNOWN_TENANT), as in a
+// decision.
+func (s *Server) settleUsage(it *item, d *admission.Decision) error {
+	u := admission.Usage{Tenant: it.req.Tenant, Model: it.req.Model}
+	if it.usedOutput {
+		u.OutputTokens = it.used
+	} else {
+		u.PromptTokens = it.used
+	}
+	res, err := s.eng.ChargeUsage(u)
+	switch {
+	case errors.Is(err, admission.ErrUnknownTenant):
+		*d = admission.Decision{Outcome: admission.Rejected, Reason: admission.ReasonUnknownTenant}
+		return nil
+	case err != nil:
+		return err
+	}
+	*d = admission.Decision{Outcome: admission.Admitted, Model: it.req.Model}
+	d.Trace.QuotaAfter = res.QuotaAfter
 	return nil
 }
 
