@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -331,6 +332,7 @@ func (c *Config) cloneSettings() Config {
 				}
 				m.Calibrated = cal
 			}
+			m.ServedNames = slices.Clone(m.ServedNames)
 			out.Models[i] = m
 		}
 	}

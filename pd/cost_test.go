@@ -184,6 +184,13 @@ func TestCatalogValidation(t *testing.T) {
 			return ms
 		}, `model "large": calibrated["H200"]: sets no rate`},
 		{"none", func([]Model) []Model { return nil }, "no models"},
+		{"served name empty", func(ms []Model) []Model { ms[1].ServedNames = []string{"llama-70b", ""}; return ms }, `model "medium": served_names[1]: empty`},
+		{"served name twice", func(ms []Model) []Model {
+			ms[1].ServedNames = []string{"llama"}
+			ms[2].ServedNames = []string{"llama"}
+			return ms
+		}, `model "small": served_names[0]: "llama" is already a served name of model "medium"`},
+		{"served name of another model", func(ms []Model) []Model { ms[1].ServedNames = []string{"small"}; return ms }, `model "medium": served_names[0]: "small" is another model's name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewCatalog(tc.change(DefaultModels()))

@@ -32,6 +32,11 @@ type Model struct {
 	PriceInputPer1K  float64 `json:"price_input_per_1k"`     // USD per 1000 prompt tokens
 	PriceOutputPer1K float64 `json:"price_output_per_1k"`    // USD per 1000 output tokens
 	DegradeTo        string  `json:"degrade_to,omitempty"`   // the next tier down; "" for none
+	// ServedNames are the names clients and serving engines give the model
+	// (an OpenAI request's "model", e.g. "meta-llama/Llama-3.1-70B-Instruct");
+	// the first is the one a gateway writes into a request it degrades to
+	// this tier. Empty: the model is served under Name.
+	ServedNames []string `json:"served_names,omitempty"`
 	// Calibrated holds measured rates by GPU model ("GB200", "H200"; any
 	// spelling topology.ModelName maps to one).
 	Calibrated map[string]Calibration `json:"calibrated,omitempty"`
@@ -174,6 +179,21 @@ func NewCatalog(models []Model) (*Catalog, error) {
 		c.names = append(c.names, m.Name)
 		if c.largest == nil || k.prefillPerToken > c.largest.k.prefillPerToken {
 			c.largest = &m
+		}
+	}
+	served := make(map[string]string)
+	for _, m := range c.models {
+		for j, n := range m.ServedNames {
+			other, dup := served[n]
+			switch {
+			case n == "":
+				return nil, fmt.Errorf("pd: model %q: served_names[%d]: empty", m.Name, j)
+			case dup:
+				return nil, fmt.Errorf("pd: model %q: served_names[%d]: %q is already a served name of model %q", m.Name, j, n, other)
+			case n != m.Name && c.byName[n] != nil:
+				return nil, fmt.Errorf("pd: model %q: served_names[%d]: %q is another model's name", m.Name, j, n)
+			}
+			served[n] = m.Name
 		}
 	}
 	for _, m := range c.models {

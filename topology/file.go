@@ -44,8 +44,10 @@ type fileDomain struct {
 
 // fileEngine is a domain's engines[] entry.
 type fileEngine struct {
-	Metrics string `json:"metrics"`
-	Kind    string `json:"kind"`
+	Metrics string   `json:"metrics"`
+	Kind    string   `json:"kind"`
+	Address string   `json:"address,omitempty"`
+	Models  []string `json:"models,omitempty"`
 }
 
 type fileNode struct {

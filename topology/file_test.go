@@ -191,7 +191,7 @@ domains:
 		t.Fatal(err)
 	}
 	want := []Engine{{Metrics: "http://10.0.0.1:8000/metrics", Kind: "vllm"}, {Metrics: "https://10.0.0.2:30000/metrics", Kind: "sglang"}}
-	if !slices.Equal(c.Domains[0].Engines, want) {
+	if !slices.EqualFunc(c.Domains[0].Engines, want, Engine.Equal) {
 		t.Errorf("engines %+v, want %+v", c.Domains[0].Engines, want)
 	}
 	out, err := EncodeYAML(c)
@@ -199,7 +199,7 @@ domains:
 		t.Fatal(err)
 	}
 	back, err := Parse(out)
-	if err != nil || !slices.Equal(back.Domains[0].Engines, want) {
+	if err != nil || !slices.EqualFunc(back.Domains[0].Engines, want, Engine.Equal) {
 		t.Errorf("written and read back: %+v, %v", back.Domains, err)
 	}
 	for bad, wantErr := range map[string]string{
@@ -211,6 +211,57 @@ domains:
 		doc := strings.Replace(doc, `- {metrics: "http://10.0.0.1:8000/metrics", kind: vllm}`, "- "+bad, 1)
 		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), wantErr) {
 			t.Errorf("engine %s: %v, want an error with %q", bad, err, wantErr)
+		}
+	}
+}
+
+// A domain's engines may name the address a gateway routes to and the
+// model names they serve: both are read, written back and checked, and an
+// engine without them stays valid (metrics only).
+func TestDomainEngineEndpoints(t *testing.T) {
+	const doc = `
+domains:
+  - id: d1
+    kind: hgx
+    gpu: H200
+    gpus_per_node: 8
+    nodes: 1
+    engines:
+      - {metrics: "http://10.0.0.1:8000/metrics", kind: vllm, address: "10.0.0.1:8000", models: [meta-llama/Llama-3.1-70B-Instruct, llama-70b]}
+      - {metrics: "http://10.0.0.2:8000/metrics", kind: vllm}
+`
+	c, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Engine{
+		{Metrics: "http://10.0.0.1:8000/metrics", Kind: "vllm", Address: "10.0.0.1:8000", Models: []string{"meta-llama/Llama-3.1-70B-Instruct", "llama-70b"}},
+		{Metrics: "http://10.0.0.2:8000/metrics", Kind: "vllm"},
+	}
+	if !slices.EqualFunc(c.Domains[0].Engines, want, Engine.Equal) {
+		t.Errorf("engines %+v, want %+v", c.Domains[0].Engines, want)
+	}
+	for _, enc := range []func(Cluster) ([]byte, error){EncodeYAML, EncodeJSON} {
+		out, err := enc(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := Parse(out)
+		if err != nil || !slices.EqualFunc(back.Domains[0].Engines, want, Engine.Equal) {
+			t.Errorf("written and read back: %+v, %v\n%s", back.Domains, err, out)
+		}
+	}
+	for bad, wantErr := range map[string]string{
+		`address: "10.0.0.1"`:      "domains[0].engines[0].address: want host:port",
+		`address: ":8000"`:         "domains[0].engines[0].address: want host:port with a host",
+		`address: "10.0.0.1:0"`:    "domains[0].engines[0].address: want a port in 1..65535",
+		`address: "10.0.0.1:http"`: "domains[0].engines[0].address: want a port in 1..65535",
+		`models: [""]`:             "domains[0].engines[0].models[0]: empty",
+		`models: [a, b, a]`:        `domains[0].engines[0].models[2]: "a" named twice`,
+	} {
+		doc := strings.Replace(doc, `address: "10.0.0.1:8000", models: [meta-llama/Llama-3.1-70B-Instruct, llama-70b]`, bad, 1)
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("engine with %s: %v, want an error with %q", bad, err, wantErr)
 		}
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/url"
 	"slices"
+	"strconv"
 )
 
 // Domain kinds used by the built-in sources. Kind is free text; these are the
@@ -142,16 +144,26 @@ type Domain struct {
 	Engines []Engine
 }
 
-// Engine is one serving engine's Prometheus metrics endpoint and what
+// Engine is one serving engine: its Prometheus metrics endpoint, what
 // kind of engine it is ("vllm", "sglang", or a kind sluiced's config
-// names), which says which metrics to read.
+// names), which says which metrics to read, and, for an engine a gateway
+// routes requests to, the address it serves on and the model names it
+// serves. An engine without an Address is read for its metrics only and
+// is never chosen as a request's endpoint.
 type Engine struct {
 	Metrics string // an http(s) URL
 	Kind    string
+	// Address is the host:port the gateway sends requests to; empty for a
+	// metrics-only engine.
+	Address string
+	// Models are the model names the engine serves, as clients name them
+	// (the catalog's served names); empty: every model of the domain.
+	Models []string
 }
 
 // Validate reports what is wrong with the engine, if anything: its metrics
-// URL must be http(s) with a host, and its kind named.
+// URL must be http(s) with a host, its kind named, its address (if any) a
+// host:port, and its model names non-empty and distinct.
 func (e Engine) Validate() error {
 	u, err := url.Parse(e.Metrics)
 	switch {
@@ -164,7 +176,42 @@ func (e Engine) Validate() error {
 	case e.Kind == "":
 		return errors.New("kind: missing (vllm, sglang, or a kind the config names)")
 	}
+	if e.Address != "" {
+		if err := checkAddress(e.Address); err != nil {
+			return fmt.Errorf("address: %w", err)
+		}
+	}
+	for i, m := range e.Models {
+		switch {
+		case m == "":
+			return fmt.Errorf("models[%d]: empty", i)
+		case slices.Contains(e.Models[:i], m):
+			return fmt.Errorf("models[%d]: %q named twice", i, m)
+		}
+	}
 	return nil
+}
+
+// checkAddress reports whether a is a host:port with a host and a port
+// number in 1..65535.
+func checkAddress(a string) error {
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return fmt.Errorf("want host:port, got %q", a)
+	}
+	n, err := strconv.Atoi(port)
+	switch {
+	case host == "":
+		return fmt.Errorf("want host:port with a host, got %q", a)
+	case err != nil || n < 1 || n > 65535:
+		return fmt.Errorf("want a port in 1..65535, got %q", a)
+	}
+	return nil
+}
+
+// Equal reports whether e and o are the same engine.
+func (e Engine) Equal(o Engine) bool {
+	return e.Metrics == o.Metrics && e.Kind == o.Kind && e.Address == o.Address && slices.Equal(e.Models, o.Models)
 }
 
 // GPUCount returns the number of GPUs in the domain, healthy or not.

@@ -32,6 +32,7 @@ import (
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/enginemetrics"
+	"github.com/sluice-sched/sluice/internal/gateway"
 	"github.com/sluice-sched/sluice/internal/server"
 	"github.com/sluice-sched/sluice/topology"
 	"github.com/sluice-sched/sluice/topology/nvml"
@@ -70,6 +71,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.DurationVar(&opts.Shared.Interval, "redis-interval", 100*time.Millisecond, "batched mode: reconcile period")
 	fs.DurationVar(&opts.Shared.Timeout, "redis-timeout", 50*time.Millisecond, "timeout of one Redis call; failures open the breaker")
 	fs.StringVar(&opts.Shared.Prefix, "redis-prefix", "sluice", "Redis key prefix, also the hash tag every key shares")
+	fs.DurationVar(&opts.Shared.BacklogTimeout, "redis-backlog-timeout", 2*time.Second, "timeout of one Redis call of the deferred backlog, on its own client: its writes are durable tickets, not decisions")
 	// Control plane (etcd): config, membership, node agents, drains.
 	fs.StringVar(&opts.Etcd.Endpoints, "etcd", "", "etcd endpoints (comma-separated URLs); makes etcd the source of config, topology and drains")
 	fs.StringVar(&opts.Etcd.CAFile, "etcd-ca", "", "CA bundle for etcd's TLS certificates")
@@ -88,13 +90,15 @@ func run(args []string, stdout io.Writer) error {
 	fs.BoolVar(&opts.Security.MetricsAuth, "metrics-auth", false, "put /metrics behind the viewer role (needs --auth); it is open otherwise")
 	fs.BoolVar(&opts.Dashboard.Actions, "dashboard-actions", false, "without --auth, let the dashboard's page drain and undrain domains (with --auth the operator role may)")
 	allowedHosts := fs.String("http-allowed-hosts", "", `names the HTTP port answers for beside its IP addresses, localhost and --http-addr's host, comma-separated: "name", ".domain" (it and the names under it) or "*" (any); other Hosts get 421, a guard against DNS rebinding. Without --auth the guard is always on; with it, only when this is set`)
-	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve); at the bound a new connection takes the place of one idle for a second, and is refused only when every connection is busy")
+	fs.IntVar(&opts.Security.MaxConnections, "max-connections", 0, "open connections per listener at most (0: half the file-descriptor limit less a reserve); at the bound a new connection takes the place of one with no call in progress and none ended for a second (bytes alone do not count), and is refused only when every connection is busy")
+	fs.IntVar(&opts.Security.MaxConcurrentStreams, "max-concurrent-streams", 0, "calls (HTTP/2 streams) open at once on one connection, on both listeners (0: 1000); a client past it waits for one to end")
 	fs.IntVar(&opts.Security.MaxConnectionsPerPeer, "max-connections-per-peer", 0, "open connections per listener from one peer address at most, the same way (0: a quarter of --max-connections, at least 8)")
 	// Metrics: the bound on tenant series overrides the config's.
 	fs.IntVar(&opts.Metrics.MaxTenantSeries, "metrics-max-tenant-series", 0, `tenants with metric series of their own: the busiest between scrapes; the rest are tenant="other" (0: the config's metrics.max_tenant_series, default 100)`)
 	fs.DurationVar(&opts.Metrics.AdmitLatencySLA, "admit-latency-sla", 2*time.Second, "Admit latency SLA, exported as sluice_admit_latency_sla_seconds for the p99 alert")
 	// Serving engines' metrics (the topology's engines), for the capacity loop.
 	fs.StringVar(&opts.Deferral.DataDir, "data-dir", "", "directory of the embedded durable state: the deferred backlog's file (deferred.db); with --redis the backlog is in Redis Streams instead; empty and without --redis, deferred tickets live in memory")
+	fs.BoolVar(&opts.Deferral.ResetDamaged, "deferral-reset-damaged", false, "a damaged --data-dir/deferred.db is renamed to deferred.db.damaged-<UTC time> and sluiced starts with an empty backlog, the file's tickets lost (logged at error level); without it sluiced refuses to start on a damaged file")
 	fs.IntVar(&opts.Engines.Readers, "engine-readers", 2, "with --redis batched and --etcd, how many replicas read each domain's engines (the first in its rendezvous order of the members); the shared state relays their readings to the others")
 	fs.DurationVar(&opts.Engines.Period, "engine-metrics-period", 100*time.Millisecond, "how often every serving engine's metrics (the topology's domains[].engines) are read; the config's feedback.stale bounds their age")
 	fs.Func("engine-kind", "an engine kind beside vllm and sglang (or in their place): name=queue_metric,kv_metric[,running_metric]; repeatable", func(v string) error {
@@ -117,8 +121,12 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.RLS.PromptKey, "rls-prompt-key", rlsserver.DefaultPromptKey, "Envoy rate limit: the descriptor entry with the prompt tokens (else from hits_addend)")
 	fs.StringVar(&opts.RLS.OutputKey, "rls-output-key", rlsserver.DefaultOutputKey, "Envoy rate limit: the descriptor entry with the max output tokens (else 1)")
 	fs.StringVar(&opts.RLS.DowngradeKey, "rls-downgrade-key", rlsserver.DefaultDowngradeKey, "Envoy rate limit: the descriptor entry listing accepted lower tiers, comma separated")
+	fs.StringVar(&opts.RLS.UsageKey, "rls-usage-key", rlsserver.DefaultUsageKey, "Envoy rate limit: the descriptor entry marking tokens used, settled against the tenant and never refused (value prompt or output: what hits_addend counts)")
 	fs.StringVar(&opts.RLS.DefaultModel, "rls-default-model", "", "Envoy rate limit: the model of a descriptor without a model entry (empty: such a descriptor is INVALID_ARGUMENT)")
 	fs.DurationVar(&opts.RLS.MaxWait, "rls-max-wait", 0, "Envoy rate limit: how long a request may wait in the fair queue, within the call's deadline (0: answer at once)")
+	fs.StringVar(&opts.Gateway.Gateway.TenantHeader, "gateway-tenant-header", gateway.DefaultTenantHeader, "Envoy ext_proc: the request header naming the tenant, set by the gateway after it authenticates the caller")
+	fs.StringVar(&opts.Gateway.Gateway.DefaultTenant, "gateway-default-tenant", "", "Envoy ext_proc: the tenant of a request without the tenant header (empty: such a request is refused, 400)")
+	fs.IntVar(&opts.Gateway.Gateway.MaxBody, "gateway-max-body", gateway.DefaultMaxBody, "Envoy ext_proc: the largest request body read, in bytes (larger: 413)")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}

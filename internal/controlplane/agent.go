@@ -35,8 +35,10 @@ type AgentRecord struct {
 
 // AgentEngine is one serving engine of an AgentRecord.
 type AgentEngine struct {
-	Metrics string `json:"metrics"`
-	Kind    string `json:"kind"`
+	Metrics string   `json:"metrics"`
+	Kind    string   `json:"kind"`
+	Address string   `json:"address,omitempty"` // where a gateway routes requests; empty: metrics only
+	Models  []string `json:"models,omitempty"`  // the model names it serves; empty: every model
 }
 
 // AgentGPU is one GPU of an AgentRecord.

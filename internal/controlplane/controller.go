@@ -712,7 +712,7 @@ func unhealthyCluster(c topology.Cluster, problem string) topology.Cluster {
 
 // recordsEqual compares two agent records.
 func recordsEqual(a, b AgentRecord) bool {
-	return a.Node == b.Node && a.Domain == b.Domain && slices.Equal(a.GPUs, b.GPUs) && slices.Equal(a.Engines, b.Engines)
+	return a.Node == b.Node && a.Domain == b.Domain && slices.Equal(a.GPUs, b.GPUs) && slices.EqualFunc(a.Engines, b.Engines, func(x, y AgentEngine) bool { return topology.Engine(x).Equal(topology.Engine(y)) })
 }
 
 // reconcileDrains applies the drain marks with the engine's DrainAhead: a

@@ -13,7 +13,9 @@ import (
 	"github.com/sluice-sched/sluice/admission/grpcserver"
 	"github.com/sluice-sched/sluice/internal/cli"
 	"github.com/sluice-sched/sluice/internal/dashboard"
+	"github.com/sluice-sched/sluice/internal/gateway"
 	"github.com/sluice-sched/sluice/internal/metrics"
+	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -82,7 +84,8 @@ func newTenantDirectory(cfg admission.Config) *tenantDirectory {
 // replaced whole when they change.
 type serverState struct {
 	eng     *admission.Engine
-	feed    *engineFeed // reads the engines each cluster names
+	feed    *engineFeed      // reads the engines each cluster names
+	gw      *gateway.Gateway // the gateways' lifecycle: the models' served names, the domains' endpoints
 	cluster atomic.Pointer[topology.Cluster]
 	dir     atomic.Pointer[tenantDirectory]
 }
@@ -96,7 +99,16 @@ var (
 )
 
 // configChanged indexes the tenants of cfg, the config the engine took.
-func (st *serverState) configChanged(cfg admission.Config) { st.dir.Store(newTenantDirectory(cfg)) }
+func (st *serverState) configChanged(cfg admission.Config) {
+	st.dir.Store(newTenantDirectory(cfg))
+	models := cfg.Models
+	if models == nil {
+		models = pd.DefaultModels() // what the engine serves for a config naming none
+	}
+	if st.gw != nil {
+		st.gw.SetModels(models)
+	}
+}
 
 // tenantsChanged applies the engine's tenant updates to the directory: a
 // copy of the names with the changed ones merged in, at the cost of a
@@ -141,6 +153,9 @@ func (st *serverState) tenantsChanged(updates []admission.TenantUpdate) {
 func (st *serverState) topologyChanged(c topology.Cluster) {
 	st.cluster.Store(&c)
 	st.feed.topologyChanged(c)
+	if st.gw != nil {
+		st.gw.SetTopology(c)
+	}
 }
 
 // Topology implements dashboard.State.

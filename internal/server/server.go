@@ -63,6 +63,9 @@ type Options struct {
 	// Deferral: where deferred tickets are kept (deferral.go); zero: in
 	// Redis with --redis, else in memory.
 	Deferral DeferralOptions
+	// Gateway: the request lifecycle Envoy's ext_proc drives (gateway.go);
+	// zero: the default headers and bounds.
+	Gateway GatewayOptions
 }
 
 // Server is a running sluiced.
@@ -81,6 +84,7 @@ type Server struct {
 
 	backlog      *deferral.Backlog // deferrable work (deferral.go)
 	backlogStore deferral.Store
+	backlogRedis redis.UniversalClient // the backlog's own client with --redis, closed after its store
 
 	reloadMu sync.Mutex
 	redis    redis.UniversalClient // nil when embedded
@@ -164,6 +168,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.state = &serverState{eng: s.eng, feed: feed}
+	s.state.gw = s.newGateway(feed)
 	s.state.configChanged(cfg)
 	s.state.topologyChanged(cluster)
 	// The engine and the tenant directory hold what they need of the
@@ -192,6 +197,7 @@ func New(opts Options) (*Server, error) {
 	if err := s.registerRLS(cfg); err != nil {
 		return nil, err
 	}
+	s.registerExtProc()
 	s.grpcMetrics.calls.InitializeMetrics(s.grpc) // every method's series, at 0
 	s.http = s.newHTTPServer(s.httpHandler(s.metrics.Handler()))
 
@@ -307,6 +313,9 @@ func (s *Server) shutdown() {
 	}
 	if err := s.backlogStore.Close(); err != nil {
 		s.log.Warn("closing the deferred backlog's store", "err", err)
+	}
+	if s.backlogRedis != nil {
+		_ = s.backlogRedis.Close()
 	}
 	s.dash.Close() // event streams end, so that HTTP shutdown need not wait for them
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
