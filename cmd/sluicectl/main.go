@@ -121,7 +121,7 @@ DOMAIN (domain drain, domain undrain), tenants (tenant list), tenant NAME
 		c.GroupID = "cluster"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{newTopologyCmd(g), newReplayCmd(g), newRecommendCmd(g), newFleetCmd(g), newFleetSimCmd(g)} {
+	for _, c := range []*cobra.Command{newTopologyCmd(g), newReplayCmd(g), newRecommendCmd(g), newFleetCmd(g), newFleetSimCmd(g), newEngineSimCmd(g)} {
 		c.GroupID = "offline"
 		root.AddCommand(c)
 	}

@@ -94,11 +94,12 @@ var kinds = map[string]kind{
 	"internal/testwait":                   testSupport,
 	"topology/topologytest":               testSupport,
 
-	"internal/drill":    tooling,
-	"internal/fleetgen": tooling,
-	"internal/fleetsim": tooling,
-	"internal/load":     tooling,
-	"internal/replay":   tooling,
+	"internal/drill":     tooling,
+	"internal/enginesim": tooling,
+	"internal/fleetgen":  tooling,
+	"internal/fleetsim":  tooling,
+	"internal/load":      tooling,
+	"internal/replay":    tooling,
 
 	"cmd/sluiced":      command,
 	"cmd/sluice-agent": command,
