@@ -1,13 +1,9 @@
 package server
 
 import (
-	"context"
 	"testing"
-	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -19,14 +15,7 @@ import (
 // pending and once it is done; the same body again gets its ticket.
 func TestDeferrableRequestIDReusedWithAnotherBody(t *testing.T) {
 	srv, _, _, _ := start(t, Options{Deferral: DeferralOptions{DataDir: t.TempDir()}})
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	adm, op := admissionv1.NewAdmissionClient(conn), admissionv1.NewOperatorClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	adm, op, ctx := deferralClients(t, srv)
 
 	interactive := &admissionv1.AdmitRequest{RequestId: "chat-1", Tenant: "acme", Model: "large", PromptTokens: 100, MaxOutputTokens: 10}
 	if _, err := adm.Admit(ctx, interactive); err != nil {
@@ -38,15 +27,7 @@ func TestDeferrableRequestIDReusedWithAnotherBody(t *testing.T) {
 		t.Fatalf("interactive request id reused with another body: %v, want INVALID_ARGUMENT", want)
 	}
 
-	domains, err := op.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range domains.GetDomains() {
-		if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: d.GetId(), Reason: "test"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	domains := drainEveryDomain(ctx, t, op)
 	batch := &admissionv1.AdmitRequest{RequestId: "batch-1", Tenant: "acme", Model: "large", PromptTokens: 1000, MaxOutputTokens: 100, Deferrable: true}
 	first, err := adm.Admit(ctx, batch)
 	if err != nil || first.GetDecision() != admissionv1.Decision_DEFERRED {

@@ -21,23 +21,8 @@ import (
 // domains return, released, and DONE.
 func TestDeferredTicketLifecycle(t *testing.T) {
 	srv, _, _, _ := start(t, Options{Deferral: DeferralOptions{DataDir: t.TempDir()}})
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	adm, op := admissionv1.NewAdmissionClient(conn), admissionv1.NewOperatorClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	domains, err := op.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range domains.GetDomains() {
-		if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: d.GetId(), Reason: "test"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	adm, op, ctx := deferralClients(t, srv)
+	domains := drainEveryDomain(ctx, t, op)
 	submit := func(id string) string {
 		t.Helper()
 		resp, err := adm.Admit(ctx, &admissionv1.AdmitRequest{RequestId: id, Tenant: "acme", Model: "large", PromptTokens: 1000, MaxOutputTokens: 100, Deferrable: true})
@@ -170,4 +155,35 @@ func TestDeferredWorkIsBoundToTheRoutersTenants(t *testing.T) {
 	if tk, err := all.GetTicket(ctx, &admissionv1.GetTicketRequest{TicketId: tickets["globex"]}); err != nil || tk.GetState() != admissionv1.TicketState_TICKET_PENDING {
 		t.Fatalf("globex's ticket: %v %v, want still PENDING", tk.GetState(), err)
 	}
+}
+
+// deferralClients dials srv's gRPC port for a test of deferred work: the
+// Admission and Operator clients and a context that ends with the test
+// (30 s at most).
+func deferralClients(t *testing.T, srv *Server) (admissionv1.AdmissionClient, admissionv1.OperatorClient, context.Context) {
+	t.Helper()
+	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return admissionv1.NewAdmissionClient(conn), admissionv1.NewOperatorClient(conn), ctx
+}
+
+// drainEveryDomain drains every domain, so that deferrable work waits, and
+// returns them.
+func drainEveryDomain(ctx context.Context, t *testing.T, op admissionv1.OperatorClient) *admissionv1.ListDomainsResponse {
+	t.Helper()
+	domains, err := op.ListDomains(ctx, &admissionv1.ListDomainsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range domains.GetDomains() {
+		if _, err := op.DrainDomain(ctx, &admissionv1.DrainDomainRequest{Domain: d.GetId(), Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return domains
 }
