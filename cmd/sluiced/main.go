@@ -127,6 +127,7 @@ func run(args []string, stdout io.Writer) error {
 	fs.StringVar(&opts.Gateway.Gateway.TenantHeader, "gateway-tenant-header", gateway.DefaultTenantHeader, "Envoy ext_proc: the request header naming the tenant, set by the gateway after it authenticates the caller")
 	fs.StringVar(&opts.Gateway.Gateway.DefaultTenant, "gateway-default-tenant", "", "Envoy ext_proc: the tenant of a request without the tenant header (empty: such a request is refused, 400)")
 	fs.IntVar(&opts.Gateway.Gateway.MaxBody, "gateway-max-body", gateway.DefaultMaxBody, "Envoy ext_proc: the largest request body read, in bytes (larger: 413)")
+	fs.StringVar(&opts.Gateway.OpenAIAddr, "openai-addr", "", "the OpenAI-compatible front's listen address (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models; HTTP/1.1 and h2c), forwarding to the topology's engines; the --gateway-* flags apply to it too (empty: off)")
 	if err := cli.EnvFlags(fs); err != nil {
 		return err
 	}

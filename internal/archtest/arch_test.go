@@ -73,6 +73,7 @@ var kinds = map[string]kind{
 	"internal/extproc":             adapter,
 	"internal/gateway":             adapter,
 	"internal/metrics":             adapter,
+	"internal/openai":              adapter,
 	"internal/server":              adapter,
 	"internal/state/boltbacklog":   adapter,
 	"internal/state/memstate":      adapter,

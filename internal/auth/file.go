@@ -38,6 +38,7 @@ const maxNameLen = 256
 // fileDoc is the auth file as written; its json tags are its keys.
 type fileDoc struct {
 	Principals []filePrincipal `json:"principals"`
+	APIKeys    []fileAPIKey    `json:"api_keys,omitempty"`
 }
 
 // filePrincipal is one entry of the auth file.
@@ -128,6 +129,7 @@ type Policy struct {
 	tokens []tokenEntry
 	bySAN  map[string]*Principal
 	names  []string
+	keys   map[[sha256.Size]byte]string // an API key's digest → its tenant (apikey.go)
 }
 
 // Principals returns the principals' names, in file order.
@@ -157,7 +159,7 @@ func Parse(name string, data []byte) (*Policy, error) {
 		}
 		return nil, &FileError{File: name, Reason: err.Error()}
 	}
-	if len(doc.Principals) == 0 {
+	if len(doc.Principals) == 0 && len(doc.APIKeys) == 0 {
 		// A file that names nobody would refuse every caller: most often it
 		// is a write caught half done (truncated, not yet rewritten), so it
 		// is refused and the last good file keeps serving.
@@ -225,6 +227,9 @@ func Parse(name string, data []byte) (*Policy, error) {
 			pol.bySAN[fp.MTLSSAN] = p
 		}
 		pol.names = append(pol.names, fp.Name)
+	}
+	if err := parseAPIKeys(name, doc.APIKeys, tokens, pol); err != nil {
+		return nil, err
 	}
 	return pol, nil
 }

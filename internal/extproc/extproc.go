@@ -260,15 +260,35 @@ func (st *stream) send(r *extprocv3.ProcessingResponse) error {
 	return nil
 }
 
+// chunkAnswer is the messages of one streamed body chunk's answer, in one
+// allocation: twenty of them answer a streamed response.
+type chunkAnswer struct {
+	resp     extprocv3.ProcessingResponse
+	reqBody  extprocv3.ProcessingResponse_RequestBody
+	respBody extprocv3.ProcessingResponse_ResponseBody
+	body     extprocv3.BodyResponse
+	common   extprocv3.CommonResponse
+	mutation extprocv3.BodyMutation
+	streamed extprocv3.BodyMutation_StreamedResponse
+	chunk    extprocv3.StreamedBodyResponse
+}
+
 // streamedBody is one chunk of a FULL_DUPLEX_STREAMED body.
 func streamedBody(b []byte, end, request bool) *extprocv3.ProcessingResponse {
-	br := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-		Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: end}},
-	}}}
+	a := &chunkAnswer{}
+	a.chunk.Body, a.chunk.EndOfStream = b, end
+	a.streamed.StreamedResponse = &a.chunk
+	a.mutation.Mutation = &a.streamed
+	a.common.BodyMutation = &a.mutation
+	a.body.Response = &a.common
 	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: br}}
+		a.reqBody.RequestBody = &a.body
+		a.resp.Response = &a.reqBody
+	} else {
+		a.respBody.ResponseBody = &a.body
+		a.resp.Response = &a.respBody
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: br}}
+	return &a.resp
 }
 
 func setHeader(k, v string) *corev3.HeaderValueOption {

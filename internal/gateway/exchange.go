@@ -128,14 +128,16 @@ func (x *Exchange) RequestHeaders(path string, get func(name string) string) *Ve
 func (x *Exchange) SetSubset(subset []string) { x.subset, x.hasSubset = subset, true }
 
 // AppendBody takes the next chunk of the request body; a body past the
-// bound is refused (413).
+// bound is refused (413). The first chunk is kept, not copied (a body in
+// one chunk is the common case): the caller must not change it after.
 func (x *Exchange) AppendBody(chunk []byte) *Verdict {
 	if len(x.body)+len(chunk) > x.g.o.MaxBody {
 		x.body = nil
 		return x.refuse(OutcomeTooLarge, 413, "the request body is larger than "+strconv.Itoa(x.g.o.MaxBody)+" bytes", "invalid_request_error", "", "request_too_large")
 	}
 	if x.body == nil && len(chunk) > 0 {
-		x.body = make([]byte, 0, max(len(chunk), 4096))
+		x.body = chunk[:len(chunk):len(chunk)] // full: the next append copies
+		return nil
 	}
 	x.body = append(x.body, chunk...)
 	return nil
@@ -405,7 +407,11 @@ func (x *Exchange) finish(o Outcome) {
 		return
 	}
 	x.outcome = o
-	x.g.outcomes.WithLabelValues(o.String()).Inc()
+	if o > OutcomeNone && o < numOutcomes {
+		x.g.byOutcome[o].Inc()
+	} else {
+		x.g.outcomes.WithLabelValues(o.String()).Inc()
+	}
 	if !x.held {
 		return
 	}

@@ -78,6 +78,9 @@ type Gateway struct {
 	picker   picker
 	catalog  atomic.Pointer[catalog]
 	outcomes *prometheus.CounterVec
+	// byOutcome holds outcomes' counters, looked up once: an exchange's
+	// end then hashes no label.
+	byOutcome [numOutcomes]prometheus.Counter
 }
 
 // New returns a Gateway deciding through eng; call SetModels and
@@ -107,7 +110,7 @@ func New(eng Engine, o Options) *Gateway {
 		}, []string{"outcome"})}
 	for o := range Outcome(numOutcomes) {
 		if o != OutcomeNone {
-			g.outcomes.WithLabelValues(o.String())
+			g.byOutcome[o] = g.outcomes.WithLabelValues(o.String())
 		}
 	}
 	if o.Registerer != nil {
@@ -170,6 +173,32 @@ func (o Outcome) String() string {
 
 // Start begins an Exchange.
 func (g *Gateway) Start() *Exchange { return &Exchange{g: g} }
+
+// ErrorBody is an error answer in OpenAI's shape
+// ({"error":{"message","type","param","code"}}), for a front that answers
+// the client itself (an empty param is null).
+func ErrorBody(message, typ, param, code string) []byte {
+	return errorBody(message, typ, param, code)
+}
+
+// ServedModel is a name a request's model may take, and the catalog's
+// model it names.
+type ServedModel struct {
+	Name, Model string
+}
+
+// ServedModels lists the names requests may name, each model's preferred
+// first, the models in the catalog's order: what a model list answers.
+func (g *Gateway) ServedModels() []ServedModel {
+	c := g.catalog.Load()
+	out := make([]ServedModel, 0, len(c.byServed))
+	for _, m := range c.order {
+		for _, n := range c.served[m] {
+			out = append(out, ServedModel{Name: n, Model: m})
+		}
+	}
+	return out
+}
 
 // errorBody is OpenAI's error shape.
 func errorBody(message, typ, param, code string) []byte {

@@ -43,6 +43,7 @@ func (e *endpoint) serves(names []string) bool {
 type catalog struct {
 	byServed map[string]string   // a served name or a model's own name → the model
 	served   map[string][]string // a model → the names it is served under, the preferred first
+	order    []string            // the models, in the catalog's order
 }
 
 func newCatalog(models []pd.Model) *catalog {
@@ -53,6 +54,7 @@ func newCatalog(models []pd.Model) *catalog {
 			names = append(names, m.Name)
 		}
 		c.served[m.Name] = names
+		c.order = append(c.order, m.Name)
 		for _, n := range names {
 			c.byServed[n] = m.Name
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -489,6 +490,69 @@ func TestExtProcQueueThenAdmit(t *testing.T) {
 	e.routed()
 	e.respond("200", "application/json", `{"usage":{"prompt_tokens":5,"completion_tokens":1}}`)
 	checkNoLeases(t, srv)
+}
+
+// fillLarge takes d1's capacity for the large model with leases from the
+// router API, on a clock that does not move, until one more request of
+// 1000 prompt and 1000 output tokens is refused; it returns the leases.
+func fillLarge(t *testing.T, srv *Server, clk *clock.Manual) []uint64 {
+	t.Helper()
+	var leases []uint64
+	for {
+		dec, err := srv.Engine().Admit(context.Background(), admission.Request{Tenant: "acme", Model: "large", PromptTokens: 1000, MaxOutputTokens: 1000, Deadline: clk.Now().Add(time.Nanosecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if dec.Outcome != admission.Admitted {
+			return leases
+		}
+		leases = append(leases, dec.LeaseID)
+	}
+}
+
+// A request for large that accepts medium, arriving when large has no room
+// left and with no time to wait for it, is DEGRADED: Envoy forwards the body
+// with its model rewritten to medium's served name, to the engine serving
+// medium, and the tenant is charged the usage the engine reports.
+func TestExtProcDegradeRewritesTheBody(t *testing.T) {
+	clk := clock.NewManual(time.Now())
+	srv, c := startGateway(t, func(o *Options) { o.Clock = clk })
+	leases := fillLarge(t, srv, clk)
+	before := tokenLevel(t, srv, "acme")
+	e := newEnvoy(t, c)
+	e.requestHeaders(filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, false, nil, ":path", "/v1/chat/completions", "x-llm-d-inference-fairness-id", "acme",
+		"x-sluice-accept-downgrade", "llama-70b", "x-sluice-deadline-ms", "50")
+	body := `{"model":"llama-405b","max_tokens":100,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 1000) + `"}]}`
+	e.requestBody(body[:3000], false)
+	e.requestBody(body[3000:], true)
+	dest, set, fwd := e.routed()
+	if dest != "10.0.0.2:8000" || set["x-sluice-model"] != "medium" {
+		t.Errorf("degraded: destination %q, headers %v; want 10.0.0.2:8000, the engine serving medium", dest, set)
+	}
+	if want := strings.Replace(body, `"model":"llama-405b"`, `"model":"llama-70b"`, 1); fwd != want {
+		t.Errorf("the body forwarded:\n%.120s\nwant:\n%.120s", fwd, want)
+	}
+	if got := e.respond("200", "application/json", `{"model":"llama-70b","choices":[{"message":{"content":"ok"}}],`, `"usage":{"prompt_tokens":1300,"completion_tokens":40}}`); !strings.HasSuffix(got, `"completion_tokens":40}}`) {
+		t.Errorf("the client receives %q", got)
+	}
+	// The clock stands still: acme's tokens moved by the usage reported,
+	// 1300 + 4 × 40 weighted tokens, charged at medium's rate against
+	// large (70B over 405B active parameters), rounded up: 253.
+	if got, want := before-tokenLevel(t, srv, "acme"), int64(math.Ceil((1300+4*40)*70.0/405)); got != want {
+		t.Errorf("acme charged %d weighted tokens for the degraded request, want %d", got, want)
+	}
+	if n := srv.Engine().LeaseCount(); n != len(leases) {
+		t.Errorf("%d leases held after the exchange, want the fill's %d", n, len(leases))
+	}
+	for _, id := range leases {
+		if _, err := srv.Engine().Release(context.Background(), admission.Release{LeaseID: id, Outcome: admission.ReleaseOK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkNoLeases(t, srv)
+	if m := get(t, srv, "/metrics"); !strings.Contains(m, `sluice_decisions_total{decision="DEGRADED",reason="REASON_UNSPECIFIED"} 1`) {
+		t.Error("/metrics counts no DEGRADED decision")
+	}
 }
 
 // sluiced serves ext_proc's health.

@@ -17,6 +17,9 @@ type GatewayOptions struct {
 	Gateway gateway.Options
 	// ExtProc: the body mode assumed when Envoy does not say.
 	ExtProc extproc.Options
+	// OpenAIAddr is where the OpenAI-compatible front listens
+	// (--openai-addr, openai.go); "": no front.
+	OpenAIAddr string
 }
 
 // newGateway builds the lifecycle over the engine's instrumented Admit

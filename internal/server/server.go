@@ -79,6 +79,7 @@ type Server struct {
 	http    *http.Server
 	grpcLis net.Listener
 	httpLis net.Listener
+	openai  *openaiFront // nil without --openai-addr (openai.go)
 
 	grpcMetrics *grpcMetrics // calls by method and code, invalid requests by field
 
@@ -200,13 +201,24 @@ func New(opts Options) (*Server, error) {
 	s.registerExtProc()
 	s.grpcMetrics.calls.InitializeMetrics(s.grpc) // every method's series, at 0
 	s.http = s.newHTTPServer(s.httpHandler(s.metrics.Handler()))
+	if err := s.newOpenAI(); err != nil {
+		return nil, err
+	}
 
 	if err := s.listen(); err != nil {
+		return nil, err
+	}
+	if err := s.listenOpenAI(); err != nil {
+		s.grpcLis.Close()
+		s.httpLis.Close()
 		return nil, err
 	}
 	if err := s.startControlPlane(); err != nil {
 		s.grpcLis.Close()
 		s.httpLis.Close()
+		if s.openai != nil {
+			s.openai.lis.Close()
+		}
 		return nil, err
 	}
 	s.log.Info("sluiced ready", "config", cfgName, "topology", opts.Topology,
@@ -278,8 +290,13 @@ func (s *Server) Serve(ctx context.Context) error {
 	go s.watchSecurity(runCtx)
 	s.runControlPlane()
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- s.grpc.Serve(s.grpcLis) }()
+	go func() {
+		if err := s.serveOpenAI(); err != nil {
+			errc <- err
+		}
+	}()
 	go func() {
 		if err := s.serveHTTP(); !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
@@ -304,6 +321,7 @@ func (s *Server) shutdown() {
 	// Claim streams end, so that GracefulStop need not wait for them.
 	s.backlog.Close()
 	s.eng.Close() // every queued request answered SHUTTING_DOWN (retry elsewhere)
+	openaiDone := s.shutdownOpenAI()
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()
 	select {
@@ -321,6 +339,7 @@ func (s *Server) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = s.http.Shutdown(ctx)
+	<-openaiDone
 	s.log.Info("stopped")
 }
 
