@@ -273,6 +273,16 @@ func (v *verdict) refusal(d *Decision, r *pending, now int64) {
 	d.Trace.EstimatedWait = v.wait
 }
 
+// withinFloor reports whether r may be placed within its tenant's floor
+// (on the floor reserve, past the capacity guard): the floor bucket holds
+// its weighted tokens, or, for a request larger than one second of floor,
+// the bucket is full. Such a request takes the bucket into debt, paid back
+// before the next: the tenant's floor is its rate whatever the size of its
+// requests, where a bucket one second deep would never hold them.
+func withinFloor(now int64, t *tenantState, r *pending) bool {
+	return !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, min(r.weighted, t.floor.Burst()), 0)
+}
+
 // decideLocked runs a new request through the tenant gates and placement:
 // within the floor (reserved capacity, no queue), on shared capacity, or
 // into the waiting room. m says whether the decision is Admit's or only
@@ -298,7 +308,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	}
 	r.critical = s.critical
 	place := &e.mu.place
-	if !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, r.weighted, 0) {
+	if withinFloor(now, t, r) {
 		if pl, ok := place.find(now, r, true, allTiers(r), m); ok {
 			return verdict{placed: true, pl: pl}
 		}
@@ -628,6 +638,15 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 // or until the turns lapse with the contention.)
 func (e *Engine) placeQueuedLocked(now int64, w *waiter) (placement, bool) {
 	tiers, model := &e.mu.room.tiers, w.p.tierBuf[0].name
+	if !w.p.deferred && withinFloor(now, w.p.tenant, &w.p) {
+		// Its floor has refilled while it waited: it goes on the floor's
+		// reserve, which the capacity guard's hold does not stop, rather
+		// than wait for the shared capacity a hold or a shrinking factor
+		// withholds.
+		if pl, ok := e.mu.place.find(now, &w.p, true, allTiers(&w.p), admitting()); ok {
+			return pl, true
+		}
+	}
 	turn := w.p.ntiers == 1 || tiers.turn(now, model, w.p.tenant.name)
 	pl, ok := e.mu.place.fitsQueued(now, w, turn)
 	switch {

@@ -119,7 +119,8 @@ func firstChoiceOf(h *harness, tenant, model string) string {
 }
 
 // checkTreeWeights checks that every domain's weight in the rendezvous
-// tree is its health weight while it is eligible and 0 while it is not.
+// tree is its health weight times its size (its model prefill rate in
+// PFLOP/s) while it is eligible and 0 while it is not.
 func checkTreeWeights(t *rapid.T, h *harness) {
 	e := h.e
 	e.mu.Lock()
@@ -128,7 +129,8 @@ func checkTreeWeights(t *rapid.T, h *harness) {
 	for _, d := range p.domains {
 		want := 0.0
 		if d.eligible() {
-			want = d.health.weight
+			prefill, _ := d.cap.PriorRates()
+			want = d.health.weight * max(float64(prefill)/1e15, minPlaceSize)
 		}
 		if got := p.tree.Weight(d.idx); got != want {
 			t.Fatalf("%s: tree weight %v, want %v (draining %v, health %v)", d.ID(), got, want, d.draining, d.health.weight)

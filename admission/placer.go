@@ -62,6 +62,9 @@ type placement struct {
 	cost  pd.Cost
 	tier  int // 0: the requested model; i: the i-th accepted lower tier
 	floor bool
+	// tierRate is the share of the request's weighted tokens its quota
+	// pays on this tier (tierRate): 1 on the requested one.
+	tierRate float64
 }
 
 // outcome is the answer of an admission placed at pl: DEGRADED on a lower
@@ -226,14 +229,24 @@ func (p *placer) next() *domainState {
 	return nil
 }
 
-// placeWeight is d's weight in the rendezvous tree: its health weight while
-// it is eligible, 0 (no placement) when it is not.
+// placeWeight is d's weight in the rendezvous tree: its health weight
+// times its size (the model's prefill rate of the whole domain, in
+// PFLOP/s) while it is eligible, 0 (no placement) when it is not. A
+// domain is a tenant's first choice in proportion to what it can serve:
+// an NVL72 rack, with 22 HGX nodes' prefill, is the first choice of 22
+// times as many (tenant, model) keys. The size is the model's, before the
+// capacity factor, so that a moving factor reshuffles no first choices.
 func placeWeight(d *domainState) float64 {
 	if !d.eligible() {
 		return 0
 	}
-	return d.health.weight
+	prefill, _ := d.cap.PriorRates()
+	return d.health.weight * max(float64(prefill)/1e15, minPlaceSize)
 }
+
+// minPlaceSize is the least size placeWeight gives an eligible domain, so
+// that one whose rates round to nothing still ranks.
+const minPlaceSize = 1e-6
 
 // reweigh gives d its current placement weight in the tree; the cached
 // first choices go stale if it moved.
@@ -269,7 +282,11 @@ func (p *placer) rebuildTree() {
 // by default), the least loaded goes first once the first's load passes
 // it by feedback.spread_margin, so that a tenant's prefixes stay on a few
 // domains while equal domains share the load. Two choices are cached per
-// (tenant, model); more are walked for each request (choices).
+// (tenant, model); more are walked for each request (choices). When every
+// choice is loaded past the margin, the first domain further down the
+// order that is less loaded by more than the margin joins them
+// (lookFurther). The order is weighted by each domain's size
+// (placeWeight).
 // A request that accepts lower tiers must leave headroom on its requested
 // tier, more for low-weight tenants, so that low-weight tenants degrade
 // first. m sees each (tier, domain) looked at.
@@ -289,16 +306,17 @@ func (p *placer) find(now int64, r *pending, floor bool, plan tierPlan, m decisi
 				d.loop.look(now, &p.cfg.Feedback)
 			}
 		}
+		if !walked {
+			p.walk(r.tenant, ms)
+			for range n {
+				p.next() // the choices
+			}
+		}
+		n = p.lookFurther(r.tenant, ms, &cand, n)
 		p.leastLoadedFirst(cand[:n])
 		for _, d := range cand[:n] {
 			if pl, ok := p.try(now, r, floor, ti, d, m); ok {
 				return pl, true
-			}
-		}
-		if !walked {
-			p.walk(r.tenant, ms)
-			for range n {
-				p.next() // the choices, tried
 			}
 		}
 		for d := p.next(); d != nil; d = p.next() {
@@ -313,7 +331,7 @@ func (p *placer) find(now int64, r *pending, floor bool, plan tierPlan, m decisi
 // choices returns (tenant, model)'s first feedback.spread_choices domains
 // in rendezvous order: the cached first two, or more from a walk, which is
 // then left just after them (walked).
-func (p *placer) choices(t *tenantState, m *modelState) (cand [MaxSpreadChoices]*domainState, n int, walked bool) {
+func (p *placer) choices(t *tenantState, m *modelState) (cand candidates, n int, walked bool) {
 	if k := p.cfg.Feedback.SpreadChoices; k > 2 {
 		p.walk(t, m)
 		for n < k {
@@ -337,6 +355,53 @@ func (p *placer) choices(t *tenantState, m *modelState) (cand [MaxSpreadChoices]
 	}
 	return cand, n, false
 }
+
+// candidates are the domains a placement weighs by load: a tenant's
+// choices, and one further (lookFurther).
+type candidates [MaxSpreadChoices + 1]*domainState
+
+// lookFurther adds to a request's n choices the first domain further
+// down its rendezvous order (at most lookFurtherDepth further) that is
+// less loaded than every choice by more than feedback.spread_margin: a
+// tenant whose first domains are busy goes to idle capacity rather than
+// queue behind its prefixes, and each tenant to its own next domain, not
+// all of them to one. It leaves the walk past the choices again, and
+// returns the number of candidates.
+func (p *placer) lookFurther(t *tenantState, m *modelState, cand *candidates, n int) int {
+	if n == 0 || p.cfg.Feedback.SpreadChoices < 2 { // 1: first fit
+		return n
+	}
+	least := cand[0].loop.load
+	for _, d := range cand[1:n] {
+		least = min(least, d.loop.load)
+	}
+	if least <= p.cfg.Feedback.SpreadMargin {
+		return n // every domain further is at least as loaded, less the margin
+	}
+	found := false
+	for range lookFurtherDepth {
+		d := p.next()
+		if d == nil {
+			break
+		}
+		if d.loop.load+p.cfg.Feedback.SpreadMargin < least {
+			cand[n], found = d, true
+			break
+		}
+	}
+	p.walk(t, m)
+	for range n {
+		p.next()
+	}
+	if found {
+		n++
+	}
+	return n
+}
+
+// lookFurtherDepth bounds how far past its choices a placement looks for
+// a less loaded domain: a few steps of O(log domains) each.
+const lookFurtherDepth = 8
 
 // leastLoadedFirst moves the least loaded of cand to its front once the
 // first's load passes it by feedback.spread_margin; the rest keep their
@@ -373,7 +438,11 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 	if !fits {
 		return placement{}, false
 	}
-	return placement{dom: d, model: ms, cost: cost, tier: ti, floor: floor}, true
+	rate := 1.0
+	if ti > 0 {
+		rate = tierRate(r.tierBuf[0].model, ms.model)
+	}
+	return placement{dom: d, model: ms, cost: cost, tier: ti, floor: floor, tierRate: rate}, true
 }
 
 // withHeadroom is what r's ti-th tier needs of d to be placed there: its

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -278,6 +280,8 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 		spreadSpeed      float64
 		spreadMix        string
 		spreadConfig     string
+		seeds            string
+		runFeedback      func(replay.EngineOptions) error
 	)
 	c := &cobra.Command{
 		Use:   "feedback --trace FILE",
@@ -300,55 +304,74 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			o := replay.FeedbackOptions{Trace: filepath.Base(tf.path), Seed: tf.seed, Speed: tf.speed, Deadline: deadline, Engine: eng, Low: low, High: high}
-			if change != "" {
-				if o.Change, err = replay.ParseEngineChange(change); err != nil {
+			runSeeds := []uint64{tf.seed}
+			if seeds != "" {
+				if runSeeds, err = parseSeeds(seeds); err != nil {
 					return err
 				}
 			}
-			if o.Rows, err = tf.load(); err != nil {
-				return err
-			}
-			spread := tf
-			spread.speed = spreadSpeed
-			if spreadTrace != "" {
-				spread.path = spreadTrace
-			}
-			o.SpreadTrace, o.SpreadSpeed = filepath.Base(spread.path), spreadSpeed
-			if o.SpreadRows, err = spread.load(); err != nil {
-				return err
-			}
-			log := slog.New(slog.NewTextHandler(g.stderr, nil))
-			if o.Config, o.Cluster, err = replay.Setup(configPath, topo, log); err != nil {
-				return err
-			}
-			if spreadMix != "" {
-				many := spread
-				many.mix = spreadMix
-				o.Many = &replay.SpreadMix{}
-				if o.Many.Rows, err = many.load(); err != nil {
-					return fmt.Errorf("--spread-mix: %w", err)
+			for i, seed := range runSeeds {
+				if i > 0 {
+					fmt.Fprintln(g.stdout)
 				}
-				tenants := map[string]bool{}
-				for _, r := range o.Many.Rows {
-					tenants[r.Tenant] = true
+				tf.seed = seed
+				if err := runFeedback(eng); err != nil {
+					return fmt.Errorf("seed %d: %w", seed, err)
 				}
-				o.Many.Name = fmt.Sprintf("%d tenants", len(tenants))
-				if spreadConfig == "" {
-					spreadConfig = configPath
-				}
-				if o.Many.Config, _, err = replay.Setup(spreadConfig, topo, log); err != nil {
-					return fmt.Errorf("--spread-config: %w", err)
-				}
-			} else if spreadConfig != "" {
-				return errors.New("--spread-config needs --spread-mix")
 			}
-			t, err := replay.RunFeedbackTable(o)
-			if err != nil {
-				return err
-			}
-			return g.out().write(t.WriteJSON, t.WriteTable)
+			return nil
 		},
+	}
+	runFeedback = func(eng replay.EngineOptions) error {
+		var err error
+		o := replay.FeedbackOptions{Trace: filepath.Base(tf.path), Seed: tf.seed, Speed: tf.speed, Deadline: deadline, Engine: eng, Low: low, High: high}
+		if change != "" {
+			if o.Change, err = replay.ParseEngineChange(change); err != nil {
+				return err
+			}
+		}
+		if o.Rows, err = tf.load(); err != nil {
+			return err
+		}
+		spread := tf
+		spread.speed = spreadSpeed
+		if spreadTrace != "" {
+			spread.path = spreadTrace
+		}
+		o.SpreadTrace, o.SpreadSpeed = filepath.Base(spread.path), spreadSpeed
+		if o.SpreadRows, err = spread.load(); err != nil {
+			return err
+		}
+		log := slog.New(slog.NewTextHandler(g.stderr, nil))
+		if o.Config, o.Cluster, err = replay.Setup(configPath, topo, log); err != nil {
+			return err
+		}
+		if spreadMix != "" {
+			many := spread
+			many.mix = spreadMix
+			o.Many = &replay.SpreadMix{}
+			if o.Many.Rows, err = many.load(); err != nil {
+				return fmt.Errorf("--spread-mix: %w", err)
+			}
+			tenants := map[string]bool{}
+			for _, r := range o.Many.Rows {
+				tenants[r.Tenant] = true
+			}
+			o.Many.Name = fmt.Sprintf("%d tenants", len(tenants))
+			if spreadConfig == "" {
+				spreadConfig = configPath
+			}
+			if o.Many.Config, _, err = replay.Setup(spreadConfig, topo, log); err != nil {
+				return fmt.Errorf("--spread-config: %w", err)
+			}
+		} else if spreadConfig != "" {
+			return errors.New("--spread-config needs --spread-mix")
+		}
+		t, err := replay.RunFeedbackTable(o)
+		if err != nil {
+			return err
+		}
+		return g.out().write(t.WriteJSON, t.WriteTable)
 	}
 	tf.register(c)
 	f := c.Flags()
@@ -365,6 +388,25 @@ func newReplayFeedbackCmd(g *globals) *cobra.Command {
 	f.Float64Var(&spreadSpeed, "spread-speed", 1, "replay speed of the spread rows")
 	f.StringVar(&spreadMix, "spread-mix", "", "the spread rows again with this mix, tenant:model:share,… (many tenants spread further than a few)")
 	f.StringVar(&spreadConfig, "spread-config", "", "config of the --spread-mix rows, whose tenants it names (default: --config)")
+	f.StringVar(&seeds, "seeds", "", "print the table once for each of these seeds, comma-separated (e.g. 1,2,3,4), in place of --seed's")
 	ef.register(c)
 	return c
+}
+
+// parseSeeds reads --seeds: distinct seeds, comma-separated.
+func parseSeeds(s string) ([]uint64, error) {
+	var out []uint64
+	seen := map[uint64]bool{}
+	for _, part := range strings.Split(s, ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(part), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--seeds %q: %q is not a seed (a whole number ≥ 0)", s, part)
+		}
+		if seen[v] {
+			return nil, fmt.Errorf("--seeds %q: seed %d twice", s, v)
+		}
+		seen[v] = true
+		out = append(out, v)
+	}
+	return out, nil
 }

@@ -1,0 +1,75 @@
+package admission
+
+import (
+	"testing"
+)
+
+// floorConfig is testConfig with a tenant f whose floor is 1000 weighted
+// tokens a second (its floor bucket holds one second of it).
+func floorConfig() Config {
+	cfg := testConfig()
+	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 1000, Weight: 1}
+	cfg.Tenants["f"] = TenantConfig{Tier: "floored"}
+	return cfg
+}
+
+// readSaturated gives d1 a reading past the queue threshold: the guard
+// holds the domain to its floors.
+func readSaturated(h *harness) {
+	h.t.Helper()
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 50}}); err != nil {
+		h.t.Fatalf("ObserveEngines: %v", err)
+	}
+}
+
+// A request queued behind a guard's hold, for want of its floor when it
+// arrived, goes on the floor's reserve as soon as its tenant's floor has
+// refilled, though the guard still holds the domain: a hold keeps shared
+// traffic back, never a floor.
+func TestAQueuedRequestTakesItsFloorOnceItRefills(t *testing.T) {
+	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
+	readSaturated(h)
+	if d := h.admit(req("f", "medium", 900, 10)); d.Outcome != Admitted || !d.Trace.Floor {
+		t.Fatalf("first request: %v %v floor=%v, want admitted within the floor", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	d, w := h.submit(req("f", "medium", 900, 10))
+	if w == nil {
+		t.Fatalf("second request, its floor spent: %v %v, want held in the queue", d.Outcome, d.Reason)
+	}
+	for range 8 { // a second and more: the floor refills
+		readSaturated(h)
+		h.advance(period)
+	}
+	if !answered(w) {
+		h.cancel(w)
+		t.Fatal("the queued request still waits with its floor refilled and the domain held")
+	}
+	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor {
+		t.Errorf("the queued request: %v %v floor=%v, want admitted within the floor", got.Outcome, got.Reason, got.Trace.Floor)
+	}
+	if !h.domain("d1").EngineSaturated {
+		t.Error("the domain is no longer held: the test does not test the hold")
+	}
+}
+
+// A request larger than one second of floor is admitted within the floor
+// once the floor bucket is full, past the guard's hold, and the bucket
+// pays it back before the next: the floor is a rate, whatever the size of
+// the tenant's requests.
+func TestARequestLargerThanASecondOfFloorIsWithinIt(t *testing.T) {
+	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
+	readSaturated(h)
+	d, w := h.submit(req("f", "medium", 2400, 10))
+	if w != nil {
+		h.cancel(w)
+		t.Fatal("a 2440-token request on a full floor of 1000 waits in the queue, want admitted within the floor")
+	}
+	if d.Outcome != Admitted || !d.Trace.Floor {
+		t.Fatalf("a 2440-token request on a full floor of 1000: %v %v floor=%v, want admitted within the floor", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	d, w = h.submit(req("f", "medium", 100, 10))
+	if w == nil {
+		t.Fatalf("the next request, the floor in debt: %v %v floor=%v, want held in the queue", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	h.cancel(w)
+}
