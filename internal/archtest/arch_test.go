@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -372,15 +371,23 @@ func underModule(path string) (string, bool) {
 	return strings.CutPrefix(path, module+"/")
 }
 
-// goTool is the go command that runs this test.
+// goTool is the go command: the one on PATH, else the one in GOROOT/bin
+// (go test sets GOROOT in the test's environment).
 func goTool(t *testing.T) string {
 	t.Helper()
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("no go command on PATH or at %s", p)
+	if root := os.Getenv("GOROOT"); root != "" {
+		if p := filepath.Join(root, "bin", "go"); fileExists(p) {
+			return p
+		}
 	}
-	return p
+	t.Fatal("no go command on PATH or in $GOROOT/bin")
+	return ""
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
