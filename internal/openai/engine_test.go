@@ -157,7 +157,7 @@ func newRig(t testing.TB, o Options) *rig {
 	ctx, cancel := context.WithCancel(context.Background())
 	go eng.Run(ctx)
 	t.Cleanup(func() { cancel(); eng.Close() })
-	rec := &recorder{Engine: eng, signal: make(chan struct{}, 4096)}
+	rec := &recorder{Engine: eng, signal: make(chan struct{}, 1<<14)} // more than any test releases
 	gw := gateway.New(rec, gateway.Options{})
 	gw.SetModels(models)
 	gw.SetTopology(cluster)

@@ -158,9 +158,10 @@ func TestEngineFailuresAreErrorReleases(t *testing.T) {
 // Requests that end every way there is — whole, client gone mid-stream,
 // engine reset, engine 500, over quota — leave no lease behind.
 func TestNoLeaseLeftBehindThroughTheFront(t *testing.T) {
+	const requests = 10_000
 	r := newRig(t, Options{})
 	rng := rand.New(rand.NewPCG(4, 2))
-	for i := range 300 {
+	for i := range requests {
 		tenant := "acme"
 		if i%10 == 0 {
 			tenant = "tiny"
@@ -181,7 +182,7 @@ func TestNoLeaseLeftBehindThroughTheFront(t *testing.T) {
 	r.front.CloseClientConnections()
 	r.front.Close()
 	if n := r.eng.LeaseCount(); n != 0 {
-		t.Fatalf("%d leases left after 300 requests", n)
+		t.Fatalf("%d leases left after %d requests", n, requests)
 	}
 }
 
