@@ -280,7 +280,7 @@ func (v *verdict) refusal(d *Decision, r *pending, now int64) {
 // before the next: the tenant's floor is its rate whatever the size of its
 // requests, where a bucket one second deep would never hold them.
 func withinFloor(now int64, t *tenantState, r *pending) bool {
-	return !r.critical && t.policy.Floor > 0 && t.floor.Fits(now, min(r.weighted, t.floor.Burst()), 0)
+	return !r.critical && t.floor.Burst() > 0 && t.floor.Fits(now, min(r.weighted, t.floor.Burst()), 0)
 }
 
 // decideLocked runs a new request through the tenant gates and placement:
@@ -470,11 +470,26 @@ func explaining(rec *recorder) decisionMode { return decisionMode{rec: rec} }
 // Cancel undoes.
 func (m decisionMode) tenantLocked(e *Engine, name string, now int64) *tenantState {
 	if m.rec != nil {
-		return e.mu.gates.scratchLocked(name, now, e.mu.place.modelList)
+		t := e.mu.gates.scratchLocked(name, now, e.mu.place.modelList)
+		if t != nil && t.floorShare != e.mu.place.floorShare {
+			// A copy: its floor bucket alone, never the shared state.
+			t.floorShare = e.mu.place.floorShare
+			floor := sharedFloor(t.policy.Floor, t.floorShare)
+			t.floor.Level(now)
+			t.floor.SetLimits(floor, floor, 0)
+		}
+		return t
 	}
 	t, fresh := e.mu.gates.lookupLocked(name, now, e.mu.place.modelList)
-	if fresh {
+	switch {
+	case fresh:
+		if share := e.mu.place.floorShare; t.policy.Floor > 0 && t.floorShare != share {
+			t.floorShare = share
+			t.setPolicy(t.policy, now, false) // its full floor bucket cut to the share
+		}
 		e.shared.TenantReadyLocked(t, now, false)
+	case t != nil:
+		e.fitFloorLocked(t, now)
 	}
 	return t
 }

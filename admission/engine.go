@@ -251,6 +251,7 @@ func (e *Engine) Tick() time.Duration {
 	room.idem.expire(now, e.mu.cfg.Leases.IdempotencyTTL.Duration)
 	e.mu.place.tick(now)
 	e.mu.place.stepFeedback(now)
+	e.shareFloorsLocked(now)
 	answered = e.dispatchLocked(now, answered)
 	e.mu.gates.sweepIdleLocked(now)
 	next := tickIdle

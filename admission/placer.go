@@ -26,6 +26,10 @@ type placer struct {
 	byID        map[string]*domainState
 	drainedAway map[string]string // drain reasons of domains not in the cluster: drained when they (re)appear
 	floorTotal  int64             // Σ configured floors, weighted tokens/s
+	// floorShare is the share of every floor the eligible domains' corrected
+	// capacity carries, in parts per million (changed); floorShareGiven is
+	// the share last given to the active tenants (shareFloorsLocked).
+	floorShare, floorShareGiven int64
 
 	// Placement order: the domains' rendezvous tree, weighted by placeWeight,
 	// and a cursor for walks past a tenant's first choice (one at a time,

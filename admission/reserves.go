@@ -2,14 +2,21 @@ package admission
 
 import (
 	"math"
+	"math/bits"
 
 	"github.com/sluice-sched/sluice/pd"
 )
 
-// changed recomputes the floor reserves over the eligible domains:
-// eligibility moved (reweigh has given the domains their weights).
+// floorShareFull is a whole floor, in parts per million: the share of
+// every floor the capacity carries while no domain is short of its floors.
+const floorShareFull = 1_000_000
+
+// changed recomputes the floor reserves over the eligible domains
+// (eligibility or a capacity factor moved; reweigh has given the domains
+// their weights), and the share of every floor they carry (floorShare).
 func (p *placer) changed() {
 	prefillCap, decodeCap := p.eligibleBaseRates()
+	share := int64(floorShareFull)
 	for _, d := range p.domains {
 		if !d.eligible() || p.floorTotal == 0 {
 			d.cap.SetReserve(0, 0)
@@ -19,10 +26,75 @@ func (p *placer) changed() {
 		f := float64(p.floorTotal)
 		// Spread by the rates before warm-up: a ramp moves no reserve.
 		baseP, baseD, _ := d.cap.BaseLimits()
-		prefill := pr * f * float64(baseP) / prefillCap
-		decode := dr * f * float64(baseD) / decodeCap
-		d.cap.SetReserve(int64(math.Min(prefill, math.MaxInt64/2)), int64(math.Min(decode, math.MaxInt64/2)))
+		prefill := int64(math.Min(pr*f*float64(baseP)/prefillCap, math.MaxInt64/2))
+		decode := int64(math.Min(dr*f*float64(baseD)/decodeCap, math.MaxInt64/2))
+		d.cap.SetReserve(prefill, decode)
+		if d.cap.GPUs() > 0 {
+			fullP, fullD, _ := d.cap.FullLimits()
+			share = min(share, shareOf(fullP, prefill), shareOf(fullD, decode))
+		}
 	}
+	p.floorShare = share
+}
+
+// shareOf is the share of want that have carries, in parts per million
+// (floorShareFull when it carries all of it).
+func shareOf(have, want int64) int64 {
+	if want <= have {
+		return floorShareFull
+	}
+	if have <= 0 {
+		return 0
+	}
+	// have < want: the quotient fits, and Div64 does not panic.
+	hi, lo := bits.Mul64(uint64(have), floorShareFull)
+	q, _ := bits.Div64(hi, lo, uint64(want))
+	return int64(q)
+}
+
+// sharedFloor is floor scaled to share parts per million (0 ≤ share ≤
+// floorShareFull), rounded down.
+func sharedFloor(floor, share int64) int64 {
+	if floor <= 0 || share <= 0 {
+		return 0
+	}
+	if share >= floorShareFull {
+		return floor
+	}
+	hi, lo := bits.Mul64(uint64(floor), uint64(share))
+	q, _ := bits.Div64(hi, lo, floorShareFull) // share < floorShareFull: the quotient fits
+	return int64(q)
+}
+
+// shareFloorsLocked gives every active floor tenant the share of its floor
+// the capacity now carries, when the share moved since it was last given.
+// A tenant built later gets it in tenantLocked.
+func (e *Engine) shareFloorsLocked(now int64) {
+	p := &e.mu.place
+	if p.floorShare == p.floorShareGiven {
+		return
+	}
+	p.floorShareGiven = p.floorShare
+	for _, t := range e.mu.gates.active {
+		e.fitFloorLocked(t, now)
+	}
+}
+
+// fitFloorLocked re-limits t's floor bucket to the share of its floor the
+// capacity carries, as a config reload re-limits a live tenant (its level
+// kept, refilled at the old rate up to now; the shared state cuts it to
+// this replica's slice again). A short domain's floors are thereby scaled
+// down in proportion across the floor tenants rather than taken first come,
+// first served.
+func (e *Engine) fitFloorLocked(t *tenantState, now int64) {
+	share := e.mu.place.floorShare
+	if t.policy.Floor == 0 || t.floorShare == share {
+		return
+	}
+	t.floor.Level(now)
+	t.floorShare = share
+	t.setPolicy(t.policy, now, false)
+	e.shared.TenantReadyLocked(t, now, true)
 }
 
 // checkFloorsFit refuses floors that exceed soft capacity, converting weighted

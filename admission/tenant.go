@@ -26,6 +26,10 @@ type tenantState struct {
 	tokens   tokenbucket.Bucket // weighted tokens, may go into debt
 	floor    tokenbucket.Bucket // weighted tokens within the guaranteed floor
 	critical tokenbucket.Bucket // weighted tokens for priority=CRITICAL
+	// floorShare is the share of the policy's floor the floor bucket
+	// refills at, in parts per million: all of it unless the capacity
+	// measured cannot carry the floors (placer.floorShare).
+	floorShare int64
 
 	credit burstCredit
 	budget budget
@@ -49,7 +53,7 @@ func (r refusal) refused() bool { return r.reason != ReasonNone }
 
 // newTenantState builds a tenant with full buckets from its policy.
 func newTenantState(name, tier string, p TierPolicy, now int64) *tenantState {
-	t := &tenantState{name: name, tier: tier, created: now}
+	t := &tenantState{name: name, tier: tier, created: now, floorShare: floorShareFull}
 	t.setPolicy(p, now, true)
 	return t
 }
@@ -62,10 +66,11 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 	if t.credit.lending() {
 		credit = creditLimit(p)
 	}
+	floor := sharedFloor(p.Floor, t.floorShare)
 	limits := [4][3]int64{
 		{roundUnits(p.RPS.Rate * rpsUnit), roundUnits(p.RPS.Burst * rpsUnit), 0},
 		{roundUnits(p.Tokens.Rate), roundUnits(p.Tokens.Burst), credit},
-		{p.Floor, p.Floor, 0}, // one second of floor
+		{floor, floor, 0}, // one second of the floor the capacity carries
 		{roundUnits(p.Critical.Rate), roundUnits(p.Critical.Burst), 0},
 	}
 	for i, b := range t.Buckets() {
@@ -112,7 +117,7 @@ func (t *tenantState) CreditLent() int64 {
 func (t *tenantState) ResetLimits(now int64) { t.setPolicy(t.policy, now, false) }
 
 // Limits returns the whole (all-replica) rate and burst of a bucket, from
-// the policy.
+// the policy (the floor's scaled to the share the capacity carries).
 func (t *tenantState) Limits(k sharing.Kind) (rate, burst int64) {
 	p := &t.policy
 	switch k {
@@ -121,7 +126,8 @@ func (t *tenantState) Limits(k sharing.Kind) (rate, burst int64) {
 	case sharing.KindTokens:
 		return roundUnits(p.Tokens.Rate), roundUnits(p.Tokens.Burst)
 	case sharing.KindFloor:
-		return p.Floor, p.Floor
+		floor := sharedFloor(p.Floor, t.floorShare)
+		return floor, floor
 	}
 	return roundUnits(p.Critical.Rate), roundUnits(p.Critical.Burst)
 }
