@@ -67,6 +67,7 @@ type loadFlags struct {
 	duration, deadline, hold             time.Duration
 	release, requestIDs, churn           bool
 	churnRate                            float64
+	openai                               openAIFlags
 }
 
 // register adds the flags to c.
@@ -97,6 +98,7 @@ func (lf *loadFlags) register(c *cobra.Command) {
 	fs.BoolVar(&lf.churn, "churn", false, "change placement during the load's rounds through the server's API, --churn-rate times a second: in turn drain a random domain, "+
 		"cut a domain's health weight (an Admit released with OUTCOME_ERROR), undrain the domain drained longest ago; every drain is undone at each round's end")
 	fs.Float64Var(&lf.churnRate, "churn-rate", 10, "with --churn: changes per second")
+	lf.openai.register(c)
 }
 
 // runLoad runs load.
@@ -104,6 +106,12 @@ func runLoad(g *globals, c *cobra.Command, lf *loadFlags) error {
 	errw := g.stderr
 	set := func(name string) bool { return c.Flags().Changed(name) }
 	tf := &lf.trace
+	if lf.openai.url != "" {
+		return runLoadOpenAI(g, c, lf)
+	}
+	if err := lf.openai.unused(set); err != nil {
+		return err
+	}
 	opts := load.Options{Concurrency: lf.concurrency, Rate: lf.rate, MaxInFlight: lf.maxInFlight, Prompt: lf.prompt, Output: lf.output,
 		Duration: lf.duration, Deadline: lf.deadline, Hold: lf.hold, Release: lf.release, RequestIDs: lf.requestIDs, Seed: tf.seed,
 		ServerPID: lf.serverPID}
