@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"unsafe"
-
-	"github.com/tidwall/gjson"
 )
 
 // API is the OpenAI endpoint a body is for.
@@ -88,95 +86,297 @@ func hasSuffix(s, suffix string) bool {
 	return len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix
 }
 
-// ParseBody reads an OpenAI request body in one pass over its top-level
-// keys, without unescaping or copying the prompt. api is the path's API,
-// or 0 to tell it by the keys (messages, prompt, input).
+// ParseBody reads an OpenAI request body in one pass that validates it and
+// walks its top-level keys, without unescaping or copying the prompt. api
+// is the path's API, or 0 to tell it by the keys (messages, prompt,
+// input). Where a key repeats, the last one counts (the prompt: the last
+// of api's key, else the first prompt key).
 func ParseBody(api API, body []byte) (Body, error) {
 	if len(body) == 0 {
 		return Body{}, &BodyError{"body", "empty: want an OpenAI request as JSON"}
 	}
-	s := unsafe.String(&body[0], len(body)) // read-only view; nothing here keeps it
-	if !gjson.Valid(s) {
+	start := skipSpace(body, 0)
+	if start == len(body) {
 		return Body{}, &BodyError{"body", "not valid JSON"}
 	}
-	root := gjson.Parse(s)
-	if !root.IsObject() {
-		return Body{}, &BodyError{"body", "want a JSON object"}
-	}
-	b := Body{API: api, open: root.Index + 1}
-	var err error
-	var prompt gjson.Result
-	var promptKey string
-	root.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "model":
-			if v.Type != gjson.String || v.Str == "" {
-				err = &BodyError{"model", "want a non-empty string"}
-				return false
-			}
-			b.Model, b.model = v.Str, span{v.Index, v.Index + len(v.Raw)}
-		case "messages", "prompt", "input":
-			if promptKey == "" || keyAPI(k.Str) == api {
-				prompt, promptKey = v, k.Str
-			}
-		case "max_tokens", "max_completion_tokens", "max_output_tokens":
-			n, ok := positiveInt(v)
-			if !ok {
-				err = &BodyError{k.Str, "want a positive integer"}
-				return false
-			}
-			if b.MaxTokensField == "" || k.Str != "max_tokens" { // the newer name wins
-				b.MaxTokens, b.MaxTokensField = n, k.Str
-			}
-		case "stream":
-			switch v.Type {
-			case gjson.True, gjson.False:
-				b.Stream = v.Type == gjson.True
-			case gjson.Null:
-			default:
-				err = &BodyError{"stream", "want true or false"}
-				return false
-			}
-		case "stream_options":
-			if v.Type == gjson.Null {
-				break
-			}
-			if !v.IsObject() {
-				err = &BodyError{"stream_options", "want an object"}
-				return false
-			}
-			b.streamOptions = span{v.Index, v.Index + len(v.Raw)}
-			if iu := v.Get("include_usage"); iu.Exists() {
-				if iu.Type != gjson.True && iu.Type != gjson.False {
-					err = &BodyError{"stream_options.include_usage", "want true or false"}
-					return false
-				}
-				b.IncludeUsage = iu.Type == gjson.True
-				b.includeUsage = span{iu.Index, iu.Index + len(iu.Raw)} // gjson places iu in the whole body
-			}
+	if body[start] != '{' {
+		if end, ok := skipValue(body, start); ok && skipSpace(body, end) == len(body) {
+			return Body{}, &BodyError{"body", "want a JSON object"}
 		}
-		return true
-	})
-	if err != nil {
-		return Body{}, err
+		return Body{}, &BodyError{"body", "not valid JSON"}
 	}
+	p := bodyParse{b: Body{API: api, open: start + 1}, api: api}
+	end, ok := objectMembers(body, start, func(key []byte, escaped bool, at int) (int, bool) {
+		return p.member(body, key, escaped, at)
+	})
+	if !ok || skipSpace(body, end) != len(body) {
+		return Body{}, &BodyError{"body", "not valid JSON"}
+	}
+	if p.err != nil {
+		return Body{}, p.err
+	}
+	b := p.b
 	if b.Model == "" {
 		return Body{}, &BodyError{"model", "missing"}
 	}
 	if b.API == 0 {
-		b.API = keyAPI(promptKey)
+		b.API = keyAPI(p.promptKey)
 	}
 	want := apiKey(b.API)
-	if b.API == 0 || promptKey != want {
+	if b.API == 0 || p.promptKey != want {
 		if b.API == 0 {
 			return Body{}, &BodyError{"messages", "missing: want messages, prompt or input"}
 		}
 		return Body{}, &BodyError{want, "missing"}
 	}
-	if b.PromptBytes, err = promptBytes(want, prompt); err != nil {
+	var err error
+	if b.PromptBytes, err = promptBytes(want, &p.prompt); err != nil {
 		return Body{}, err
 	}
 	return b, nil
+}
+
+// bodyParse is ParseBody's state over the top-level keys.
+type bodyParse struct {
+	b         Body
+	api       API
+	err       error // the first bad field; the keys after it are only validated
+	promptKey string
+	prompt    promptValue
+}
+
+// promptValue is what ParseBody keeps of a prompt's value.
+type promptValue struct {
+	kind jsonKind
+	raw  int // the value's size as written
+	// For messages: how many, the first that is not an object (-1: none),
+	// and the size of their contents as written.
+	messages, notObject, content int
+}
+
+// member reads one top-level key's value at d[at] and returns the index
+// just past it.
+func (p *bodyParse) member(d, key []byte, escaped bool, at int) (int, bool) {
+	if at >= len(d) {
+		return at, false
+	}
+	k := unsafe.String(unsafe.SliceData(key), len(key)) // compared, never kept
+	if escaped {
+		k = unescapedKey(key)
+	}
+	kind := kindOf(d[at])
+	switch k {
+	case "messages", "prompt", "input":
+		var v promptValue
+		var end int
+		var ok bool
+		if k == "messages" && kind == kindArray {
+			end, ok = scanMessages(d, at, &v)
+		} else {
+			end, ok = skipValue(d, at)
+		}
+		v.kind, v.raw = kind, end-at
+		if ok && p.err == nil && (p.promptKey == "" || keyAPI(k) == p.api) {
+			p.prompt, p.promptKey = v, apiKey(keyAPI(k))
+		}
+		return end, ok
+	case "stream_options":
+		var iu span
+		var end int
+		var ok bool
+		if kind == kindObject {
+			end, ok = objectMembers(d, at, func(key []byte, escaped bool, at int) (int, bool) {
+				end, ok := skipValue(d, at)
+				if ok && iu == (span{}) && keyIs(key, escaped, "include_usage") {
+					iu = span{at, end}
+				}
+				return end, ok
+			})
+		} else {
+			end, ok = skipValue(d, at)
+		}
+		if ok && p.err == nil {
+			p.streamOptions(d, kind, span{at, end}, iu)
+		}
+		return end, ok
+	}
+	end, ok := skipValue(d, at)
+	if !ok || p.err != nil {
+		return end, ok
+	}
+	raw := d[at:end]
+	switch k {
+	case "model":
+		if kind != kindString || len(raw) == 2 {
+			p.err = &BodyError{"model", "want a non-empty string"}
+			break
+		}
+		if m := unquote(raw, bytesHas(raw, '\\')); m != "" {
+			p.b.Model, p.b.model = m, span{at, end}
+		} else {
+			p.err = &BodyError{"model", "want a non-empty string"}
+		}
+	case "max_tokens", "max_completion_tokens", "max_output_tokens":
+		n, ok := positiveInt(kind, raw)
+		if !ok {
+			p.err = &BodyError{fieldName(k), "want a positive integer"}
+			break
+		}
+		if p.b.MaxTokensField == "" || k != "max_tokens" { // the newer name wins
+			p.b.MaxTokens, p.b.MaxTokensField = n, fieldName(k)
+		}
+	case "stream":
+		switch kind {
+		case kindTrue, kindFalse:
+			p.b.Stream = kind == kindTrue
+		case kindNull:
+		default:
+			p.err = &BodyError{"stream", "want true or false"}
+		}
+	}
+	return end, true
+}
+
+// streamOptions reads stream_options' value (at) and its include_usage
+// (iu; zero when absent).
+func (p *bodyParse) streamOptions(d []byte, kind jsonKind, at, iu span) {
+	switch {
+	case kind == kindNull:
+		return
+	case kind != kindObject:
+		p.err = &BodyError{"stream_options", "want an object"}
+		return
+	}
+	p.b.streamOptions = at
+	if iu == (span{}) {
+		return
+	}
+	switch kindOf(d[iu.start]) {
+	case kindTrue:
+		p.b.IncludeUsage = true
+	case kindFalse:
+		p.b.IncludeUsage = false
+	default:
+		p.err = &BodyError{"stream_options.include_usage", "want true or false"}
+		return
+	}
+	p.b.includeUsage = iu
+}
+
+// fieldName is the max-tokens key k as a constant, so that a Body keeps
+// no view of the request.
+func fieldName(k string) string {
+	switch k {
+	case "max_tokens":
+		return "max_tokens"
+	case "max_completion_tokens":
+		return "max_completion_tokens"
+	}
+	return "max_output_tokens"
+}
+
+func bytesHas(b []byte, c byte) bool {
+	for _, x := range b {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// scanMessages reads the messages array at d[at] into v: each message's
+// kind and the size of its content (its first content key's value).
+func scanMessages(d []byte, at int, v *promptValue) (int, bool) {
+	v.notObject = -1
+	i := skipSpace(d, at+1)
+	if i < len(d) && d[i] == ']' {
+		return i + 1, true
+	}
+	for {
+		if i >= len(d) {
+			return i, false
+		}
+		var end int
+		var ok bool
+		if d[i] == '{' {
+			seen := false
+			end, ok = objectMembers(d, i, func(key []byte, escaped bool, at int) (int, bool) {
+				end, ok := skipValue(d, at)
+				if ok && !seen && keyIs(key, escaped, "content") {
+					v.content += end - at
+					seen = true
+				}
+				return end, ok
+			})
+		} else {
+			if v.notObject < 0 {
+				v.notObject = v.messages
+			}
+			end, ok = skipValue(d, i)
+		}
+		if !ok {
+			return end, false
+		}
+		v.messages++
+		i = skipSpace(d, end)
+		if i >= len(d) {
+			return i, false
+		}
+		switch d[i] {
+		case ',':
+			i = skipSpace(d, i+1)
+		case ']':
+			return i + 1, true
+		default:
+			return i, false
+		}
+	}
+}
+
+// promptBytes sizes a prompt: for messages the size of each message's
+// content as written (text and parts alike); for prompt and input the
+// size of the value. Quotes and escapes count: the ratio calibrated from
+// the engines' counts absorbs them.
+func promptBytes(key string, v *promptValue) (int, error) {
+	switch key {
+	case "messages":
+		switch {
+		case v.kind != kindArray:
+			return 0, &BodyError{"messages", "want an array of messages"}
+		case v.notObject >= 0:
+			return 0, &BodyError{fmt.Sprintf("messages[%d]", v.notObject), "want an object"}
+		case v.messages == 0:
+			return 0, &BodyError{"messages", "empty"}
+		}
+		return v.content, nil
+	case "prompt", "input":
+		if v.kind != kindString && v.kind != kindArray {
+			return 0, &BodyError{key, "want a string or an array"}
+		}
+		if v.raw <= 2 {
+			return 0, &BodyError{key, "empty"}
+		}
+		return v.raw, nil
+	}
+	return 0, &BodyError{"body", "no prompt"}
+}
+
+// positiveInt reads a JSON number (raw, of kind) that is a positive whole
+// number.
+func positiveInt(kind jsonKind, raw []byte) (int64, bool) {
+	if kind != kindNumber {
+		return 0, false
+	}
+	s := unsafe.String(&raw[0], len(raw)) // parsed, never kept
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		f, _ := strconv.ParseFloat(s, 64) // 1e3 and 1000.0 are whole numbers too
+		if f != float64(int64(f)) || f < 1 || f > 1<<53 {
+			return 0, false
+		}
+		n = int64(f)
+	}
+	return n, n > 0
 }
 
 // keyAPI is the API whose prompt is under key.
@@ -203,59 +403,6 @@ func apiKey(api API) string {
 		return "input"
 	}
 	return ""
-}
-
-// positiveInt reads a JSON number that is a positive whole number.
-func positiveInt(v gjson.Result) (int64, bool) {
-	if v.Type != gjson.Number {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(v.Raw, 10, 64)
-	if err != nil {
-		f := v.Num // 1e3 and 1000.0 are whole numbers too
-		if f != float64(int64(f)) || f < 1 || f > 1<<53 {
-			return 0, false
-		}
-		n = int64(f)
-	}
-	return n, n > 0
-}
-
-// promptBytes sizes a prompt: for messages the raw size of each message's
-// content (text and parts alike); for prompt and input the raw size of the
-// value. Quotes and escapes count: the ratio calibrated from the engines'
-// counts absorbs them.
-func promptBytes(key string, v gjson.Result) (int, error) {
-	switch key {
-	case "messages":
-		if !v.IsArray() {
-			return 0, &BodyError{"messages", "want an array of messages"}
-		}
-		n, i := 0, 0
-		var err error
-		v.ForEach(func(_, m gjson.Result) bool {
-			if !m.IsObject() {
-				err = &BodyError{fmt.Sprintf("messages[%d]", i), "want an object"}
-				return false
-			}
-			n += len(m.Get("content").Raw)
-			i++
-			return true
-		})
-		if err == nil && i == 0 {
-			err = &BodyError{"messages", "empty"}
-		}
-		return n, err
-	case "prompt", "input":
-		if v.Type != gjson.String && !v.IsArray() {
-			return 0, &BodyError{key, "want a string or an array"}
-		}
-		if len(v.Raw) <= 2 {
-			return 0, &BodyError{key, "empty"}
-		}
-		return len(v.Raw), nil
-	}
-	return 0, &BodyError{"body", "no prompt"}
 }
 
 // Rewrite returns body with model's value replaced by model (when it is

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"bytes"
-	"strings"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -92,10 +91,11 @@ func (r *sseReader) feed(chunk []byte) []byte {
 			r.line = append(r.line, seg...)
 			line = r.line
 		}
-		r.readLine(bytes.TrimRight(line, "\r\n"))
+		line = trimEOL(line)
+		r.readLine(line)
 		if r.drop {
 			r.event = append(r.event, seg...)
-			if len(bytes.TrimRight(line, "\r\n")) == 0 { // an event ends
+			if len(line) == 0 { // an event ends
 				if !r.isUsage {
 					r.out = append(r.out, r.event...)
 				}
@@ -110,6 +110,14 @@ func (r *sseReader) feed(chunk []byte) []byte {
 	return r.out
 }
 
+// trimEOL is line without the line end it ends with (\n, \r\n or \r).
+func trimEOL(line []byte) []byte {
+	for len(line) > 0 && (line[len(line)-1] == '\n' || line[len(line)-1] == '\r') {
+		line = line[:len(line)-1]
+	}
+	return line
+}
+
 // flush returns what drop held back at the stream's end: an event the
 // upstream did not finish, unless it is the usage event.
 func (r *sseReader) flush() []byte {
@@ -121,7 +129,8 @@ func (r *sseReader) flush() []byte {
 	return out
 }
 
-// readLine reads one whole line (without its line end).
+// readLine reads one whole line (without its line end): a data event's
+// top-level keys, in one pass that builds nothing.
 func (r *sseReader) readLine(line []byte) {
 	data, ok := bytes.CutPrefix(line, []byte("data:"))
 	if !ok {
@@ -132,28 +141,51 @@ func (r *sseReader) readLine(line []byte) {
 		r.done = r.done || bytes.Equal(data, []byte("[DONE]"))
 		return
 	}
-	s := unsafe.String(&data[0], len(data))
-	res := gjson.Parse(s)
-	var u gjson.Result
+	var usage []byte // the usage object as written
 	hasChoices := false
-	res.ForEach(func(k, v gjson.Result) bool {
-		switch k.Str {
-		case "usage":
-			u = v
-		case "choices":
-			hasChoices = v.IsArray() && strings.TrimSpace(v.Raw[1:len(v.Raw)-1]) != ""
-		case "response": // the responses API's response.completed
-			u = v.Get("usage")
-		case "type":
-			hasChoices = v.Str == "response.output_text.delta"
+	// A line that is not JSON is read up to where it stops being JSON.
+	_, _ = objectMembers(data, 0, func(key []byte, escaped bool, at int) (int, bool) {
+		if at >= len(data) {
+			return at, false
 		}
-		return true
+		k := unsafe.String(unsafe.SliceData(key), len(key)) // compared, never kept
+		if escaped {
+			k = unescapedKey(key)
+		}
+		if k == "response" && data[at] == '{' { // the responses API's response.completed
+			usage = nil
+			return objectMembers(data, at, func(key []byte, escaped bool, at int) (int, bool) {
+				end, ok := skipValue(data, at)
+				if ok && usage == nil && keyIs(key, escaped, "usage") {
+					usage = data[at:end]
+				}
+				return end, ok
+			})
+		}
+		end, ok := skipValue(data, at)
+		if !ok {
+			return end, false
+		}
+		switch k {
+		case "usage":
+			usage = data[at:end]
+		case "choices":
+			hasChoices = data[at] == '[' && skipSpace(data, at+1) != end-1
+		case "response":
+			usage = nil
+		case "type":
+			hasChoices = data[at] == '"' && unquote(data[at:end], bytesHas(data[at:end], '\\')) == "response.output_text.delta"
+		}
+		return end, true
 	})
 	if hasChoices {
 		r.outputs++
 	}
-	if usage, ok := readUsage(u); ok {
-		r.usage, r.hasUsage = usage, true
+	if len(usage) == 0 || usage[0] != '{' {
+		return
+	}
+	if u, ok := readUsage(gjson.Parse(unsafe.String(&usage[0], len(usage)))); ok {
+		r.usage, r.hasUsage = u, true
 		r.isUsage = r.isUsage || !hasChoices
 	}
 }
