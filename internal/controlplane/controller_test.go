@@ -170,9 +170,22 @@ func TestDrainUnderLoad(t *testing.T) {
 			info, _ := domainInfo(r.eng, dom)
 			return !info.Draining
 		})
-		if d := admit(t, r.eng, "hooli", "large"); d.Domain != dom {
-			t.Fatalf("replica %d: hooli after the undrain: %+v, want domain %s", i, d, dom)
-		}
+		// It takes placements again (once its warm-up has ramped it up,
+		// where placement weighs it by its load): of the keys that
+		// placement spreads over the domains, some land on it.
+		landed := false
+		eventually(t, fmt.Sprintf("replica %d placing on %s again", i, dom), func() bool {
+			for n := 0; n < len(tenants)*len(models) && !landed; n++ {
+				d := admit(t, r.eng, tenants[n%3], models[n/3])
+				landed = d.Domain == dom
+				if d.LeaseID != 0 {
+					if _, err := r.eng.Release(context.Background(), admission.Release{LeaseID: d.LeaseID, OutputTokens: 10}); err != nil {
+						t.Fatalf("replica %d: release: %v", i, err)
+					}
+				}
+			}
+			return landed
+		})
 	}
 }
 
@@ -498,7 +511,13 @@ func TestAgentsMakeTheCluster(t *testing.T) {
 
 	// Every agent gone: a lease held on hgx-h200-1 finishes, nothing new is
 	// placed anywhere, and no answer names a domain.
-	held := admit(t, r.eng, "acme", "small")
+	// (One board is short of the floors, so each floor tenant has its
+	// share of it: acme waits for its floor to refill.)
+	var held admission.Decision
+	eventually(t, "acme placed on hgx-h200-1", func() bool {
+		held = admit(t, r.eng, "acme", "small")
+		return held.LeaseID != 0
+	})
 	if held.Domain != "hgx-h200-1" {
 		t.Fatalf("acme before the agents left: %+v", held)
 	}
