@@ -1,10 +1,6 @@
 package admission
 
-import (
-	"math"
-
-	"github.com/sluice-sched/sluice/pd"
-)
+import "github.com/sluice-sched/sluice/pd"
 
 // charge is what one admission took, in the manner of x/time/rate's
 // Reservation: the tenant's gates and, once placed, the domain's capacity
@@ -25,10 +21,10 @@ type charge struct {
 	// ticket is delivered again and charged then; see Engine.Tick). Kept
 	// here, beside floor, where they cost a lease no bytes.
 	deferred, ticketed bool
-	// tierRate is the share of its weighted tokens the quota is charged:
-	// below 1 on a lower tier than the one requested (tierRate); 0 until
-	// placed.
-	tierRate float64
+	// tierShare is the share of its weighted tokens the quota is charged:
+	// below wholeShare on a lower tier than the one requested (tierShare);
+	// 0 until placed.
+	tierShare int32
 }
 
 // chargeGates charges the tenant's gates: the first half of a charge.
@@ -40,7 +36,7 @@ func (c *charge) chargeGates(now int64, t *tenantState, weighted, price int64, c
 // place charges a placement's domain (and the floor bucket, for a floor
 // placement): the second half. The request is in flight from here.
 func (c *charge) place(now int64, pl placement) {
-	c.chargeAt(now, pl.tierRate)
+	c.chargeAt(now, pl.tierShare)
 	pl.dom.cap.Charge(now, pl.cost)
 	pl.dom.inFlight++
 	pl.dom.loop.place(now) // the engines' queue, as the capacity guard counts it
@@ -58,14 +54,14 @@ func (c *charge) reprice(price int64) {
 	c.gates.price = price
 }
 
-// chargeAt moves the quota charge to rate times the weighted tokens the
-// gates took (rate < 1: a degraded admission, charged its granted tier's
-// share; tierRate), before the placement takes the floor bucket, so that
-// the token bucket, the floor bucket, the lease, its release and the
-// shared store all count what the GPUs do for it.
-func (c *charge) chargeAt(now int64, rate float64) {
-	c.tierRate = rate
-	weighted := scaleWeighted(c.gates.weighted, rate)
+// chargeAt moves the quota charge to share of the weighted tokens the
+// gates took (below wholeShare: a degraded admission, charged its granted
+// tier's share; tierShare), before the placement takes the floor bucket,
+// so that the token bucket, the floor bucket, the lease, its release and
+// the shared store all count what the GPUs do for it.
+func (c *charge) chargeAt(now int64, share int32) {
+	c.tierShare = share
+	weighted := scaleWeighted(c.gates.weighted, share)
 	diff := c.gates.weighted - weighted
 	if diff <= 0 {
 		return
@@ -79,25 +75,26 @@ func (c *charge) chargeAt(now int64, rate float64) {
 	}
 }
 
-// scaleWeighted is weighted tokens charged at rate, rounded up; a rate
-// outside (0, 1) leaves them as they are (a charge never placed has 0).
-func scaleWeighted(weighted int64, rate float64) int64 {
-	if !(rate > 0 && rate < 1) || weighted <= 0 {
+// scaleWeighted is weighted tokens charged at share, rounded up; a share
+// of 0 (a charge never placed) or a whole one leaves them as they are.
+func scaleWeighted(weighted int64, share int32) int64 {
+	if share <= 0 || share >= wholeShare || weighted <= 0 {
 		return weighted
 	}
-	return int64(math.Ceil(float64(weighted) * rate))
+	return scaled(weighted, int64(share), true)
 }
 
-// tierRate is the share of a request's weighted tokens charged when it is
+// tierShare is the share of a request's weighted tokens charged when it is
 // granted model instead of the requested one: the granted model's prefill
-// FLOPs per token over the requested one's (active parameters), at most 1.
-// Its quota then pays for what the GPUs do for it, so a tenant that
+// FLOPs per token over the requested one's (active parameters), at most
+// whole. Its quota then pays for what the GPUs do for it, so a tenant that
 // accepts a lower tier never runs out of quota sooner than one that waits.
-func tierRate(requested, granted *pd.Model) float64 {
-	if requested.ActiveParams <= 0 || granted.ActiveParams >= requested.ActiveParams {
-		return 1
+// (A granted model of no known size is charged whole.)
+func tierShare(requested, granted *pd.Model) int32 {
+	if requested.ActiveParams <= 0 || granted.ActiveParams <= 0 {
+		return wholeShare
 	}
-	return float64(granted.ActiveParams) / float64(requested.ActiveParams)
+	return int32(shareOf(granted.ActiveParams, requested.ActiveParams))
 }
 
 // Cancel gives back everything the charge took, as if the request had

@@ -66,9 +66,9 @@ type placement struct {
 	cost  pd.Cost
 	tier  int // 0: the requested model; i: the i-th accepted lower tier
 	floor bool
-	// tierRate is the share of the request's weighted tokens its quota
-	// pays on this tier (tierRate): 1 on the requested one.
-	tierRate float64
+	// tierShare is the share of the request's weighted tokens its quota
+	// pays on this tier (tierShare): wholeShare on the requested one.
+	tierShare int32
 }
 
 // outcome is the answer of an admission placed at pl: DEGRADED on a lower
@@ -442,11 +442,11 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 	if !fits {
 		return placement{}, false
 	}
-	rate := 1.0
+	share := int32(wholeShare)
 	if ti > 0 {
-		rate = tierRate(r.tierBuf[0].model, ms.model)
+		share = tierShare(r.tierBuf[0].model, ms.model)
 	}
-	return placement{dom: d, model: ms, cost: cost, tier: ti, floor: floor, tierRate: rate}, true
+	return placement{dom: d, model: ms, cost: cost, tier: ti, floor: floor, tierShare: share}, true
 }
 
 // withHeadroom is what r's ti-th tier needs of d to be placed there: its

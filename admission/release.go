@@ -145,7 +145,7 @@ func (l *lease) settle(now int64, wall time.Time, rel Release, p *placer) (res R
 		}
 		price = p.cat.PriceMicros(m.model, prompt, rel.OutputTokens)
 	}
-	weighted = scaleWeighted(prompt+l.outWeight*rel.OutputTokens, l.tierRate)
+	weighted = scaleWeighted(prompt+l.outWeight*rel.OutputTokens, l.tierShare)
 	l.tenant.budget.roll(wall)
 	refunded := l.Settle(now, actual, weighted, price)
 	if rel.Outcome != ReleaseUnobserved {

@@ -2,21 +2,16 @@ package admission
 
 import (
 	"math"
-	"math/bits"
 
 	"github.com/sluice-sched/sluice/pd"
 )
-
-// floorShareFull is a whole floor, in parts per million: the share of
-// every floor the capacity carries while no domain is short of its floors.
-const floorShareFull = 1_000_000
 
 // changed recomputes the floor reserves over the eligible domains
 // (eligibility or a capacity factor moved; reweigh has given the domains
 // their weights), and the share of every floor they carry (floorShare).
 func (p *placer) changed() {
 	prefillCap, decodeCap := p.eligibleBaseRates()
-	share := int64(floorShareFull)
+	share := int64(wholeShare)
 	for _, d := range p.domains {
 		if !d.eligible() || p.floorTotal == 0 {
 			d.cap.SetReserve(0, 0)
@@ -37,34 +32,8 @@ func (p *placer) changed() {
 	p.floorShare = share
 }
 
-// shareOf is the share of want that have carries, in parts per million
-// (floorShareFull when it carries all of it).
-func shareOf(have, want int64) int64 {
-	if want <= have {
-		return floorShareFull
-	}
-	if have <= 0 {
-		return 0
-	}
-	// have < want: the quotient fits, and Div64 does not panic.
-	hi, lo := bits.Mul64(uint64(have), floorShareFull)
-	q, _ := bits.Div64(hi, lo, uint64(want))
-	return int64(q)
-}
-
-// sharedFloor is floor scaled to share parts per million (0 ≤ share ≤
-// floorShareFull), rounded down.
-func sharedFloor(floor, share int64) int64 {
-	if floor <= 0 || share <= 0 {
-		return 0
-	}
-	if share >= floorShareFull {
-		return floor
-	}
-	hi, lo := bits.Mul64(uint64(floor), uint64(share))
-	q, _ := bits.Div64(hi, lo, floorShareFull) // share < floorShareFull: the quotient fits
-	return int64(q)
-}
+// sharedFloor is floor scaled to share, rounded down.
+func sharedFloor(floor, share int64) int64 { return scaled(floor, share, false) }
 
 // shareFloorsLocked gives every active floor tenant the share of its floor
 // the capacity now carries, when the share moved since it was last given.

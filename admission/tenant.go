@@ -53,7 +53,7 @@ func (r refusal) refused() bool { return r.reason != ReasonNone }
 
 // newTenantState builds a tenant with full buckets from its policy.
 func newTenantState(name, tier string, p TierPolicy, now int64) *tenantState {
-	t := &tenantState{name: name, tier: tier, created: now, floorShare: floorShareFull}
+	t := &tenantState{name: name, tier: tier, created: now, floorShare: wholeShare}
 	t.setPolicy(p, now, true)
 	return t
 }
