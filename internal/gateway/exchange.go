@@ -329,7 +329,7 @@ func (x *Exchange) refuseDecision(d *admission.Decision, why string) *Verdict {
 // shape; a lease granted before is released unused.
 func (x *Exchange) refuse(o Outcome, status int, message, typ, param, code string) *Verdict {
 	x.finish(o)
-	return &Verdict{Status: status, Message: message, Body: errorBody(message, typ, param, code),
+	return &Verdict{Status: status, Message: message, Body: ErrorBody(message, typ, param, code),
 		Headers: [][2]string{{"content-type", "application/json"}}}
 }
 

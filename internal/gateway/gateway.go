@@ -174,13 +174,6 @@ func (o Outcome) String() string {
 // Start begins an Exchange.
 func (g *Gateway) Start() *Exchange { return &Exchange{g: g} }
 
-// ErrorBody is an error answer in OpenAI's shape
-// ({"error":{"message","type","param","code"}}), for a front that answers
-// the client itself (an empty param is null).
-func ErrorBody(message, typ, param, code string) []byte {
-	return errorBody(message, typ, param, code)
-}
-
 // ServedModel is a name a request's model may take, and the catalog's
 // model it names.
 type ServedModel struct {
@@ -200,8 +193,10 @@ func (g *Gateway) ServedModels() []ServedModel {
 	return out
 }
 
-// errorBody is OpenAI's error shape.
-func errorBody(message, typ, param, code string) []byte {
+// ErrorBody is an error answer in OpenAI's shape
+// ({"error":{"message","type","param","code"}}; an empty param is null),
+// for the refusals here and a front that answers the client itself.
+func ErrorBody(message, typ, param, code string) []byte {
 	var b strings.Builder
 	b.WriteString(`{"error":{"message":`)
 	b.WriteString(quote(message))
