@@ -6,8 +6,6 @@ import (
 	"bufio"
 	"bytes"
 	"net"
-	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,19 +26,7 @@ func TestOneConnectionsStreamsResidentMemory(t *testing.T) {
 		within  = 100 << 20
 	)
 	bin := buildSluiced(t)
-	cmd := exec.Command(bin, "--topology", "simulated", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json")
-	logs, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-	})
-	grpcAddr, _ := readyAddrs(t, logs, -1)
+	cmd, grpcAddr := startSluiced(t, bin, []string{"--topology", "simulated", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-format", "json"})
 	pid := cmd.Process.Pid
 	start := settledResident(t, pid, 0)
 
