@@ -161,7 +161,7 @@ func TestDrillAllSelfContained(t *testing.T) {
 				}
 			}
 			for _, p := range r.Phases {
-				t.Logf("drill %s, %s: %d sent, %d admitted, refused %v", r.Drill, p.Name, p.Sent, p.Admitted, p.Refusals)
+				t.Logf("drill %s, %s: %d sent, %d admitted, refused %v, lost %d, errors %v", r.Drill, p.Name, p.Sent, p.Admitted, p.Refusals, p.Lost, p.Errors)
 			}
 		}
 		t.Fatalf("drill all: exit %d, held %v, errors %v\n%s", code, sum.Held, sum.Errors, errs)

@@ -233,6 +233,12 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 	}
 	prefix := NormalizePrefix(opts.Prefix)
 	published := false
+	var lost clientv3.LeaseID // a lease given up, revoked once the key has left it
+	defer func() {
+		if lost != 0 {
+			revoke(opts.Client, lost)
+		}
+	}()
 	var held struct {
 		lease    clientv3.LeaseID
 		deadline time.Time // a lease still holding the key then is kept alive
@@ -248,7 +254,7 @@ func RunAgent(ctx context.Context, opts AgentOptions) error {
 			continue
 		}
 		key := AgentKey(prefix, nd.Node)
-		err = publish(ctx, opts, key, nd, func() {
+		lost, err = publish(ctx, opts, key, nd, lost, func() {
 			published = true
 			held.lease = 0
 		})
@@ -288,36 +294,42 @@ func leaseTTL(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID,
 }
 
 // publish creates key with nd's record under a new lease of opts.TTL, if no
-// other lease holds it (a *heldError), and keeps the lease alive until ctx
-// ends (then revokes it) or the lease is lost. Every opts.RediscoverEvery it
+// other lease holds it (a *heldError) or the one that holds it is previous
+// (this agent's lease, given up), and keeps the lease alive until ctx ends
+// (then revokes it) or the lease is lost. Every opts.RediscoverEvery it
 // discovers the node again and rewrites the record if it changed, on
 // condition that the key is still this lease's. It calls onPut once the
 // record is written.
-func publish(ctx context.Context, opts AgentOptions, key string, nd topology.NodeDiscovery, onPut func()) error {
+//
+// A lost lease is not revoked at once: the client gives a lease up when
+// etcd has not answered for a TTL, and etcd, back from an outage, may still
+// hold it and the record with it. The next publish moves the record to its
+// own lease and then revokes previous, so that the node's capacity never
+// leaves the replicas for an outage it outlived. publish returns the lease
+// left to revoke: the lost one, or previous when no new lease took the key.
+func publish(ctx context.Context, opts AgentOptions, key string, nd topology.NodeDiscovery, previous clientv3.LeaseID,
+	onPut func()) (clientv3.LeaseID, error) {
 	cli := opts.Client
 	value, err := json.Marshal(RecordOf(nd))
 	if err != nil {
-		return fmt.Errorf("encode node %s: %w", nd.Node, err)
+		return previous, fmt.Errorf("encode node %s: %w", nd.Node, err)
 	}
 	secs := int64((opts.TTL + time.Second - 1) / time.Second)
 	lease, err := cli.Grant(ctx, secs)
 	if err != nil {
-		return fmt.Errorf("grant a %ds lease: %w", secs, err)
+		return previous, fmt.Errorf("grant a %ds lease: %w", secs, err)
 	}
-	defer revoke(cli, lease.ID)
-	resp, err := cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(value), clientv3.WithLease(lease.ID))).
-		Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return fmt.Errorf("write %s: %w", key, err)
-	}
-	if !resp.Succeeded {
-		he := &heldError{key: key}
-		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
-			he.lease = clientv3.LeaseID(kvs[0].Lease)
+	given := false // the lease was lost: left for the next publish to revoke
+	defer func() {
+		if !given {
+			revoke(cli, lease.ID)
 		}
-		return he
+	}()
+	if err := claim(ctx, cli, key, clientv3.OpPut(key, string(value), clientv3.WithLease(lease.ID)), previous); err != nil {
+		return previous, err
+	}
+	if previous != 0 {
+		revoke(cli, previous)
 	}
 	onPut()
 	opts.Logger.Info("published node", "key", key, "domain", nd.Domain, "gpus", len(nd.GPUs))
@@ -327,7 +339,7 @@ func publish(ctx context.Context, opts AgentOptions, key string, nd topology.Nod
 	defer cancel()
 	ka, err := cli.KeepAlive(kaCtx, lease.ID)
 	if err != nil {
-		return fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
+		return 0, fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
 	}
 	var tick <-chan time.Time
 	if opts.RediscoverEvery > 0 {
@@ -342,9 +354,10 @@ func publish(ctx context.Context, opts AgentOptions, key string, nd topology.Nod
 				continue
 			}
 			if ctx.Err() != nil {
-				return nil
+				return 0, nil
 			}
-			return fmt.Errorf("lease %x expired or was revoked", lease.ID)
+			given = true
+			return lease.ID, fmt.Errorf("lease %x expired or was revoked", lease.ID)
 		case <-tick:
 			now, err := opts.Discover(ctx)
 			if err != nil {
@@ -367,12 +380,42 @@ func publish(ctx context.Context, opts AgentOptions, key string, nd topology.Nod
 				continue
 			}
 			if !resp.Succeeded {
-				return fmt.Errorf("%s is no longer under lease %x", key, lease.ID)
+				return 0, fmt.Errorf("%s is no longer under lease %x", key, lease.ID)
 			}
 			value = b
 			opts.Logger.Info("republished the changed node", "key", key, "gpus", len(now.GPUs), "healthy", healthyCount(now))
 		}
 	}
+}
+
+// claim writes put to key if no lease holds the key or previous does (a
+// lease this agent gave up); otherwise it returns a *heldError naming the
+// lease that holds it.
+func claim(ctx context.Context, cli *clientv3.Client, key string, put clientv3.Op, previous clientv3.LeaseID) error {
+	if previous != 0 {
+		resp, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", previous)).Then(put).Commit()
+		if err != nil {
+			return fmt.Errorf("write %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+	}
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(put).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return fmt.Errorf("write %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		he := &heldError{key: key}
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 1 {
+			he.lease = clientv3.LeaseID(kvs[0].Lease)
+		}
+		return he
+	}
+	return nil
 }
 
 // healthyCount returns how many of nd's GPUs are healthy.

@@ -134,6 +134,46 @@ func TestAgentRestartAfterCrash(t *testing.T) {
 	})
 }
 
+// etcd gone for longer than the node's lease: the agent's client gives the
+// lease up, and the agent publishes again once etcd is back. The record
+// moves to the new lease before the old one is revoked, so the node never
+// leaves the replicas' topology for an outage it outlived.
+func TestAgentOutlivesAnOutageWithoutLeaving(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		// The agent's client reconnects as sluice-agent's does (NewClient).
+		done <- RunAgent(ctx, AgentOptions{Client: newClient(t, etcd), TTL: time.Second, Logger: testLogger(),
+			Discover: func(context.Context) (topology.NodeDiscovery, error) {
+				return topology.Simulated().NodeDiscovery("hgx-h200-1")
+			}})
+	}()
+	defer func() { cancel(); <-done }()
+	cli := etcd.Client(t)
+	eventually(t, "published", func() bool { v, _ := agentGet(t, cli, "hgx-h200-1"); return v != "" })
+	_, first := agentGet(t, cli, "hgx-h200-1")
+	key := AgentKey(DefaultPrefix, "hgx-h200-1")
+	resp, err := cli.Get(ctxT(t), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttl := leaseTTL(ctxT(t), cli, first, time.Second)
+
+	etcd.Stop()
+	// The client gives the lease up at most a TTL (and its half-second
+	// check) after the outage began; etcd comes back just after, while an
+	// agent that revoked a lost lease at once would still be trying to.
+	time.Sleep(ttl + 700*time.Millisecond)
+	etcd.Restart()
+	cli = etcd.Client(t)
+	eventually(t, "published again", func() bool { _, l := agentGet(t, cli, "hgx-h200-1"); return l != 0 && l != first })
+	if left, err := cli.TimeToLive(ctxT(t), first); err != nil || left.TTL != -1 {
+		t.Errorf("the lost lease after publishing again: %+v, %v (want revoked)", left, err)
+	}
+	rewrittenWithoutDelete(t, cli, key, resp.Header.Revision)
+}
+
 // A published agent discovers its node again every RediscoverEvery and
 // rewrites a changed record under the same lease: a GPU that turns
 // unhealthy reaches the replicas.
@@ -218,8 +258,9 @@ func TestPublishEndsItsKeepAlive(t *testing.T) {
 	key := AgentKey(DefaultPrefix, "hgx-h200-1")
 	done := make(chan error, 1)
 	go func() {
-		done <- publish(ctx, AgentOptions{Client: cli, TTL: time.Second, Logger: testLogger(),
-			RediscoverEvery: 20 * time.Millisecond, Discover: discover}, key, nd, func() { published.Store(true) })
+		_, err := publish(ctx, AgentOptions{Client: cli, TTL: time.Second, Logger: testLogger(),
+			RediscoverEvery: 20 * time.Millisecond, Discover: discover}, key, nd, 0, func() { published.Store(true) })
+		done <- err
 	}()
 	eventually(t, "published", published.Load)
 	put(t, etcd.Client(t), key, "{}") // another writer takes the key, without a lease

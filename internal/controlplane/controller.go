@@ -886,11 +886,23 @@ func (c *Controller) probe(ctx context.Context) {
 
 // register keeps this replica's member key under a lease until ctx ends,
 // registering again whenever the lease is lost; on return it revokes it.
+// A lost lease is revoked only once the key is under its successor: the
+// client gives a lease up when etcd has not answered for a TTL, and etcd,
+// back from an outage, may still hold it; revoking it first would delete
+// the key and leave routers that watch the members without this replica
+// until the new one is written.
 func (c *Controller) register(ctx context.Context) {
 	key := etcdmembers.Key(c.prefix, c.opts.Self.ID)
 	value, _ := etcdmembers.Encode(c.opts.Self) // checked in New
+	var lost clientv3.LeaseID
+	defer func() {
+		if lost != 0 {
+			revoke(c.opts.Client, lost)
+		}
+	}()
 	for ctx.Err() == nil {
-		err := c.registerOnce(ctx, key, value)
+		var err error
+		lost, err = c.registerOnce(ctx, key, value, lost)
 		if ctx.Err() != nil {
 			return
 		}
@@ -899,38 +911,49 @@ func (c *Controller) register(ctx context.Context) {
 	}
 }
 
-// registerOnce writes the member key under a new lease and keeps it alive
-// until the lease is lost or ctx ends (then it revokes the lease).
-func (c *Controller) registerOnce(ctx context.Context, key string, value []byte) error {
+// registerOnce writes the member key under a new lease, revokes the lease
+// it held before (previous, 0 for none) once the key has moved off it, and
+// keeps the new lease alive until it is lost or ctx ends. It returns the
+// lease left to revoke: the lost one, or previous when no new one took the
+// key; when ctx ends it revokes the lease itself and returns previous.
+func (c *Controller) registerOnce(ctx context.Context, key string, value []byte, previous clientv3.LeaseID) (clientv3.LeaseID, error) {
 	secs := int64((c.opts.LeaseTTL + time.Second - 1) / time.Second)
 	lease, err := c.opts.Client.Grant(ctx, secs)
 	if err != nil {
-		return fmt.Errorf("grant a %ds lease: %w", secs, err)
+		return previous, fmt.Errorf("grant a %ds lease: %w", secs, err)
+	}
+	if _, err := c.opts.Client.Put(ctx, key, string(value), clientv3.WithLease(lease.ID)); err != nil {
+		revoke(c.opts.Client, lease.ID)
+		return previous, fmt.Errorf("write %s: %w", key, err)
+	}
+	if previous != 0 {
+		revoke(c.opts.Client, previous)
 	}
 	c.mu.Lock()
 	c.mu.lease = lease.ID
 	c.mu.Unlock()
 	c.renewedFor(lease.TTL)
 	defer func() {
-		revoke(c.opts.Client, lease.ID)
 		c.memberExpiry.Store(0)
 		c.mu.Lock()
 		c.mu.lease = 0
 		c.mu.Unlock()
 	}()
-	if _, err := c.opts.Client.Put(ctx, key, string(value), clientv3.WithLease(lease.ID)); err != nil {
-		return fmt.Errorf("write %s: %w", key, err)
-	}
 	c.opts.Logger.Info("replica registered", "key", key, "addr", c.opts.Self.Addr, "ttl", secs)
 	ka, err := c.opts.Client.KeepAlive(ctx, lease.ID)
 	if err != nil {
-		return fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
+		if ctx.Err() != nil {
+			revoke(c.opts.Client, lease.ID)
+			return 0, nil
+		}
+		return lease.ID, fmt.Errorf("keep lease %x alive: %w", lease.ID, err)
 	}
 	for resp := range ka {
 		c.renewedFor(resp.TTL)
 	}
 	if ctx.Err() != nil {
-		return nil
+		revoke(c.opts.Client, lease.ID)
+		return 0, nil
 	}
-	return fmt.Errorf("lease %x expired or was revoked", lease.ID)
+	return lease.ID, fmt.Errorf("lease %x expired or was revoked", lease.ID)
 }

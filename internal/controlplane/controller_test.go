@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
+	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/topology"
 )
@@ -243,6 +244,40 @@ func TestMembershipCount(t *testing.T) {
 		// How quickly a's first read saw b and c varies; the tail does not.
 		t.Fatalf("a counted %v; want it to end 3, 2, 1", counts)
 	}
+}
+
+// etcd gone for longer than the member lease: the replica's client gives
+// the lease up, and the replica registers again once etcd is back. Its
+// member key moves to the new lease before the old one is revoked, so the
+// key is never deleted and a router watching the members never loses it.
+func TestRegistrationSurvivesAnOutageWithoutAGap(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	r := startReplica(t, newClient(t, etcd), Options{Self: client.Member{ID: "a", Addr: "a:7070"}, LeaseTTL: time.Second,
+		RetryEvery: 50 * time.Millisecond})
+	eventually(t, "registered", func() bool { return r.ctl.LeaseID() != 0 && !r.ctl.MemberExpiry().IsZero() })
+	first := r.ctl.LeaseID()
+	key := etcdmembers.Key(DefaultPrefix, "a")
+	got, err := etcd.Client(t).Get(ctxT(t), key)
+	if err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("member key %s: %v, %v", key, got, err)
+	}
+	from := got.Header.Revision
+
+	etcd.Stop()
+	// The client gives the lease up a TTL after its last renewal (checked
+	// every half second); etcd comes back just after, while a replica that
+	// revoked a lost lease at once would still be trying to.
+	expiry := r.ctl.MemberExpiry()
+	time.Sleep(time.Until(expiry) + 700*time.Millisecond)
+	etcd.Restart()
+	eventually(t, "registered again", func() bool { id := r.ctl.LeaseID(); return id != 0 && id != first })
+
+	cli := etcd.Client(t)
+	ttl, err := cli.TimeToLive(ctxT(t), first)
+	if err != nil || ttl.TTL != -1 {
+		t.Errorf("the lost lease after registering again: %+v, %v (want revoked)", ttl, err)
+	}
+	rewrittenWithoutDelete(t, cli, key, from)
 }
 
 // MemberExpiry is when the member lease expires unless renewed: about a

@@ -195,3 +195,20 @@ func newClient(t *testing.T, etcd *etcdtest.Server) *clientv3.Client {
 	t.Cleanup(func() { _ = cli.Close() })
 	return cli
 }
+
+// rewrittenWithoutDelete fails the test unless key, after revision from, is
+// written again before any delete: whoever watches it never sees it gone.
+func rewrittenWithoutDelete(t *testing.T, cli *clientv3.Client, key string, from int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for wr := range cli.Watch(ctx, key, clientv3.WithRev(from+1)) {
+		for _, ev := range wr.Events {
+			if ev.Type == clientv3.EventTypeDelete {
+				t.Fatalf("%s deleted at revision %d: its watchers lost it", key, ev.Kv.ModRevision)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s not written again after revision %d", key, from)
+}
