@@ -275,12 +275,14 @@ func (v *verdict) refusal(d *Decision, r *pending, now int64) {
 
 // withinFloor reports whether r may be placed within its tenant's floor
 // (on the floor reserve, past the capacity guard): the floor bucket holds
-// its weighted tokens, or, for a request larger than one second of floor,
-// the bucket is full. Such a request takes the bucket into debt, paid back
-// before the next: the tenant's floor is its rate whatever the size of its
-// requests, where a bucket one second deep would never hold them.
+// its weighted tokens (all of it, for a request larger than one second of
+// floor), or the tenant is under its floor, whatever the size of its
+// request (tenantState.underFloor). A request larger than what the bucket
+// holds takes it into debt: the tenant's floor is a rate whatever the
+// size of its requests, where a bucket one second deep would never hold
+// them.
 func withinFloor(now int64, t *tenantState, r *pending) bool {
-	return !r.critical && t.floor.Burst() > 0 && t.floor.Fits(now, min(r.weighted, t.floor.Burst()), 0)
+	return !r.critical && t.floor.Burst() > 0 && (t.floor.Fits(now, min(r.weighted, t.floor.Burst()), 0) || t.underFloor(now))
 }
 
 // decideLocked runs a new request through the tenant gates and placement:

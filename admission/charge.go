@@ -44,6 +44,9 @@ func (c *charge) place(now int64, pl placement) {
 	if pl.floor {
 		c.tenant.floor.Take(now, c.gates.weighted)
 	}
+	if !c.deferred {
+		c.tenant.meterServed(now, c.gates.weighted)
+	}
 	c.dom, c.cost, c.floor = pl.dom, pl.cost, pl.floor
 }
 
@@ -105,6 +108,9 @@ func (c *charge) Cancel(now int64) {
 		c.endFlight()
 		if c.floor {
 			c.tenant.floor.Refund(now, c.gates.weighted)
+		}
+		if !c.deferred {
+			c.tenant.meterServed(now, -c.gates.weighted)
 		}
 	}
 	c.tenant.refundGates(now, &c.gates)

@@ -402,11 +402,27 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	if now-l.winStart >= int64(cfg.Window.Duration) {
 		l.calibrate(now, cfg, c, soft)
 	}
+	if l.factor < l.calibrated { // the guard's cut: never into the floors' reserve
+		l.factor = max(l.factor, min(l.calibrated, floorsFactor(c)))
+	}
 	l.factor = bounded(l.factor, cfg)
 	if l.factor != factor {
 		c.SetFactor(now, int64(math.Round(l.factor*pd.FactorFull)))
 	}
 	return l.factor != factor || l.saturated != saturated
+}
+
+// floorsFactor is the least factor at which the domain's rates hold its
+// floors' reserves, the larger of prefill's and decode's, rounded up to
+// the next step SetFactor takes (0 without a model).
+func floorsFactor(c *pd.DomainCapacity) float64 {
+	priorP, priorD := c.PriorRates()
+	if priorP <= 0 || priorD <= 0 {
+		return 0
+	}
+	rp, rd := c.ReserveRates()
+	f := max(float64(rp)/float64(priorP), float64(rd)/float64(priorD))
+	return (math.Ceil(f*pd.FactorFull) + 1) / pd.FactorFull
 }
 
 // used is the share of what rate refills in elapsed nanoseconds that

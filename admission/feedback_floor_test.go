@@ -2,6 +2,7 @@ package admission
 
 import (
 	"testing"
+	"time"
 )
 
 // floorConfig is testConfig with a tenant f whose floor is 1000 weighted
@@ -29,7 +30,8 @@ func readSaturated(h *harness) {
 func TestAQueuedRequestTakesItsFloorOnceItRefills(t *testing.T) {
 	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
 	readSaturated(h)
-	if d := h.admit(req("f", "medium", 900, 10)); d.Outcome != Admitted || !d.Trace.Floor {
+	// 960 + 4·10 = 1000 weighted tokens: the whole floor.
+	if d := h.admit(req("f", "medium", 960, 10)); d.Outcome != Admitted || !d.Trace.Floor {
 		t.Fatalf("first request: %v %v floor=%v, want admitted within the floor", d.Outcome, d.Reason, d.Trace.Floor)
 	}
 	d, w := h.submit(req("f", "medium", 900, 10))
@@ -72,4 +74,58 @@ func TestARequestLargerThanASecondOfFloorIsWithinIt(t *testing.T) {
 		t.Fatalf("the next request, the floor in debt: %v %v floor=%v, want held in the queue", d.Outcome, d.Reason, d.Trace.Floor)
 	}
 	h.cancel(w)
+}
+
+// A tenant whose every request is three seconds of its floor, on a domain
+// the guard holds: it is under its floor whenever its served meter is above
+// zero, and the meter's debt stops at half a second of floor, so it is
+// admitted within its floor in every second (each admission is more than
+// the floor), not once every three seconds as the debt of each would have
+// it, and about twice a second at most.
+func TestATenantUnderItsFloorIsAdmittedInEverySecond(t *testing.T) {
+	cfg := floorConfig()
+	// The guard holds the domain and leaves its factor alone: what the
+	// hold keeps back, not a cut, is under test.
+	cfg.Feedback.CutAfter.Duration = time.Minute
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	const step, seconds = 50 * time.Millisecond, 10
+	var perSecond [seconds]int
+	var w *waiter
+	for i := range seconds * int(time.Second/step) {
+		sec := i * int(step) / int(time.Second)
+		readSaturated(h)
+		if w != nil && answered(w) {
+			if d := w.decision; d.Outcome != Admitted || !d.Trace.Floor {
+				t.Fatalf("at %v: %v %v floor=%v, want admitted within the floor", time.Duration(i)*step, d.Outcome, d.Reason, d.Trace.Floor)
+			}
+			perSecond[sec]++
+			h.release(w.decision.LeaseID, 2960, 10) // served: the domain's capacity is not what is tested
+			w = nil
+		}
+		if w == nil {
+			// 2960 + 4·10 = 3000 weighted tokens: three seconds of floor.
+			d, queued := h.submit(req("f", "medium", 2960, 10))
+			switch {
+			case queued != nil:
+				w = queued
+			case d.Outcome == Admitted && d.Trace.Floor:
+				perSecond[sec]++
+				h.release(d.LeaseID, 2960, 10)
+			default:
+				t.Fatalf("at %v: %v %v floor=%v, want admitted within the floor or queued", time.Duration(i)*step, d.Outcome, d.Reason, d.Trace.Floor)
+			}
+		}
+		h.advance(step)
+	}
+	if w != nil {
+		h.cancel(w)
+	}
+	for sec, n := range perSecond {
+		if n < 1 || n > 3 {
+			t.Errorf("second %d: %d admitted, want 1 to 3 (every second at least its floor; about one a half second); all: %v", sec, n, perSecond)
+		}
+	}
+	if !h.domain("d1").EngineSaturated {
+		t.Error("the domain is no longer held: the test does not test the hold")
+	}
 }

@@ -436,7 +436,9 @@ func TestReleasesCalibrateABusyDomain(t *testing.T) {
 }
 
 // A factor so low that the floors reserved on the domain no longer fit is
-// reported, not silently broken.
+// reported, not silently broken. The guard's cut alone never goes that
+// low: it stops at the floors' reserve; the windows that measure the
+// engines busy and serving nothing take the calibrated value there.
 func TestFloorsTheMeasuredCapacityCannotHoldAreReported(t *testing.T) {
 	cfg := testConfig()
 	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 1709, Weight: 1}
@@ -445,15 +447,22 @@ func TestFloorsTheMeasuredCapacityCannotHoldAreReported(t *testing.T) {
 	if h.domain("d1").FloorsShort {
 		t.Fatal("floors short at the model's capacity")
 	}
-	for range 10 {
-		if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 100}}); err != nil {
-			t.Fatal(err)
+	saturated := func(periods int) {
+		for range periods {
+			if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 100}}); err != nil {
+				t.Fatal(err)
+			}
+			h.advance(period)
 		}
-		h.advance(period)
 	}
+	saturated(10)
+	if info := h.domain("d1"); info.CapacityFactor <= 0.25 || info.FloorsShort {
+		t.Errorf("after 10 saturated periods: factor %g floors short %v, want the guard's cut stopped at the floors' reserve", info.CapacityFactor, info.FloorsShort)
+	}
+	saturated(200) // ten windows
 	info := h.domain("d1")
 	if info.CapacityFactor != 0.25 || !info.FloorsShort {
-		t.Errorf("after 10 saturated periods: factor %g floors short %v, want the 0.25 bound and short", info.CapacityFactor, info.FloorsShort)
+		t.Errorf("after ten busy windows: factor %g floors short %v, want the 0.25 bound and short", info.CapacityFactor, info.FloorsShort)
 	}
 	if d := h.admit(req("f", "medium", 100, 10)); d.Outcome != Admitted || !d.Trace.Floor {
 		t.Errorf("a floor request on the saturated domain: %v %v floor=%v, want admitted from the floor", d.Outcome, d.Reason, d.Trace.Floor)

@@ -26,6 +26,11 @@ type tenantState struct {
 	tokens   tokenbucket.Bucket // weighted tokens, may go into debt
 	floor    tokenbucket.Bucket // weighted tokens within the guaranteed floor
 	critical tokenbucket.Bucket // weighted tokens for priority=CRITICAL
+	// served meters what the tenant is admitted against its floor, shared
+	// capacity included (interactive placements; underFloor). It has the
+	// floor bucket's rate and depth, this replica's slice where replicas
+	// share it, and is local, as the capacity guard is.
+	served tokenbucket.Bucket
 	// floorShare is the share of the policy's floor the floor bucket
 	// refills at, in parts per million: all of it unless the capacity
 	// measured cannot carry the floors (placer.floorShare).
@@ -80,6 +85,11 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 		} else {
 			b.SetLimits(l[0], l[1], l[2])
 		}
+	}
+	if fresh {
+		t.served = tokenbucket.New(floor, floor, 0, now)
+	} else {
+		t.served.SetLimits(floor, floor, 0)
 	}
 	t.budget.dailyCap = usdToMicros(p.Budget.DailyUSD)
 	t.budget.monthlyCap = usdToMicros(p.Budget.MonthlyUSD)
@@ -308,4 +318,37 @@ func roundUnits(v float64) int64 {
 		return 0
 	}
 	return int64(math.Min(math.Round(v), math.MaxInt64/4))
+}
+
+// underFloor reports whether the tenant has been admitted less than its
+// floor of late, on shared capacity or within the floor: its served meter
+// is above zero. Its next request is then within its floor, whatever its
+// size. The meter's debt stops at half a second of floor, so a tenant
+// whose requests are larger than its floor is admitted one at least every
+// half second while it is under it: a floor holds in every second however
+// large the requests, where a bucket paying back each one's debt would
+// leave seconds with none.
+func (t *tenantState) underFloor(now int64) bool {
+	if r, b := t.floor.Rate(), t.floor.Burst(); t.served.Rate() != r || t.served.Burst() != b {
+		t.served.SetLimits(r, b, 0) // the floor's share and slice, as they move
+	}
+	return t.served.Burst() > 0 && t.served.Level(now) > 0
+}
+
+// meterServed charges weighted tokens admitted to the served meter (a
+// negative count gives them back), whose debt stops at half a second of
+// floor (underFloor).
+func (t *tenantState) meterServed(now, weighted int64) {
+	b := &t.served
+	if b.Burst() == 0 {
+		return
+	}
+	if weighted < 0 {
+		b.Refund(now, -weighted)
+		return
+	}
+	b.Take(now, weighted)
+	if debt := b.Burst() / 2; b.Level(now) < -debt {
+		b.SetLevel(now, -debt)
+	}
 }

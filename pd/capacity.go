@@ -729,6 +729,12 @@ func (c *DomainCapacity) Reserves() (prefill, decode, kv int64) {
 	return c.resPrefill, c.resDecode, c.resKV
 }
 
+// ReserveRates returns the floor reserves' rates given to the domain
+// (SetReserve): prefill FLOP/s and decode B/s, whole or not held.
+func (c *DomainCapacity) ReserveRates() (prefill, decode int64) {
+	return c.resPrefillRate, c.resDecodeRate
+}
+
 // ReservedFraction returns the reserved share of the prefill rate, in [0, 1]
 // (for display and for sizing the KV reserve).
 func (c *DomainCapacity) ReservedFraction() float64 {

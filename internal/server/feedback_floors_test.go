@@ -178,7 +178,8 @@ func (r *floorRun) admit(tenant string) bool {
 
 // slowDown has the engines report a queue that grows by two each step and
 // a KV cache 95% full, as slowed engines do, runs steps until the factor
-// reaches its bound, and then n steps more. It returns what each tenant
+// reaches its bound (the guard's cuts, down to the floors' reserve, and
+// the busy windows' calibration below it), and then n steps more. It returns what each tenant
 // was admitted over all of them and over the last n, and how long (on the
 // clock) all of them and the fall took.
 func (r *floorRun) slowDown(n int) (all, last map[string]int64, held, fall time.Duration) {
@@ -192,7 +193,7 @@ func (r *floorRun) slowDown(n int) (all, last map[string]int64, held, fall time.
 		}
 	}
 	for steps := 1; r.domain().CapacityFactor > 0.25+1e-9; steps++ {
-		if steps > 200 {
+		if steps > 1500 { // fifteen calibration windows
 			r.t.Fatalf("the factor is %v after %d steps of slowed engines, want the 0.25 bound", r.domain().CapacityFactor, steps)
 		}
 		r.engine.waiting.Add(2)
