@@ -110,7 +110,7 @@ func (c *charge) Cancel(now int64) {
 			c.tenant.floor.Refund(now, c.gates.weighted)
 		}
 		if !c.deferred {
-			c.tenant.meterServed(now, -c.gates.weighted)
+			c.tenant.servedMeter().Refund(now, c.gates.weighted)
 		}
 	}
 	c.tenant.refundGates(now, &c.gates)

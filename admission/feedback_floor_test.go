@@ -129,3 +129,30 @@ func TestATenantUnderItsFloorIsAdmittedInEverySecond(t *testing.T) {
 		t.Error("the domain is no longer held: the test does not test the hold")
 	}
 }
+
+// An admission undone (the shared store did not confirm it) gives back
+// what it took of the tenant's served meter too: an undone request does
+// not count as served against the floor.
+func TestAnUndoneAdmissionLeavesTheServedMeterAsItWas(t *testing.T) {
+	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
+	level := func() int64 {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		ts, _ := h.e.mu.gates.lookupLocked("f", h.e.nowLocked(), h.e.mu.place.modelList)
+		return ts.servedMeter().Level(h.e.nowLocked())
+	}
+	before := level()
+	d := h.admit(req("f", "medium", 460, 10)) // 500 weighted tokens
+	if d.Outcome != Admitted {
+		t.Fatalf("%v %v, want admitted", d.Outcome, d.Reason)
+	}
+	if got := level(); got != before-500 {
+		t.Fatalf("served meter %d after a 500-token admission, want %d", got, before-500)
+	}
+	h.e.mu.Lock()
+	h.e.revokeLocked("", d.LeaseID)
+	h.e.mu.Unlock()
+	if got := level(); got != before {
+		t.Errorf("served meter %d after the admission was undone, want %d as before it", got, before)
+	}
+}

@@ -88,8 +88,6 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 	}
 	if fresh {
 		t.served = tokenbucket.New(floor, floor, 0, now)
-	} else {
-		t.served.SetLimits(floor, floor, 0)
 	}
 	t.budget.dailyCap = usdToMicros(p.Budget.DailyUSD)
 	t.budget.monthlyCap = usdToMicros(p.Budget.MonthlyUSD)
@@ -329,26 +327,26 @@ func roundUnits(v float64) int64 {
 // large the requests, where a bucket paying back each one's debt would
 // leave seconds with none.
 func (t *tenantState) underFloor(now int64) bool {
-	if r, b := t.floor.Rate(), t.floor.Burst(); t.served.Rate() != r || t.served.Burst() != b {
-		t.served.SetLimits(r, b, 0) // the floor's share and slice, as they move
-	}
-	return t.served.Burst() > 0 && t.served.Level(now) > 0
+	b := t.servedMeter()
+	return b.Burst() > 0 && b.Level(now) > 0
 }
 
-// meterServed charges weighted tokens admitted to the served meter (a
-// negative count gives them back), whose debt stops at half a second of
-// floor (underFloor).
+// meterServed charges weighted tokens admitted to the served meter, whose
+// debt stops at half a second of floor (underFloor).
 func (t *tenantState) meterServed(now, weighted int64) {
-	b := &t.served
-	if b.Burst() == 0 {
-		return
-	}
-	if weighted < 0 {
-		b.Refund(now, -weighted)
-		return
-	}
+	b := t.servedMeter()
 	b.Take(now, weighted)
 	if debt := b.Burst() / 2; b.Level(now) < -debt {
 		b.SetLevel(now, -debt)
 	}
+}
+
+// servedMeter returns the served meter at the floor bucket's rate and
+// depth: its share and this replica's slice, as they move.
+func (t *tenantState) servedMeter() *tokenbucket.Bucket {
+	b := &t.served
+	if r, d := t.floor.Rate(), t.floor.Burst(); b.Rate() != r || b.Burst() != d {
+		b.SetLimits(r, d, 0)
+	}
+	return b
 }
