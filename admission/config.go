@@ -238,8 +238,10 @@ type FeedbackConfig struct {
 	// domains by load (default 2, the power of two choices; 1: first fit
 	// in rendezvous order; at most MaxSpreadChoices); SpreadMargin is how
 	// much more loaded the first must be before the least loaded of them
-	// goes ahead of it (default 0.1 of a domain), so that a tenant's
-	// requests, and its prefixes, stay mostly on its first.
+	// goes ahead of it, as a share of the first's load (default 0.1: a
+	// domain 10% busier; of a load of 0.1 at least; 1: load never moves a
+	// request), so that a tenant's requests, and its prefixes, stay on its
+	// first while the domains' loads are within the margin.
 	SpreadChoices int     `json:"spread_choices"`
 	SpreadMargin  float64 `json:"spread_margin"`
 	// LoadSmoothing is the weight of each period's use in a domain's load,
@@ -784,8 +786,8 @@ func (f *FeedbackConfig) validate() error {
 		return cfgErr("feedback.busy_ttft", "must be in (0, 1h], got %v", f.BusyTTFT.Duration)
 	case f.SpreadChoices < 1 || f.SpreadChoices > MaxSpreadChoices:
 		return cfgErr("feedback.spread_choices", "must be in [1, %d] (1: first fit; k: the least loaded of the first k), got %d", MaxSpreadChoices, f.SpreadChoices)
-	case !(f.SpreadMargin >= 0 && f.SpreadMargin <= 10):
-		return cfgErr("feedback.spread_margin", "must be in [0, 10], got %g", f.SpreadMargin)
+	case !(f.SpreadMargin >= 0 && f.SpreadMargin <= 1):
+		return cfgErr("feedback.spread_margin", "must be in [0, 1] (a share of the first domain's load), got %g", f.SpreadMargin)
 	case !(f.LoadSmoothing > 0 && f.LoadSmoothing <= 1):
 		return cfgErr("feedback.load_smoothing", "must be in (0, 1], got %g", f.LoadSmoothing)
 	}

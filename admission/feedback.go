@@ -518,6 +518,7 @@ func (p *placer) stepFeedback(now int64) (lifted bool) {
 	}
 	p.feedbackAt = now
 	moved := false
+	p.leastLoad = math.Inf(1)
 	for _, d := range p.domains {
 		if d.removed {
 			continue
@@ -527,6 +528,7 @@ func (p *placer) stepFeedback(now int64) (lifted bool) {
 			moved = true
 			lifted = lifted || (was && !d.loop.saturated)
 		}
+		p.leastLoad = min(p.leastLoad, d.loop.load)
 	}
 	if moved {
 		p.changed()

@@ -551,6 +551,11 @@ func TestFeedbackFieldsAreValidated(t *testing.T) {
 		t.Errorf("spread_choices %d: %v, want refused naming feedback.spread_choices", MaxSpreadChoices+1, err)
 	}
 	cfg = testConfig()
+	cfg.Feedback.SpreadMargin = 1.5
+	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.spread_margin") {
+		t.Errorf("spread_margin 1.5: %v, want refused naming feedback.spread_margin (a share of a load)", err)
+	}
+	cfg = testConfig()
 	cfg.Feedback.LoadSmoothing = 1.5
 	if _, err := New(cfg, hgxCluster(t, 1)); err == nil || !strings.Contains(err.Error(), "feedback.load_smoothing") {
 		t.Errorf("load_smoothing 1.5: %v, want refused naming feedback.load_smoothing", err)
@@ -559,8 +564,8 @@ func TestFeedbackFieldsAreValidated(t *testing.T) {
 
 // With spread_choices 3, the least loaded of a tenant's first three
 // domains goes first once the first is loaded past it by the margin; the
-// fourth, however idle, is not weighed. With the load gone the first is
-// first again.
+// fourth, however idle, is not weighed. With the load gone (the queue,
+// and the placed requests' use) the first is first again.
 func TestLoadSpreadsOverTheFirstThreeDomains(t *testing.T) {
 	cfg := testConfig()
 	cfg.Feedback.SpreadChoices = 3
@@ -590,14 +595,16 @@ func TestLoadSpreadsOverTheFirstThreeDomains(t *testing.T) {
 		t.Errorf("first two loaded: placed on %s, want the third choice %s of %v", got, order[2], order)
 	}
 	signal(0)
+	settle(h)
 	if got := firstDomain(h, "a"); got != order[0] {
 		t.Errorf("load gone: placed on %s, want the first choice %s of %v", got, order[0], order)
 	}
 }
 
 // Of a tenant's first two domains the less loaded goes first, once the
-// first's load passes the second's by the margin; with the load gone the
-// first is first again. spread_choices 1 is first fit.
+// first's load passes the second's by the margin; with the load gone (the
+// queue, and the placed requests' use) the first is first again.
+// spread_choices 1 is first fit.
 func TestLoadSpreadsOverTheFirstTwoDomains(t *testing.T) {
 	for _, choices := range []int{2, 1} {
 		cfg := testConfig()
@@ -636,9 +643,93 @@ func TestLoadSpreadsOverTheFirstTwoDomains(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.advance(period)
+		settle(h)
 		if got := firstDomain(h, "a"); got != first {
 			t.Errorf("load gone: placed on %s, want the first choice %s", got, first)
 		}
+	}
+}
+
+// settle steps the capacity loops until the use of the requests placed
+// has left the domains' loads (each period keeps 0.7 of it).
+func settle(h *harness) {
+	for range 20 {
+		h.advance(period)
+	}
+}
+
+// rendezvousOrder is tenant's rendezvous order of the domains for medium.
+func rendezvousOrder(h *harness, tenant string) []string {
+	h.t.Helper()
+	h.e.mu.Lock()
+	defer h.e.mu.Unlock()
+	t, _ := h.e.mu.gates.lookupLocked(tenant, h.e.nowLocked(), h.e.mu.place.modelList)
+	h.e.mu.place.walk(t, h.e.mu.place.models["medium"])
+	var order []string
+	for d := h.e.mu.place.next(); d != nil; d = h.e.mu.place.next() {
+		order = append(order, d.ID())
+	}
+	return order
+}
+
+// loadDomains gives each domain of loads that load, through its engines'
+// KV use (load is KV use over the threshold, 0.8), and steps the loops.
+func loadDomains(h *harness, loads map[string]float64) {
+	h.t.Helper()
+	var sigs []EngineSignal
+	for d, l := range loads {
+		sigs = append(sigs, EngineSignal{Domain: d, KVUsage: l * 0.8})
+	}
+	if err := h.e.ObserveEngines(sigs); err != nil {
+		h.t.Fatalf("%v", err)
+	}
+	h.advance(period)
+}
+
+// The spread margin is relative to the first's load: at loads 0.3 and
+// 0.24 (0.06 apart, a fifth of the first's load, past the margin of a
+// tenth) the second goes first, where an absolute margin of 0.1 would
+// keep twice the load on the first; within a tenth of its load (0.3 and
+// 0.28) the first stays first, and so it does on nearly idle domains,
+// where the margin is of a load of 0.1.
+func TestTheSpreadMarginIsRelativeToTheLoad(t *testing.T) {
+	for _, tc := range []struct {
+		first, second float64
+		moves         bool // the second goes first
+	}{
+		{0.3, 0.24, true},
+		{0.3, 0.28, false},
+		{0.008, 0, false},
+	} {
+		h := newHarness(t, testConfig(), hgxCluster(t, 4))
+		o := rendezvousOrder(h, "a")
+		want := o[0]
+		if tc.moves {
+			want = o[1]
+		}
+		// The domains further are busier: only the two choices weigh.
+		loadDomains(h, map[string]float64{o[0]: tc.first, o[1]: tc.second, o[2]: 0.6, o[3]: 0.6})
+		if got := firstDomain(h, "a"); got != want {
+			t.Errorf("first at %.3f, second at %.3f: placed on %s, want %s (order %v)", tc.first, tc.second, got, want, o)
+		}
+	}
+}
+
+// When both choices are loaded past domains further down the order, the
+// least loaded of those goes first, not the first of them found: the
+// third at 0.35 is past the choices' 0.5 by the margin, and the fourth,
+// idle, is further still and taken.
+func TestLookingFurtherTakesTheLeastLoaded(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 4))
+	o := rendezvousOrder(h, "a")
+	loadDomains(h, map[string]float64{o[0]: 0.5, o[1]: 0.5, o[2]: 0.35, o[3]: 0})
+	if got := firstDomain(h, "a"); got != o[3] {
+		t.Errorf("choices at 0.5, third at 0.35, fourth idle: placed on %s, want the fourth %s (order %v)", got, o[3], o)
+	}
+	// Within the margin of the choices, no domain further is weighed.
+	loadDomains(h, map[string]float64{o[0]: 0.5, o[1]: 0.5, o[2]: 0.47, o[3]: 0.47})
+	if got := firstDomain(h, "a"); got != o[0] {
+		t.Errorf("choices at 0.5, the others at 0.47: placed on %s, want the first %s (order %v)", got, o[0], o)
 	}
 }
 

@@ -42,6 +42,12 @@ type placer struct {
 	recovering []*domainState // domains whose health weight is cut: stepHealth's work
 	rates      ratesCache     // Σ rates of the eligible domains
 	feedbackAt int64          // engine time of the capacity loops' last step
+	// leastLoad is the least load of the cluster's domains, drained ones
+	// included, as the loops' last step left them (loads move only
+	// then); 0 before the first and after the domains change. A request
+	// whose choices are not loaded past it has no domain further to
+	// weigh, and walks none (lookFurther).
+	leastLoad float64
 	// relayed: the shared state relays engine readings between replicas
 	// (Engine.RelayEngineReadings); find notes the domains it weighs
 	// (capacityLoop.look).
@@ -277,6 +283,7 @@ func (p *placer) rebuildTree() {
 		p.tree.SetWeight(d.idx, placeWeight(d))
 	}
 	p.gen++
+	p.leastLoad = 0 // a new domain's load is 0 until the next step
 }
 
 // find returns the first domain, in rendezvous order, whose prefill bucket,
@@ -284,11 +291,11 @@ func (p *placer) rebuildTree() {
 // (floor: from the floor reserve).
 // Of the order's first feedback.spread_choices (the power of two choices
 // by default), the least loaded goes first once the first's load passes
-// it by feedback.spread_margin, so that a tenant's prefixes stay on a few
-// domains while equal domains share the load. Two choices are cached per
-// (tenant, model); more are walked for each request (choices). When every
-// choice is loaded past the margin, the first domain further down the
-// order that is less loaded by more than the margin joins them
+// it by feedback.spread_margin of that load (loadedPast), so that a
+// tenant's prefixes stay on a few domains while equal domains share the
+// load. Two choices are cached per (tenant, model); more are walked for
+// each request (choices). When every choice is loaded past a domain
+// further down the order, the least loaded such domain joins them
 // (lookFurther). The order is weighted by each domain's size
 // (placeWeight).
 // A request that accepts lower tiers must leave headroom on its requested
@@ -310,17 +317,20 @@ func (p *placer) find(now int64, r *pending, floor bool, plan tierPlan, m decisi
 				d.loop.look(now, &p.cfg.Feedback)
 			}
 		}
-		if !walked {
-			p.walk(r.tenant, ms)
-			for range n {
-				p.next() // the choices
-			}
-		}
-		n = p.lookFurther(r.tenant, ms, &cand, n)
+		k := n // the choices
+		n, walked = p.lookFurther(r.tenant, ms, &cand, n, walked)
 		p.leastLoadedFirst(cand[:n])
 		for _, d := range cand[:n] {
 			if pl, ok := p.try(now, r, floor, ti, d, m); ok {
 				return pl, true
+			}
+		}
+		// None fits: the rest of the order, from just past the choices
+		// (walked there only now: most placements fit a candidate).
+		if !walked {
+			p.walk(r.tenant, ms)
+			for range k {
+				p.next()
 			}
 		}
 		for d := p.next(); d != nil; d = p.next() {
@@ -364,23 +374,33 @@ func (p *placer) choices(t *tenantState, m *modelState) (cand candidates, n int,
 // choices, and one further (lookFurther).
 type candidates [MaxSpreadChoices + 1]*domainState
 
-// lookFurther adds to a request's n choices the first domain further
-// down its rendezvous order (at most lookFurtherDepth further) that is
-// less loaded than every choice by more than feedback.spread_margin: a
-// tenant whose first domains are busy goes to idle capacity rather than
-// queue behind its prefixes, and each tenant to its own next domain, not
-// all of them to one. It leaves the walk past the choices again, and
-// returns the number of candidates.
-func (p *placer) lookFurther(t *tenantState, m *modelState, cand *candidates, n int) int {
+// lookFurther adds to a request's n choices the least loaded of the
+// domains further down its rendezvous order (at most lookFurtherDepth
+// further) that every choice is loaded past (loadedPast): a tenant whose
+// first domains are busy goes to idle capacity rather than queue behind
+// its prefixes, and each tenant to its own further domains, not all of
+// them to one. The least loaded, not the first found: a tenant that is
+// most of the load fills the idlest domain it can reach first, where the
+// first found may be nearly as busy as its choices. walked says whether
+// the placer's cursor stands just past the choices; lookFurther returns
+// the number of candidates and whether it still does (it walks only when
+// some domain in the cluster is loaded less by the margin).
+func (p *placer) lookFurther(t *tenantState, m *modelState, cand *candidates, n int, walked bool) (int, bool) {
 	if n == 0 || p.cfg.Feedback.SpreadChoices < 2 { // 1: first fit
-		return n
+		return n, walked
 	}
 	least := cand[0].loop.load
 	for _, d := range cand[1:n] {
 		least = min(least, d.loop.load)
 	}
-	if least <= p.cfg.Feedback.SpreadMargin {
-		return n // every domain further is at least as loaded, less the margin
+	if !p.loadedPast(least, p.leastLoad) {
+		return n, walked // no domain in the cluster is loaded less by the margin
+	}
+	if !walked {
+		p.walk(t, m)
+		for range n {
+			p.next() // the choices
+		}
 	}
 	found := false
 	for range lookFurtherDepth {
@@ -388,19 +408,14 @@ func (p *placer) lookFurther(t *tenantState, m *modelState, cand *candidates, n 
 		if d == nil {
 			break
 		}
-		if d.loop.load+p.cfg.Feedback.SpreadMargin < least {
+		if p.loadedPast(least, d.loop.load) && (!found || d.loop.load < cand[n].loop.load) {
 			cand[n], found = d, true
-			break
 		}
-	}
-	p.walk(t, m)
-	for range n {
-		p.next()
 	}
 	if found {
 		n++
 	}
-	return n
+	return n, false
 }
 
 // lookFurtherDepth bounds how far past its choices a placement looks for
@@ -408,8 +423,7 @@ func (p *placer) lookFurther(t *tenantState, m *modelState, cand *candidates, n 
 const lookFurtherDepth = 8
 
 // leastLoadedFirst moves the least loaded of cand to its front once the
-// first's load passes it by feedback.spread_margin; the rest keep their
-// order.
+// first is loaded past it (loadedPast); the rest keep their order.
 func (p *placer) leastLoadedFirst(cand []*domainState) {
 	best := 0
 	for i := range cand {
@@ -417,12 +431,28 @@ func (p *placer) leastLoadedFirst(cand []*domainState) {
 			best = i
 		}
 	}
-	if best > 0 && cand[best].loop.load+p.cfg.Feedback.SpreadMargin < cand[0].loop.load {
+	if best > 0 && p.loadedPast(cand[0].loop.load, cand[best].loop.load) {
 		d := cand[best]
 		copy(cand[1:best+1], cand[:best])
 		cand[0] = d
 	}
 }
+
+// loadedPast reports whether a domain's load a passes another's, b, by
+// feedback.spread_margin of a: the margin is relative, so that a tenant
+// that is most of the load spreads it over equal domains at a light load
+// as at a heavy one (an absolute margin of a tenth of a domain lets a
+// domain at 0.2 stay twice as busy as one at 0.1). Below spreadLoadFloor
+// the margin is of that floor: on nearly idle domains a difference of
+// noise, relative to nothing, moves no request.
+func (p *placer) loadedPast(a, b float64) bool {
+	return a-b > p.cfg.Feedback.SpreadMargin*max(a, spreadLoadFloor)
+}
+
+// spreadLoadFloor is the least load the spread margin is relative to: at
+// the default margin, a difference under a hundredth of a domain never
+// moves a request.
+const spreadLoadFloor = 0.1
 
 // try reports whether r's ti-th tier fits d now, and where; m sees the
 // try.
