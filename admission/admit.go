@@ -333,7 +333,21 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	if ok {
 		return verdict{placed: true, pl: pl}
 	}
-	return e.mu.room.enqueue(ctx, now, wall, req, r, o, place.eligibleRates, &e.mu.cfg.Queue, m)
+	room, q := &e.mu.room, &e.mu.cfg.Queue
+	budget := waitBudget(ctx, wall, req, q)
+	// Whether it waits for its requested tier: not when it is not its
+	// tenant's turn there (and degrade_after does not say to wait anyway),
+	// nor when the tier cannot serve it in time (waitsForTier).
+	waits := r.ntiers == 1 || (!(plan.notTurn && q.DegradeAfter == nil) && room.waitsForTier(now, r, o, place.eligibleRates, budget))
+	if !waits && plan.upto < r.ntiers && room.waitingAhead(r) == 0 {
+		// Nobody waits: its lower tiers now. (With others waiting, it
+		// takes its place in the fair order among the requests for its
+		// lower tiers, as any request takes its turn.)
+		if pl, ok := place.find(now, r, false, tierPlan{from: 1, upto: r.ntiers}, m); ok {
+			return verdict{placed: true, pl: pl}
+		}
+	}
+	return room.enqueue(now, budget, r, o, place.eligibleRates, q, m, waits)
 }
 
 // decideDeferrableLocked decides a deferrable request, which never waits
@@ -400,15 +414,14 @@ func (p tierPlan) triesOwn() bool { return p.from == 0 && p.upto > 0 }
 // share of a tier follows its weight, and low weights degrade first,
 // rather than whoever arrives when capacity frees. Lower tiers are tried
 // at once when it is not the tenant's turn at its tier, when the config
-// says so, or when the request cannot wait for its own (its deadline is
-// nearer than degrade_after: a caller that must be answered now) — and
-// then, with others waiting, only the lower tiers: the requested one is
-// theirs first.
+// says so (degrade_after 0), or when the request cannot wait for its own
+// (its deadline is nearer than degrade_after: a caller that must be
+// answered now) — and then, with others waiting, only the lower tiers:
+// the requested one is theirs first. (A request the requested tier cannot
+// serve before its deadline is sent to its lower tiers by decideLocked,
+// once placement's outlook says how long the tier takes.)
 func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Time, req *Request, r *pending) tierPlan {
-	waiting := e.mu.room.queue.Len()
-	if r.critical {
-		waiting = e.mu.room.queue.CriticalLen()
-	}
+	waiting := e.mu.room.waitingAhead(r)
 	if r.ntiers == 1 { // nothing to degrade to: the requested tier, if nobody waits
 		if waiting == 0 {
 			return tierPlan{from: 0, upto: 1}
@@ -416,7 +429,8 @@ func (e *Engine) sharedTiersLocked(ctx context.Context, now int64, wall time.Tim
 		return tierPlan{}
 	}
 	q := &e.mu.cfg.Queue
-	degradeNow := q.DegradeAfter.Duration == 0 || waitBudget(ctx, wall, req, q) < q.DegradeAfter.Duration
+	da := q.DegradeAfter
+	degradeNow := da != nil && (da.Duration == 0 || waitBudget(ctx, wall, req, q) < da.Duration)
 	turn := waiting == 0 && e.mu.room.tiers.turn(now, r.tierBuf[0].name, r.tenant.name)
 	notTurn := waiting == 0 && !turn
 	switch {
@@ -646,6 +660,28 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 	}
 }
 
+// degradeOverdueLocked answers a queued request whose deadline has come
+// with a lower tier it accepts, if one fits the shared capacity now,
+// rather than refuse it: it waited for its requested tier as long as the
+// tier could serve it in time, and its turn did not come (the queue's
+// estimate of its wait was short, or the tier went to tenants whose turn
+// it was). It reports whether it did; the caller refuses it otherwise.
+func (e *Engine) degradeOverdueLocked(now int64, w *waiter) bool {
+	if w.p.ntiers == 1 {
+		return false
+	}
+	pl, ok := e.mu.place.find(now, &w.p, false, tierPlan{from: 1, upto: w.p.ntiers}, admitting())
+	if !ok {
+		return false
+	}
+	room := &e.mu.room
+	room.queue.Remove(&w.item)
+	e.grantLocked(now, &w.p, pl, time.Duration(now-w.enqueued), &w.decision)
+	room.leave(now, w) // after the grant, which its tier share counts
+	w.decision.Trace.EstimatedWait = w.wait
+	return true
+}
+
 // placeQueuedLocked places a queued head for the dispatcher
 // (placer.fitsQueued), on its requested tier only on its tenant's turn
 // there, and notes in the tier shares what the try says of that tier. A
@@ -664,7 +700,7 @@ func (e *Engine) placeQueuedLocked(now int64, w *waiter) (placement, bool) {
 			return pl, true
 		}
 	}
-	turn := w.p.ntiers == 1 || tiers.turn(now, model, w.p.tenant.name)
+	turn := w.p.ntiers == 1 || w.lowerOnly || tiers.turn(now, model, w.p.tenant.name)
 	pl, ok := e.mu.place.fitsQueued(now, w, turn)
 	switch {
 	case turn && w.contends && (!ok || pl.tier > 0):

@@ -126,6 +126,10 @@ func (e *Engine) applyLocked(in *Config, withTenants bool, cluster *topology.Clu
 		if !p.reresolve(&w.p) {
 			e.mu.room.reject(now, w, refusal{ReasonCapacityExceeded, 0})
 			answered = append(answered, w)
+			continue
+		}
+		if w.p.ntiers == 1 {
+			w.lowerOnly = false // its lower tiers are gone: it waits for its own
 		}
 	}
 	p.changed()

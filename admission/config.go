@@ -125,11 +125,14 @@ type QueueConfig struct {
 	// DeadlineMargin is answered before the caller's deadline so that a
 	// rejection still reaches it.
 	DeadlineMargin Duration `json:"deadline_margin"`
-	// DegradeAfter is how long a request that accepts lower tiers waits in
-	// the fair order for its requested tier before it may take a lower one
-	// (nil: 100ms; 0: at once). While it waits, the tier goes to the
-	// tenant whose turn it is there, so each tenant's share of a saturated
-	// tier follows its weight.
+	// DegradeAfter caps how long a request that accepts lower tiers waits
+	// in the fair order for its requested tier before it may take a lower
+	// one (0: at once). nil: no cap; it waits for as long as the tier can
+	// still serve it before its deadline (see docs/policy.md,
+	// "Degradation"), so that degrading never leaves the tier idle for
+	// work it could have done. While it waits, the tier goes to the tenant
+	// whose turn it is there, so each tenant's share of a saturated tier
+	// follows its weight.
 	DegradeAfter *Duration `json:"degrade_after,omitempty"`
 	// TierShareWindow is how long a tenant that wanted a tier and did not
 	// get it (queued for it, degraded from it) keeps its turns there (nil:
@@ -472,7 +475,7 @@ func (c *Config) SetDefaults() { _ = c.ApplyDefaults(nil) }
 //	health: error_rate 0.20, min_samples 20, window 10s, cut_weight 0.05, cooldown 30s, step 0.1, step_every 5s
 //	limits: max_prompt_tokens 1048576, max_output_tokens 262144, release_overrun_multiple 4
 //	output_token_weight 4, degrade_headroom 0.1 (0 is allowed: it turns degrade headroom off)
-//	queue.degrade_after 100ms (0 is allowed: degrade at once)
+//	queue.degrade_after unset: a request waits for its tier while the tier can serve it before its deadline (0 is allowed: degrade at once)
 //	warmup: start_fraction 0.25, period 60s (0 is allowed: no warm-up)
 //	feedback: period 250ms, stale 500ms, queue_threshold 5, kv_threshold 0.8, decrease 0.8, cut_after 500ms,
 //	  increase 0.02, clear_periods 4, min_factor 0.25, max_factor 2, window 5s,
@@ -516,9 +519,6 @@ func (c *Config) ApplyDefaults(present func(key string) bool) error {
 	if c.DegradeHeadroom == nil {
 		h := 0.1
 		c.DegradeHeadroom = &h
-	}
-	if c.Queue.DegradeAfter == nil {
-		c.Queue.DegradeAfter = &Duration{100 * time.Millisecond}
 	}
 	if c.Queue.TierShareWindow == nil {
 		c.Queue.TierShareWindow = &Duration{5 * time.Second}

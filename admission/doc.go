@@ -60,10 +60,17 @@
 //     h = degrade_headroom · (1 − weight/max_weight) of the domain left over;
 //     so low-weight tenants degrade first and the top weight only when full.
 //     While others wait in the queue, the requested tier is theirs first and
-//     such a request waits its turn (queue.degrade_after) or goes straight
-//     to its lower tiers. Whose turn it is at a tier many tenants want is
-//     tierShares' answer (tiershare.go): the least use of that model over
-//     weight among the contenders, so a saturated tier goes by weight.
+//     such a request waits its turn or goes straight to its lower tiers.
+//     It waits for its requested tier only while the tier can serve it
+//     before its deadline (waitingRoom.waitsForTier: the work queued ahead
+//     of it and the tier's refill; its tenant's quota not in debt), and
+//     queue.degrade_after, if set, caps the wait; else it takes a lower
+//     tier at once, or waits in its first lower tier's flow. A queued head
+//     takes a lower tier once no domain refills for its tier before its
+//     deadline, and at its deadline a lower tier that fits rather than a
+//     refusal. Whose turn it is at a tier many tenants want is tierShares'
+//     answer (tiershare.go): the least use of that model over weight among
+//     the contenders, so a saturated tier goes by weight.
 //  6. if nothing fits: the waiting room, or REJECTED at once when it could
 //     never fit, its deadline cannot be met or the queue is full. The
 //     dispatcher admits queued requests in fair order as capacity frees; a

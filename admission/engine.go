@@ -220,7 +220,8 @@ func (v engineView) RelayEngineReadingLocked(d sharing.Domain, r sharing.EngineR
 }
 
 // Tick does the engine's timed work at the clock's current time: it rejects
-// queued requests whose deadline has come, expires leases and idempotency
+// queued requests whose deadline has come (or degrades them, where they
+// accept a lower tier that fits), expires leases and idempotency
 // records, moves domain health and dispatches what now fits. It returns how
 // soon it wants to run again.
 func (e *Engine) Tick() time.Duration {
@@ -229,7 +230,9 @@ func (e *Engine) Tick() time.Duration {
 	now := e.nowLocked()
 	room := &e.mu.room
 	for w := room.overdue(now); w != nil; w = room.overdue(now) {
-		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates)})
+		if !e.degradeOverdueLocked(now, w) {
+			room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates)})
+		}
 		answered = append(answered, w)
 	}
 	var expiredDeferred []uint64

@@ -137,10 +137,11 @@ func TestExplainShowsNotItsTurn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// It would wait its turn in the fair order (queue.degrade_after), then
-	// take medium.
-	if x.Outcome != "QUEUED" || len(x.Placement) == 0 || !strings.Contains(x.Placement[0].Detail, "not tenant a's turn at large") {
-		t.Fatalf("a, not its turn at large: %+v, want QUEUED and the reason", x)
+	// The tier is kept for b: a takes medium at once (with
+	// queue.degrade_after set, it would wait that long in the fair order
+	// first).
+	if x.Outcome != "DEGRADED" || x.Model != "medium" || len(x.Placement) == 0 || !strings.Contains(x.Placement[0].Detail, "not tenant a's turn at large") {
+		t.Fatalf("a, not its turn at large: %+v, want DEGRADED to medium and the reason", x)
 	}
 	if tiers.models["large"].full != full {
 		t.Fatal("Explain marked large full")
@@ -353,7 +354,7 @@ func drawExplainConfig(t *rapid.T) func() Config {
 		MaxTotal:        rapid.SampledFrom([]int{2, 2, 4, 1000}).Draw(t, "queue.max_total"),
 		MaxCritical:     rapid.SampledFrom([]int{1, 1000}).Draw(t, "queue.max_critical"),
 		DefaultWait:     Duration{rapid.SampledFrom([]time.Duration{time.Second, 10 * time.Second}).Draw(t, "queue.default_wait")},
-		DegradeAfter:    &Duration{rapid.SampledFrom([]time.Duration{0, 100 * time.Millisecond}).Draw(t, "queue.degrade_after")},
+		DegradeAfter:    rapid.SampledFrom([]*Duration{nil, {0}, {100 * time.Millisecond}}).Draw(t, "queue.degrade_after"),
 		TierShareWindow: &Duration{rapid.SampledFrom([]time.Duration{0, 5 * time.Second}).Draw(t, "queue.tier_share_window")},
 	}
 	maxIDs := rapid.SampledFrom([]int{0, 4}).Draw(t, "leases.max_idempotency_records")
@@ -361,7 +362,7 @@ func drawExplainConfig(t *rapid.T) func() Config {
 		cfg := testConfig()
 		cfg.Tiers = map[string]TierPolicy{"gold": gold, "bronze": bronze}
 		cfg.Queue = q
-		cfg.Queue.DegradeAfter, cfg.Queue.TierShareWindow = ptr(*q.DegradeAfter), ptr(*q.TierShareWindow)
+		cfg.Queue.DegradeAfter, cfg.Queue.TierShareWindow = clonePtr(q.DegradeAfter), ptr(*q.TierShareWindow)
 		cfg.Leases.MaxIdempotencyRecords = maxIDs
 		cfg.Warmup.Period = &Duration{}
 		return cfg

@@ -509,12 +509,16 @@ type outlook struct {
 	own          bool          // one could hold its requested tier
 	drainingOnly bool          // if not: only draining domains could
 	wait         time.Duration // the shortest wait until one of its tiers fits on its own
-	first        pd.Cost       // the requested tier's cost on the first domain that could hold it
+	// ownWait is the same for its requested tier, with the headroom a
+	// request that accepts lower tiers leaves there (withHeadroom).
+	ownWait time.Duration
+	first   pd.Cost // the requested tier's cost on the first domain that could hold it
+	lower   pd.Cost // its first lower tier's cost that a domain could hold, on the first such
 }
 
 // outlook looks at every domain for a request that fits nowhere now.
 func (p *placer) outlook(now int64, r *pending) outlook {
-	o := outlook{wait: tokenbucket.Never}
+	o := outlook{wait: tokenbucket.Never, ownWait: tokenbucket.Never}
 	for ti, m := range r.tiers() {
 		for _, d := range p.domains {
 			if d.removed {
@@ -537,8 +541,14 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 			if w == tokenbucket.Never { // only the floor reserve could hold it
 				continue
 			}
-			if !o.own && ti == 0 {
-				o.first, o.own = cost, true
+			switch {
+			case ti == 0:
+				if !o.own {
+					o.first, o.own = cost, true
+				}
+				o.ownWait = min(o.ownWait, p.ownRetry(now, r, d, cost, w))
+			case o.lower == pd.Cost{}:
+				o.lower = cost
 			}
 			o.ever = true
 			o.wait = min(o.wait, w)
@@ -550,20 +560,60 @@ func (p *placer) outlook(now int64, r *pending) outlook {
 	return o
 }
 
+// ownRetry is how long until r's requested tier fits d with the headroom
+// it must leave there (withHeadroom), given retry, the wait without it.
+func (p *placer) ownRetry(now int64, r *pending, d *domainState, cost pd.Cost, retry time.Duration) time.Duration {
+	if r.ntiers == 1 || r.deferred || retry == tokenbucket.Never {
+		return retry
+	}
+	return d.cap.RetryAfter(now, p.withHeadroom(r, 0, d, cost), false)
+}
+
+// tierServesBy reports whether some eligible domain's shared part refills
+// for r's requested tier (with its headroom) within left: at the head of
+// the queue, a lower bound of its wait. It stops at the first that does.
+func (p *placer) tierServesBy(now int64, r *pending, left time.Duration) bool {
+	m := r.tierBuf[0]
+	for _, d := range p.domains {
+		if !d.eligible() {
+			continue
+		}
+		cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
+		if err != nil {
+			continue
+		}
+		if p.ownRetry(now, r, d, cost, d.cap.RetryAfter(now, cost, false)) <= left {
+			return true
+		}
+	}
+	return false
+}
+
 // fitsQueued tries to place a queued request for the dispatcher. A head
 // that does not fit reserves the domain it waits for: requests behind it
 // (larger finish tags) may be placed only elsewhere. Without this, small
 // requests would take every refill and starve a large one at the head;
 // with it, one domain serves strictly in tag order and several domains
-// backfill around the waiting head (EASY backfilling).
+// backfill around the waiting head (EASY backfilling). A head that waits
+// for its requested tier takes a lower one as soon as no domain's capacity
+// refills for the tier before its deadline, or when it is not its tenant's
+// turn there: the tier is kept for the tenant whose turn it is.
 func (p *placer) fitsQueued(now int64, w *waiter, turn bool) (placement, bool) {
+	if !turn && now < w.degradeAt && p.cfg.Queue.DegradeAfter == nil {
+		w.degradeAt = now
+	}
 	plan := queuedTiers(now, w, turn)
 	if plan.from >= plan.upto {
 		return placement{}, false
 	}
 	pl, ok := p.find(now, &w.p, false, plan, admitting())
+	if !ok && plan.upto < w.p.ntiers && !p.tierServesBy(now, &w.p, time.Duration(w.deadline-now)) {
+		w.degradeAt = now
+		plan = tierPlan{from: 1, upto: w.p.ntiers} // its requested tier did not fit
+		pl, ok = p.find(now, &w.p, false, plan, admitting())
+	}
 	if !ok && turn {
-		if d := p.reservedFor(now, w); d != nil {
+		if d := p.reservedFor(now, w, plan.from); d != nil {
 			p.blocked = append(p.blocked, d)
 		}
 	}
@@ -572,25 +622,27 @@ func (p *placer) fitsQueued(now int64, w *waiter, turn bool) (placement, bool) {
 
 // queuedTiers plans the tiers a queued request may try: its lower tiers
 // only from its degradeAt on (until then it waits in the fair order for
-// its requested tier), and its requested tier only on its tenant's turn
+// its requested tier, which fitsQueued brings forward when the tier cannot
+// serve it in time), and its requested tier only on its tenant's turn
 // there (turn, from tierShares); when it is not, it holds no domain for
-// it: the tier is kept for the tenant whose turn it is.
+// it: the tier is kept for the tenant whose turn it is. One queued for its
+// lower tiers (waiter.lowerOnly) tries those alone.
 func queuedTiers(now int64, w *waiter, turn bool) tierPlan {
 	plan := tierPlan{from: 0, upto: 1}
 	if now >= w.degradeAt {
 		plan.upto = w.p.ntiers
 	}
-	if !turn {
+	if !turn || w.lowerOnly {
 		plan.from = 1
 	}
 	return plan
 }
 
 // reservedFor is the domain a queued request that does not fit waits for:
-// the first in its rendezvous order for its requested model that could
-// ever hold it.
-func (p *placer) reservedFor(now int64, w *waiter) *domainState {
-	m := w.p.tierBuf[0]
+// the first in its rendezvous order for its ti-th tier (the first it
+// tries) that could ever hold it.
+func (p *placer) reservedFor(now int64, w *waiter, ti int) *domainState {
+	m := w.p.tierBuf[ti]
 	p.walk(w.p.tenant, m)
 	for d := p.next(); d != nil; d = p.next() {
 		if cost, err := d.cap.CostCached(m.model, w.p.prompt, w.p.cached, w.p.output); err == nil && d.cap.RetryAfter(now, cost, false) != tokenbucket.Never {

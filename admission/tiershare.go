@@ -32,8 +32,9 @@ import (
 //   - while m is contended, a request that accepts lower tiers may take m
 //     only on its tenant's turn: when the tenant does not contend for it,
 //     or its use is the least among those who do. Otherwise it takes a
-//     lower tier (at once on arrival; from queue.degrade_after when
-//     queued), and m is left for the tenant whose turn it is. A request
+//     lower tier (at once on arrival or at its turn in the queue; with
+//     queue.degrade_after set, from then when queued), and m is left for
+//     the tenant whose turn it is. A request
 //     with no lower tier takes m whenever it fits: it has no choice, and
 //     its grants count all the same.
 //

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/sluice-sched/sluice/internal/indexheap"
@@ -37,8 +38,16 @@ type waiter struct {
 	enqueued int64
 	deadline int64
 	heapIdx  int // in the deadlines heap, or -1
-	// degradeAt: from then on it may take a lower tier it accepts.
+	// degradeAt: from then on it may take a lower tier it accepts: at
+	// once, after queue.degrade_after, or else its deadline, which
+	// placer.fitsQueued brings forward once its tier cannot serve it in
+	// time (waitsForTier).
 	degradeAt int64
+	// lowerOnly: it does not wait for its requested tier, and no lower
+	// tier fitted when it came: it waits among the requests for its first
+	// lower tier (that tier's flow, not behind its own requests for the
+	// requested one) and takes the best lower tier that fits at its turn.
+	lowerOnly bool
 	wait      time.Duration // the wait its position predicted at enqueue
 	estimate  [2]int64      // backlog contribution: prefill FLOPs, decode bytes
 	pl        placement
@@ -117,11 +126,13 @@ func (r *waitingRoom) reject(now int64, w *waiter, why refusal) {
 
 // enqueue puts a request that fits nowhere now into the waiting room, or
 // rejects it at once when it never could fit (o, placement's outlook),
-// when its deadline cannot be met or when the queue is full. rates are the
-// eligible domains' combined rates, which the queued work drains at. Its
-// verdict is the queued waiter or the refusal; m queues it
-// (decisionMode.queueLocked).
-func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time, req *Request, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig, m decisionMode) verdict {
+// when its deadline (budget from now) cannot be met or when the queue is
+// full. rates are the eligible domains' combined rates, which the queued
+// work drains at. waits: a request that accepts lower tiers waits for its
+// requested tier (waitsForTier); else it is queued for its lower tiers
+// (waiter.lowerOnly). Its verdict is the queued waiter or the refusal; m
+// queues it (decisionMode.queueLocked).
+func (room *waitingRoom) enqueue(now int64, budget time.Duration, r *pending, o outlook, rates func() (float64, float64), q *QueueConfig, m decisionMode, waits bool) verdict {
 	t := r.tenant
 	if !o.ever {
 		if o.drainingOnly {
@@ -131,28 +142,88 @@ func (room *waitingRoom) enqueue(ctx context.Context, now int64, wall time.Time,
 	}
 	// Its wait: the queued work the fair queue serves before it, at the
 	// eligible domains' rates, then its own refill time.
-	ahead := room.queue.WorkAhead(wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name}, uint64(r.weighted), uint64(t.policy.Weight), r.critical)
+	lowerOnly := !waits && r.ntiers > 1
+	flow := wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name}
+	if lowerOnly {
+		flow.Model = r.tierBuf[1].name
+	}
+	ahead := room.queue.WorkAhead(flow, uint64(r.weighted), uint64(t.policy.Weight), r.critical)
 	estimate := addSat(room.workWait(ahead, rates), o.wait)
-	deadline := now + int64(waitBudget(ctx, wall, req, q))
-	if estimate > time.Duration(deadline-now) {
+	deadline := now + int64(budget)
+	if estimate > budget {
 		return verdict{why: refusal{ReasonDeadlineUnmeetable, estimate}, wait: estimate}
 	}
-	w := &waiter{p: *r, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{})}
-	w.degradeAt = min(now+int64(q.DegradeAfter.Duration), deadline)
+	w := &waiter{p: *r, enqueued: now, deadline: deadline, refs: 1, done: make(chan struct{}), lowerOnly: lowerOnly}
+	switch {
+	case lowerOnly:
+		w.degradeAt = now
+	case q.DegradeAfter != nil:
+		w.degradeAt = min(now+int64(q.DegradeAfter.Duration), deadline)
+	default:
+		w.degradeAt = deadline // until its tier cannot serve it in time (placer.fitsQueued)
+	}
 	w.item = wfq.Item{
-		Flow:     wfq.FlowKey{Tenant: t.name, Model: r.tierBuf[0].name},
+		Flow:     flow,
 		Cost:     uint64(r.weighted),
 		Weight:   uint64(t.policy.Weight),
 		Critical: r.critical,
 		Value:    w,
 	}
 	w.estimate = [2]int64{o.first.PrefillFLOP, o.first.DecodeBytes}
-	w.contends = o.own
+	if lowerOnly {
+		w.estimate = [2]int64{o.lower.PrefillFLOP, o.lower.DecodeBytes}
+	}
+	w.contends = o.own && !lowerOnly
 	w.wait = estimate
 	if err := m.queueLocked(room, now, w); err != nil {
 		return verdict{why: refusal{ReasonQueueFull, estimate}, wait: estimate}
 	}
 	return verdict{w: w}
+}
+
+// waitsForTier reports whether r, which accepts lower tiers and fits
+// nowhere now (o, placement's outlook), waits in the fair order for its
+// requested tier rather than take a lower one at once: when the tier can
+// serve it within budget (its wait for the tier, tierWait) and its
+// tenant's quota is not in debt. A tenant in debt (on burst credit) does
+// not wait: a waiting request keeps its whole charge for as long as it
+// waits, and debt not repaid within the credit's window opens the
+// tenant's breaker; on a lower tier it pays the tier's share (tierShare),
+// and the debt is repaid sooner. Nor does a request the queue has no room
+// for wait.
+func (room *waitingRoom) waitsForTier(now int64, r *pending, o outlook, rates func() (float64, float64), budget time.Duration) bool {
+	if !r.critical && r.tenant.tokens.Level(now) < 0 {
+		return false
+	}
+	k := wfq.FlowKey{Tenant: r.tenant.name, Model: r.tierBuf[0].name}
+	if room.queue.Check(&wfq.Item{Flow: k, Critical: r.critical}) != nil {
+		return false
+	}
+	return room.tierWait(r, k, o, rates) <= budget
+}
+
+// tierWait estimates how long r waits for its requested tier in the fair
+// order: at least the work tagged before it (WorkAhead) or, in the normal
+// band, the work its own flow has queued, all of which is ahead of it
+// (wfq's FlowCost, which the virtual time does not move), served at rates;
+// and at least the time its tier takes to refill for it on the soonest
+// domain (o.ownWait).
+func (room *waitingRoom) tierWait(r *pending, k wfq.FlowKey, o outlook, rates func() (float64, float64)) time.Duration {
+	ahead := room.queue.WorkAhead(k, uint64(r.weighted), uint64(r.tenant.policy.Weight), r.critical)
+	if own := room.queue.FlowCost(k); !r.critical {
+		ahead = max(ahead, own+min(uint64(r.weighted), math.MaxUint64-own))
+	}
+	return max(room.workWait(ahead, rates), o.ownWait)
+}
+
+// waitingAhead is the number of queued requests a new request r would have
+// ahead of it in the fair order: all of them, or the critical band's for
+// a critical one.
+func (room *waitingRoom) waitingAhead(r *pending) int {
+	if r.critical {
+		return room.queue.CriticalLen()
+	}
+	return room.queue.Len()
 }
 
 // waitBudget is how long a request may wait: until the earliest of the

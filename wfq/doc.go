@@ -104,7 +104,13 @@
 // its own span ahead of it, not the burst: this is what lets the engine
 // refuse a request for its deadline only when its own place in the fair
 // order cannot be served in time. The estimate is off by at most one item
-// per lane (a head partly served, an item straddling F).
+// per lane (a head partly served, an item straddling F), while V follows
+// the served tags: a Dequeue that serves a head other than the smallest
+// moves V past the lanes of the heads it passed over, and their work drops
+// out of the estimate. FlowCost is exact whatever V does: the cost a flow
+// has queued in both bands, all of it ahead of a normal item the flow
+// enqueues next (a flow is a FIFO in each band, and the critical band goes
+// first), kept as a sum per flow in O(1).
 //
 // Each band keeps its lanes in a treap ordered by T_l, each node with its
 // subtree's Σ w and Σ w·T (128 bits: below 2³¹ lanes · 2³² · 2⁶⁴), so that

@@ -47,6 +47,23 @@ func (m *refQueue) flowLen(k FlowKey) int {
 	return m.count(func(l refLane) bool { return l.k == k })
 }
 
+// flowCost sums the costs of flow k's queued items, saturated at
+// MaxUint64 (the sum in big integers).
+func (m *refQueue) flowCost(k FlowKey) uint64 {
+	c := new(big.Int)
+	for l, its := range m.lanes {
+		if l.k == k {
+			for _, r := range its {
+				c.Add(c, new(big.Int).SetUint64(r.it.Cost))
+			}
+		}
+	}
+	if !c.IsUint64() {
+		return math.MaxUint64
+	}
+	return c.Uint64()
+}
+
 func (m *refQueue) flows() int {
 	keys := map[FlowKey]bool{}
 	for l, its := range m.lanes {
@@ -195,7 +212,7 @@ func (m *refQueue) take(it *Item, shift bool) bool {
 // TestAgainstModel runs random sequences of Enqueue (by key and through
 // cached, possibly stale, handles), Dequeue with random fits and maxScan,
 // Remove and SetConfig on a Queue and on the reference model, and checks
-// that they agree after every step: results, tags, Len, FlowLen, Flows,
+// that they agree after every step: results, tags, Len, FlowLen, FlowCost, Flows,
 // virtual times and Peek. Flows() agreeing with the model means a flow is
 // forgotten as soon as it is empty.
 func TestAgainstModel(t *testing.T) {
@@ -277,6 +294,9 @@ func TestAgainstModel(t *testing.T) {
 			for _, k := range keys {
 				if q.FlowLen(k) != m.flowLen(k) {
 					t.Fatalf("step %d: FlowLen(%v) = %d, model %d", step, k, q.FlowLen(k), m.flowLen(k))
+				}
+				if c := m.flowCost(k); q.FlowCost(k) != c {
+					t.Fatalf("step %d: FlowCost(%v) = %d, model %d", step, k, q.FlowCost(k), c)
 				}
 			}
 			if q.VirtualTime() != m.v[normal] || q.CriticalVirtualTime() != m.v[critical] {

@@ -105,7 +105,25 @@ type Flow struct {
 	q    *Queue
 	key  FlowKey
 	lane [nBands]int32 // the flow's lane id in each band, or noLane
-	live bool          // in q.flows
+	// Σ Cost of its queued items, both bands: cost plus costHi·2⁶⁴, exact
+	// (in the padding after live, so that a Flow stays one cache line).
+	cost   uint64
+	live   bool // in q.flows
+	costHi uint32
+}
+
+// addCost adds c to the flow's queued cost.
+func (f *Flow) addCost(c uint64) {
+	var carry uint64
+	f.cost, carry = bits.Add64(f.cost, c, 0)
+	f.costHi += uint32(carry)
+}
+
+// subCost takes c, which it holds, out of the flow's queued cost.
+func (f *Flow) subCost(c uint64) {
+	var borrow uint64
+	f.cost, borrow = bits.Sub64(f.cost, c, 0)
+	f.costHi -= uint32(borrow)
 }
 
 // n returns the number of items f has queued, both bands together.
@@ -228,6 +246,21 @@ func (q *Queue) FlowLen(k FlowKey) int {
 	return f.n()
 }
 
+// FlowCost returns the cost of the items flow k has queued, both bands
+// together, saturated at MaxUint64: all of it is ahead of a normal item the
+// flow enqueues next (see Position in the package doc), whatever the
+// virtual time, which WorkAhead counts lanes from.
+func (q *Queue) FlowCost(k FlowKey) uint64 {
+	f := q.flows[k]
+	switch {
+	case f == nil:
+		return 0
+	case f.costHi > 0:
+		return math.MaxUint64
+	}
+	return f.cost
+}
+
 // VirtualTime returns the normal band's virtual time V, in TagUnit units.
 func (q *Queue) VirtualTime() uint64 { return q.bands[normal].v }
 
@@ -333,6 +366,7 @@ func (q *Queue) enqueue(f *Flow, it *Item) error {
 	seq := q.seq
 	q.seq++
 	it.seq, it.flow = seq, f // and tag, in push
+	f.addCost(it.Cost)
 	if id == noLane {
 		id = bd.join(f, tag, seq, it)
 		f.lane[b] = id
@@ -480,6 +514,7 @@ func (q *Queue) pop(b, i int) *Item {
 	e := &bd.heap.e[i]
 	l := &bd.lanes[e.id]
 	tag, it := l.pop()
+	it.flow.subCost(it.Cost)
 	it.flow = nil
 	bd.n--
 	q.n--
@@ -589,6 +624,7 @@ func (q *Queue) unlink(it *Item) {
 	// had never come: a request that leaves unserved costs its flow no
 	// virtual time.
 	l.cut(k, increment(it.Cost, it.Weight))
+	it.flow.subCost(it.Cost)
 	it.flow = nil
 	bd.n--
 	q.n--

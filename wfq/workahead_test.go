@@ -9,6 +9,41 @@ import (
 	"pgregory.net/rapid"
 )
 
+// When a Dequeue serves a head other than the smallest, V moves past the
+// lanes of the heads it passed over, and WorkAhead no longer counts their
+// work; FlowCost still counts all of a flow's: the work that a flow's next
+// item has ahead of it whatever V does.
+func TestFlowCostCountsWhatVirtualTimePassed(t *testing.T) {
+	q := New(Config{})
+	waiting, other := FlowKey{"acme", "large"}, FlowKey{"globex", "small"}
+	for range 5 {
+		mustEnqueue(t, q, &Item{Flow: waiting, Cost: 100, Weight: 1})
+	}
+	late := &Item{Flow: other, Cost: 1000, Weight: 1}
+	mustEnqueue(t, q, late)
+	if got := q.FlowCost(waiting); got != 500 {
+		t.Fatalf("FlowCost %d, want 500", got)
+	}
+	// acme's head does not fit: globex's, tagged after all of acme's, is
+	// served, and V moves to its tag.
+	if it := q.Dequeue(func(it *Item) bool { return it.Flow == other }, 8); it != late {
+		t.Fatalf("Dequeue = %v, want globex's item", it)
+	}
+	if got := q.WorkAhead(waiting, 100, 1, false); got >= 500 {
+		t.Fatalf("WorkAhead %d: V did not pass acme's lane, the test means nothing", got)
+	}
+	if got := q.FlowCost(waiting); got != 500 {
+		t.Errorf("FlowCost %d after V passed the lane, want 500", got)
+	}
+	if it := q.Dequeue(nil, 8); it == nil || it.Flow != waiting {
+		t.Fatalf("Dequeue = %v, want acme's head", it)
+	}
+	q.Remove(q.Peek())
+	if got := q.FlowCost(waiting); got != 300 {
+		t.Errorf("FlowCost %d after one served and one removed, want 300", got)
+	}
+}
+
 // A light flow arriving behind a neighbour's burst has only the burst's
 // weighted share of its own span ahead of it, not the burst; a flow's own
 // backlog counts in full; a normal item has the critical band ahead.

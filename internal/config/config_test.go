@@ -136,9 +136,9 @@ tenants: {a: {tier: gpu.large}}
 	want := admission.Config{}
 	want.SetDefaults()
 	// degrade_after and tier_share_window are pointers (0 means something):
-	// compare what they say.
-	if *cfg.Queue.DegradeAfter != *want.Queue.DegradeAfter {
-		t.Errorf("degrade_after: got %v, want %v", *cfg.Queue.DegradeAfter, *want.Queue.DegradeAfter)
+	// compare what they say. degrade_after has no default (no cap).
+	if cfg.Queue.DegradeAfter != nil || want.Queue.DegradeAfter != nil {
+		t.Errorf("degrade_after: got %v, want %v (nil)", cfg.Queue.DegradeAfter, want.Queue.DegradeAfter)
 	}
 	if *cfg.Queue.TierShareWindow != *want.Queue.TierShareWindow {
 		t.Errorf("tier_share_window: got %v, want %v", *cfg.Queue.TierShareWindow, *want.Queue.TierShareWindow)

@@ -247,7 +247,8 @@ func verdict(ok bool) string {
 // RunFeedbackTable replays o's trace on engines at o.Low and o.High
 // times the model, with a mid-run halving, and o's spread trace, under
 // sluice with the capacity loop closed and open and under the threshold
-// rule, and measures each target of the loop.
+// rule, and measures each target of the loop; and o's trace on engines at
+// 1× with lower tiers allowed and not (CompareDowngrade).
 func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 	if o.Low <= 0 {
 		o.Low = 0.6
@@ -401,6 +402,31 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			fmt.Sprintf("%.2f", sp.Engines.Spread), "≤ 1.5", verdict(sp.Engines.Spread > 0 && sp.Engines.Spread <= 1.5)})
 		add(TargetRow{v.label, "least share of a tenant's admissions on its " + sp.Engines.FirstBy, pct(sp.Engines.FirstShareMin), "", "",
 			pct(sp.Engines.FirstShareMin), "≥ 50%", verdict(sp.Engines.FirstShareMin >= 0.5)})
+	}
+	// Downgrade, on engines the model is right about: the saturated rows
+	// without lower tiers and with every request accepting its model's,
+	// at the table's deadline and at the config's default wait.
+	for _, deadline := range []time.Duration{o.Deadline, 0} {
+		dl := deadline
+		if dl == 0 {
+			dl = o.Config.Queue.DefaultWait.Duration
+		}
+		label := fmt.Sprintf("downgrade vs not, deadline %v", dl)
+		c, err := CompareDowngrade(o.Rows, Options{Config: o.Config, Cluster: o.Cluster, Deadline: deadline, Engine: eng})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", label, err)
+		}
+		for _, r := range []struct {
+			name string
+			rep  *Report
+		}{{"not allowed", c.Not}, {"allowed", c.Allowed}} {
+			f.runs = append(f.runs, FeedbackRun{Name: fmt.Sprintf("downgrade %s, deadline %v", r.name, dl), Policy: PolicySluice, Speed: o.Speed,
+				Engines: r.rep.Engines, MinFairShare: minFairShare(r.rep), Jain: r.rep.Jain})
+		}
+		add(TargetRow{label, "utilization of engines at 1× (over the longer of the two replays)", fmt.Sprintf("%s → %s", pct(c.UtilNot), pct(c.UtilAllowed)), "", "",
+			fmt.Sprintf("allowed ÷ not %.3f", c.UtilAllowed/math.Max(c.UtilNot, 1e-9)), "≥ 1", verdict(c.UtilAllowed >= c.UtilNot)})
+		least := fmt.Sprintf("%.4f (%s)", c.LeastRatio, c.LeastTenant)
+		add(TargetRow{label, "least admitted weighted tokens of a tenant, allowed ÷ not", least, "", "", least, "≥ 1", verdict(c.LeastRatio >= 1)})
 	}
 	tab.Runs = f.runs
 	return tab, nil
