@@ -106,7 +106,8 @@ type Controller struct {
 
 	// memberExpiry is when this replica's member lease expires unless
 	// renewed, as of its last grant or keepalive (unix nanoseconds; 0:
-	// not registered). Atomic: the engine reads it under its own lock.
+	// not registered yet, or left). A lease the client gave up keeps its
+	// expiry until the next registration. Atomic: the engine reads it under its own lock.
 	memberExpiry atomic.Int64
 
 	mu struct {
@@ -299,7 +300,7 @@ func (c *Controller) LeaseID() clientv3.LeaseID {
 // MemberExpiry returns when this replica's member lease expires unless
 // it is renewed again: the last grant or keepalive answered plus the
 // lease's TTL, which is when the other replicas and the routers see it
-// gone if it dies now. Zero when it is not registered.
+// gone if it dies now. Zero before it registers and once it has left.
 func (c *Controller) MemberExpiry() time.Time {
 	if ns := c.memberExpiry.Load(); ns != 0 {
 		return time.Unix(0, ns)
@@ -899,6 +900,7 @@ func (c *Controller) register(ctx context.Context) {
 		if lost != 0 {
 			revoke(c.opts.Client, lost)
 		}
+		c.memberExpiry.Store(0) // left
 	}()
 	for ctx.Err() == nil {
 		var err error
@@ -933,8 +935,9 @@ func (c *Controller) registerOnce(ctx context.Context, key string, value []byte,
 	c.mu.lease = lease.ID
 	c.mu.Unlock()
 	c.renewedFor(lease.TTL)
+	// A lost lease keeps its expiry: etcd may hold the key under it until
+	// then, and the next registration moves the key and the expiry on.
 	defer func() {
-		c.memberExpiry.Store(0)
 		c.mu.Lock()
 		c.mu.lease = 0
 		c.mu.Unlock()
