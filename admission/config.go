@@ -205,9 +205,10 @@ type FeedbackConfig struct {
 	// Stale is the age past which engine signals are ignored (the model
 	// alone decides, visibly); default 500ms.
 	Stale Duration `json:"stale"`
-	// QueueThreshold and KVThreshold: engines waiting more requests than
-	// this, or using more of their KV cache, are saturated; defaults 5
-	// and 0.8 (the Gateway API Inference Extension's).
+	// QueueThreshold and KVThreshold: engines waiting QueueThreshold
+	// requests or more, or using more of their KV cache than KVThreshold,
+	// are saturated (the guard keeps the queue within the threshold);
+	// defaults 5 and 0.8 (the Gateway API Inference Extension's).
 	QueueThreshold float64 `json:"queue_threshold"`
 	KVThreshold    float64 `json:"kv_threshold"`
 	// Decrease multiplies the capacity factor each saturated period

@@ -101,12 +101,14 @@ func (e *Engine) StarvedEngineDomains(dst []string) []string {
 // engines report and sustain, and guards it while they are saturated.
 //
 //   - Saturation guard (AIMD): while fresh signals say the engines are
-//     saturated (waiting queue or KV use above the thresholds), nothing
-//     but floor traffic is placed on the domain; once they have been
-//     saturated for CutAfter (a standing queue, not a burst's), the
-//     factor shrinks by Decrease each period. Between two signals, the
-//     requests this replica placed since the last one count as waiting,
-//     so that a burst stops at the threshold rather than at the next read.
+//     saturated (a waiting queue at QueueThreshold or above it, or KV use
+//     above KVThreshold), nothing but floor traffic is placed on the
+//     domain; once they have been saturated for CutAfter (a standing
+//     queue, not a burst's), the factor shrinks by Decrease each period.
+//     Between two signals, the requests this replica placed since the
+//     last one count as waiting, so that a burst stops at the threshold
+//     rather than at the next read: the guard keeps the queue within the
+//     threshold, and never places the request that takes it past.
 //     Once the signals have been clear for ClearPeriods, a factor the
 //     guard cut below its calibrated value (the last calibration's, 1
 //     before any) recovers: each period divides it by Decrease, undoing
@@ -125,7 +127,11 @@ func (e *Engine) StarvedEngineDomains(dst []string) []string {
 //     by at most CalibrationStep and not by less than Deadband, and
 //     where the window leaves it is its calibrated value. A window that
 //     ends with the factor cut by the guard moves the calibrated value
-//     alone (calibrate).
+//     alone (calibrate). A window busy by the engines' queue that
+//     measured them sustaining less than the calibrated value admits in
+//     full (not merely more than soft_fraction of it: engines that
+//     slowed) takes the calibrated value down to what they sustained at
+//     once.
 //
 // Signals older than Stale are not acted on: the factor holds, the guard
 // is off, and DomainInfo says the metrics are stale.
@@ -315,11 +321,11 @@ type guardHold uint8
 const (
 	holdNone guardHold = iota
 	// holdSaturated: the engines were saturated at the last step, or
-	// their fresh signal is past a threshold (held from the reading, not
-	// from the next step).
+	// their fresh signal says they are (held from the reading, not from
+	// the next step).
 	holdSaturated
 	// holdFilled: the requests placed since the fresh signal, counted as
-	// waiting, take its queue past the threshold.
+	// waiting, take its queue to the threshold.
 	holdFilled
 )
 
@@ -336,9 +342,13 @@ func (l *capacityLoop) hold(now int64, cfg *FeedbackConfig) guardHold {
 	return holdNone
 }
 
-// saturatedBy reports whether s is past a threshold.
+// saturatedBy reports whether s says the engines are saturated: their
+// queue at the threshold or past it, or their KV use past its threshold.
+// The guard keeps the queue within the threshold: at it, the domain takes
+// nothing more (hold counts the placements since the signal the same
+// way), and a queue that stands there is cut as one past it is.
 func saturatedBy(s EngineSignal, cfg *FeedbackConfig) bool {
-	return s.Queue > cfg.QueueThreshold || s.KVUsage > cfg.KVThreshold
+	return s.Queue >= cfg.QueueThreshold || s.KVUsage > cfg.KVThreshold
 }
 
 // released counts a released request's actual cost, and the time to first
@@ -453,23 +463,38 @@ func bounded(f float64, cfg *FeedbackConfig) float64 {
 // window moves what the factor recovers to by calibration_step at most
 // (a window the guard held to its floors, on readings that lied, moves
 // it that much, not down to the cut).
+//
+// One bound goes further than a step: a window busy by the engines'
+// queue (work waiting in nine of ten readings) ran them at what they
+// sustain, and measured ÷ soft is the factor at which the model's soft
+// rates are all of it. A calibrated value above that admits more than
+// the engines sustain, not merely more than soft_fraction of it (engines
+// that slowed, a halving): it drops there at once, and the factor no
+// higher, where steps of calibration_step would take a window each while
+// the guard's recoveries saturate them again. A window that served no
+// more than the floors' reserve measured the guard's hold, not the
+// engines, and moves a step.
 func (l *capacityLoop) calibrate(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity, soft float64) {
 	secs := float64(now-l.winStart) / float64(time.Second)
 	busy := ""
 	switch {
 	case l.fresh(now, cfg) && l.signals > 0 && float64(l.queued) >= busyShare*float64(l.signals):
-		busy = "engine queue"
+		busy = busyQueue
 	case !l.fresh(now, cfg) && len(l.ttfts) > 0 && medianDuration(l.ttfts) > cfg.BusyTTFT.Duration:
-		busy = "time to first token"
+		busy = busyTTFT
 	}
 	if priorP, priorD := c.PriorRates(); busy != "" && secs > 0 && priorP > 0 && priorD > 0 {
 		peakP, peakD := float64(priorP)/soft, float64(priorD)/soft
 		measured := max(l.servedP/secs/peakP, l.servedD/secs/peakD)
 		l.lastMeasure, l.lastMeasureKind = measured, busy
-		if l.factor < l.calibrated {
+		switch sustained := measured / soft; {
+		case busy == busyQueue && sustained < l.calibrated && sustained > floorsFactor(c):
+			l.calibrated = bounded(sustained, cfg)
+			l.factor = min(l.factor, l.calibrated)
+		case l.factor < l.calibrated:
 			l.calibrated = bounded(toward(l.calibrated, measured, cfg), cfg)
 			l.factor = min(l.factor, l.calibrated)
-		} else {
+		default:
 			l.factor = bounded(toward(l.factor, measured, cfg), cfg)
 			l.calibrated = l.factor
 		}
@@ -490,6 +515,12 @@ func toward(f, measured float64, cfg *FeedbackConfig) float64 {
 // busyShare is the share of a window's signals that must show a waiting
 // queue for the engines to count as busy throughout it.
 const busyShare = 0.9
+
+// What made a calibration window busy.
+const (
+	busyQueue = "engine queue"
+	busyTTFT  = "time to first token"
+)
 
 func medianDuration(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)

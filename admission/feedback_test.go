@@ -113,26 +113,28 @@ func TestPassingQueuesDoNotCutTheFactor(t *testing.T) {
 }
 
 // Between two signals the requests placed since the last count as
-// waiting: with 3 reported of the threshold's 5, the third placement is
-// the last, Explain says why, and the next signal opens the domain again.
+// waiting: with 3 reported of the threshold's 5, the second placement is
+// the last (it takes the count to the threshold; the next would take the
+// queue past it), Explain says why, and the next signal opens the domain
+// again.
 func TestRequestsPlacedSinceASignalCountAsWaiting(t *testing.T) {
 	h := newHarness(t, testConfig(), hgxCluster(t, 1))
 	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 3}}); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
+	for i := range 2 {
 		d := h.admit(req("a", "medium", 1000, 100))
 		if d.Outcome != Admitted {
 			t.Fatalf("placement %d with %d waiting: %v %v, want admitted", i+1, 3+i, d.Outcome, d.Reason)
 		}
 		h.release(d.LeaseID, 1000, 100)
 	}
-	if x, named := h.explainsUnfit(req("a", "medium", 1000, 100), "d1", "3 placed since"); !named {
+	if x, named := h.explainsUnfit(req("a", "medium", 1000, 100), "d1", "2 placed since"); !named {
 		t.Errorf("Explain does not name the requests placed since the signal: %+v", x.Placement)
 	}
 	d, w := h.submit(req("a", "medium", 1000, 100))
 	if w == nil && d.Outcome == Admitted {
-		t.Fatalf("3 waiting and 3 placed since, of a threshold of 5: admitted, want held")
+		t.Fatalf("3 waiting and 2 placed since, of a threshold of 5: admitted, want held")
 	}
 	if h.domain("d1").EngineSaturated {
 		t.Errorf("the domain reports saturated engines; only the count since their signal holds it")

@@ -1419,7 +1419,8 @@ type DomainInfo struct {
 	EngineMetricsAge *durationpb.Duration `protobuf:"bytes,26,opt,name=engine_metrics_age,json=engineMetricsAge,proto3" json:"engine_metrics_age,omitempty"`
 	// The signals are older than feedback.stale: the model alone decides.
 	EngineMetricsStale bool `protobuf:"varint,27,opt,name=engine_metrics_stale,json=engineMetricsStale,proto3" json:"engine_metrics_stale,omitempty"`
-	// The engines are past a threshold: only floor traffic is placed here.
+	// The engines are saturated (their queue at feedback.queue_threshold or
+	// past it, or KV use past kv_threshold): only floor traffic is placed here.
 	EngineSaturated bool `protobuf:"varint,28,opt,name=engine_saturated,json=engineSaturated,proto3" json:"engine_saturated,omitempty"`
 	// The floor reserves given to the domain ask more than its corrected
 	// rates hold.

@@ -273,7 +273,7 @@ var (
 	descEngineAge = prometheus.NewDesc("sluice_domain_engine_metrics_age_seconds",
 		"Age of the domain's engine signals; past feedback.stale they are not acted on.", []string{"domain"}, nil)
 	descEngineSaturated = prometheus.NewDesc("sluice_domain_engine_saturated",
-		"1 while the domain's engines are past feedback.queue_threshold or kv_threshold: only floor traffic is placed there.", []string{"domain"}, nil)
+		"1 while the domain's engines are saturated (their queue at feedback.queue_threshold or past it, or KV use past kv_threshold): only floor traffic is placed there.", []string{"domain"}, nil)
 	descFloorsShort = prometheus.NewDesc("sluice_domain_floors_short",
 		"1 while the floor reserves given to the domain ask more than its corrected rates hold.", []string{"domain"}, nil)
 	descFrozen = prometheus.NewDesc("sluice_burst_credit_frozen",
