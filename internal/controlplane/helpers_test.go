@@ -203,12 +203,13 @@ func rewrittenWithoutDelete(t *testing.T, cli *clientv3.Client, key string, from
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for wr := range cli.Watch(ctx, key, clientv3.WithRev(from+1)) {
-		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypeDelete {
-				t.Fatalf("%s deleted at revision %d: its watchers lost it", key, ev.Kv.ModRevision)
-			}
-			return
+		if len(wr.Events) == 0 {
+			continue
 		}
+		if ev := wr.Events[0]; ev.Type == clientv3.EventTypeDelete {
+			t.Fatalf("%s deleted at revision %d: its watchers lost it", key, ev.Kv.ModRevision)
+		}
+		return
 	}
 	t.Fatalf("%s not written again after revision %d", key, from)
 }
