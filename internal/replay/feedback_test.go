@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-sched/sluice/admission"
+	"github.com/sluice-sched/sluice/topology"
 )
 
 // TestFeedbackTable builds the capacity loop's target table on a quarter
@@ -137,15 +140,7 @@ func TestManyTenantsSpreadAndKeepTheirFirstDomain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Run(manyRows(t, convTrace, 0), Options{Policy: PolicySluice, Config: cfg, Cluster: cl, Deadline: 2 * time.Second, Engine: EngineOptions{Capacity: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := r.Engines
-	t.Logf("spread %.2f, least share on the first choice %.1f%%", e.Spread, 100*e.FirstShareMin)
-	if e.Spread <= 0 || e.Spread > 1.5 {
-		t.Errorf("busiest ÷ least busy domain %.2f, want ≤ 1.5", e.Spread)
-	}
+	e := spreadWithin(t, manyRows(t, convTrace, 0), cfg, cl)
 	if e.FirstShareMin < 0.5 {
 		t.Errorf("a tenant has %.1f%% of its admissions on its first choice, want ≥ 50%%", 100*e.FirstShareMin)
 	}
@@ -166,6 +161,14 @@ func TestATenantThatIsMostOfTheLoadSpreadsOverEqualDomains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	spreadWithin(t, rows, cfg, cl)
+}
+
+// spreadWithin replays rows at 1× on engines under sluice with a 2 s
+// deadline, checks that the busiest domain is at most 1.5× the least
+// busy, and returns the engines' report.
+func spreadWithin(t *testing.T, rows []Row, cfg admission.Config, cl topology.Cluster) *EngineReport {
+	t.Helper()
 	r, err := Run(rows, Options{Policy: PolicySluice, Config: cfg, Cluster: cl, Deadline: 2 * time.Second, Engine: EngineOptions{Capacity: 1}})
 	if err != nil {
 		t.Fatal(err)
@@ -175,4 +178,5 @@ func TestATenantThatIsMostOfTheLoadSpreadsOverEqualDomains(t *testing.T) {
 	if e.Spread <= 0 || e.Spread > 1.5 {
 		t.Errorf("busiest ÷ least busy domain %.2f, want ≤ 1.5", e.Spread)
 	}
+	return e
 }
