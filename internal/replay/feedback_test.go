@@ -56,7 +56,7 @@ func TestFeedbackTable(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"engine 1.5×: ≥ 1.3", "engine 0.6×: ≥ 0.9", "engine 0.6×: closed ≤ 5 and < open", "engine 0.6×: closed 0", "engine 0.6×: closed ≤ threshold", "engine 0.6×: ≥ 0.9 for both targets",
-		"engine 1× → hgx-1 0.5× at 44s: closed ≤ 5 s", "spread ×1, engine 1×: ≤ 1.5", "spread ×1, engine 1×: ≥ 50%",
+		"engine 1× → hgx-1 0.5× at 44s: closed ≤ 5 s", "spread ×1, engine 1×: ≤ 1.5",
 		"spread ×1, engine 1×, 16 tenants: ≤ 1.5", "spread ×1, engine 1×, 16 tenants: ≥ 50%",
 		"downgrade vs not, deadline 2s: ≥ 1", "downgrade vs not, deadline 30s: ≥ 1"} {
 		if !targets[want] {
