@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/sluice-sched/sluice/internal/clock"
 )
 
 // DefaultTenantHeader is the header the OpenAI front reads the tenant from.
@@ -45,6 +47,9 @@ type OpenAIOptions struct {
 	Deadline time.Duration
 	// Client sends the requests (http.DefaultClient if nil).
 	Client *http.Client
+	// Clock times the run, its arrivals and each first token (nil: the
+	// wall clock).
+	Clock clock.Clock
 }
 
 // OpenAIResult is what came back from an OpenAI run.
@@ -148,7 +153,11 @@ func RunOpenAI(ctx context.Context, opts OpenAIOptions) (*OpenAIResult, error) {
 		wg    sync.WaitGroup
 	)
 	res := &OpenAIResult{BaseURL: opts.BaseURL}
-	start := time.Now()
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	start := clk.Now()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 arrivals:
@@ -156,7 +165,7 @@ arrivals:
 		if opts.Duration > 0 && a.At >= opts.Duration {
 			break
 		}
-		if d := a.At - time.Since(start); d > 0 {
+		if d := a.At - clk.Since(start); d > 0 {
 			timer.Reset(d)
 			select {
 			case <-ctx.Done():
@@ -176,7 +185,7 @@ arrivals:
 		go func(i int, a Arrival) {
 			defer wg.Done()
 			defer func() { <-slots }()
-			c := sendChat(ctx, client, url, header, opts.Deadline, i, a, start)
+			c := sendChat(ctx, clk, client, url, header, opts.Deadline, i, a, start)
 			c.weighted = a.Prompt + outW*a.Output
 			mu.Lock()
 			calls = append(calls, c)
@@ -184,7 +193,7 @@ arrivals:
 		}(i, a)
 	}
 	wg.Wait()
-	res.Seconds = time.Since(start).Seconds()
+	res.Seconds = clk.Since(start).Seconds()
 	summarize(res, calls, opts.Floors)
 	return res, nil
 }
@@ -212,7 +221,7 @@ func chatBody(i int, a Arrival) ([]byte, error) {
 }
 
 // sendChat sends one arrival and reads its answer to the end.
-func sendChat(ctx context.Context, client *http.Client, url, header string, deadline time.Duration, i int, a Arrival, start time.Time) openAICall {
+func sendChat(ctx context.Context, clk clock.Clock, client *http.Client, url, header string, deadline time.Duration, i int, a Arrival, start time.Time) openAICall {
 	c := openAICall{tenant: a.Tenant, first: -1}
 	body, err := chatBody(i, a)
 	if err != nil {
@@ -230,7 +239,7 @@ func sendChat(ctx context.Context, client *http.Client, url, header string, dead
 	if deadline > 0 {
 		req.Header.Set("x-sluice-deadline-ms", strconv.FormatInt(deadline.Milliseconds(), 10))
 	}
-	sent := time.Now()
+	sent := clk.Now()
 	c.sent = sent.Sub(start)
 	resp, err := client.Do(req)
 	if err != nil {
@@ -256,7 +265,7 @@ func sendChat(ctx context.Context, client *http.Client, url, header string, dead
 		}
 		data = strings.TrimSpace(data)
 		if c.first < 0 {
-			c.first = time.Since(sent)
+			c.first = clk.Since(sent)
 		}
 		if data == "[DONE]" {
 			c.done = true

@@ -10,15 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-sched/sluice/internal/clock"
 	"github.com/sluice-sched/sluice/internal/load"
 )
 
 // fakeEngine is an OpenAI endpoint that refuses tenant "refused" with 429
 // QUOTA_EXCEEDED (its own limit) and tenant "squeezed" with 429
 // CAPACITY_EXCEEDED, and streams every other request three chunks, the
-// usage and [DONE], its first chunk hold after the request came in.
+// usage and [DONE], moving its clock on by hold before the first chunk.
 type fakeEngine struct {
 	hold   time.Duration
+	clock  *clock.Manual // advanced by hold before the first chunk
 	mu     sync.Mutex
 	seen   map[string]int // requests by tenant header
 	bodies []map[string]any
@@ -42,7 +44,7 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte(`{"error":{"message":"not admitted","type":"rate_limit_exceeded"}}`))
 		return
 	}
-	time.Sleep(f.hold)
+	f.clock.Advance(f.hold)
 	w.Header().Set("Content-Type", "text/event-stream")
 	for i := range 3 {
 		fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\"w%d \"}}]}\n\n", i)
@@ -52,10 +54,11 @@ func (f *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func TestOpenAICountsAnswersRefusalsAndTTFT(t *testing.T) {
-	// Every first chunk comes hold after its request reached the engine,
-	// so every TTFT, measured from before the send, is at least hold.
+	// The engine moves the run's clock on by hold before every first
+	// chunk, so every TTFT, measured from before the send, is at least hold.
 	const hold = 50 * time.Millisecond
-	eng := &fakeEngine{hold: hold, seen: map[string]int{}}
+	clk := clock.NewManual(time.Unix(0, 0))
+	eng := &fakeEngine{hold: hold, clock: clk, seen: map[string]int{}}
 	srv := httptest.NewServer(eng)
 	defer srv.Close()
 	var arrivals []load.Arrival
@@ -73,7 +76,7 @@ func TestOpenAICountsAnswersRefusalsAndTTFT(t *testing.T) {
 	// waited a second.
 	floors := map[string]int64{"served": 50, "refused": 1000, "squeezed": 1000}
 	res, err := load.RunOpenAI(context.Background(), load.OpenAIOptions{BaseURL: srv.URL + "/v1", Arrivals: arrivals, Client: srv.Client(),
-		Deadline: 2 * time.Second, OutputWeight: 4, Floors: floors})
+		Deadline: 2 * time.Second, OutputWeight: 4, Floors: floors, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
