@@ -142,9 +142,10 @@ func TestAgentOutlivesAnOutageWithoutLeaving(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	agentCli := newClient(t, etcd) // it reconnects as sluice-agent's does
+	loss := watchLeaseLoss(agentCli)
 	go func() {
-		// The agent's client reconnects as sluice-agent's does (NewClient).
-		done <- RunAgent(ctx, AgentOptions{Client: newClient(t, etcd), TTL: time.Second, Logger: testLogger(),
+		done <- RunAgent(ctx, AgentOptions{Client: agentCli, TTL: time.Second, Logger: testLogger(),
 			Discover: func(context.Context) (topology.NodeDiscovery, error) {
 				return topology.Simulated().NodeDiscovery("hgx-h200-1")
 			}})
@@ -158,13 +159,12 @@ func TestAgentOutlivesAnOutageWithoutLeaving(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ttl := leaseTTL(ctxT(t), cli, first, time.Second)
 
 	etcd.Stop()
-	// The client gives the lease up at most a TTL (and its half-second
-	// check) after the outage began; etcd comes back just after, while an
-	// agent that revoked a lost lease at once would still be trying to.
-	time.Sleep(ttl + 700*time.Millisecond)
+	// The client gives the lease up a TTL after its last renewal; etcd
+	// comes back at once, while an agent that revoked a lost lease at once
+	// would still be trying to.
+	loss.given(t)
 	etcd.Restart()
 	cli = etcd.Client(t)
 	eventually(t, "published again", func() bool { _, l := agentGet(t, cli, "hgx-h200-1"); return l != 0 && l != first })

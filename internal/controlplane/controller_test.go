@@ -252,7 +252,9 @@ func TestMembershipCount(t *testing.T) {
 // key is never deleted and a router watching the members never loses it.
 func TestRegistrationSurvivesAnOutageWithoutAGap(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	r := startReplica(t, newClient(t, etcd), Options{Self: client.Member{ID: "a", Addr: "a:7070"}, LeaseTTL: time.Second,
+	cli := newClient(t, etcd)
+	loss := watchLeaseLoss(cli)
+	r := startReplica(t, cli, Options{Self: client.Member{ID: "a", Addr: "a:7070"}, LeaseTTL: time.Second,
 		RetryEvery: 50 * time.Millisecond})
 	eventually(t, "registered", func() bool { return r.ctl.LeaseID() != 0 && !r.ctl.MemberExpiry().IsZero() })
 	first := r.ctl.LeaseID()
@@ -264,15 +266,14 @@ func TestRegistrationSurvivesAnOutageWithoutAGap(t *testing.T) {
 	from := got.Header.Revision
 
 	etcd.Stop()
-	// The client gives the lease up a TTL after its last renewal (checked
-	// every half second); etcd comes back just after, while a replica that
-	// revoked a lost lease at once would still be trying to.
-	expiry := r.ctl.MemberExpiry()
-	time.Sleep(time.Until(expiry) + 700*time.Millisecond)
+	// The client gives the lease up a TTL after its last renewal; etcd
+	// comes back at once, while a replica that revoked a lost lease at
+	// once would still be trying to.
+	loss.given(t)
 	etcd.Restart()
 	eventually(t, "registered again", func() bool { id := r.ctl.LeaseID(); return id != 0 && id != first })
 
-	cli := etcd.Client(t)
+	cli = etcd.Client(t)
 	ttl, err := cli.TimeToLive(ctxT(t), first)
 	if err != nil || ttl.TTL != -1 {
 		t.Errorf("the lost lease after registering again: %+v, %v (want revoked)", ttl, err)

@@ -196,6 +196,55 @@ func newClient(t *testing.T, etcd *etcdtest.Server) *clientv3.Client {
 	return cli
 }
 
+// leaseLoss wraps a client's leases and notes when the client gives a
+// lease up: a keepalive channel it returned closes while its context
+// lives (etcd has not answered for the lease's TTL).
+type leaseLoss struct {
+	clientv3.Lease
+	once sync.Once
+	lost chan struct{}
+}
+
+// watchLeaseLoss puts a leaseLoss between cli and its leases.
+func watchLeaseLoss(cli *clientv3.Client) *leaseLoss {
+	l := &leaseLoss{Lease: cli.Lease, lost: make(chan struct{})}
+	cli.Lease = l
+	return l
+}
+
+// KeepAlive forwards the client's keepalives and notes their end.
+func (l *leaseLoss) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+	in, err := l.Lease.KeepAlive(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *clientv3.LeaseKeepAliveResponse)
+	go func() {
+		defer close(out)
+		for r := range in {
+			select {
+			case out <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if ctx.Err() == nil {
+			l.once.Do(func() { close(l.lost) })
+		}
+	}()
+	return out, nil
+}
+
+// given waits until the client has given a lease up.
+func (l *leaseLoss) given(t *testing.T) {
+	t.Helper()
+	select {
+	case <-l.lost:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the client did not give its lease up within 30 s of etcd's going")
+	}
+}
+
 // rewrittenWithoutDelete fails the test unless key, after revision from, is
 // written again before any delete: whoever watches it never sees it gone.
 func rewrittenWithoutDelete(t *testing.T, cli *clientv3.Client, key string, from int64) {
