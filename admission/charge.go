@@ -109,7 +109,7 @@ func (c *charge) Cancel(now int64) {
 		if c.floor {
 			c.tenant.floor.Refund(now, c.gates.weighted)
 		}
-		if !c.deferred {
+		if !c.deferred && c.tenant.floor.Burst() > 0 {
 			c.tenant.servedMeter().Refund(now, c.gates.weighted)
 		}
 	}

@@ -334,6 +334,9 @@ func (t *tenantState) underFloor(now int64) bool {
 // meterServed charges weighted tokens admitted to the served meter, whose
 // debt stops at half a second of floor (underFloor).
 func (t *tenantState) meterServed(now, weighted int64) {
+	if t.floor.Burst() == 0 { // no floor: nothing to meter against
+		return
+	}
 	b := t.servedMeter()
 	b.Take(now, weighted)
 	if debt := b.Burst() / 2; b.Level(now) < -debt {
