@@ -299,8 +299,8 @@ func (s *Store) Settle(ctx context.Context, st *sharing.StrictSettle) error {
 		return nil // not held (never committed, settled, or past its TTL): nothing to settle
 	}
 	for _, r := range st.Refunds {
-		if s.buckets[r.Key] == nil {
-			continue // as Redis: a bucket that expired is full, nothing to give back
+		if s.buckets[r.Key] == nil && r.Amount >= 0 {
+			continue // a bucket that expired is full: a refund changes nothing
 		}
 		b := s.refill(r.Key, r.Rate, r.Burst, now)
 		b.level = math.Max(math.Min(b.level+float64(r.Amount), float64(r.Burst)), -float64(r.Burst))

@@ -25,10 +25,16 @@ for i = 1, n do
   local rate, burst, amount = tonumber(ARGV[b]), tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
   local h = redis.call('HMGET', ARGV[1 + i], 'l', 't')
   local level, ts = tonumber(h[1]), tonumber(h[2])
-  if level then -- a bucket that expired is full: nothing to give back
+  -- A bucket that expired is full: a refund changes nothing, but a
+  -- negative one (the request cost more than it took) is still charged.
+  if level or amount < 0 then
+    if not level then level, ts = burst, now end
     level = math.min(burst, level + rate * math.max(now - ts, 0) / 1e6)
     level = math.max(math.min(burst, level + amount), -burst)
     redis.call('HSET', ARGV[1 + i], 'l', num(level), 't', num(now))
+    local idle = 60000
+    if rate > 0 then idle = idle + math.ceil(1000 * burst / rate) end
+    redis.call('PEXPIRE', ARGV[1 + i], idle)
   end
 end
 if lease ~= '' then

@@ -390,6 +390,24 @@ func Run(t *testing.T, newStore Factory) {
 			t.Errorf("after a refund to the burst, the whole burst refused: %+v", v)
 		}
 	})
+	t.Run("an overrun on a bucket the store does not hold is taken from the full bucket", func(t *testing.T) {
+		s := newStore(t)
+		kv := sharing.KVHold{Key: "kv", Lease: "l1", Limit: 1000, Bytes: 1, TTL: time.Minute}
+		commit(t, s, kv) // a lease whose takes are on buckets it does not hold
+		overrun := sharing.StrictTake{Key: "k", Rate: rate, Burst: 1000, Amount: -300}
+		refund := sharing.StrictTake{Key: "k2", Rate: rate, Burst: 1000, Amount: 300}
+		if err := s.Settle(ctx, &sharing.StrictSettle{KVKey: "kv", Lease: "l1", Refunds: []sharing.StrictTake{overrun, refund}}); err != nil {
+			t.Fatal(err)
+		}
+		kv.Lease = "l2"
+		if v := commit(t, s, kv, take("k", 1000, 750, 0)); v.Admitted {
+			t.Error("the overrun on an absent (full) bucket was not taken: 750 of 700 admitted")
+		}
+		kv.Lease = "l3"
+		if v := commit(t, s, kv, take("k2", 1000, 1001, 0)); v.Admitted {
+			t.Error("a refund to an absent (full) bucket lifted it past its burst")
+		}
+	})
 	t.Run("a repeated commit takes nothing; a settle without a commit gives nothing", func(t *testing.T) {
 		s := newStore(t)
 		kv := sharing.KVHold{Key: "kv", Lease: "l", Limit: 1000, Bytes: 1, TTL: time.Minute}
