@@ -135,12 +135,7 @@ func TestATenantUnderItsFloorIsAdmittedInEverySecond(t *testing.T) {
 // not count as served against the floor.
 func TestAnUndoneAdmissionLeavesTheServedMeterAsItWas(t *testing.T) {
 	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
-	level := func() int64 {
-		h.e.mu.Lock()
-		defer h.e.mu.Unlock()
-		ts, _ := h.e.mu.gates.lookupLocked("f", h.e.nowLocked(), h.e.mu.place.modelList)
-		return ts.servedMeter().Level(h.e.nowLocked())
-	}
+	level := servedLevel(h, "f")
 	before := level()
 	d := h.admit(req("f", "medium", 460, 10)) // 500 weighted tokens
 	if d.Outcome != Admitted {
@@ -154,5 +149,44 @@ func TestAnUndoneAdmissionLeavesTheServedMeterAsItWas(t *testing.T) {
 	h.e.mu.Unlock()
 	if got := level(); got != before {
 		t.Errorf("served meter %d after the admission was undone, want %d as before it", got, before)
+	}
+}
+
+// An admission the meter's debt stopped took less than its weighted
+// tokens; undoing it gives back only what it took, so the tenant is no
+// nearer being under its floor than before it.
+func TestAnAdmissionUndoneAtTheMetersDebtGivesBackOnlyWhatItTook(t *testing.T) {
+	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
+	level := servedLevel(h, "f")
+	// A floor of 1000: the meter starts at 1000 and its debt stops at 500.
+	// Three admissions of 500 take it to −500.
+	for i := range 3 {
+		if d := h.admit(req("f", "medium", 460, 10)); d.Outcome != Admitted {
+			t.Fatalf("admission %d: %v %v, want admitted", i+1, d.Outcome, d.Reason)
+		}
+	}
+	before := level()
+	if before != -500 {
+		t.Fatalf("served meter %d after 1500 admitted against a floor of 1000, want its debt to stop at -500", before)
+	}
+	d := h.admit(req("f", "medium", 460, 10))
+	if d.Outcome != Admitted {
+		t.Fatalf("%v %v, want admitted", d.Outcome, d.Reason)
+	}
+	h.e.mu.Lock()
+	h.e.revokeLocked("", d.LeaseID)
+	h.e.mu.Unlock()
+	if got := level(); got != before {
+		t.Errorf("served meter %d after undoing an admission its debt stopped, want %d as before it", got, before)
+	}
+}
+
+// servedLevel reads tenant's served meter at the engine's time.
+func servedLevel(h *harness, tenant string) func() int64 {
+	return func() int64 {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		ts, _ := h.e.mu.gates.lookupLocked(tenant, h.e.nowLocked(), h.e.mu.place.modelList)
+		return ts.servedMeter().Level(h.e.nowLocked())
 	}
 }

@@ -332,16 +332,19 @@ func (t *tenantState) underFloor(now int64) bool {
 }
 
 // meterServed charges weighted tokens admitted to the served meter, whose
-// debt stops at half a second of floor (underFloor).
-func (t *tenantState) meterServed(now, weighted int64) {
+// debt stops at half a second of floor (underFloor), and returns what it
+// took: less than weighted where the debt stopped it.
+func (t *tenantState) meterServed(now, weighted int64) (taken int64) {
 	if t.floor.Burst() == 0 { // no floor: nothing to meter against
-		return
+		return 0
 	}
 	b := t.servedMeter()
+	before := b.Level(now)
 	b.Take(now, weighted)
 	if debt := b.Burst() / 2; b.Level(now) < -debt {
 		b.SetLevel(now, -debt)
 	}
+	return max(before-b.Level(now), 0)
 }
 
 // servedMeter returns the served meter at the floor bucket's rate and
