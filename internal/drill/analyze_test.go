@@ -189,15 +189,16 @@ func TestBucketAdmits(t *testing.T) {
 
 // kill-replica's promise: the member TTL where etcd says when a replica
 // is gone, SilentHoldRounds intervals of silence where nothing does; ten
-// intervals more either way.
+// intervals more either way, and two seconds at least.
 func TestReclaimBound(t *testing.T) {
 	w := 100 * time.Millisecond
 	for _, tc := range []struct {
 		f    *Fleet
 		want time.Duration
 	}{
-		{&Fleet{Interval: w, MemberTTL: 5 * time.Second, Etcd: &clientv3.Client{}}, 5*time.Second + 10*w},
-		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, sharing.SilentHoldRounds*w + 10*w},
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second, Etcd: &clientv3.Client{}}, 5*time.Second + 2*time.Second},
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, sharing.SilentHoldRounds*w + 2*time.Second},
+		{&Fleet{Interval: time.Second, MemberTTL: 30 * time.Second, Etcd: &clientv3.Client{}}, 30*time.Second + 10*time.Second},
 	} {
 		if got, _ := tc.f.reclaimBound(); got != tc.want {
 			t.Errorf("etcd %v: bound %v, want %v", tc.f.Etcd != nil, got, tc.want)

@@ -42,7 +42,9 @@
 //     the replicas' KV limits, summed per domain, are back to 95% of
 //     their sum before it, within the member TTL (with etcd: its member
 //     lease's expiry; without, sharing.SilentHoldRounds reconcile
-//     intervals of silence) and ten intervals more.
+//     intervals of silence) and ten intervals more (two seconds at
+//     least: at short intervals ten are less than a busy machine's
+//     scheduling delays).
 //
 // The drills are drain-domain (a drain mark in etcd, or the Operator API
 // of every replica), kill-agent, kill-replica, stop-etcd, kill-redis

@@ -24,20 +24,27 @@ const reclaimShare = 0.95
 // reclaimSlack is what the promise allows past the moment a dead
 // replica's holding lapses, in reconcile intervals: a survivor's next
 // report brings it back (one interval), on a machine that may be busy.
-const reclaimSlack = 10
+// It is never under reclaimSlackMin: at short intervals ten of them are
+// less than a busy machine's scheduling delays (the self-contained
+// fleet's 100 ms intervals give a second).
+const (
+	reclaimSlack    = 10
+	reclaimSlackMin = 2 * time.Second
+)
 
 // reclaimBound is kill-replica's promise: the killed replica's KV capacity
 // (what its leases held and its weight in the free part) is the others'
 // again within its member TTL (with etcd: when its member lease expires)
 // or SilentHoldRounds reconcile intervals (without), and reclaimSlack
-// intervals more.
+// intervals more (reclaimSlackMin at least).
 func (f *Fleet) reclaimBound() (time.Duration, string) {
 	hold := sharing.SilentHoldRounds * f.Interval
 	what := fmt.Sprintf("%d reconcile intervals", sharing.SilentHoldRounds)
 	if f.Etcd != nil && f.MemberTTL > 0 {
 		hold, what = max(hold, f.MemberTTL), "the member TTL"
 	}
-	return hold + reclaimSlack*f.Interval, fmt.Sprintf("%s (%v) + %d intervals", what, hold, reclaimSlack)
+	slack := max(reclaimSlack*f.Interval, reclaimSlackMin)
+	return hold + slack, fmt.Sprintf("%s (%v) + %v", what, hold, slack)
 }
 
 // kvLimits sums, per domain, the KV limits of the replicas that answer
