@@ -292,7 +292,7 @@ func (p *Plan) search(rec *Recommendation, rows []Row, o *CheckOptions) error {
 
 // neverFitFlag says which of rec's requests no rate admits.
 func neverFitFlag(rec *Recommendation) string {
-	return fmt.Sprintf("%s: %d of its %d requests (%.1f%%) are refused CAPACITY_EXCEEDED alone on the cluster: no domain's buckets can ever hold them, whatever its quota; "+
+	return fmt.Sprintf("%s: %d of its %d requests (%.1f%%) are refused CAPACITY_EXCEEDED alone on the cluster: larger than any domain's shared part, they run only on its floor reserve, when its floor bucket is full, whatever its quota; "+
 		"its p99s are over the others; raise capacity.burst_seconds, lower the floors' reserve, or serve them on larger domains",
 		rec.Tenant, rec.Alone.NeverFit, rec.Alone.Requests, 100*float64(rec.Alone.NeverFit)/float64(max(rec.Alone.Requests, 1)))
 }
