@@ -87,6 +87,7 @@ var kinds = map[string]kind{
 	"internal/controlplane/etcdtest":      testSupport,
 	"internal/deployfiles":                testSupport,
 	"internal/grpctest":                   testSupport,
+	"internal/openai/openaitest":          testSupport,
 	"internal/state/redistest":            testSupport,
 	"internal/state/boltbacklog/bolttest": testSupport,
 	"internal/state/statetest":            testSupport,
@@ -96,6 +97,7 @@ var kinds = map[string]kind{
 
 	"internal/drill":     tooling,
 	"internal/enginesim": tooling,
+	"internal/etcdembed": tooling,
 	"internal/fleetgen":  tooling,
 	"internal/fleetsim":  tooling,
 	"internal/load":      tooling,

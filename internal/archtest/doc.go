@@ -16,8 +16,9 @@
 //     gRPC, metrics); imports anything but tooling, test support and cmd.
 //   - test support: helpers only tests import (real redis-server, embedded
 //     etcd, fixtures); no product package imports them.
-//   - tooling: replay, drills, load, the fleet simulator and generator,
-//     which sluicectl runs; no product package imports them.
+//   - tooling: replay, drills (and the embedded etcd they share with the
+//     tests), load, the fleet simulator and generator, which sluicectl
+//     runs; no product package imports them.
 //   - command: cmd/...; nothing imports a command, and the server's and
 //     the agent's commands import no tooling.
 //   - docs: a package that only documents.

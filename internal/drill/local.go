@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
 	"github.com/sluice-sched/sluice/internal/config"
+	"github.com/sluice-sched/sluice/internal/etcdembed"
 )
 
 // FleetConfig is the self-contained fleet's config: tenants gold and silver
@@ -469,28 +470,10 @@ func (s *localEtcd) start(ctx context.Context) error {
 }
 
 func (s *localEtcd) startOnce() error {
-	cfg := embed.NewConfig()
-	cfg.Name = "drill"
-	cfg.Dir = s.dir
-	cfg.ListenClientUrls = []url.URL{s.backend}
-	cfg.AdvertiseClientUrls = []url.URL{s.client}
-	cfg.ListenPeerUrls = []url.URL{s.peer}
-	cfg.AdvertisePeerUrls = []url.URL{s.peer}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cfg.ListenMetricsUrls = nil
-	e, err := embed.StartEtcd(cfg)
+	e, err := etcdembed.Start(etcdembed.Options{Name: "drill", Dir: s.dir, Listen: s.backend, Advertise: s.client, Peer: s.peer,
+		Ready: startTimeout})
 	if err != nil {
-		return fmt.Errorf("etcd: start in %s: %w", s.dir, err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return fmt.Errorf("etcd: start: %w", err)
-	case <-time.After(startTimeout):
-		e.Close()
-		return fmt.Errorf("etcd: not ready after %v", startTimeout)
+		return err // it names etcd's start
 	}
 	s.mu.Lock()
 	s.e = e

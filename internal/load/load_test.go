@@ -45,8 +45,16 @@ func startServer(t *testing.T) (*server.Server, *grpc.ClientConn) {
 	if err := os.WriteFile(path, []byte(testConfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigPath: path,
-		Topology: "simulated", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return serve(t, path, "simulated")
+}
+
+// serve runs a real sluiced in-process on free loopback ports, on the
+// config file at configPath and the topology source topo, and returns it
+// with a connection to its gRPC address; both end with the test.
+func serve(t *testing.T, configPath, topo string) (*server.Server, *grpc.ClientConn) {
+	t.Helper()
+	srv, err := server.New(server.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigPath: configPath,
+		Topology: topo, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

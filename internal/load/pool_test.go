@@ -4,19 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/fleetgen"
 	"github.com/sluice-sched/sluice/internal/load"
-	"github.com/sluice-sched/sluice/internal/server"
 )
 
 // startFleet runs a real sluiced in-process on the files fleetgen writes:
@@ -27,19 +23,7 @@ func startFleet(t *testing.T, domains, tenants int) (fleetgen.Files, *grpc.Clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(server.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ConfigPath: f.Config,
-		Topology: f.Topology, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = srv.Serve(ctx); close(done) }()
-	conn, err := grpc.NewClient(srv.GRPCAddr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(); cancel(); <-done })
+	_, conn := serve(t, f.Config, f.Topology)
 	return f, conn
 }
 

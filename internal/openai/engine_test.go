@@ -12,9 +12,8 @@ import (
 	"testing"
 
 	"github.com/sluice-sched/sluice/admission"
-	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/gateway"
-	"github.com/sluice-sched/sluice/pd"
+	"github.com/sluice-sched/sluice/internal/openai/openaitest"
 	"github.com/sluice-sched/sluice/topology"
 )
 
@@ -124,33 +123,12 @@ type rig struct {
 
 func newRig(t testing.TB, o Options) *rig {
 	t.Helper()
-	models := pd.DefaultModels()
-	for i := range models {
-		if models[i].Name == "large" {
-			models[i].ServedNames = []string{"llama-405b"}
-		}
-	}
-	tier := func(rps, burst float64) map[string]any {
-		return map[string]any{"rps": map[string]any{"rate": rps, "burst": burst}, "tokens": map[string]any{"rate": 1e9, "burst": 1e9},
-			"max_concurrency": 100000, "weight": 1}
-	}
-	raw, err := json.Marshal(map[string]any{
-		"tiers":   map[string]any{"big": tier(1e9, 1e9), "tiny": tier(0.01, 1)},
-		"tenants": map[string]any{"acme": map[string]any{"tier": "big"}, "tiny": map[string]any{"tier": "tiny"}},
-		"models":  models,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Parse("config.json", raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	setup := openaitest.TwoTenants(t)
 	fe := &fakeEngine{words: 5, promptTokens: 11}
 	engSrv := httptest.NewServer(fe)
 	t.Cleanup(engSrv.Close)
 	cluster := clusterAt(t, strings.TrimPrefix(engSrv.URL, "http://"))
-	eng, err := admission.New(cfg, cluster)
+	eng, err := admission.New(setup.Config, cluster)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +137,7 @@ func newRig(t testing.TB, o Options) *rig {
 	t.Cleanup(func() { cancel(); eng.Close() })
 	rec := &recorder{Engine: eng, signal: make(chan struct{}, 1<<14)} // more than any test releases
 	gw := gateway.New(rec, gateway.Options{})
-	gw.SetModels(models)
+	gw.SetModels(setup.Models)
 	gw.SetTopology(cluster)
 	front := httptest.NewServer(New(gw, o))
 	t.Cleanup(front.Close)

@@ -214,18 +214,7 @@ func TestEngineReplayIsDeterministic(t *testing.T) {
 	opts := Options{Config: cfg, Cluster: cl, Deadline: 2 * time.Second,
 		Engine: EngineOptions{Capacity: 0.8, Changes: []EngineChange{{Domain: "hgx-2", At: 20 * time.Second, Capacity: 0.4}}}}
 	table := func() []byte {
-		c, err := Compare("code", 1, rows, opts, EnginePolicies)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b bytes.Buffer
-		if err := c.WriteJSON(&b); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.WriteTable(&b); err != nil {
-			t.Fatal(err)
-		}
-		return b.Bytes()
+		return compareReports(t, rows, opts, EnginePolicies, (*Comparison).WriteJSON, (*Comparison).WriteTable)
 	}
 	a := table()
 	if !bytes.Equal(a, table()) {

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,16 +53,22 @@ func codeRows(t testing.TB, opts TraceOptions) []Row {
 // compareJSON returns the JSON and the HTML reports of a comparison.
 func compareJSON(t testing.TB, rows []Row, opts Options, policies ...string) []byte {
 	t.Helper()
+	return compareReports(t, rows, opts, policies, (*Comparison).WriteJSON, (*Comparison).WriteHTML)
+}
+
+// compareReports returns a comparison of the code trace's rows under
+// policies, written by each of writes in turn.
+func compareReports(t testing.TB, rows []Row, opts Options, policies []string, writes ...func(*Comparison, io.Writer) error) []byte {
+	t.Helper()
 	c, err := Compare("code", 1, rows, opts, policies)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b bytes.Buffer
-	if err := c.WriteJSON(&b); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WriteHTML(&b); err != nil {
-		t.Fatal(err)
+	for _, write := range writes {
+		if err := write(c, &b); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return b.Bytes()
 }

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/sluice-sched/sluice/internal/auth/authtest"
-	"github.com/sluice-sched/sluice/internal/config"
 	"github.com/sluice-sched/sluice/internal/enginesim"
+	"github.com/sluice-sched/sluice/internal/openai/openaitest"
 	"github.com/sluice-sched/sluice/internal/testdep"
 	"github.com/sluice-sched/sluice/internal/testwait"
 	"github.com/sluice-sched/sluice/pd"
@@ -124,34 +124,12 @@ func TestOpenAINodeClient(t *testing.T) {
 // and sk-tiny to them.
 func startOpenAISim(t *testing.T, keys bool) (*Server, []pd.Model) {
 	t.Helper()
-	models := pd.DefaultModels()
-	for i := range models {
-		if models[i].Name == "large" {
-			models[i].ServedNames = []string{"llama-405b"}
-		}
-	}
-	tier := func(rps, burst float64) map[string]any {
-		return map[string]any{"rps": map[string]any{"rate": rps, "burst": burst}, "tokens": map[string]any{"rate": 1e6, "burst": 1e8},
-			"max_concurrency": 1000, "weight": 1}
-	}
-	raw, err := json.Marshal(map[string]any{
-		// over may send one request per 100 s: its second is over quota.
-		"tiers":   map[string]any{"big": tier(1000, 1000), "one": tier(0.01, 1)},
-		"tenants": map[string]any{"acme": map[string]any{"tier": "big"}, "tiny": map[string]any{"tier": "one"}},
-		"models":  models,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Parse("config.json", raw)
-	if err != nil {
-		t.Fatal(err)
-	}
+	setup := openaitest.TwoTenants(t)
 	cluster, err := topology.Parse([]byte("domains:\n  - {id: d1, kind: hgx, gpu: H200, gpus_per_node: 8, nodes: 1}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := enginesim.Plan(cluster, cfg.Models, cfg.Capacity, enginesim.PlanOptions{Capacity: 1, Listen: "127.0.0.1:0"})
+	plan, err := enginesim.Plan(cluster, setup.Config.Models, setup.Config.Capacity, enginesim.PlanOptions{Capacity: 1, Listen: "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +145,7 @@ func startOpenAISim(t *testing.T, keys bool) (*Server, []pd.Model) {
 
 	tmp := t.TempDir()
 	paths := map[string][]byte{
-		"config.json":   raw,
+		"config.json":   setup.Raw,
 		"topology.yaml": topo,
 		"auth.yaml": []byte("api_keys:\n" +
 			"  - {tenant: acme, key_sha256: \"" + authtest.TokenSHA256("sk-acme") + "\"}\n" +
@@ -184,5 +162,5 @@ func startOpenAISim(t *testing.T, keys bool) (*Server, []pd.Model) {
 		opts.Security.AuthFile = filepath.Join(tmp, "auth.yaml")
 	}
 	srv, _, _, _ := start(t, opts)
-	return srv, models
+	return srv, setup.Models
 }

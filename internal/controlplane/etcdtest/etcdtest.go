@@ -1,12 +1,11 @@
-// Package etcdtest runs a real etcd server in-process for tests, with
-// go.etcd.io/etcd/server/v3/embed: a temporary data directory, free loopback
-// ports and a silent logger. The control plane's tests (and any other
-// package's) use it instead of a fake, so that leases, watches, compaction
-// and outages behave as they do in production.
+// Package etcdtest runs a real etcd server in-process for tests, started
+// by internal/etcdembed (go.etcd.io/etcd/server/v3/embed): a temporary data
+// directory, free loopback ports and a silent logger. The control plane's
+// tests (and any other package's) use it instead of a fake, so that leases,
+// watches, compaction and outages behave as they do in production.
 package etcdtest
 
 import (
-	"fmt"
 	"net"
 	"net/url"
 	"sync"
@@ -16,6 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/sluice-sched/sluice/internal/etcdembed"
 )
 
 // startTimeout bounds how long a start waits for the server to be ready; it
@@ -63,29 +64,9 @@ func freeAddr(t testing.TB) string {
 }
 
 func (s *Server) start() error {
-	cfg := embed.NewConfig()
-	cfg.Name = "etcdtest"
-	cfg.Dir = s.dir
-	cfg.ListenClientUrls = []url.URL{s.clientURL}
-	cfg.AdvertiseClientUrls = []url.URL{s.clientURL}
-	cfg.ListenPeerUrls = []url.URL{s.peerURL}
-	cfg.AdvertisePeerUrls = []url.URL{s.peerURL}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	// etcd serves its own /metrics on the client port; nothing else.
-	cfg.ListenMetricsUrls = nil
-	e, err := embed.StartEtcd(cfg)
+	e, err := etcdembed.Start(etcdembed.Options{Name: "etcdtest", Dir: s.dir, Listen: s.clientURL, Peer: s.peerURL, Ready: startTimeout})
 	if err != nil {
-		return fmt.Errorf("start etcd in %s: %w", s.dir, err)
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return fmt.Errorf("start etcd: %w", err)
-	case <-time.After(startTimeout):
-		e.Close()
-		return fmt.Errorf("start etcd: not ready after %v", startTimeout)
+		return err
 	}
 	s.mu.Lock()
 	s.etcd = e
