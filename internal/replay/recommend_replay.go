@@ -18,9 +18,12 @@ type quota struct{ rate, burst int64 }
 // arrival to its admission, the time it waits for its quota's tokens
 // included (see quotaClient). A refused request is never admitted: it
 // counts as an infinite wait, so that a rate low enough to get requests
-// refused never looks fast. The exception is a request the cluster can
-// never hold (CAPACITY_EXCEEDED: no domain's buckets ever fit it, what
-// no quota changes); those are counted in NeverFit and left out.
+// refused never looks fast. The exception is a request larger than any
+// domain's shared part (CAPACITY_EXCEEDED: it runs only on its tenant's
+// floor reserve, when the floor bucket is full, which no quota changes);
+// those are counted in NeverFit and left out. How many there are moves a
+// little with the rate tried, as the floor bucket is full more or less
+// often.
 type Wait struct {
 	// P99Ms is the 99th percentile (nearest rank) in ms over the requests
 	// but NeverFit; -1 when more than 1% of them were refused, so that it
