@@ -199,10 +199,13 @@ func (c *Comparison) Verdict() *Verdict {
 				return float64(n), fmt.Sprint(n)
 			}))
 	}
-	wins := map[string][]string{}
+	wins, outright := map[string][]string{}, map[string][]string{}
 	for _, m := range v.Measures {
 		for _, p := range m.Winners {
 			wins[p] = append(wins[p], m.Name)
+			if len(m.Winners) == 1 {
+				outright[p] = append(outright[p], m.Name)
+			}
 		}
 	}
 	for _, p := range v.Policies {
@@ -213,12 +216,14 @@ func (c *Comparison) Verdict() *Verdict {
 			v.Winners = append(v.Winners, p)
 		}
 	}
-	v.Summary = v.summary(wins)
+	v.Summary = v.summary(wins, outright)
 	return v
 }
 
-// summary says the verdict in a sentence.
-func (v *Verdict) summary(wins map[string][]string) string {
+// summary says the verdict in a sentence: the winners' measures, ties
+// included (a tie counts for each), then what each other policy wins
+// outright.
+func (v *Verdict) summary(wins, outright map[string][]string) string {
 	var b strings.Builder
 	switch len(v.Winners) {
 	case 1:
@@ -227,8 +232,8 @@ func (v *Verdict) summary(wins map[string][]string) string {
 		fmt.Fprintf(&b, "%s tie, best on %d of %d measures each", strings.Join(v.Winners, " and "), v.Wins, len(v.Measures))
 	}
 	for _, p := range v.Policies {
-		if len(wins[p]) > 0 && !slices.Contains(v.Winners, p) {
-			fmt.Fprintf(&b, "; %s on %s", p, strings.Join(wins[p], ", "))
+		if len(outright[p]) > 0 && !slices.Contains(v.Winners, p) {
+			fmt.Fprintf(&b, "; %s on %s", p, strings.Join(outright[p], ", "))
 		}
 	}
 	return b.String()

@@ -103,6 +103,11 @@ func TestVerdictTiesAndDirections(t *testing.T) {
 	if w := by(v, "floor violation seconds").Winners; !slices.Equal(w, []string{"y"}) {
 		t.Errorf("no burst named: floor winners %v, want [y] (the burster counts)", w)
 	}
+	// y wins, the service difference tied; x is named for what it wins
+	// outright only.
+	if !strings.HasPrefix(v.Summary, "y is best on 4 of 5 measures") || !strings.HasSuffix(v.Summary, "; x on worst p99 wait") {
+		t.Errorf("no burst named: %q, want y best on 4 and x on its p99 alone", v.Summary)
+	}
 	c.Bursts = []Burst{{Tenant: "burster", Factor: 10, From: time.Second, To: 2 * time.Second}}
 	v = c.Verdict()
 	for name, want := range map[string][]string{
