@@ -653,11 +653,17 @@ func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 		if w == nil {
 			return answered
 		}
-		e.grantLocked(now, &w.p, w.pl, time.Duration(now-w.enqueued), &w.decision)
-		room.leave(now, w) // after the grant, which its tier share counts
-		w.decision.Trace.EstimatedWait = w.wait
+		e.grantQueuedLocked(now, w, w.pl)
 		answered = append(answered, w)
 	}
+}
+
+// grantQueuedLocked grants a request out of the queue pl, and lets it
+// leave the waiting room.
+func (e *Engine) grantQueuedLocked(now int64, w *waiter, pl placement) {
+	e.grantLocked(now, &w.p, pl, time.Duration(now-w.enqueued), &w.decision)
+	e.mu.room.leave(now, w) // after the grant, which its tier share counts
+	w.decision.Trace.EstimatedWait = w.wait
 }
 
 // degradeOverdueLocked answers a queued request whose deadline has come
@@ -674,11 +680,8 @@ func (e *Engine) degradeOverdueLocked(now int64, w *waiter) bool {
 	if !ok {
 		return false
 	}
-	room := &e.mu.room
-	room.queue.Remove(&w.item)
-	e.grantLocked(now, &w.p, pl, time.Duration(now-w.enqueued), &w.decision)
-	room.leave(now, w) // after the grant, which its tier share counts
-	w.decision.Trace.EstimatedWait = w.wait
+	e.mu.room.queue.Remove(&w.item)
+	e.grantQueuedLocked(now, w, pl)
 	return true
 }
 
