@@ -107,7 +107,8 @@ type Controller struct {
 	// memberExpiry is when this replica's member lease expires unless
 	// renewed, as of its last grant or keepalive (unix nanoseconds; 0:
 	// not registered yet, or left). A lease the client gave up keeps its
-	// expiry until the next registration. Atomic: the engine reads it under its own lock.
+	// expiry until the next registration. Atomic: the engine reads it
+	// under its own lock.
 	memberExpiry atomic.Int64
 
 	mu struct {
@@ -917,7 +918,7 @@ func (c *Controller) register(ctx context.Context) {
 // it held before (previous, 0 for none) once the key has moved off it, and
 // keeps the new lease alive until it is lost or ctx ends. It returns the
 // lease left to revoke: the lost one, or previous when no new one took the
-// key; when ctx ends it revokes the lease itself and returns previous.
+// key; when ctx ends it revokes its lease itself and returns 0.
 func (c *Controller) registerOnce(ctx context.Context, key string, value []byte, previous clientv3.LeaseID) (clientv3.LeaseID, error) {
 	secs := int64((c.opts.LeaseTTL + time.Second - 1) / time.Second)
 	lease, err := c.opts.Client.Grant(ctx, secs)

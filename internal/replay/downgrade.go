@@ -43,14 +43,14 @@ func CompareDowngrade(rows []Row, opts Options) (*DowngradeComparison, error) {
 	}
 	not := map[string]int64{}
 	for i := range c.Not.Tenants {
-		not[c.Not.Tenants[i].Name] = admittedTokens(&c.Not.Tenants[i])
+		not[c.Not.Tenants[i].Name] = sum(c.Not.Tenants[i].Achieved)
 	}
 	c.LeastRatio = math.Inf(1)
 	for i := range c.Allowed.Tenants {
 		t := &c.Allowed.Tenants[i]
 		ratio := 1.0
 		if n := not[t.Name]; n > 0 {
-			ratio = float64(admittedTokens(t)) / float64(n)
+			ratio = float64(sum(t.Achieved)) / float64(n)
 		}
 		if ratio < c.LeastRatio {
 			c.LeastTenant, c.LeastRatio = t.Name, ratio
@@ -62,11 +62,12 @@ func CompareDowngrade(rows []Row, opts Options) (*DowngradeComparison, error) {
 	return c, nil
 }
 
-// admittedTokens is the weighted tokens t was admitted, on any tier.
-func admittedTokens(t *TenantReport) int64 {
+// sum is the sum of per-second figures (a tenant's Achieved: the weighted
+// tokens it was admitted, on any tier; its Target).
+func sum(perS []int64) int64 {
 	var n int64
-	for _, a := range t.Achieved {
-		n += a
+	for _, v := range perS {
+		n += v
 	}
 	return n
 }

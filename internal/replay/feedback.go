@@ -96,11 +96,7 @@ type FeedbackTable struct {
 func minFairShare(r *Report) float64 {
 	least := math.Inf(1)
 	for i := range r.Tenants {
-		var a, g int64
-		for x := range r.Tenants[i].Achieved {
-			a += r.Tenants[i].Achieved[x]
-			g += r.Tenants[i].Target[x]
-		}
+		a, g := sum(r.Tenants[i].Achieved), sum(r.Tenants[i].Target)
 		if g > 0 {
 			least = math.Min(least, float64(a)/float64(g))
 		}
