@@ -87,8 +87,8 @@ func TestDeferredBurstSelfContained(t *testing.T) {
 	if d.Tickets == 0 || d.Done != d.Tickets || d.DeferrableLossPct != 0 {
 		t.Errorf("%d tickets, %d done, deferrable burst loss %.1f%%: want tickets, all done, none lost", d.Tickets, d.Done, d.DeferrableLossPct)
 	}
-	if d.DrainS == nil || len(d.Fair) == 0 || d.WorstGapPct > 100*o.ShareTolerance {
-		t.Errorf("drained after %v s, %d seconds of fair order, worst gap %.1f points", d.DrainS, len(d.Fair), d.WorstGapPct)
+	if d.DrainS == nil || len(d.Fair) == 0 || d.WorstExcessPct > 100*o.ShareTolerance {
+		t.Errorf("drained after %v s, %d seconds of fair order, worst gap beyond a claim %.1f points", d.DrainS, len(d.Fair), d.WorstExcessPct)
 	}
 	for _, bt := range d.Tenants {
 		if bt.Replica != "replica-1" || bt.Deferred == 0 {
@@ -175,6 +175,26 @@ func TestJudgeDeferredClean(t *testing.T) {
 	}
 }
 
+// A fair queue serves whole requests, so a second's shares may be off the
+// weights' by one claim: a heavy claim of corpus's leaves labels 11.8% of
+// the second against its 25%, within the grain of that claim.
+func TestJudgeDeferredAllowsOneClaimsGrain(t *testing.T) {
+	r := scriptedBurst()
+	for i := range r.burst.claims {
+		if c := &r.burst.claims[i]; c.tenant == "corpus" && c.at >= 3*time.Second {
+			c.weight = 1400
+			break
+		}
+	}
+	answers, _ := r.rec.snapshot()
+	r.judgeDeferred(answers)
+	p := promiseOf(t, r, "backlog drains in its tenants' weights")
+	d := r.rep.Deferred
+	if !p.Held || d.WorstGapPct < 13 || d.WorstExcessPct > 0 {
+		t.Errorf("held %v (%s), worst gap %.1f beyond a claim %.1f; want held, 13.2 points off, within the claim", p.Held, p.Detail, d.WorstGapPct, d.WorstExcessPct)
+	}
+}
+
 // Each broken promise is caught: an expired ticket and a refused
 // deferrable are lost, a gold refusal touches the interactive tenants, a
 // backlog claimed 1:1 is not in its weights, one not done is not drained.
@@ -203,7 +223,7 @@ func TestJudgeDeferredCatchesBrokenPromises(t *testing.T) {
 		"no deferrable request lost":             "1 refused QUEUE_FULL, 1 ticket EXPIRED",
 		"interactive within share untouched":     "gold 1 of 20 refused",
 		"backlog drained":                        "not done",
-		"backlog drains in its tenants' weights": "within 25.0 points",
+		"backlog drains in its tenants' weights": "within one claim and 12.5 points of its weight's",
 	}
 	for name, detail := range want {
 		p := promiseOf(t, r, name)
