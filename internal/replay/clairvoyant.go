@@ -13,7 +13,9 @@ import (
 // budget), the request's prefill and every prefill already there end
 // within Budget of their dispatch; of the domains that allow it, the one
 // with the most room. Any waiting request that fits goes, not only the
-// head. It has no quotas, floors or model.
+// head. It keeps the tenants' quotas (quotas), refusing what they do not
+// hold as Sluice would, so that what it admits is what an admission
+// service may; it has no floors and no model.
 //
 // It is a yardstick, not a rule to deploy: with its budget bisected to
 // the largest whose TTFT p99 meets the SLO, the engines' utilization under
@@ -23,11 +25,13 @@ import (
 // not reach, it does not foresee the engine and sends nothing there; nor
 // does it foresee a change of an engine's capacity.
 //
-// Requests wait at most their deadline (refused DEADLINE_UNMEETABLE),
+// Requests over their quota are refused QUOTA_EXCEEDED at once; requests
+// wait at most their deadline (refused DEADLINE_UNMEETABLE),
 // beyond queue.max_total are refused QUEUE_FULL, and CAPACITY_EXCEEDED at
 // once when no engine could ever run them. Requests are never degraded.
 type clairvoyant struct {
 	s      *sim
+	quotas *quotas
 	queue  []queuedReq // in arrival order, so by deadline
 	wait   int64
 	max    int
@@ -66,7 +70,7 @@ type prefillJob struct {
 
 func newClairvoyant(s *sim) *clairvoyant {
 	cfg := &s.opts.Config
-	return &clairvoyant{s: s, wait: int64(cfg.Queue.DefaultWait.Duration), max: cfg.Queue.MaxTotal,
+	return &clairvoyant{s: s, quotas: newQuotas(s), wait: int64(cfg.Queue.DefaultWait.Duration), max: cfg.Queue.MaxTotal,
 		budget: s.eng.Budget.Seconds(), room: make([]float64, len(s.domains)), stale: make([]bool, len(s.domains)),
 		least: make([]float64, len(s.domains)), late: map[*simReq]bool{}}
 }
@@ -75,11 +79,16 @@ func (c *clairvoyant) submit(now int64, r *simReq) error {
 	if r.deadline == 0 {
 		r.deadline = now + c.wait
 	}
+	if !c.quotas.take(now, r) {
+		return c.s.decided(r, admission.Rejected, admission.ReasonQuotaExceeded, "", "", 0)
+	}
 	work, ever := c.s.prefillWork(r)
 	if !ever {
+		c.quotas.refund(now, r)
 		return c.s.decided(r, admission.Rejected, admission.ReasonCapacityExceeded, "", "", 0)
 	}
 	if len(c.queue) >= c.max {
+		c.quotas.refund(now, r)
 		return c.s.decided(r, admission.Rejected, admission.ReasonQueueFull, "", "", 0)
 	}
 	c.queue = append(c.queue, queuedReq{r: r, work: work})
@@ -91,6 +100,7 @@ func (c *clairvoyant) submit(now int64, r *simReq) error {
 func (c *clairvoyant) dispatch(now int64) error {
 	n := 0
 	for n < len(c.queue) && c.queue[n].r.deadline <= now {
+		c.quotas.refund(now, c.queue[n].r)
 		if err := c.s.decided(c.queue[n].r, admission.Rejected, admission.ReasonDeadlineUnmeetable, "", "", 0); err != nil {
 			return err
 		}

@@ -59,3 +59,33 @@ func TestClairvoyantEndsPrefillsWithinItsBudget(t *testing.T) {
 		t.Errorf("TTFT p99 %.1f ms, budget %v", p99, budget)
 	}
 }
+
+// TestClairvoyantKeepsTheQuotas replays the code trace at 10× on fast
+// engines, where capacity holds back little and the quotas bind: the
+// clairvoyant dispatcher refuses globex and hooli QUOTA_EXCEEDED, and
+// admits each tenant no more than its token bucket lets through over the
+// replay (rate × seconds + burst + burst credit).
+func TestClairvoyantKeepsTheQuotas(t *testing.T) {
+	cfg, cl := setup(t)
+	rows := codeRows(t, TraceOptions{Speed: 10, To: 20 * time.Minute})
+	rep, err := Run(rows, Options{Policy: PolicyClairvoyant, Config: cfg, Cluster: cl, Deadline: 2 * time.Second,
+		Engine: EngineOptions{Capacity: 1.5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range rep.Tenants {
+		p, _ := cfg.Policy(tr.Name)
+		var admitted int64
+		for _, a := range tr.Achieved {
+			admitted += a
+		}
+		most := p.Tokens.Rate*rep.Seconds + p.Tokens.Burst + p.BurstCredit.Multiple*p.Tokens.Rate
+		t.Logf("%s: %d weighted tokens admitted, at most %.0f; refused %v", tr.Name, admitted, most, tr.Rejected)
+		if float64(admitted) > most {
+			t.Errorf("%s: %d weighted tokens admitted over %.0f s, more than its quota's %.0f", tr.Name, admitted, rep.Seconds, most)
+		}
+		if (tr.Name == "globex" || tr.Name == "hooli") && tr.Rejected["QUOTA_EXCEEDED"] == 0 {
+			t.Errorf("%s: no request refused QUOTA_EXCEEDED (refused %v): the quota does not hold the dispatcher", tr.Name, tr.Rejected)
+		}
+	}
+}

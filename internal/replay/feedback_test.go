@@ -55,7 +55,7 @@ func TestFeedbackTable(t *testing.T) {
 			targets[r.Row+": "+r.Target] = true
 		}
 	}
-	for _, want := range []string{"engine 1.5×: ≥ 1.3", "engine 0.6×: ≥ 0.9", "engine 0.6×: closed ≤ 5 and < open", "engine 0.6×: closed 0", "engine 0.6×: closed ≤ threshold", "engine 0.6×: ≥ 0.9 for both targets",
+	for _, want := range []string{"engine 1.5×: ≥ 1.3", "engine 1.5×: ≥ 1.3 for both targets", "engine 0.6×: ≥ 0.85", "engine 0.6×: closed ≤ 5 and < open", "engine 0.6×: closed 0", "engine 0.6×: closed ≤ threshold", "engine 0.6×: ≥ 0.85 for both targets",
 		"engine 1× → hgx-1 0.5× at 44s: closed ≤ 5 s", "spread ×1, engine 1×: ≤ 1.5",
 		"spread ×1, engine 1×, 16 tenants: ≤ 1.5", "spread ×1, engine 1×, 16 tenants: ≥ 50%",
 		"downgrade vs not, deadline 2s: ≥ 1", "downgrade vs not, deadline 30s: ≥ 1"} {
@@ -64,11 +64,11 @@ func TestFeedbackTable(t *testing.T) {
 		}
 	}
 	names := map[string]string{}
-	clairvoyant := 0
+	clairvoyant := map[string]int{}
 	for _, r := range tab.Runs {
 		names[r.Name] = r.Engines.Loop
-		if strings.HasPrefix(r.Name, "engine 0.6× clairvoyant within the SLO, budget ") && r.Policy == PolicyClairvoyant {
-			clairvoyant++
+		if name, _, ok := strings.Cut(r.Name, " clairvoyant within the SLO, budget "); ok && r.Policy == PolicyClairvoyant {
+			clairvoyant[name]++
 		}
 		if r.Engines == nil || r.Engines.Capacity <= 0 {
 			t.Errorf("run %s without its engines", r.Name)
@@ -81,8 +81,8 @@ func TestFeedbackTable(t *testing.T) {
 			t.Errorf("run %q: loop %q (present %v), want %q", name, got, ok, loop)
 		}
 	}
-	if clairvoyant != 1 {
-		t.Errorf("%d clairvoyant replays within the SLO, want 1", clairvoyant)
+	if clairvoyant["engine 0.6×"] != 1 || clairvoyant["engine 1.5×"] != 1 || len(clairvoyant) != 2 {
+		t.Errorf("clairvoyant replays within the SLO %v, want one on each engines' capacity", clairvoyant)
 	}
 	var b bytes.Buffer
 	if err := tab.WriteJSON(&b); err != nil {
