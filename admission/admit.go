@@ -311,7 +311,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.critical = s.critical
 	place := &e.mu.place
 	if withinFloor(now, t, r) {
-		if pl, ok := place.find(now, r, true, allTiers(r), m); ok {
+		if pl, ok := place.findFloor(now, r, m); ok {
 			return verdict{placed: true, pl: pl}
 		}
 	}
@@ -534,6 +534,14 @@ func (m decisionMode) tried(now int64, ms *modelState, d *domainState, floor boo
 	}
 }
 
+// reserved takes a (tier, domain) find passed over because a queued
+// request waits for the domain (recorder.reserved).
+func (m decisionMode) reserved(ms *modelState, d *domainState, floor bool) {
+	if m.rec != nil {
+		m.rec.reserved(ms, d, floor)
+	}
+}
+
 // notTurnLocked takes a request kept from its requested tier because it is
 // not its tenant's turn there (Engine.notTurnLocked).
 func (m decisionMode) notTurnLocked(e *Engine, now int64, r *pending) {
@@ -638,17 +646,17 @@ func addSat(a, b time.Duration) time.Duration {
 // those that fit somewhere (critical band first), until none fits.
 func (e *Engine) dispatchLocked(now int64, answered []*waiter) []*waiter {
 	room, place := &e.mu.room, &e.mu.place
+	defer place.endPass()
 	if room.queue.Len() == 0 {
 		return answered
 	}
-	defer func() { place.blocked = place.blocked[:0] }()
 	fits := func(w *waiter) bool {
 		var ok bool
 		w.pl, ok = e.placeQueuedLocked(now, w)
 		return ok
 	}
 	for {
-		place.blocked = place.blocked[:0]
+		place.blocked, place.awaiting = place.blocked[:0], place.awaiting[:0]
 		w := room.next(fits)
 		if w == nil {
 			return answered
@@ -735,6 +743,7 @@ func (e *Engine) wait(ctx context.Context, w *waiter) Decision {
 	}
 	if w.queued {
 		room.reject(now, w, refusal{ReasonDeadlineUnmeetable, room.positionWait(w, e.mu.place.eligibleRates)})
+		e.mu.place.unawait() // it may have been awaiting a domain
 		e.mu.Unlock()
 		close(w.done)
 		return w.decision

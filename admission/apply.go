@@ -133,6 +133,7 @@ func (e *Engine) applyLocked(in *Config, withTenants bool, cluster *topology.Clu
 		}
 	}
 	p.changed()
+	p.unawait()                 // the domains may be new: the next dispatch pass says again
 	for _, w := range warming { // after changed: each ramp starts above the floor reserve
 		p.startWarmup(now, w.d, w.from)
 	}

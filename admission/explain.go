@@ -126,6 +126,13 @@ func (rec *recorder) notTurn(r *pending) {
 		Detail: fmt.Sprintf("not tenant %s's turn at %s: others contending for it have used less of it over their weights (queue.tier_share_window); lower tiers only", r.tenant.name, r.tierBuf[0].name)})
 }
 
+// reserved notes a (tier, domain) find passed over: a queued request
+// ahead of this one, or one waiting for it alone, waits for the domain.
+func (rec *recorder) reserved(m *modelState, d *domainState, floor bool) {
+	rec.placement = append(rec.placement, PlacementCheck{Model: m.name, Domain: d.ID(), Floor: floor,
+		Detail: "reserved for a queued request that does not fit yet: its refills go to that request first, others go elsewhere if they can"})
+}
+
 // tried notes one (tier, domain) find looked at: what the request costs
 // there (err: it cannot be costed) and whether it fits.
 func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor bool, held guardHold, cost pd.Cost, err error, fits bool) {

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sluice-sched/sluice/internal/rendezvous"
@@ -55,6 +56,13 @@ type placer struct {
 
 	// During dispatch: domains reserved for queued heads that do not fit.
 	blocked []*domainState
+	// awaited are the domains reserved at the end of the last dispatch
+	// pass for heads that wait for them alone (no lower tier to take),
+	// kept until the next pass; awaiting collects them during a pass.
+	// A new request within its floor looks past them first (findFloor),
+	// avoiding while set, so that their refill goes to those heads.
+	awaited, awaiting []*domainState
+	avoiding          bool
 }
 
 // modelState is a catalog model with its degrade chain resolved to indexes.
@@ -457,10 +465,11 @@ const spreadLoadFloor = 0.1
 // try reports whether r's ti-th tier fits d now, and where; m sees the
 // try.
 func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, m decisionMode) (placement, bool) {
-	if p.isBlocked(d) {
+	ms := r.tierBuf[ti]
+	if p.isBlocked(d) || p.avoiding && slices.Contains(p.awaited, d) {
+		m.reserved(ms, d, floor)
 		return placement{}, false
 	}
-	ms := r.tierBuf[ti]
 	cost, err := d.cap.CostCached(ms.model, r.prompt, r.cached, r.output)
 	// Engines saturated: the guard keeps the domain to its floors.
 	held := holdNone
@@ -615,6 +624,9 @@ func (p *placer) fitsQueued(now int64, w *waiter, turn bool) (placement, bool) {
 	if !ok && turn {
 		if d := p.reservedFor(now, w, plan.from); d != nil {
 			p.blocked = append(p.blocked, d)
+			if w.p.ntiers == 1 {
+				p.awaiting = append(p.awaiting, d)
+			}
 		}
 	}
 	return pl, ok
@@ -652,16 +664,37 @@ func (p *placer) reservedFor(now int64, w *waiter, ti int) *domainState {
 	return nil
 }
 
-// isBlocked reports whether the dispatcher has reserved d for a queued
-// request ahead of the one being placed.
-func (p *placer) isBlocked(d *domainState) bool {
-	for _, b := range p.blocked {
-		if b == d {
-			return true
+// findFloor places a new request within its tenant's floor: on a domain
+// no queued head waits for if one holds it, else on any. A floor skips
+// the queue, so it waits for no head, but it takes the refill a head waits
+// for only where no other domain's reserve holds it: diverted elsewhere,
+// it leaves that domain to the head, which is admitted sooner.
+func (p *placer) findFloor(now int64, r *pending, m decisionMode) (placement, bool) {
+	if len(p.awaited) > 0 {
+		p.avoiding = true
+		pl, ok := p.find(now, r, true, allTiers(r), m)
+		p.avoiding = false
+		if ok {
+			return pl, true
 		}
 	}
-	return false
+	return p.find(now, r, true, allTiers(r), m)
 }
+
+// endPass ends a dispatch pass: the domains its heads wait for alone are
+// awaited until the next (or until a queued request leaves otherwise).
+func (p *placer) endPass() {
+	p.blocked = p.blocked[:0]
+	p.awaited, p.awaiting = append(p.awaited[:0], p.awaiting...), p.awaiting[:0]
+}
+
+// unawait forgets the awaited domains: a queued request left the queue
+// between passes, or the domains changed; the next pass says again.
+func (p *placer) unawait() { p.awaited = p.awaited[:0] }
+
+// isBlocked reports whether the dispatcher has reserved d for a queued
+// request ahead of the one being placed.
+func (p *placer) isBlocked(d *domainState) bool { return slices.Contains(p.blocked, d) }
 
 // ratesCache is the sum of the soft-capacity rates of the domains open to
 // new placements, for the waiting room's estimates of a wait: summed again

@@ -1,0 +1,60 @@
+package admission
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A queued request that does not fit and takes no lower tier waits for
+// one domain, from one dispatch pass to the next. A request arriving
+// within its tenant's floor, which skips the queue, goes on another
+// domain's reserve rather than take that domain's refill (Explain says
+// why), and the head is admitted there once the domain has refilled. With
+// no other domain to hold it, it takes the awaited one: a floor waits for
+// no head (TestFloorHeldUnderFifteenfoldBurst).
+func TestAFloorArrivalLeavesTheRefillAQueuedHeadWaitsFor(t *testing.T) {
+	cfg := testConfig()
+	big := Limit{Rate: 1e9, Burst: 1e9}
+	cfg.Tiers["silver"] = TierPolicy{RPS: big, Tokens: big, Weight: 1, Floor: 100}
+	for i := range 8 {
+		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "silver"}
+	}
+	h := newHarness(t, cfg, hgxCluster(t, 2))
+	h.saturate("b", "large", 4000, 10)
+	hd, head := h.submit(req("a", "large", 4000, 10)) // weight 4: finish tag 4040/4
+	if head == nil {
+		t.Fatalf("the large request was not queued: %+v", hd)
+	}
+	// A floor tenant whose first domain is the one the head reserved.
+	var floor Request
+	var reserved string
+	for i := range 8 {
+		r := req(fmt.Sprintf("f%d", i), "large", 1500, 10) // weight 1: finish tag 1540, behind the head
+		ex, err := h.e.Explain(t.Context(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ex.Placement) > 1 && strings.Contains(ex.Placement[0].Detail, "reserved for a queued request") {
+			if !ex.Placement[1].Fits || !ex.Placement[1].Floor || ex.Outcome != "ADMITTED" {
+				t.Fatalf("Explain: %+v, want the other domain tried within the floor next, and admitted", ex)
+			}
+			floor, reserved = r, ex.Placement[0].Domain
+			break
+		}
+	}
+	if reserved == "" {
+		t.Fatal("no floor tenant has the reserved domain first")
+	}
+	d := h.admit(floor)
+	if d.Outcome != Admitted || !d.Trace.Floor || d.Domain == reserved {
+		t.Fatalf("the request within its floor: %+v; want it admitted at once on the domain %s is not", d, reserved)
+	}
+	for i := 0; i < 200 && !answered(head); i++ {
+		h.advance(10 * time.Millisecond)
+	}
+	if !answered(head) || head.decision.Outcome != Admitted || head.decision.Domain != reserved {
+		t.Fatalf("the head: %+v, want it admitted on %s", head.decision, reserved)
+	}
+}
