@@ -58,3 +58,40 @@ func TestAFloorArrivalLeavesTheRefillAQueuedHeadWaitsFor(t *testing.T) {
 		t.Fatalf("the head: %+v, want it admitted on %s", head.decision, reserved)
 	}
 }
+
+// A request within its floor passes a domain whose engines are saturated
+// for one whose engines are clear: the guard's hold does not stop a floor,
+// but a floor that can run elsewhere does not add to a saturated queue.
+// With only held domains it takes one (TestAQueuedRequestTakesItsFloorOnceItRefills).
+func TestAFloorArrivalPrefersADomainWhoseEnginesAreClear(t *testing.T) {
+	cfg := testConfig()
+	for i := range 8 {
+		cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
+		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "floored"}
+	}
+	h := newHarness(t, cfg, hgxCluster(t, 2))
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 50}, {Domain: "d2", Queue: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	var floor Request
+	for i := range 8 {
+		r := req(fmt.Sprintf("f%d", i), "medium", 960, 10)
+		ex, err := h.e.Explain(t.Context(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ex.Placement) > 0 && ex.Placement[0].Domain == "d1" {
+			if ex.Placement[0].Fits || !strings.Contains(ex.Placement[0].Detail, "engines saturated") {
+				t.Fatalf("Explain: %+v, want d1 passed over for its saturated engines", ex.Placement)
+			}
+			floor = r
+			break
+		}
+	}
+	if floor.Tenant == "" {
+		t.Fatal("no floor tenant has d1 first")
+	}
+	if d := h.admit(floor); d.Outcome != Admitted || !d.Trace.Floor || d.Domain != "d2" {
+		t.Fatalf("the request within its floor: %v on %s floor=%v, want admitted within the floor on d2", d.Outcome, d.Domain, d.Trace.Floor)
+	}
+}

@@ -153,11 +153,14 @@ func (rec *recorder) tried(now int64, m *modelState, d *domainState, floor bool,
 	if f := d.loop.factor; f != 1 {
 		c.Detail += fmt.Sprintf("; capacity feedback: %.2f× the model (what its engines sustain)", f)
 	}
-	switch held {
-	case holdSaturated:
+	switch {
+	case floor && held != holdNone:
+		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting, KV %.0f%% used): a request within its floor goes here only if no domain with clear engines holds it",
+			d.loop.sig.Queue, 100*d.loop.sig.KVUsage)
+	case held == holdSaturated:
 		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting, KV %.0f%% used): the capacity feedback places only floor traffic here until they clear",
 			d.loop.sig.Queue, 100*d.loop.sig.KVUsage)
-	case holdFilled:
+	case held == holdFilled:
 		c.Detail += fmt.Sprintf("; engines saturated (%.0f waiting at their last signal, %d placed since): the capacity feedback places only floor traffic here until they report again",
 			d.loop.sig.Queue, d.loop.placed)
 	}

@@ -59,8 +59,8 @@ type placer struct {
 	// awaited are the domains reserved at the end of the last dispatch
 	// pass for heads that wait for them alone (no lower tier to take),
 	// kept until the next pass; awaiting collects them during a pass.
-	// A new request within its floor looks past them first (findFloor),
-	// avoiding while set, so that their refill goes to those heads.
+	// avoiding is set during findFloor's first look, which passes over
+	// them and the domains the capacity guard holds.
 	awaited, awaiting []*domainState
 	avoiding          bool
 }
@@ -473,7 +473,7 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 	cost, err := d.cap.CostCached(ms.model, r.prompt, r.cached, r.output)
 	// Engines saturated: the guard keeps the domain to its floors.
 	held := holdNone
-	if !floor {
+	if !floor || p.avoiding { // a floor passes a hold, but looks for a clear domain first
 		held = d.loop.hold(now, &p.cfg.Feedback)
 	}
 	fits := err == nil && held == holdNone && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
@@ -665,18 +665,17 @@ func (p *placer) reservedFor(now int64, w *waiter, ti int) *domainState {
 }
 
 // findFloor places a new request within its tenant's floor: on a domain
-// no queued head waits for if one holds it, else on any. A floor skips
-// the queue, so it waits for no head, but it takes the refill a head waits
-// for only where no other domain's reserve holds it: diverted elsewhere,
-// it leaves that domain to the head, which is admitted sooner.
+// whose engines are clear and that no queued head waits for, if one holds
+// it; else on any. A floor skips the queue and passes the capacity guard,
+// so it waits for no head and no hold, but where another domain's reserve
+// holds it, it adds to no saturated engines and takes no refill a head
+// waits for: that domain recovers, and its head is admitted, sooner.
 func (p *placer) findFloor(now int64, r *pending, m decisionMode) (placement, bool) {
-	if len(p.awaited) > 0 {
-		p.avoiding = true
-		pl, ok := p.find(now, r, true, allTiers(r), m)
-		p.avoiding = false
-		if ok {
-			return pl, true
-		}
+	p.avoiding = true
+	pl, ok := p.find(now, r, true, allTiers(r), m)
+	p.avoiding = false
+	if ok {
+		return pl, true
 	}
 	return p.find(now, r, true, allTiers(r), m)
 }
