@@ -311,7 +311,7 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			reach, most := "out of reach", "no budget from half the SLO up keeps TTFT p99 within it"
 			if cv != nil {
 				share := e(cv).Util / math.Max(e(c.t.open).Util, 1e-9)
-				most = fmt.Sprintf("÷ open %.2f (%s, TTFT p99 %s, budget %v)", share, pct(e(cv).Util), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
+				most = fmt.Sprintf("÷ open %.3f (%s, TTFT p99 %s, budget %v)", share, pct(e(cv).Util), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
 				if share >= 0.85 {
 					reach = "within reach"
 				}
@@ -333,7 +333,7 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			reach, most := "out of reach", "no budget from half the SLO up keeps TTFT p99 within it"
 			if cv != nil {
 				share := e(cv).AdmittedRate / math.Max(e(c.t.open).AdmittedRate, 1)
-				most = fmt.Sprintf("÷ open %.2f (%s, TTFT p99 %s, budget %v)", share, num(e(cv).AdmittedRate), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
+				most = fmt.Sprintf("÷ open %.3f (%s, TTFT p99 %s, budget %v)", share, num(e(cv).AdmittedRate), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
 				if share >= 1.3 {
 					reach = "within reach"
 				}
