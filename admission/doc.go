@@ -119,7 +119,11 @@
 // floor bucket (rate = floor) may take it to zero and skips the queue. The
 // bucket refills at the full rate, so whatever the floors leave unused is
 // above the watermark and lent to shared traffic: idle floors are lent,
-// never lost, and a floor holds however hard another tenant bursts.
+// never lost, and a floor holds however hard another tenant bursts. A new
+// floor request passes the capacity guard's hold too, but looks first past
+// the domains the guard holds and those a queued head that takes no lower
+// tier awaits (placer.findFloor): where another domain's reserve holds it,
+// it adds to no saturated engines and takes no refill a head waits for.
 //
 // # Burst credit
 //
