@@ -65,8 +65,8 @@ func TestAFloorArrivalLeavesTheRefillAQueuedHeadWaitsFor(t *testing.T) {
 // With only held domains it takes one (TestAQueuedRequestTakesItsFloorOnceItRefills).
 func TestAFloorArrivalPrefersADomainWhoseEnginesAreClear(t *testing.T) {
 	cfg := testConfig()
+	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
 	for i := range 8 {
-		cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
 		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "floored"}
 	}
 	h := newHarness(t, cfg, hgxCluster(t, 2))

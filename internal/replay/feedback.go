@@ -272,6 +272,30 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 		return v(t.closed), v(t.open), v(t.threshold)
 	}
 
+	// reachable adds whether target × the open loop's measure and the
+	// TTFT SLO hold together, within the tenants' quotas, for a dispatcher
+	// that foresees each engine's prefills (the clairvoyant, its budget
+	// bisected).
+	reachable := func(name string, capacity float64, open *FeedbackRun, what string, target float64, measure func(*EngineReport) (float64, string)) error {
+		cv, budget, err := f.withinSLO(name+" clairvoyant within the SLO", capacity)
+		if err != nil {
+			return err
+		}
+		reach, most := "out of reach", "no budget from half the SLO up keeps TTFT p99 within it"
+		if cv != nil {
+			got, shown := measure(cv.Engines)
+			of, _ := measure(open.Engines)
+			share := got / math.Max(of, 1e-9)
+			most = fmt.Sprintf("÷ open %.3f (%s, TTFT p99 %s, budget %v)", share, shown, msf(cv.Engines.TTFTP99), budget.Round(time.Millisecond))
+			if share >= target {
+				reach = "within reach"
+			}
+		}
+		add(TargetRow{name, fmt.Sprintf("the most %s with TTFT p99 ≤ %.0f ms within the quotas: a clairvoyant dispatcher, its budget bisected", what, slo),
+			"", "", "", most, fmt.Sprintf("≥ %g for both targets", target), reach})
+		return nil
+	}
+
 	low, err := f.trio(fmt.Sprintf("engine %g×", o.Low), o.Low, nil)
 	if err != nil {
 		return nil, err
@@ -302,21 +326,9 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 			// utilization is the most this demand gives them.
 			busy := e(c.t.closed).Util / math.Max(e(c.t.open).Util, 1e-9)
 			add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", busy), "≥ 0.85", verdict(busy >= 0.85)})
-			// Whether this target and the TTFT SLO hold together for a
-			// dispatcher that foresees each engine's prefills.
-			cv, budget, err := f.withinSLO(name+" clairvoyant within the SLO", c.cap)
-			if err != nil {
+			if err := reachable(name, c.cap, c.t.open, "utilization", 0.85, func(e *EngineReport) (float64, string) { return e.Util, pct(e.Util) }); err != nil {
 				return nil, err
 			}
-			reach, most := "out of reach", "no budget from half the SLO up keeps TTFT p99 within it"
-			if cv != nil {
-				share := e(cv).Util / math.Max(e(c.t.open).Util, 1e-9)
-				most = fmt.Sprintf("÷ open %.3f (%s, TTFT p99 %s, budget %v)", share, pct(e(cv).Util), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
-				if share >= 0.85 {
-					reach = "within reach"
-				}
-			}
-			add(TargetRow{name, fmt.Sprintf("the most utilization with TTFT p99 ≤ %.0f ms: a clairvoyant dispatcher, its budget bisected", slo), "", "", "", most, "≥ 0.85 for both targets", reach})
 		} else {
 			add(TargetRow{name, "utilization of the engines' true capacity", cl, op, th, cl, "-", "-"})
 		}
@@ -324,21 +336,9 @@ func RunFeedbackTable(o FeedbackOptions) (*FeedbackTable, error) {
 		ratio := e(c.t.closed).AdmittedRate / math.Max(e(c.t.open).AdmittedRate, 1)
 		if c.cap == o.High {
 			add(TargetRow{name, "admitted weighted tokens/s", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", ratio), "≥ 1.3", verdict(ratio >= 1.3)})
-			// Whether the ratio and the TTFT SLO hold together within the
-			// tenants' quotas for a dispatcher that foresees each engine.
-			cv, budget, err := f.withinSLO(name+" clairvoyant within the SLO", c.cap)
-			if err != nil {
+			if err := reachable(name, c.cap, c.t.open, "admitted", 1.3, func(e *EngineReport) (float64, string) { return e.AdmittedRate, num(e.AdmittedRate) }); err != nil {
 				return nil, err
 			}
-			reach, most := "out of reach", "no budget from half the SLO up keeps TTFT p99 within it"
-			if cv != nil {
-				share := e(cv).AdmittedRate / math.Max(e(c.t.open).AdmittedRate, 1)
-				most = fmt.Sprintf("÷ open %.3f (%s, TTFT p99 %s, budget %v)", share, num(e(cv).AdmittedRate), msf(e(cv).TTFTP99), budget.Round(time.Millisecond))
-				if share >= 1.3 {
-					reach = "within reach"
-				}
-			}
-			add(TargetRow{name, fmt.Sprintf("the most admitted with TTFT p99 ≤ %.0f ms within the quotas: a clairvoyant dispatcher, its budget bisected", slo), "", "", "", most, "≥ 1.3 for both targets", reach})
 		} else {
 			add(TargetRow{name, "admitted weighted tokens/s", cl, op, th, fmt.Sprintf("closed ÷ open %.2f", ratio), "-", "-"})
 		}
