@@ -196,8 +196,8 @@ func TestReclaimBound(t *testing.T) {
 		f    *Fleet
 		want time.Duration
 	}{
-		{&Fleet{Interval: w, MemberTTL: 5 * time.Second, Etcd: &clientv3.Client{}}, 5*time.Second + 2*time.Second},
-		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, sharing.SilentHoldRounds*w + 2*time.Second},
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second, Etcd: &clientv3.Client{}}, 5*time.Second + 3*time.Second},
+		{&Fleet{Interval: w, MemberTTL: 5 * time.Second}, sharing.SilentHoldRounds*w + 3*time.Second},
 		{&Fleet{Interval: time.Second, MemberTTL: 30 * time.Second, Etcd: &clientv3.Client{}}, 30*time.Second + 10*time.Second},
 	} {
 		if got, _ := tc.f.reclaimBound(); got != tc.want {
