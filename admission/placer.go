@@ -60,9 +60,10 @@ type placer struct {
 	// pass for heads that wait for them alone (no lower tier to take),
 	// kept until the next pass; awaiting collects them during a pass.
 	// avoiding is set during findFloor's first look, which passes over
-	// them and the domains the capacity guard holds.
-	awaited, awaiting []*domainState
-	avoiding          bool
+	// them and the domains the capacity guard holds; passedOver says it
+	// did, so that a second look is needed only then.
+	awaited, awaiting    []*domainState
+	avoiding, passedOver bool
 }
 
 // modelState is a catalog model with its degrade chain resolved to indexes.
@@ -466,7 +467,12 @@ const spreadLoadFloor = 0.1
 // try.
 func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, m decisionMode) (placement, bool) {
 	ms := r.tierBuf[ti]
-	if p.isBlocked(d) || p.avoiding && slices.Contains(p.awaited, d) {
+	if p.isBlocked(d) {
+		m.reserved(ms, d, floor)
+		return placement{}, false
+	}
+	if p.avoiding && slices.Contains(p.awaited, d) {
+		p.passedOver = true
 		m.reserved(ms, d, floor)
 		return placement{}, false
 	}
@@ -475,6 +481,7 @@ func (p *placer) try(now int64, r *pending, floor bool, ti int, d *domainState, 
 	held := holdNone
 	if !floor || p.avoiding { // a floor passes a hold, but looks for a clear domain first
 		held = d.loop.hold(now, &p.cfg.Feedback)
+		p.passedOver = p.passedOver || floor && held != holdNone
 	}
 	fits := err == nil && held == holdNone && d.cap.Fits(now, p.withHeadroom(r, ti, d, cost), floor)
 	m.tried(now, ms, d, floor, held, cost, err, fits)
@@ -671,11 +678,11 @@ func (p *placer) reservedFor(now int64, w *waiter, ti int) *domainState {
 // holds it, it adds to no saturated engines and takes no refill a head
 // waits for: that domain recovers, and its head is admitted, sooner.
 func (p *placer) findFloor(now int64, r *pending, m decisionMode) (placement, bool) {
-	p.avoiding = true
+	p.avoiding, p.passedOver = true, false
 	pl, ok := p.find(now, r, true, allTiers(r), m)
 	p.avoiding = false
-	if ok {
-		return pl, true
+	if ok || !p.passedOver { // the second look would try the same domains alike
+		return pl, ok
 	}
 	return p.find(now, r, true, allTiers(r), m)
 }
