@@ -276,8 +276,8 @@ func (v *verdict) refusal(d *Decision, r *pending, now int64) {
 // withinFloor reports whether r may be placed within its tenant's floor
 // (on the floor reserve, past the capacity guard): the floor bucket holds
 // its weighted tokens (all of it, for a request larger than one second of
-// floor), or the tenant is under its floor, whatever the size of its
-// request (tenantState.underFloor). A request larger than what the bucket
+// floor), or the tenant has been admitted less than its floor in this
+// second, whatever the size of its request (tenantState.underFloor). A request larger than what the bucket
 // holds takes it into debt: the tenant's floor is a rate whatever the
 // size of its requests, where a bucket one second deep would never hold
 // them.
@@ -311,7 +311,7 @@ func (e *Engine) decideLocked(ctx context.Context, now int64, wall time.Time, re
 	r.critical = s.critical
 	place := &e.mu.place
 	if withinFloor(now, t, r) {
-		if pl, ok := place.findFloor(now, r, m); ok {
+		if pl, ok := place.findFloor(now, r, tierPlan{from: 0, upto: 1}, m); ok {
 			return verdict{placed: true, pl: pl}
 		}
 	}
@@ -706,8 +706,12 @@ func (e *Engine) placeQueuedLocked(now int64, w *waiter) (placement, bool) {
 		// Its floor has refilled while it waited: it goes on the floor's
 		// reserve, which the capacity guard's hold does not stop, rather
 		// than wait for the shared capacity a hold or a shrinking factor
-		// withholds.
-		if pl, ok := e.mu.place.find(now, &w.p, true, allTiers(&w.p), admitting()); ok {
+		// withholds; on a domain whose engines are clear first.
+		plan := tierPlan{from: 0, upto: 1}
+		if now >= w.degradeAt {
+			plan = allTiers(&w.p)
+		}
+		if pl, ok := e.mu.place.findFloor(now, &w.p, plan, admitting()); ok {
 			return pl, true
 		}
 	}

@@ -15,10 +15,9 @@ type charge struct {
 	dom    *domainState // nil until placed
 	cost   pd.Cost      // what the domain was charged
 	floor  bool         // also charged to the tenant's floor bucket
-	// metered is what the tenant's served meter took: less than the
-	// weighted tokens where its debt stopped (tenantState.meterServed),
-	// so that Cancel gives back only what was taken.
-	metered int64
+	// metered is what the tenant's served meter counted, in its second
+	// meteredIn (tenantState.underFloor), for Cancel to take back.
+	metered, meteredIn int64
 	// deferred: a deferrable request's charge, which leaves
 	// deferral.headroom free when placed; ticketed: a backlog ticket's
 	// (Request.Ticketed), whose lease's expiry settles it as unused (the
@@ -48,8 +47,8 @@ func (c *charge) place(now int64, pl placement) {
 	if pl.floor {
 		c.tenant.floor.Take(now, c.gates.weighted)
 	}
-	if !c.deferred {
-		c.metered = c.tenant.meterServed(now, c.gates.weighted)
+	if !c.deferred && c.tenant.floor.Burst() > 0 {
+		c.metered, c.meteredIn = c.gates.weighted, c.tenant.served.add(now, c.gates.weighted)
 	}
 	c.dom, c.cost, c.floor = pl.dom, pl.cost, pl.floor
 }
@@ -113,9 +112,7 @@ func (c *charge) Cancel(now int64) {
 		if c.floor {
 			c.tenant.floor.Refund(now, c.gates.weighted)
 		}
-		if c.metered > 0 {
-			c.tenant.servedMeter().Refund(now, c.metered)
-		}
+		c.tenant.served.undo(now, c.meteredIn, c.metered)
 	}
 	c.tenant.refundGates(now, &c.gates)
 }

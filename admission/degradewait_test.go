@@ -99,3 +99,42 @@ func TestQueuedRequestDegradesAtItsDeadlineRatherThanRefused(t *testing.T) {
 		t.Fatalf("at its deadline: %+v, answered %v; want DEGRADED to small, not refused", w.decision, answered(w))
 	}
 }
+
+// A request within its tenant's floor that accepts lower tiers waits for
+// its requested tier as any such request does: its floor places it on the
+// requested tier, and on a lower one only once the requested one cannot
+// serve it in time. Here medium fits the floor's reserve at once and large
+// refills for it within its deadline.
+func TestAFloorDoesNotDegradeARequestItsTierServesInTime(t *testing.T) {
+	cfg := testConfig()
+	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
+	cfg.Tenants["f"] = TenantConfig{Tier: "floored"}
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	h.e.mu.Lock()
+	d := h.e.mu.place.domains[0]
+	medium, err := d.cap.CostCached(h.e.mu.place.models["medium"].model, 4000, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := h.e.nowLocked()
+	level, _ := d.cap.Levels(now)
+	d.cap.Charge(now, pd.Cost{PrefillFLOP: level - medium.PrefillFLOP}) // medium fits within the floor, large does not
+	h.e.mu.Unlock()
+	r := req("f", "large", 4000, 10)
+	r.AcceptDowngrade = []string{"medium"}
+	r.Deadline = epoch.Add(3 * time.Second) // large refills in about 1 s
+	dec, w := h.submit(r)
+	if w == nil {
+		t.Fatalf("%v on %s floor=%v, want queued for large, which serves it before its deadline", dec.Outcome, dec.Model, dec.Trace.Floor)
+	}
+	for i := 0; i < 30 && !answered(w); i++ {
+		h.advance(100 * time.Millisecond)
+	}
+	if !answered(w) {
+		h.cancel(w)
+		t.Fatal("still queued after 3 s")
+	}
+	if got := w.decision; got.Outcome != Admitted || got.Model != "large" {
+		t.Errorf("%v on %s floor=%v, want admitted on large", got.Outcome, got.Model, got.Trace.Floor)
+	}
+}

@@ -77,11 +77,11 @@ func TestARequestLargerThanASecondOfFloorIsWithinIt(t *testing.T) {
 }
 
 // A tenant whose every request is three seconds of its floor, on a domain
-// the guard holds: it is under its floor whenever its served meter is above
-// zero, and the meter's debt stops at half a second of floor, so it is
-// admitted within its floor in every second (each admission is more than
-// the floor), not once every three seconds as the debt of each would have
-// it, and about twice a second at most.
+// the guard holds: it is under its floor in every second in which it has
+// been admitted less than its floor, so it is admitted within its floor in
+// every second (each admission is more than the floor), not once every
+// three seconds as the floor bucket's debt of each would have it, and
+// twice in a second at most (once more when the floor bucket has refilled).
 func TestATenantUnderItsFloorIsAdmittedInEverySecond(t *testing.T) {
 	cfg := floorConfig()
 	// The guard holds the domain and leaves its factor alone: what the
@@ -130,63 +130,94 @@ func TestATenantUnderItsFloorIsAdmittedInEverySecond(t *testing.T) {
 	}
 }
 
-// An admission undone (the shared store did not confirm it) gives back
-// what it took of the tenant's served meter too: an undone request does
-// not count as served against the floor.
-func TestAnUndoneAdmissionLeavesTheServedMeterAsItWas(t *testing.T) {
+// A tenant admitted its floor in this second, within it, waits for the
+// next while the guard holds its domain, however long before the second's
+// end: its floor is owed in every second, not more often.
+func TestATenantThatHadItsFloorThisSecondWaitsForTheNext(t *testing.T) {
+	cfg := floorConfig()
+	cfg.Feedback.CutAfter.Duration = time.Minute // the hold, not a cut, is under test
+	h := newHarness(t, cfg, hgxCluster(t, 1))
+	readSaturated(h)
+	// 2960 + 4·10 = 3000 weighted tokens: three seconds of floor, within it
+	// on the full floor bucket.
+	if d := h.admit(req("f", "medium", 2960, 10)); d.Outcome != Admitted || !d.Trace.Floor {
+		t.Fatalf("first request: %v %v floor=%v, want admitted within the floor", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	step := 100 * time.Millisecond
+	h.advance(3 * step)
+	d, w := h.submit(req("f", "medium", 460, 10))
+	if w == nil {
+		t.Fatalf("second request in the same second: %v %v floor=%v, want held in the queue", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	for at := 3 * step; at < time.Second; at += step {
+		if answered(w) {
+			t.Fatalf("the second request was answered at %v, within the second its tenant had its floor: %v floor=%v", at, w.decision.Outcome, w.decision.Trace.Floor)
+		}
+		readSaturated(h)
+		h.advance(step)
+	}
+	if !answered(w) {
+		h.cancel(w)
+		t.Fatal("the second request still waits in the next second")
+	}
+	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor {
+		t.Errorf("the second request in the next second: %v %v floor=%v, want admitted within the floor", got.Outcome, got.Reason, got.Trace.Floor)
+	}
+	if !h.domain("d1").EngineSaturated {
+		t.Error("the domain is no longer held: the test does not test the hold")
+	}
+}
+
+// An admission undone (the shared store did not confirm it) takes back
+// what it counted as served in its second: an undone request does not
+// count against the floor.
+func TestAnUndoneAdmissionLeavesWhatTheSecondServedAsItWas(t *testing.T) {
 	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
-	level := servedLevel(h, "f")
-	before := level()
+	served := servedInSecond(h, "f")
+	before := served()
 	d := h.admit(req("f", "medium", 460, 10)) // 500 weighted tokens
 	if d.Outcome != Admitted {
 		t.Fatalf("%v %v, want admitted", d.Outcome, d.Reason)
 	}
-	if got := level(); got != before-500 {
-		t.Fatalf("served meter %d after a 500-token admission, want %d", got, before-500)
+	if got := served(); got != before+500 {
+		t.Fatalf("served %d in the second after a 500-token admission, want %d", got, before+500)
 	}
 	h.e.mu.Lock()
 	h.e.revokeLocked("", d.LeaseID)
 	h.e.mu.Unlock()
-	if got := level(); got != before {
-		t.Errorf("served meter %d after the admission was undone, want %d as before it", got, before)
+	if got := served(); got != before {
+		t.Errorf("served %d in the second after the admission was undone, want %d as before it", got, before)
 	}
 }
 
-// An admission the meter's debt stopped took less than its weighted
-// tokens; undoing it gives back only what it took, so the tenant is no
-// nearer being under its floor than before it.
-func TestAnAdmissionUndoneAtTheMetersDebtGivesBackOnlyWhatItTook(t *testing.T) {
+// An admission undone after its second is over leaves the new second's
+// count alone: it was never counted there.
+func TestAnAdmissionUndoneInALaterSecondLeavesThatSecondAlone(t *testing.T) {
 	h := newHarness(t, floorConfig(), hgxCluster(t, 1))
-	level := servedLevel(h, "f")
-	// A floor of 1000: the meter starts at 1000 and its debt stops at 500.
-	// Three admissions of 500 take it to −500.
-	for i := range 3 {
-		if d := h.admit(req("f", "medium", 460, 10)); d.Outcome != Admitted {
-			t.Fatalf("admission %d: %v %v, want admitted", i+1, d.Outcome, d.Reason)
-		}
+	served := servedInSecond(h, "f")
+	first := h.admit(req("f", "medium", 460, 10))
+	h.advance(time.Second)
+	if d := h.admit(req("f", "medium", 260, 10)); d.Outcome != Admitted || first.Outcome != Admitted {
+		t.Fatalf("%v, then %v: want both admitted", first.Outcome, d.Outcome)
 	}
-	before := level()
-	if before != -500 {
-		t.Fatalf("served meter %d after 1500 admitted against a floor of 1000, want its debt to stop at -500", before)
-	}
-	d := h.admit(req("f", "medium", 460, 10))
-	if d.Outcome != Admitted {
-		t.Fatalf("%v %v, want admitted", d.Outcome, d.Reason)
+	if got := served(); got != 300 {
+		t.Fatalf("served %d in the second second, want 300: the first second's 500 are not counted there", got)
 	}
 	h.e.mu.Lock()
-	h.e.revokeLocked("", d.LeaseID)
+	h.e.revokeLocked("", first.LeaseID)
 	h.e.mu.Unlock()
-	if got := level(); got != before {
-		t.Errorf("served meter %d after undoing an admission its debt stopped, want %d as before it", got, before)
+	if got := served(); got != 300 {
+		t.Errorf("served %d in the second second after undoing the first second's admission, want 300", got)
 	}
 }
 
-// servedLevel reads tenant's served meter at the engine's time.
-func servedLevel(h *harness, tenant string) func() int64 {
+// servedInSecond reads what tenant has been admitted in the engine's
+// current second.
+func servedInSecond(h *harness, tenant string) func() int64 {
 	return func() int64 {
 		h.e.mu.Lock()
 		defer h.e.mu.Unlock()
 		ts, _ := h.e.mu.gates.lookupLocked(tenant, h.e.nowLocked(), h.e.mu.place.modelList)
-		return ts.servedMeter().Level(h.e.nowLocked())
+		return ts.served.at(h.e.nowLocked())
 	}
 }

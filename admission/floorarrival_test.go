@@ -95,3 +95,55 @@ func TestAFloorArrivalPrefersADomainWhoseEnginesAreClear(t *testing.T) {
 		t.Fatalf("the request within its floor: %v on %s floor=%v, want admitted within the floor on d2", d.Outcome, d.Domain, d.Trace.Floor)
 	}
 }
+
+// A queued request whose floor comes back (its tenant's next second) goes
+// on a domain whose engines are clear rather than one the guard holds, as
+// a request arriving within its floor does: it waits for no hold, but adds
+// to no saturated engines where another domain's reserve holds it.
+func TestAQueuedRequestWithinItsFloorPrefersADomainWhoseEnginesAreClear(t *testing.T) {
+	cfg := testConfig()
+	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
+	for i := range 8 {
+		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "floored"}
+	}
+	h := newHarness(t, cfg, hgxCluster(t, 2))
+	tenant := ""
+	for i := range 8 {
+		ex, err := h.e.Explain(t.Context(), req(fmt.Sprintf("f%d", i), "medium", 960, 10))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ex.Placement) > 0 && ex.Placement[0].Domain == "d1" {
+			tenant = fmt.Sprintf("f%d", i)
+			break
+		}
+	}
+	if tenant == "" {
+		t.Fatal("no floor tenant has d1 first")
+	}
+	shared := h.saturate("b", "medium", 4000, 10)
+	h.saturate("b", "medium", 460, 10) // no shared room for the second request below
+	// Its floor in this second, on the full floor bucket; then a request
+	// that neither its floor nor the shared capacity holds.
+	if d := h.admit(req(tenant, "medium", 960, 10)); d.Outcome != Admitted || !d.Trace.Floor {
+		t.Fatalf("first request: %v %v floor=%v, want admitted within the floor", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	d, w := h.submit(req(tenant, "medium", 460, 10))
+	if w == nil {
+		t.Fatalf("second request: %v %v floor=%v, want held in the queue", d.Outcome, d.Reason, d.Trace.Floor)
+	}
+	// The next second, without a tick (the loads stay level), d1's engines
+	// saturated; a release dispatches the queue.
+	h.clk.Advance(time.Second)
+	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 50}, {Domain: "d2", Queue: 0}}); err != nil {
+		t.Fatal(err)
+	}
+	h.release(shared[0].LeaseID, 4000, 10)
+	if !answered(w) {
+		h.cancel(w)
+		t.Fatal("the queued request still waits in its tenant's next second")
+	}
+	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor || got.Domain != "d2" {
+		t.Errorf("the queued request: %v on %s floor=%v, want admitted within the floor on d2", got.Outcome, got.Domain, got.Trace.Floor)
+	}
+}

@@ -671,20 +671,21 @@ func (p *placer) reservedFor(now int64, w *waiter, ti int) *domainState {
 	return nil
 }
 
-// findFloor places a new request within its tenant's floor: on a domain
-// whose engines are clear and that no queued head waits for, if one holds
-// it; else on any. A floor skips the queue and passes the capacity guard,
-// so it waits for no head and no hold, but where another domain's reserve
-// holds it, it adds to no saturated engines and takes no refill a head
-// waits for: that domain recovers, and its head is admitted, sooner.
-func (p *placer) findFloor(now int64, r *pending, m decisionMode) (placement, bool) {
+// findFloor places a request within its tenant's floor, new or queued: on
+// a domain whose engines are clear and that no queued head waits for, if
+// one holds it; else on any. A floor skips the queue and passes the
+// capacity guard, so it waits for no head and no hold, but where another
+// domain's reserve holds it, it adds to no saturated engines and takes no
+// refill a head waits for: that domain recovers, and its head is admitted,
+// sooner.
+func (p *placer) findFloor(now int64, r *pending, plan tierPlan, m decisionMode) (placement, bool) {
 	p.avoiding, p.passedOver = true, false
-	pl, ok := p.find(now, r, true, allTiers(r), m)
+	pl, ok := p.find(now, r, true, plan, m)
 	p.avoiding = false
 	if ok || !p.passedOver { // the second look would try the same domains alike
 		return pl, ok
 	}
-	return p.find(now, r, true, allTiers(r), m)
+	return p.find(now, r, true, plan, m)
 }
 
 // endPass ends a dispatch pass: the domains its heads wait for alone are

@@ -26,11 +26,10 @@ type tenantState struct {
 	tokens   tokenbucket.Bucket // weighted tokens, may go into debt
 	floor    tokenbucket.Bucket // weighted tokens within the guaranteed floor
 	critical tokenbucket.Bucket // weighted tokens for priority=CRITICAL
-	// served meters what the tenant is admitted against its floor, shared
-	// capacity included (interactive placements; underFloor). It has the
-	// floor bucket's rate and depth, this replica's slice where replicas
-	// share it, and is local, as the capacity guard is.
-	served tokenbucket.Bucket
+	// served counts what the tenant is admitted in the current second,
+	// shared capacity included (interactive placements; underFloor). It is
+	// local, as the capacity guard is.
+	served secondMeter
 	// floorShare is the share of the policy's floor the floor bucket
 	// refills at, in parts per million: all of it unless the capacity
 	// measured cannot carry the floors (placer.floorShare).
@@ -85,9 +84,6 @@ func (t *tenantState) setPolicy(p TierPolicy, now int64, fresh bool) {
 		} else {
 			b.SetLimits(l[0], l[1], l[2])
 		}
-	}
-	if fresh {
-		t.served = tokenbucket.New(floor, floor, 0, now)
 	}
 	t.budget.dailyCap = usdToMicros(p.Budget.DailyUSD)
 	t.budget.monthlyCap = usdToMicros(p.Budget.MonthlyUSD)
@@ -319,40 +315,44 @@ func roundUnits(v float64) int64 {
 }
 
 // underFloor reports whether the tenant has been admitted less than its
-// floor of late, on shared capacity or within the floor: its served meter
-// is above zero. Its next request is then within its floor, whatever its
-// size. The meter's debt stops at half a second of floor, so a tenant
-// whose requests are larger than its floor is admitted one at least every
-// half second while it is under it: a floor holds in every second however
-// large the requests, where a bucket paying back each one's debt would
-// leave seconds with none.
+// floor (this replica's slice of it) in the current second of the engine's
+// clock, on shared capacity or within the floor. Its next request is then
+// within its floor, whatever its size. A floor is owed in every second, so
+// what the tenant had in the second before does not count against it: a
+// tenant admitted three times its floor in one second, mostly small
+// requests on shared capacity, still has its floor in the next, where a
+// meter carrying that debt over would leave the next with nothing while
+// its large requests wait for shared capacity.
 func (t *tenantState) underFloor(now int64) bool {
-	b := t.servedMeter()
-	return b.Burst() > 0 && b.Level(now) > 0
+	return t.floor.Burst() > 0 && t.served.at(now) < t.floor.Rate()
 }
 
-// meterServed charges weighted tokens admitted to the served meter, whose
-// debt stops at half a second of floor (underFloor), and returns what it
-// took: less than weighted where the debt stopped it.
-func (t *tenantState) meterServed(now, weighted int64) (taken int64) {
-	if t.floor.Burst() == 0 { // no floor: nothing to meter against
-		return 0
-	}
-	b := t.servedMeter()
-	before := b.Level(now)
-	b.Take(now, weighted)
-	if debt := b.Burst() / 2; b.Level(now) < -debt {
-		b.SetLevel(now, -debt)
-	}
-	return max(before-b.Level(now), 0)
+// secondMeter counts the weighted tokens admitted in one second of the
+// engine's clock, a fixed window as a rate limiter keeps one: it starts
+// again from zero each second.
+type secondMeter struct {
+	second int64 // the engine's seconds since it started
+	served int64
 }
 
-// servedMeter returns the served meter at the floor bucket's rate and
-// depth: its share and this replica's slice, as they move.
-func (t *tenantState) servedMeter() *tokenbucket.Bucket {
-	b := &t.served
-	if r, d := t.floor.Rate(), t.floor.Burst(); b.Rate() != r || b.Burst() != d {
-		b.SetLimits(r, d, 0)
+// at returns what was admitted in now's second.
+func (m *secondMeter) at(now int64) int64 {
+	if s := now / int64(time.Second); s != m.second {
+		m.second, m.served = s, 0
 	}
-	return b
+	return m.served
+}
+
+// add counts n admitted at now and returns the second it counted them in.
+func (m *secondMeter) add(now, n int64) (second int64) {
+	m.at(now)
+	m.served += n
+	return m.second
+}
+
+// undo takes back n counted in second: nothing once that second is over.
+func (m *secondMeter) undo(now, second, n int64) {
+	if m.at(now); second == m.second {
+		m.served = max(m.served-n, 0)
+	}
 }
