@@ -289,7 +289,7 @@ func BenchmarkIdempotencyMemory(b *testing.B) {
 // within its floor against the same for a tenant without one, in one run
 // on the simulated cluster (alternating blocks timed by the thread's CPU
 // time, as BenchmarkQueuedAdmit): a floor request runs the floor bucket and
-// the served meter, and its placement's first look passes over the domains
+// the count of what its tenant is served in the second, and its placement's first look passes over the domains
 // the capacity guard holds and those a queued head awaits (findFloor). The
 // clock moves a millisecond an op, so the floor bucket stays full and every
 // floor request is admitted within it.

@@ -15,8 +15,9 @@ type charge struct {
 	dom    *domainState // nil until placed
 	cost   pd.Cost      // what the domain was charged
 	floor  bool         // also charged to the tenant's floor bucket
-	// metered is what the tenant's served meter counted, in its second
-	// meteredIn (tenantState.underFloor), for Cancel to take back.
+	// metered is what the tenant's count of the second it is served
+	// (tenantState.served) took, in the second meteredIn, for Cancel to
+	// take back.
 	metered, meteredIn int64
 	// deferred: a deferrable request's charge, which leaves
 	// deferral.headroom free when placed; ticketed: a backlog ticket's

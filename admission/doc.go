@@ -116,14 +116,17 @@
 // floors (weighted tokens/s, converted at the most expensive model's cost
 // per token), spread over eligible domains by capacity. Shared traffic may
 // take a bucket only down to its watermark; a request within its tenant's
-// floor bucket (rate = floor) may take it to zero and skips the queue. The
+// floor bucket (rate = floor), or of a tenant admitted less than its floor
+// in the current second, may take it to zero and skips the queue. The
 // bucket refills at the full rate, so whatever the floors leave unused is
 // above the watermark and lent to shared traffic: idle floors are lent,
-// never lost, and a floor holds however hard another tenant bursts. A new
-// floor request passes the capacity guard's hold too, but looks first past
-// the domains the guard holds and those a queued head that takes no lower
-// tier awaits (placer.findFloor): where another domain's reserve holds it,
-// it adds to no saturated engines and takes no refill a head waits for.
+// never lost, and a floor holds however hard another tenant bursts. A
+// floor request, new or queued, passes the capacity guard's hold too, but
+// looks first past the domains the guard holds and those a queued head
+// that takes no lower tier awaits (placer.findFloor): where another
+// domain's reserve holds it, it adds to no saturated engines and takes no
+// refill a head waits for. A floor places a request on its requested tier,
+// and on a lower one only once that tier cannot serve it in time.
 //
 // # Burst credit
 //
