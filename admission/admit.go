@@ -277,10 +277,10 @@ func (v *verdict) refusal(d *Decision, r *pending, now int64) {
 // (on the floor reserve, past the capacity guard): the floor bucket holds
 // its weighted tokens (all of it, for a request larger than one second of
 // floor), or the tenant has been admitted less than its floor in this
-// second, whatever the size of its request (tenantState.underFloor). A request larger than what the bucket
-// holds takes it into debt: the tenant's floor is a rate whatever the
-// size of its requests, where a bucket one second deep would never hold
-// them.
+// second, whatever the size of its request (tenantState.underFloor). A
+// request larger than what the bucket holds takes it into debt: the
+// tenant's floor is a rate whatever the size of its requests, where a
+// bucket one second deep would never hold them.
 func withinFloor(now int64, t *tenantState, r *pending) bool {
 	return !r.critical && t.floor.Burst() > 0 && (t.floor.Fits(now, min(r.weighted, t.floor.Burst()), 0) || t.underFloor(now))
 }
@@ -707,10 +707,10 @@ func (e *Engine) placeQueuedLocked(now int64, w *waiter) (placement, bool) {
 		// reserve, which the capacity guard's hold does not stop, rather
 		// than wait for the shared capacity a hold or a shrinking factor
 		// withholds; on a domain whose engines are clear first.
-		plan := tierPlan{from: 0, upto: 1}
-		if now >= w.degradeAt {
-			plan = allTiers(&w.p)
-		}
+		// Its requested tier, and its lower ones as the queue lets it
+		// take them (from its degradeAt on).
+		plan := queuedTiers(now, w, true)
+		plan.from = 0
 		if pl, ok := e.mu.place.findFloor(now, &w.p, plan, admitting()); ok {
 			return pl, true
 		}
