@@ -107,7 +107,7 @@ func TestQueuedRequestDegradesAtItsDeadlineRatherThanRefused(t *testing.T) {
 // refills for it within its deadline.
 func TestAFloorDoesNotDegradeARequestItsTierServesInTime(t *testing.T) {
 	cfg := testConfig()
-	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
+	cfg.Tiers["floored"] = flooredTier(300)
 	cfg.Tenants["f"] = TenantConfig{Tier: "floored"}
 	h := newHarness(t, cfg, hgxCluster(t, 1))
 	h.e.mu.Lock()

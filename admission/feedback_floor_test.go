@@ -9,9 +9,32 @@ import (
 // tokens a second (its floor bucket holds one second of it).
 func floorConfig() Config {
 	cfg := testConfig()
-	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 1000, Weight: 1}
+	cfg.Tiers["floored"] = flooredTier(1000)
 	cfg.Tenants["f"] = TenantConfig{Tier: "floored"}
 	return cfg
+}
+
+// flooredTier is a tier of weight 1 whose quotas never bind, with a floor
+// of floor weighted tokens a second.
+func flooredTier(floor int64) TierPolicy {
+	return TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: floor, Weight: 1}
+}
+
+// admittedWithinFloorWhileHeld fails the test unless the queued request w
+// (what names it) has been admitted within its tenant's floor while the
+// guard still holds d1.
+func admittedWithinFloorWhileHeld(t *testing.T, h *harness, w *waiter, what string) {
+	t.Helper()
+	if !answered(w) {
+		h.cancel(w)
+		t.Fatalf("%s still waits", what)
+	}
+	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor {
+		t.Errorf("%s: %v %v floor=%v, want admitted within the floor", what, got.Outcome, got.Reason, got.Trace.Floor)
+	}
+	if !h.domain("d1").EngineSaturated {
+		t.Error("the domain is no longer held: the test does not test the hold")
+	}
 }
 
 // readSaturated gives d1 a reading past the queue threshold: the guard
@@ -42,16 +65,7 @@ func TestAQueuedRequestTakesItsFloorOnceItRefills(t *testing.T) {
 		readSaturated(h)
 		h.advance(period)
 	}
-	if !answered(w) {
-		h.cancel(w)
-		t.Fatal("the queued request still waits with its floor refilled and the domain held")
-	}
-	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor {
-		t.Errorf("the queued request: %v %v floor=%v, want admitted within the floor", got.Outcome, got.Reason, got.Trace.Floor)
-	}
-	if !h.domain("d1").EngineSaturated {
-		t.Error("the domain is no longer held: the test does not test the hold")
-	}
+	admittedWithinFloorWhileHeld(t, h, w, "the queued request, its floor refilled")
 }
 
 // A request larger than one second of floor is admitted within the floor
@@ -156,16 +170,7 @@ func TestATenantThatHadItsFloorThisSecondWaitsForTheNext(t *testing.T) {
 		readSaturated(h)
 		h.advance(step)
 	}
-	if !answered(w) {
-		h.cancel(w)
-		t.Fatal("the second request still waits in the next second")
-	}
-	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor {
-		t.Errorf("the second request in the next second: %v %v floor=%v, want admitted within the floor", got.Outcome, got.Reason, got.Trace.Floor)
-	}
-	if !h.domain("d1").EngineSaturated {
-		t.Error("the domain is no longer held: the test does not test the hold")
-	}
+	admittedWithinFloorWhileHeld(t, h, w, "the second request, in the next second")
 }
 
 // An admission undone (the shared store did not confirm it) takes back

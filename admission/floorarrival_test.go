@@ -64,11 +64,7 @@ func TestAFloorArrivalLeavesTheRefillAQueuedHeadWaitsFor(t *testing.T) {
 // but a floor that can run elsewhere does not add to a saturated queue.
 // With only held domains it takes one (TestAQueuedRequestTakesItsFloorOnceItRefills).
 func TestAFloorArrivalPrefersADomainWhoseEnginesAreClear(t *testing.T) {
-	cfg := testConfig()
-	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
-	for i := range 8 {
-		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "floored"}
-	}
+	cfg := eightFloorTenants()
 	h := newHarness(t, cfg, hgxCluster(t, 2))
 	if err := h.e.ObserveEngines([]EngineSignal{{Domain: "d1", Queue: 50}, {Domain: "d2", Queue: 0}}); err != nil {
 		t.Fatal(err)
@@ -101,11 +97,7 @@ func TestAFloorArrivalPrefersADomainWhoseEnginesAreClear(t *testing.T) {
 // a request arriving within its floor does: it waits for no hold, but adds
 // to no saturated engines where another domain's reserve holds it.
 func TestAQueuedRequestWithinItsFloorPrefersADomainWhoseEnginesAreClear(t *testing.T) {
-	cfg := testConfig()
-	cfg.Tiers["floored"] = TierPolicy{RPS: Limit{Rate: 1e6, Burst: 1e6}, Tokens: Limit{Rate: 1e9, Burst: 1e9}, Floor: 300, Weight: 1}
-	for i := range 8 {
-		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "floored"}
-	}
+	cfg := eightFloorTenants()
 	h := newHarness(t, cfg, hgxCluster(t, 2))
 	tenant := ""
 	for i := range 8 {
@@ -146,4 +138,15 @@ func TestAQueuedRequestWithinItsFloorPrefersADomainWhoseEnginesAreClear(t *testi
 	if got := w.decision; got.Outcome != Admitted || !got.Trace.Floor || got.Domain != "d2" {
 		t.Errorf("the queued request: %v on %s floor=%v, want admitted within the floor on d2", got.Outcome, got.Domain, got.Trace.Floor)
 	}
+}
+
+// eightFloorTenants is testConfig with tenants f0 to f7, each with a floor
+// of 300 weighted tokens a second: one of them has any given domain first.
+func eightFloorTenants() Config {
+	cfg := testConfig()
+	cfg.Tiers["floored"] = flooredTier(300)
+	for i := range 8 {
+		cfg.Tenants[fmt.Sprintf("f%d", i)] = TenantConfig{Tier: "floored"}
+	}
+	return cfg
 }
