@@ -57,7 +57,7 @@ func TestDowngradeRaisesUtilizationAndEveryTenantsAdmissions(t *testing.T) {
 // well, and only what large cannot serve in time is degraded: the GPUs do
 // at least as much work, and no tenant is admitted less. (Degrading every
 // request that waits past a fixed 100 ms leaves them idle between the
-// bursts: 49% against 90%.)
+// bursts: 51% against 90%.)
 func TestDowngradeKeepsUtilizationOnTheCodeTrace(t *testing.T) {
 	cfg, cl := setup(t)
 	c, err := CompareDowngrade(codeRows(t, TraceOptions{Speed: 10}), Options{Config: cfg, Cluster: cl})
