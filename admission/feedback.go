@@ -163,6 +163,9 @@ type capacityLoop struct {
 	// Taken counters at the last step, for demand.
 	takenP, takenD int64
 	use            float64 // the moving average of the buckets' use
+	// The same per phase, for operators (DomainInfo.PrefillUse and
+	// DecodeUse): the share of each of the whole domain's rates taken.
+	useP, useD float64
 
 	// The calibration window.
 	winStart        int64
@@ -380,7 +383,10 @@ func (l *capacityLoop) step(now int64, cfg *FeedbackConfig, c *pd.DomainCapacity
 	// busier, and the replica use it less still.
 	demand := max(used(takenP, c.PrefillRate(), elapsed), used(takenD, c.DecodeRate(), elapsed)) >= demandShare
 	fullP, fullD, fullKV := c.FullLimits()
-	l.use += cfg.LoadSmoothing * (max(used(takenP, fullP, elapsed), used(takenD, fullD, elapsed)) - l.use)
+	usedP, usedD := used(takenP, fullP, elapsed), used(takenD, fullD, elapsed)
+	l.use += cfg.LoadSmoothing * (max(usedP, usedD) - l.use)
+	l.useP += cfg.LoadSmoothing * (usedP - l.useP)
+	l.useD += cfg.LoadSmoothing * (usedD - l.useD)
 	l.load = l.use
 	if kv, _ := c.KV(); fullKV > 0 {
 		l.load = max(l.load, float64(kv)/float64(fullKV))
@@ -532,6 +538,7 @@ func medianDuration(ds []time.Duration) time.Duration {
 func (l *capacityLoop) info(now int64, cfg *FeedbackConfig, info *DomainInfo) {
 	info.CapacityFactor = l.factor
 	info.EngineSaturated = l.saturated
+	info.PrefillUse, info.DecodeUse, info.Load = l.useP, l.useD, l.load
 	if l.hasSig {
 		info.EngineQueue, info.EngineKVUsage = l.sig.Queue, l.sig.KVUsage
 		info.EngineMetricsAge = time.Duration(now - l.sigAt)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
 	"pgregory.net/rapid"
 )
@@ -790,5 +791,40 @@ func TestBadEngineReadingsAreNotTaken(t *testing.T) {
 	}
 	if got := firstDomain(h, "a"); got == "" {
 		t.Error("no placement")
+	}
+}
+
+// A domain's use is the share of its whole rate taken of late, per phase:
+// half its prefill rate taken every period reads about a half, and it
+// falls back to nothing once nothing is taken, where its bucket level
+// (how much of a burst is spent) says nothing of how busy it is.
+func TestDomainUseIsTheShareOfItsRateTaken(t *testing.T) {
+	h := newHarness(t, testConfig(), hgxCluster(t, 1))
+	take := func() {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		d := h.e.mu.place.domains[0]
+		full, _, _ := d.cap.FullLimits()
+		d.cap.Charge(h.e.nowLocked(), pd.Cost{PrefillFLOP: full / 2 / int64(time.Second/period)})
+	}
+	for range 40 {
+		take()
+		h.advance(period)
+	}
+	d := h.domain("d1")
+	if d.PrefillUse < 0.45 || d.PrefillUse > 0.55 || d.DecodeUse != 0 {
+		t.Fatalf("half the prefill rate taken each period: use prefill %.3f decode %.3f, want about 0.5 and 0", d.PrefillUse, d.DecodeUse)
+	}
+	if d.Load < d.PrefillUse {
+		t.Errorf("load %.3f below the use %.3f it is the larger of", d.Load, d.PrefillUse)
+	}
+	if level := float64(d.PrefillLevel) / float64(d.PrefillBurst); level < 0.9 {
+		t.Errorf("prefill bucket at %.2f of its burst: the test means its level says nothing of the use", level)
+	}
+	for range 40 {
+		h.advance(period)
+	}
+	if d := h.domain("d1"); d.PrefillUse > 0.01 {
+		t.Errorf("nothing taken for 10 s: prefill use %.3f, want about 0", d.PrefillUse)
 	}
 }

@@ -281,6 +281,14 @@ type DomainInfo struct {
 	EngineMetricsStale                        bool
 	EngineSaturated                           bool
 	FloorsShort                               bool
+	// PrefillUse and DecodeUse are the shares of the whole domain's
+	// prefill and decode rates taken of late (moving averages over the
+	// loop's periods, feedback.load_smoothing each): how busy the domain
+	// is, where its buckets' levels say only how much of a burst is spent.
+	// Load is the placement's measure of it for spreading (the larger of
+	// its use, its KV in use and its engines' signals against their
+	// thresholds).
+	PrefillUse, DecodeUse, Load float64
 }
 
 // TenantInfo describes one tenant for operators.

@@ -258,6 +258,10 @@ var (
 		"Request ids forgotten before their TTL because leases.max_idempotency_records was reached.", nil, nil)
 	descUtil = prometheus.NewDesc("sluice_domain_utilization_ratio",
 		"Share of the domain's soft-capacity burst in use per phase (prefill: SM-bound FLOPs, decode: HBM bytes): 1 − level/burst; 1 means the bucket is empty and requests wait.", []string{"domain", "phase"}, nil)
+	descUse = prometheus.NewDesc("sluice_domain_use_ratio",
+		"Share of the whole domain's prefill or decode rate taken of late (a moving average over the capacity loop's periods): how busy the domain is, where sluice_domain_utilization_ratio says how much of a burst is spent.", []string{"domain", "phase"}, nil)
+	descLoad = prometheus.NewDesc("sluice_domain_load_ratio",
+		"The placement's load of the domain for spreading: the larger of its use, its KV in use and its engines' signals against their thresholds.", []string{"domain"}, nil)
 	descWarmup = prometheus.NewDesc("sluice_domain_warmup_fraction",
 		"Share of its shared capacity the domain has while it warms up after a return (undrained, GPUs back, new after start-up): warmup.start_fraction rising linearly to 1 over warmup.period; 1 when whole.", []string{"domain"}, nil)
 	descFactor = prometheus.NewDesc("sluice_domain_capacity_factor",
@@ -305,7 +309,7 @@ type stateCollector struct {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLevel, descKV, descKVLimit, descInFlight, descDraining, descWeight, descQueue, descLeases, descIdemRecords, descIdemEvicted,
-		descUtil, descWarmup, descFactor, descEffectiveRate, descPriorRate, descEngineQueue, descEngineKV, descEngineAge, descEngineSaturated, descFloorsShort, descFrozen, descFrozenLeft, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
+		descUtil, descUse, descLoad, descWarmup, descFactor, descEffectiveRate, descPriorRate, descEngineQueue, descEngineKV, descEngineAge, descEngineSaturated, descFloorsShort, descFrozen, descFrozenLeft, descTenantQueue, descTenantLevel, descTenantBurst, descTenantCredit, descTenantDebt, descTenantBreaker, descTenantInFlight, descTenantSpent} {
 		ch <- d
 	}
 }
@@ -325,6 +329,9 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, d.HealthWeight, d.ID)
 		ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, max(0, 1-ratio(d.PrefillLevel, d.PrefillBurst)), d.ID, "prefill")
 		ch <- prometheus.MustNewConstMetric(descUtil, prometheus.GaugeValue, max(0, 1-ratio(d.DecodeLevel, d.DecodeBurst)), d.ID, "decode")
+		ch <- prometheus.MustNewConstMetric(descUse, prometheus.GaugeValue, d.PrefillUse, d.ID, "prefill")
+		ch <- prometheus.MustNewConstMetric(descUse, prometheus.GaugeValue, d.DecodeUse, d.ID, "decode")
+		ch <- prometheus.MustNewConstMetric(descLoad, prometheus.GaugeValue, d.Load, d.ID)
 		warm := 1.0
 		if d.WarmupLeft > 0 {
 			warm = d.WarmupFraction

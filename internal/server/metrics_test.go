@@ -280,6 +280,19 @@ func TestMetricsScrapeBoundedTenants(t *testing.T) {
 	if got := len(series(fams, "sluice_domain_utilization_ratio", map[string]string{"phase": "decode"})); got != len(eng.Domains()) {
 		t.Errorf("decode utilization: %d series, want one per domain", got)
 	}
+	// Domain use and load: a series per domain (and phase), as DomainInfo
+	// gives them.
+	for _, d := range eng.Domains() {
+		if got := value(t, fams, "sluice_domain_use_ratio", map[string]string{"domain": d.ID, "phase": "prefill"}); got != d.PrefillUse {
+			t.Errorf("%s prefill use = %v, want %v", d.ID, got, d.PrefillUse)
+		}
+		if got := value(t, fams, "sluice_domain_load_ratio", map[string]string{"domain": d.ID}); got != d.Load {
+			t.Errorf("%s load = %v, want %v", d.ID, got, d.Load)
+		}
+	}
+	if got := len(series(fams, "sluice_domain_use_ratio", map[string]string{"phase": "decode"})); got != len(eng.Domains()) {
+		t.Errorf("decode use: %d series, want one per domain", got)
+	}
 	// Admit latency by tenant and model: the decision of busy-3 after it
 	// was named (the 30 before count as "other"), with classic buckets.
 	if got := value(t, fams, "sluice_admit_latency_seconds", map[string]string{"tenant": "busy-3", "model": "small"}); got != 1 {
