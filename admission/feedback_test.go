@@ -736,6 +736,70 @@ func TestLookingFurtherTakesTheLeastLoaded(t *testing.T) {
 	}
 }
 
+// Looking further weighs each domain with the request on it: on two racks
+// and four nodes a twentieth of a rack's size, with the racks at 0.5 and
+// the nodes at 0.3 (past the racks by the margin), a small request goes to
+// a node, but one whose share of a node's next reading would take it past
+// the racks stays on a rack, where a node would take every request alike
+// and a burst of them would land on it before its load moved.
+func TestLookingFurtherWeighsWhatTheRequestAdds(t *testing.T) {
+	cluster, err := topology.Parse([]byte(`domains:
+  - {id: rack-1, kind: nvl72, gpu: NVIDIA GB200, nodes: 18, gpus_per_node: 4, node_prefix: rack-1-tray}
+  - {id: rack-2, kind: nvl72, gpu: NVIDIA GB200, nodes: 18, gpus_per_node: 4, node_prefix: rack-2-tray}
+  - {id: d1, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d1-node}
+  - {id: d2, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d2-node}
+  - {id: d3, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d3-node}
+  - {id: d4, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d4-node}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, testConfig(), cluster)
+	tenant := ""
+	for _, name := range []string{"a", "b", "c"} {
+		if o := rendezvousOrder(h, name); strings.HasPrefix(o[0], "rack") && strings.HasPrefix(o[1], "rack") {
+			tenant = name
+			break
+		}
+	}
+	if tenant == "" {
+		t.Fatal("no tenant has both racks as its choices")
+	}
+	loadDomains(h, map[string]float64{"rack-1": 0.5, "rack-2": 0.5, "d1": 0.3, "d2": 0.3, "d3": 0.3, "d4": 0.3})
+	place := func(prompt int64) string {
+		t.Helper()
+		d := h.admit(req(tenant, "medium", prompt, 10))
+		if d.Outcome != Admitted {
+			t.Fatalf("%d-token request: %v %v", prompt, d.Outcome, d.Reason)
+		}
+		h.release(d.LeaseID, prompt, 10)
+		return d.Domain
+	}
+	if got := place(200); strings.HasPrefix(got, "rack") {
+		t.Errorf("a 200-token request went to %s, want a node: the nodes are past the racks by the margin", got)
+	}
+	// Its share of each one's next reading: its prefill over a period of
+	// the model's rate, weighed load_smoothing.
+	with := func(i int, load float64) float64 {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		d := h.e.mu.place.domains[i]
+		cost, err := d.cap.CostCached(h.e.mu.place.models["medium"].model, 6000, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rate, _ := d.cap.PriorRates()
+		return load + 0.3*float64(cost.PrefillFLOP)/(float64(rate)*period.Seconds())
+	}
+	withRack, withNode := with(0, 0.5), with(2, 0.3)
+	if withRack-withNode > 0.05 {
+		t.Fatalf("a 6000-token request: a node at %.2f with it, a rack at %.2f: the test means nothing", withNode, withRack)
+	}
+	if got := place(6000); !strings.HasPrefix(got, "rack") {
+		t.Errorf("a 6000-token request went to %s (with it a node's load is %.2f, a rack's %.2f), want a rack", got, withNode, withRack)
+	}
+}
+
 // BenchmarkCapacityLoop measures the capacity loop's background work on
 // 1,400 NVL72 domains beside the default cluster's 6 in the same run: one
 // ObserveEngines of every domain's signals (a pass of the engine reader)

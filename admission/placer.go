@@ -2,6 +2,7 @@ package admission
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -327,7 +328,7 @@ func (p *placer) find(now int64, r *pending, floor bool, plan tierPlan, m decisi
 			}
 		}
 		k := n // the choices
-		n, walked = p.lookFurther(r.tenant, ms, &cand, n, walked)
+		n, walked = p.lookFurther(r, ms, &cand, n, walked)
 		p.leastLoadedFirst(cand[:n])
 		for _, d := range cand[:n] {
 			if pl, ok := p.try(now, r, floor, ti, d, m); ok {
@@ -385,46 +386,77 @@ type candidates [MaxSpreadChoices + 1]*domainState
 
 // lookFurther adds to a request's n choices the least loaded of the
 // domains further down its rendezvous order (at most lookFurtherDepth
-// further) that every choice is loaded past (loadedPast): a tenant whose
-// first domains are busy goes to idle capacity rather than queue behind
-// its prefixes, and each tenant to its own further domains, not all of
-// them to one. The least loaded, not the first found: a tenant that is
-// most of the load fills the idlest domain it can reach first, where the
-// first found may be nearly as busy as its choices. walked says whether
-// the placer's cursor stands just past the choices; lookFurther returns
-// the number of candidates and whether it still does (it walks only when
-// some domain in the cluster is loaded less by the margin).
-func (p *placer) lookFurther(t *tenantState, m *modelState, cand *candidates, n int, walked bool) (int, bool) {
+// further) that every choice is loaded past: a tenant whose first domains
+// are busy goes to idle capacity rather than queue behind its prefixes,
+// and each tenant to its own further domains, not all of them to one. The
+// least loaded, not the first found: a tenant that is most of the load
+// fills the idlest domain it can reach first, where the first found may be
+// nearly as busy as its choices. Each domain is weighed with r on it
+// (placedLoad): a node a twentieth of a rack's size takes the same prompt
+// as twenty times its load, and a burst that looked at a node idle at the
+// last step would otherwise all land there before the next. walked says
+// whether the placer's cursor stands just past the choices; lookFurther
+// returns the number of candidates and whether it still does (it walks
+// only when some domain in the cluster is loaded less by the margin).
+func (p *placer) lookFurther(r *pending, m *modelState, cand *candidates, n int, walked bool) (int, bool) {
 	if n == 0 || p.cfg.Feedback.SpreadChoices < 2 { // 1: first fit
 		return n, walked
 	}
-	least := cand[0].loop.load
-	for _, d := range cand[1:n] {
+	least, leastWith, base := math.Inf(1), math.Inf(1), 0.0
+	for _, d := range cand[:n] {
 		least = min(least, d.loop.load)
+		if l := p.placedLoad(r, m, d); l < leastWith {
+			leastWith, base = l, d.loop.load
+		}
 	}
 	if !p.loadedPast(least, p.leastLoad) {
 		return n, walked // no domain in the cluster is loaded less by the margin
 	}
 	if !walked {
-		p.walk(t, m)
+		p.walk(r.tenant, m)
 		for range n {
 			p.next() // the choices
 		}
 	}
-	found := false
+	found, best := false, 0.0
 	for range lookFurtherDepth {
 		d := p.next()
 		if d == nil {
 			break
 		}
-		if p.loadedPast(least, d.loop.load) && (!found || d.loop.load < cand[n].loop.load) {
-			cand[n], found = d, true
+		l := p.placedLoad(r, m, d)
+		if leastWith-l > p.spreadMargin(base) && (!found || l < best) {
+			cand[n], best, found = d, l, true
 		}
 	}
 	if found {
 		n++
 	}
 	return n, false
+}
+
+// placedLoad is d's load with r placed on it: its load and r's share of
+// the next reading of it (the use r's cost adds in one period, weighed
+// feedback.load_smoothing), at the model's rates of the whole domain,
+// before the factor, as the rendezvous weights are: a moving factor
+// reshuffles nothing, and on domains of one size r adds alike.
+func (p *placer) placedLoad(r *pending, m *modelState, d *domainState) float64 {
+	cost, err := d.cap.CostCached(m.model, r.prompt, r.cached, r.output)
+	if err != nil {
+		return d.loop.load
+	}
+	fb := &p.cfg.Feedback
+	prefill, decode := d.cap.PriorRates()
+	perPeriod := fb.LoadSmoothing / fb.Period.Duration.Seconds()
+	return d.loop.load + perPeriod*max(share(cost.PrefillFLOP, prefill), share(cost.DecodeBytes, decode))
+}
+
+// share is part over whole, 0 for a whole of 0.
+func share(part, whole int64) float64 {
+	if whole <= 0 {
+		return 0
+	}
+	return float64(max(part, 0)) / float64(whole)
 }
 
 // lookFurtherDepth bounds how far past its choices a placement looks for
@@ -455,7 +487,13 @@ func (p *placer) leastLoadedFirst(cand []*domainState) {
 // the margin is of that floor: on nearly idle domains a difference of
 // noise, relative to nothing, moves no request.
 func (p *placer) loadedPast(a, b float64) bool {
-	return a-b > p.cfg.Feedback.SpreadMargin*max(a, spreadLoadFloor)
+	return a-b > p.spreadMargin(a)
+}
+
+// spreadMargin is the margin by which a domain at load a is loaded past
+// another (loadedPast).
+func (p *placer) spreadMargin(a float64) float64 {
+	return p.cfg.Feedback.SpreadMargin * max(a, spreadLoadFloor)
 }
 
 // spreadLoadFloor is the least load the spread margin is relative to: at
