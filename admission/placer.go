@@ -402,15 +402,20 @@ func (p *placer) lookFurther(r *pending, m *modelState, cand *candidates, n int,
 	if n == 0 || p.cfg.Feedback.SpreadChoices < 2 { // 1: first fit
 		return n, walked
 	}
-	least, leastWith, base := math.Inf(1), math.Inf(1), 0.0
-	for _, d := range cand[:n] {
+	least := cand[0].loop.load
+	for _, d := range cand[1:n] {
 		least = min(least, d.loop.load)
-		if l := p.placedLoad(r, m, d); l < leastWith {
-			leastWith, base = l, d.loop.load
-		}
 	}
 	if !p.loadedPast(least, p.leastLoad) {
 		return n, walked // no domain in the cluster is loaded less by the margin
+	}
+	// The choices with r on them: a further domain is taken where it
+	// stays below the least of them by the margin of that one's load.
+	leastWith, base := math.Inf(1), 0.0
+	for _, d := range cand[:n] {
+		if l := p.placedLoad(r, m, d); l < leastWith {
+			leastWith, base = l, d.loop.load
+		}
 	}
 	if !walked {
 		p.walk(r.tenant, m)
@@ -448,11 +453,11 @@ func (p *placer) placedLoad(r *pending, m *modelState, d *domainState) float64 {
 	fb := &p.cfg.Feedback
 	prefill, decode := d.cap.PriorRates()
 	perPeriod := fb.LoadSmoothing / fb.Period.Duration.Seconds()
-	return d.loop.load + perPeriod*max(share(cost.PrefillFLOP, prefill), share(cost.DecodeBytes, decode))
+	return d.loop.load + perPeriod*max(fractionOf(cost.PrefillFLOP, prefill), fractionOf(cost.DecodeBytes, decode))
 }
 
-// share is part over whole, 0 for a whole of 0.
-func share(part, whole int64) float64 {
+// fractionOf is part over whole, 0 for a whole of 0.
+func fractionOf(part, whole int64) float64 {
 	if whole <= 0 {
 		return 0
 	}
