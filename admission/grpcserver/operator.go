@@ -177,6 +177,9 @@ func domainToProto(d *admission.DomainInfo) *admissionv1.DomainInfo {
 		EngineMetricsStale:   d.EngineMetricsStale,
 		EngineSaturated:      d.EngineSaturated,
 		FloorsShort:          d.FloorsShort,
+		PrefillUse:           d.PrefillUse,
+		DecodeUse:            d.DecodeUse,
+		Load:                 d.Load,
 	}
 }
 

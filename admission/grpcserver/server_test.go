@@ -353,6 +353,7 @@ func TestOperator(t *testing.T) {
 		WarmupFraction: 0.4, WarmupLeft: 36 * time.Second,
 		EffectivePrefillRate: 9, EffectiveDecodeRate: 10, PriorPrefillRate: 11, PriorDecodeRate: 12, CapacityFactor: 0.8,
 		EngineQueue: 6, EngineKVUsage: 0.9, EngineMetricsAge: 120 * time.Millisecond, EngineMetricsStale: true, EngineSaturated: true, FloorsShort: true,
+		PrefillUse: 0.55, DecodeUse: 0.1, Load: 0.6,
 	}
 	until := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
 	ten := admission.TenantInfo{
@@ -390,6 +391,7 @@ func TestOperator(t *testing.T) {
 		WarmupFraction: 0.4, WarmupLeft: durationpb.New(36 * time.Second),
 		EffectivePrefillRate: 9, EffectiveDecodeRate: 10, PriorPrefillRate: 11, PriorDecodeRate: 12, CapacityFactor: 0.8,
 		EngineQueue: 6, EngineKvUsage: 0.9, EngineMetricsAge: durationpb.New(120 * time.Millisecond), EngineMetricsStale: true, EngineSaturated: true, FloorsShort: true,
+		PrefillUse: 0.55, DecodeUse: 0.1, Load: 0.6,
 	}
 	wantTen := &admissionv1.TenantInfo{
 		Name: "acme", Tier: "enterprise", Weight: 4, FloorTokens: 1000, TokenRate: 2000,

@@ -1424,7 +1424,17 @@ type DomainInfo struct {
 	EngineSaturated bool `protobuf:"varint,28,opt,name=engine_saturated,json=engineSaturated,proto3" json:"engine_saturated,omitempty"`
 	// The floor reserves given to the domain ask more than its corrected
 	// rates hold.
-	FloorsShort   bool `protobuf:"varint,29,opt,name=floors_short,json=floorsShort,proto3" json:"floors_short,omitempty"`
+	FloorsShort bool `protobuf:"varint,29,opt,name=floors_short,json=floorsShort,proto3" json:"floors_short,omitempty"`
+	// The shares of the whole domain's prefill and decode rates this
+	// server's admissions took of late (moving averages over the capacity
+	// loop's periods): how busy the domain is, where the bucket levels say
+	// how much of a burst is spent. 0 from servers older than these fields.
+	PrefillUse float64 `protobuf:"fixed64,30,opt,name=prefill_use,json=prefillUse,proto3" json:"prefill_use,omitempty"`
+	DecodeUse  float64 `protobuf:"fixed64,31,opt,name=decode_use,json=decodeUse,proto3" json:"decode_use,omitempty"`
+	// The placement's load of the domain, which spreading compares: the
+	// larger of its use, its KV in use and its engines' signals against
+	// their thresholds.
+	Load          float64 `protobuf:"fixed64,32,opt,name=load,proto3" json:"load,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1660,6 +1670,27 @@ func (x *DomainInfo) GetFloorsShort() bool {
 		return x.FloorsShort
 	}
 	return false
+}
+
+func (x *DomainInfo) GetPrefillUse() float64 {
+	if x != nil {
+		return x.PrefillUse
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetDecodeUse() float64 {
+	if x != nil {
+		return x.DecodeUse
+	}
+	return 0
+}
+
+func (x *DomainInfo) GetLoad() float64 {
+	if x != nil {
+		return x.Load
+	}
+	return 0
 }
 
 // TenantInfo describes one tenant.
@@ -3410,7 +3441,7 @@ const file_admission_proto_rawDesc = "" +
 	"\x0frefunded_tokens\x18\x03 \x01(\x03R\x0erefundedTokens\x12,\n" +
 	"\x12actual_cost_micros\x18\x04 \x01(\x03R\x10actualCostMicros\x124\n" +
 	"\bheld_for\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\x12'\n" +
-	"\x0foverrun_clamped\x18\x06 \x01(\bR\x0eoverrunClamped\"\xdb\b\n" +
+	"\x0foverrun_clamped\x18\x06 \x01(\bR\x0eoverrunClamped\"\xaf\t\n" +
 	"\n" +
 	"DomainInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -3444,7 +3475,12 @@ const file_admission_proto_rawDesc = "" +
 	"\x12engine_metrics_age\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\x10engineMetricsAge\x120\n" +
 	"\x14engine_metrics_stale\x18\x1b \x01(\bR\x12engineMetricsStale\x12)\n" +
 	"\x10engine_saturated\x18\x1c \x01(\bR\x0fengineSaturated\x12!\n" +
-	"\ffloors_short\x18\x1d \x01(\bR\vfloorsShort\"\xfa\x03\n" +
+	"\ffloors_short\x18\x1d \x01(\bR\vfloorsShort\x12\x1f\n" +
+	"\vprefill_use\x18\x1e \x01(\x01R\n" +
+	"prefillUse\x12\x1d\n" +
+	"\n" +
+	"decode_use\x18\x1f \x01(\x01R\tdecodeUse\x12\x12\n" +
+	"\x04load\x18  \x01(\x01R\x04load\"\xfa\x03\n" +
 	"\n" +
 	"TenantInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +

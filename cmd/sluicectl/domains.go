@@ -58,7 +58,11 @@ type domainRow struct {
 	EngineMetricsStale   bool    `json:"engineMetricsStale,omitempty"`
 	EngineSaturated      bool    `json:"engineSaturated,omitempty"`
 	FloorsShort          bool    `json:"floorsShort,omitempty"`
-	engineAgeSeen        bool
+	// PrefillUse and DecodeUse are the shares of the domain's rates the
+	// replicas' admissions took of late, summed over the replicas.
+	PrefillUse    float64 `json:"prefillUse"`
+	DecodeUse     float64 `json:"decodeUse"`
+	engineAgeSeen bool
 	// Replicas is each answering replica's view, with --etcd and no
 	// --server: a replica that has not applied a mark shows here.
 	Replicas []replicaDomain         `json:"replicas,omitempty"`
@@ -216,6 +220,8 @@ func addViews(rows map[string]*domainRow, views []replicaView, fleet bool) {
 				r.WarmupLeftSeconds = max(r.WarmupLeftSeconds, left.Seconds())
 			}
 			r.InFlight += d.GetInFlight()
+			r.PrefillUse += d.GetPrefillUse()
+			r.DecodeUse += d.GetDecodeUse()
 			r.HealthWeight = min(r.HealthWeight, d.GetHealthWeight())
 			r.Draining = r.Draining && d.GetDraining()
 			if fleet {
@@ -273,11 +279,12 @@ func drainingCell(r domainRow, fleet bool) string {
 // replica "(not on the replicas)".
 func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tHEALTH\tCAPACITY\tFEEDBACK\tDRAIN MARK")
+	fmt.Fprintln(tw, "DOMAIN\tKIND\tGPUS\tDRAINING\tIN FLIGHT\tUSE\tHEALTH\tCAPACITY\tFEEDBACK\tDRAIN MARK")
 	for _, r := range list {
-		kind, gpus, draining, inflight, health, capacity, feedback := "-", "-", "-", "-", "-", "-", "-"
+		kind, gpus, draining, inflight, use, health, capacity, feedback := "-", "-", "-", "-", "-", "-", "-", "-"
 		if r.OnServer {
 			kind, gpus, inflight = r.Kind, fmt.Sprint(r.GPUs), fmt.Sprint(r.InFlight)
+			use = fmt.Sprintf("prefill %.0f%%, decode %.0f%%", 100*r.PrefillUse, 100*r.DecodeUse)
 			draining, health = drainingCell(r, fleet), fmt.Sprintf("%.2f", r.HealthWeight)
 			capacity, feedback = warmupCell(r), feedbackCell(r)
 		} else if server {
@@ -297,7 +304,7 @@ func writeDomains(w io.Writer, list []domainRow, server, etcd, fleet bool) error
 		case !etcd:
 			mark = "(no --etcd)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kind, gpus, draining, inflight, health, capacity, feedback, mark)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, kind, gpus, draining, inflight, use, health, capacity, feedback, mark)
 	}
 	return tw.Flush()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-sched/sluice/admission"
 	"github.com/sluice-sched/sluice/admission/client"
 	"github.com/sluice-sched/sluice/admission/client/etcdmembers"
+	admissionv1 "github.com/sluice-sched/sluice/admission/v1"
 	"github.com/sluice-sched/sluice/internal/controlplane"
 	"github.com/sluice-sched/sluice/internal/controlplane/etcdtest"
 	"github.com/sluice-sched/sluice/internal/server"
@@ -339,5 +340,23 @@ func TestFeedbackCell(t *testing.T) {
 		if got := feedbackCell(tc.r); got != tc.want {
 			t.Errorf("feedbackCell(%+v) = %q, want %q", tc.r, got, tc.want)
 		}
+	}
+}
+
+// The USE column sums the replicas' shares of a domain's rates: each
+// replica reports what its own admissions took of the whole domain.
+func TestDomainsSumTheReplicasUse(t *testing.T) {
+	views := []replicaView{
+		{Member: client.Member{ID: "r1"}, domains: []*admissionv1.DomainInfo{{Id: "d1", Kind: "hgx", Gpus: 8, HealthWeight: 1, CapacityFactor: 1, PrefillUse: 0.3, DecodeUse: 0.06}}},
+		{Member: client.Member{ID: "r2"}, domains: []*admissionv1.DomainInfo{{Id: "d1", Kind: "hgx", Gpus: 8, HealthWeight: 1, CapacityFactor: 1, PrefillUse: 0.25, DecodeUse: 0.04}}},
+	}
+	rows := map[string]*domainRow{}
+	addViews(rows, views, true)
+	var b bytes.Buffer
+	if err := writeDomains(&b, []domainRow{*rows["d1"]}, true, false, true); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "prefill 55%, decode 10%") {
+		t.Errorf("d1 used 0.3 and 0.25 of its prefill rate on two replicas, 0.06 and 0.04 of its decode rate; the table:\n%s", b.String())
 	}
 }
