@@ -706,9 +706,9 @@ func (e *Engine) placeQueuedLocked(now int64, w *waiter) (placement, bool) {
 		// Its floor has refilled while it waited: it goes on the floor's
 		// reserve, which the capacity guard's hold does not stop, rather
 		// than wait for the shared capacity a hold or a shrinking factor
-		// withholds; on a domain whose engines are clear first.
-		// Its requested tier, and its lower ones as the queue lets it
-		// take them (from its degradeAt on).
+		// withholds; on a domain whose engines are clear first, on its
+		// requested tier, and on its lower ones as the queue lets it take
+		// them (from its degradeAt on).
 		plan := queuedTiers(now, w, true)
 		plan.from = 0
 		if pl, ok := e.mu.place.findFloor(now, &w.p, plan, admitting()); ok {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-sched/sluice/pd"
 	"github.com/sluice-sched/sluice/topology"
+	"github.com/sluice-sched/sluice/topology/topologytest"
 	"pgregory.net/rapid"
 )
 
@@ -743,17 +744,8 @@ func TestLookingFurtherTakesTheLeastLoaded(t *testing.T) {
 // the racks stays on a rack, where a node would take every request alike
 // and a burst of them would land on it before its load moved.
 func TestLookingFurtherWeighsWhatTheRequestAdds(t *testing.T) {
-	cluster, err := topology.Parse([]byte(`domains:
-  - {id: rack-1, kind: nvl72, gpu: NVIDIA GB200, nodes: 18, gpus_per_node: 4, node_prefix: rack-1-tray}
-  - {id: rack-2, kind: nvl72, gpu: NVIDIA GB200, nodes: 18, gpus_per_node: 4, node_prefix: rack-2-tray}
-  - {id: d1, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d1-node}
-  - {id: d2, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d2-node}
-  - {id: d3, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d3-node}
-  - {id: d4, kind: hgx, gpu: H200, nodes: 1, gpus_per_node: 8, node_prefix: d4-node}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cluster := topologytest.NVL72(t, 2) // rack-1, rack-2
+	cluster.Domains = append(cluster.Domains, hgxCluster(t, 4).Domains...)
 	h := newHarness(t, testConfig(), cluster)
 	tenant := ""
 	for _, name := range []string{"a", "b", "c"} {

@@ -452,16 +452,8 @@ func (p *placer) placedLoad(r *pending, m *modelState, d *domainState) float64 {
 	}
 	fb := &p.cfg.Feedback
 	prefill, decode := d.cap.PriorRates()
-	perPeriod := fb.LoadSmoothing / fb.Period.Duration.Seconds()
-	return d.loop.load + perPeriod*max(fractionOf(cost.PrefillFLOP, prefill), fractionOf(cost.DecodeBytes, decode))
-}
-
-// fractionOf is part over whole, 0 for a whole of 0.
-func fractionOf(part, whole int64) float64 {
-	if whole <= 0 {
-		return 0
-	}
-	return float64(max(part, 0)) / float64(whole)
+	period := int64(fb.Period.Duration)
+	return d.loop.load + fb.LoadSmoothing*max(used(cost.PrefillFLOP, prefill, period), used(cost.DecodeBytes, decode, period))
 }
 
 // lookFurtherDepth bounds how far past its choices a placement looks for
