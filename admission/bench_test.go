@@ -288,11 +288,12 @@ func BenchmarkIdempotencyMemory(b *testing.B) {
 // BenchmarkAdmitWithinFloor measures an Admit and its Release for a tenant
 // within its floor against the same for a tenant without one, in one run
 // on the simulated cluster (alternating blocks timed by the thread's CPU
-// time, as BenchmarkQueuedAdmit): a floor request runs the floor bucket and
-// the count of what its tenant is served in the second, and its placement's first look passes over the domains
-// the capacity guard holds and those a queued head awaits (findFloor). The
-// clock moves a millisecond an op, so the floor bucket stays full and every
-// floor request is admitted within it.
+// time, as BenchmarkQueuedAdmit): a floor request runs the floor bucket
+// and the count of what its tenant is served in the second, and its
+// placement's first look passes over the domains the capacity guard holds
+// and those a queued head awaits (findFloor). The clock moves a
+// millisecond an op, so the floor bucket stays full and every floor
+// request is admitted within it.
 func BenchmarkAdmitWithinFloor(b *testing.B) {
 	cfg := testConfig()
 	p := cfg.Tiers["gold"]
